@@ -1,0 +1,5 @@
+"""Neural surrogates (torch): the Pix2Pix generator and discriminator, chosen by name."""
+
+from models.nets.pix2pix import NetConfig, PatchDiscriminator, UNetGenerator, build_discriminator, build_generator
+
+__all__ = ["NetConfig", "PatchDiscriminator", "UNetGenerator", "build_discriminator", "build_generator"]

@@ -1,0 +1,151 @@
+"""Pix2Pix networks: a U-Net generator and a PatchGAN discriminator (Isola et al., 2017).
+
+The defaults are the paper's: log2(size) down-blocks, ngf = ndf = 64, three dropout decoder blocks,
+tanh output, 70×70 PatchGAN with three strided layers. Width, depth and normalisation are options.
+"""
+
+import math
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+from torch import nn
+
+Norm = Literal["batch", "instance"]
+
+
+@dataclass(frozen=True)
+class NetConfig:
+    """Shapes and widths of the generator and discriminator."""
+
+    in_channels: int = 4
+    out_channels: int = 3
+    size: int = 256  # side of the square training image; sets the default depth
+    depth: int | None = None  # generator down-blocks; None = log2(size)
+    ngf: int = 64
+    ndf: int = 64
+    d_layers: int = 3
+    norm: Norm = "batch"
+    dropout: float = 0.5
+    generator: str = "unet"
+    discriminator: str = "patchgan"
+
+    @property
+    def generator_depth(self) -> int:
+        return self.depth if self.depth is not None else int(math.log2(self.size))
+
+    def check_image(self, height: int, width: int) -> None:
+        """Raise ValueError unless an image of height × width passes through the U-Net."""
+        unit = 2**self.generator_depth
+        if height <= 0 or width <= 0 or height % unit or width % unit:
+            raise ValueError(
+                f"image size {height}x{width} does not fit a U-Net of depth {self.generator_depth}: "
+                f"height and width must be positive multiples of {unit}"
+            )
+
+
+def _norm(kind: Norm, channels: int) -> nn.Module:
+    if kind == "batch":
+        return nn.BatchNorm2d(channels)
+    if kind == "instance":
+        return nn.InstanceNorm2d(channels, affine=False)
+    raise ValueError(f"unknown norm {kind!r}; choose batch or instance")
+
+
+class UNetGenerator(nn.Module):
+    """Encoder-decoder with skip connections between mirrored levels."""
+
+    def __init__(self, cfg: NetConfig):
+        super().__init__()
+        depth = cfg.generator_depth
+        if depth < 2:
+            raise ValueError(f"U-Net depth {depth} must be >= 2")
+        bias = cfg.norm == "instance"  # batch norm has its own shift
+        widths = [cfg.ngf * min(2**i, 8) for i in range(depth)]
+        self.down = nn.ModuleList()
+        for i in range(depth):
+            cin = cfg.in_channels if i == 0 else widths[i - 1]
+            conv = nn.Conv2d(cin, widths[i], 4, stride=2, padding=1, bias=bias)
+            if i == 0:
+                self.down.append(conv)
+            elif i == depth - 1:  # innermost: no normalisation
+                self.down.append(nn.Sequential(nn.LeakyReLU(0.2, True), conv))
+            else:
+                self.down.append(nn.Sequential(nn.LeakyReLU(0.2, True), conv, _norm(cfg.norm, widths[i])))
+        # Dropout sits in the three decoder blocks just outside the innermost one.
+        dropout_levels = set(range(max(1, depth - 4), depth - 1))
+        self.up = nn.ModuleList()
+        for i in range(depth):
+            cin = widths[i] if i == depth - 1 else 2 * widths[i]
+            if i == 0:
+                block = [nn.ReLU(True), nn.ConvTranspose2d(cin, cfg.out_channels, 4, 2, 1), nn.Tanh()]
+            else:
+                block = [nn.ReLU(True), nn.ConvTranspose2d(cin, widths[i - 1], 4, 2, 1, bias=bias)]
+                block.append(_norm(cfg.norm, widths[i - 1]))
+                if i in dropout_levels and cfg.dropout > 0:
+                    block.append(nn.Dropout(cfg.dropout))
+            self.up.append(nn.Sequential(*block))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        skips = []  # skips[i]: (B, widths[i], H / 2**(i+1), W / 2**(i+1))
+        h = x
+        for block in self.down:
+            h = block(h)
+            skips.append(h)
+        h = self.up[-1](skips[-1])
+        for i in range(len(self.up) - 2, -1, -1):
+            h = self.up[i](torch.cat([skips[i], h], dim=1))
+        return h  # (B, out_channels, H, W) in [-1, 1]
+
+
+class PatchDiscriminator(nn.Module):
+    """PatchGAN: classifies overlapping patches of (condition, image) pairs as real or fake."""
+
+    def __init__(self, cfg: NetConfig):
+        super().__init__()
+        bias = cfg.norm == "instance"
+        cin = cfg.in_channels + cfg.out_channels
+        layers: list[nn.Module] = [nn.Conv2d(cin, cfg.ndf, 4, 2, 1), nn.LeakyReLU(0.2, True)]
+        width = cfg.ndf
+        for n in range(1, cfg.d_layers + 1):
+            prev, width = width, cfg.ndf * min(2**n, 8)
+            stride = 2 if n < cfg.d_layers else 1
+            layers += [nn.Conv2d(prev, width, 4, stride, 1, bias=bias), _norm(cfg.norm, width), nn.LeakyReLU(0.2, True)]
+        layers.append(nn.Conv2d(width, 1, 4, 1, 1))
+        self.net = nn.Sequential(*layers)
+
+    def forward(self, condition: torch.Tensor, image: torch.Tensor) -> torch.Tensor:
+        return self.net(torch.cat([condition, image], dim=1))  # (B, 1, h, w) logits per patch
+
+
+_GENERATORS = {"unet": UNetGenerator}
+_DISCRIMINATORS = {"patchgan": PatchDiscriminator}
+
+
+def _build(registry: dict, kind: str, name: str, cfg: NetConfig) -> nn.Module:
+    try:
+        cls = registry[name]
+    except KeyError:
+        raise ValueError(f"unknown {kind} {name!r}; choose one of {', '.join(sorted(registry))}") from None
+    net = cls(cfg)
+    net.apply(_init_weights)
+    return net
+
+
+def _init_weights(m: nn.Module) -> None:
+    # Pix2Pix initialisation: N(0, 0.02) for convolutions, N(1, 0.02) for batch-norm scales.
+    if isinstance(m, (nn.Conv2d, nn.ConvTranspose2d)):
+        nn.init.normal_(m.weight, 0.0, 0.02)
+        if m.bias is not None:
+            nn.init.zeros_(m.bias)
+    elif isinstance(m, nn.BatchNorm2d):
+        nn.init.normal_(m.weight, 1.0, 0.02)
+        nn.init.zeros_(m.bias)
+
+
+def build_generator(cfg: NetConfig) -> nn.Module:
+    return _build(_GENERATORS, "generator", cfg.generator, cfg)
+
+
+def build_discriminator(cfg: NetConfig) -> nn.Module:
+    return _build(_DISCRIMINATORS, "discriminator", cfg.discriminator, cfg)
