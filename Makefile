@@ -1,0 +1,25 @@
+# Two commands on a fresh machine: `make demo` and `make test`. Both create .venv first if needed.
+PYTHON ?= $(shell command -v python3.11 || command -v python3)
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+
+.PHONY: all setup demo test clean
+
+all: setup
+
+setup: $(STAMP)
+
+$(STAMP): requirements.txt
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --disable-pip-version-check -r requirements.txt
+	touch $(STAMP)
+
+demo: $(STAMP)
+	$(PY) -m flows demo
+
+test: $(STAMP)
+	$(PY) -m pytest
+
+clean:
+	rm -rf data mlartifacts mlflow.db

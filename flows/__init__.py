@@ -1,0 +1,1 @@
+"""Composition, parameters and the command line (``python -m flows``)."""

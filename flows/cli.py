@@ -1,0 +1,172 @@
+"""``python -m flows <command> [options] [--json]``: the pipeline from the command line.
+
+Options are generated from the command's Spec model, so the CLI, the Prefect UI form and the
+child processes validate the same fields. Bad input ends with one line on stderr and exit code 2.
+"""
+
+import argparse
+import json
+import logging
+import sys
+import types
+import typing
+from typing import Any, Callable
+
+from pydantic import BaseModel, ValidationError
+
+from tasks.errors import UserError
+from tasks.specs import AggregateSpec, DemoSpec, GenerateSpec, InferSpec, TrainSpec
+
+EXIT_USAGE = 2
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse that reports errors in one line."""
+
+    def error(self, message: str) -> typing.NoReturn:
+        self.exit(EXIT_USAGE, f"{self.prog}: error: {message}\n")
+
+
+def _choices(annotation) -> tuple[list[str] | None, Callable[[str], Any], bool]:
+    """(choices, converter, is_list) for a field annotation."""
+    origin, args = typing.get_origin(annotation), typing.get_args(annotation)
+    if origin in (typing.Union, types.UnionType):
+        inner = [a for a in args if a is not type(None)]
+        return _choices(inner[0])
+    if origin is list:
+        choices, conv, _ = _choices(args[0])
+        return choices, conv, True
+    if origin is typing.Literal:
+        return [str(a) for a in args], str, False
+    if annotation in (int, float):
+        return None, annotation, False
+    return None, str, False
+
+
+def _add_spec_options(parser: argparse.ArgumentParser, model: type[BaseModel]) -> None:
+    for name, field in model.model_fields.items():
+        flag = "--" + name.replace("_", "-")
+        annotation = field.annotation
+        for meta in getattr(field, "metadata", []):
+            pass
+        if annotation is bool:
+            parser.add_argument(flag, dest=name, action="store_true", default=None, help=field.description)
+            continue
+        choices, conv, is_list = _choices(annotation)
+        # Scalars stay strings here: pydantic converts and validates them with its own messages.
+        help_text = f"{field.description} (default: {field.default})" if field.description else None
+        if choices and not is_list:
+            parser.add_argument(flag, dest=name, choices=choices, default=None, help=help_text, metavar="{" + ",".join(choices) + "}")
+        else:
+            parser.add_argument(flag, dest=name, default=None, help=help_text + (" — comma-separated" if is_list else "") if help_text else None)
+
+
+def _spec_from_args(model: type[BaseModel], args: argparse.Namespace) -> BaseModel:
+    values = {}
+    for name, field in model.model_fields.items():
+        value = getattr(args, name, None)
+        if value is None:
+            continue
+        _, _, is_list = _choices(field.annotation)
+        if is_list:
+            value = [v.strip() for v in value.split(",") if v.strip()]
+        elif isinstance(value, str) and value.lower() == "none" and type(None) in typing.get_args(field.annotation):
+            value = None
+        values[name] = value
+    return model(**values)
+
+
+def _validation_message(exc: ValidationError) -> str:
+    err = exc.errors()[0]
+    loc = ".".join(str(p) for p in err["loc"] if not isinstance(p, int))
+    flag = "--" + loc.replace("_", "-") if loc else "input"
+    return f"{flag}: {err['msg'].rstrip('.')} (got {err.get('input')!r})"
+
+
+COMMANDS: dict[str, tuple[type[BaseModel] | None, str]] = {
+    "demo": (None, "Run the quick CPU pipeline: simulate, train, roll out, report"),
+    "generate": (GenerateSpec, "Simulate a parameter sweep into a zarr dataset"),
+    "train": (TrainSpec, "Train Pix2Pix on a dataset"),
+    "infer": (InferSpec, "Roll a trained model out against the reference solver"),
+    "aggregate": (AggregateSpec, "Write comparison tables, figures and a report from MLflow runs"),
+}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="python -m flows", description="Kármán Bench: neural surrogates of a vortex street, benchmarked across devices.")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+    sub.required = True
+    for name, (model, help_text) in COMMANDS.items():
+        p = sub.add_parser(name, help=help_text, description=help_text)
+        if model is not None:
+            _add_spec_options(p, model)
+        else:
+            p.add_argument("--dataset", dest="dataset", default=None, help="Dataset name (default: karman-demo)")
+        p.add_argument("--json", action="store_true", help="Print a one-line JSON summary as the last line of stdout")
+    return parser
+
+
+def _preflight(command: str, spec: BaseModel) -> None:
+    """Checks that must fail before any flow starts, with one clear line."""
+    from tasks.settings import Settings
+
+    settings = Settings.from_env().require_writable()
+    if isinstance(spec, TrainSpec):
+        from tasks.store import load_manifest
+
+        load_manifest(settings.dataset_dir(spec.dataset))
+        if spec.device != "cpu":
+            from tasks.child import device_env, run_child
+
+            run_child("probe", {"device": spec.device}, logging.getLogger("karman.cli"), env=device_env(spec.device))
+    if isinstance(spec, InferSpec):
+        from tasks.infer import resolve_model_run
+
+        resolve_model_run(settings, spec.model_run)
+
+
+def _summary(command: str, result: dict) -> dict:
+    if command == "infer":
+        return {k: v for k, v in result.items() if k != "errors"}
+    if command == "aggregate":
+        return {"report": result["report"], "run_id": result["run_id"], "train_rows": len(result["train_rows"]), "infer_rows": len(result["infer_rows"])}
+    return result
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    command = args.command
+    model = COMMANDS[command][0]
+    try:
+        if model is None:
+            demo = DemoSpec()
+            if args.dataset:
+                demo = DemoSpec(generate=demo.generate.model_copy(update={"dataset": args.dataset}),
+                                train=demo.train.model_copy(update={"dataset": args.dataset}))
+                DemoSpec.model_validate(demo.model_dump())
+            spec: BaseModel = demo
+        else:
+            spec = _spec_from_args(model, args)
+        _preflight(command, spec)
+    except ValidationError as exc:
+        print(f"python -m flows {command}: error: {_validation_message(exc)}", file=sys.stderr)
+        return EXIT_USAGE
+    except UserError as exc:
+        print(f"python -m flows {command}: error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+
+    from flows import pipeline
+
+    try:
+        result = getattr(pipeline, command)(spec)
+    except UserError as exc:
+        print(f"python -m flows {command}: error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except Exception as exc:
+        print(f"python -m flows {command}: failed: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}", file=sys.stderr)
+        return 1
+    if args.json:
+        print(json.dumps(_summary(command, result), default=str))
+    else:
+        print(json.dumps(_summary(command, result), indent=2, default=str))
+    return 0

@@ -1,0 +1,104 @@
+"""The sweep: expand a GenerateSpec into simulations, run the missing ones on Dask, record them."""
+
+import logging
+import shutil
+import time
+
+from prefect import get_run_logger, task
+
+from tasks.errors import UserError
+from tasks.settings import Settings
+from tasks.simulate import SimulationSpec, run_simulation
+from tasks.specs import GenerateSpec
+from tasks.store import Manifest, consolidate, remove_stale_groups
+from tasks.tracking import mlflow_run
+
+
+def expand(spec: GenerateSpec) -> list[SimulationSpec]:
+    """One SimulationSpec per (shape, Reynolds number); each validated before any step runs."""
+    sims = []
+    for shape in spec.shapes:
+        for re in spec.reynolds:
+            sim = SimulationSpec(
+                nx=spec.nx, ny=spec.ny, reynolds=re, u_max=spec.u_max, shape=shape, size=spec.size,
+                cx=spec.x_position * spec.ny, cy=0.5 * (spec.ny - 1) + spec.y_offset, aspect=spec.aspect,
+                warmup_steps=spec.warmup_steps, frames=spec.frames, frame_every=spec.frame_every, seed=spec.seed,
+            )
+            try:
+                sim.flow_config().validate()
+            except ValueError as exc:
+                raise UserError(f"{shape} at Re {re:g}: {exc}") from None
+            sims.append(sim)
+    return sims
+
+
+def _sweep_key(spec: GenerateSpec) -> dict:
+    return spec.model_dump(exclude={"workers", "scheduler", "overwrite", "dataset"})
+
+
+@task(name="simulate-sweep", retries=0)
+def run_sweep(settings: Settings, spec: GenerateSpec) -> dict:
+    """Simulate every missing member of the sweep in parallel on Dask; returns the dataset summary."""
+    logger = get_run_logger()
+    sims = expand(spec)
+    dataset_dir = settings.dataset_dir(spec.dataset)
+    if spec.overwrite and dataset_dir.exists():
+        shutil.rmtree(dataset_dir)
+    manifest = Manifest(dataset_dir, _sweep_key(spec))
+    todo = [s for s in sims if not manifest.is_complete(s.sim_id)]
+    removed = remove_stale_groups(dataset_dir, {s for s in manifest.simulations if manifest.is_complete(s)})
+    if removed:
+        logger.info("removed %d partial simulation group(s) left by an interrupted run: %s", len(removed), ", ".join(removed))
+    logger.info("dataset %s: %d simulations, %d already complete, %d to run", spec.dataset, len(sims), len(sims) - len(todo), len(todo))
+    params = {**spec.model_dump(), "simulations": len(sims)}
+    with mlflow_run(settings, "generate", f"generate-{spec.dataset}", params=params) as run:
+        t0 = time.perf_counter()
+        failures = []
+        if todo:
+            failures = _run_on_dask(spec, dataset_dir, todo, manifest, logger)
+        consolidate(dataset_dir)
+        wall = time.perf_counter() - t0
+        done = [s.sim_id for s in sims if manifest.is_complete(s.sim_id)]
+        mlups = [manifest.simulations[s.sim_id]["mlups"] for s in todo if s.sim_id in manifest.simulations]
+        run.log_metrics({"wall_s": wall, "simulations": len(done), "simulated_now": len(todo) - len(failures), **({"mlups_mean": sum(mlups) / len(mlups)} if mlups else {})})
+        run.set_tags({"karman.dataset": spec.dataset, "karman.dataset_digest": manifest.digest()})
+        if failures:
+            raise RuntimeError(f"{len(failures)} of {len(todo)} simulations failed: " + "; ".join(failures))
+    return {"dataset": spec.dataset, "path": str(dataset_dir), "digest": manifest.digest(), "simulations": done, "run_id": run.run_id}
+
+
+def _run_on_dask(spec: GenerateSpec, dataset_dir, todo: list[SimulationSpec], manifest: Manifest, logger) -> list[str]:
+    from dask.distributed import Client, LocalCluster, as_completed
+
+    dataset_dir.mkdir(parents=True, exist_ok=True)
+    for name in ("distributed", "distributed.scheduler", "distributed.nanny", "distributed.core", "distributed.worker"):
+        logging.getLogger(name).setLevel(logging.WARNING)
+    threads = 1
+    if spec.scheduler:
+        cluster, client = None, Client(spec.scheduler)
+    else:
+        workers = min(spec.workers, len(todo))
+        # One process per worker, one thread each: numba parallelism inside a process would
+        # oversubscribe the cores that the other workers use.
+        cluster = LocalCluster(n_workers=workers, threads_per_worker=1, processes=True, dashboard_address=None, host="127.0.0.1")
+        client = Client(cluster)
+    failures = []
+    try:
+        futures = {client.submit(run_simulation, str(dataset_dir), s.model_copy(update={"threads": threads}), pure=False): s for s in todo}
+        for i, fut in enumerate(as_completed(futures), 1):
+            sim = futures[fut]
+            try:
+                record = fut.result()
+            except Exception as exc:  # one failed simulation must not lose the others
+                failures.append(f"{sim.sim_id}: {exc}")
+                logger.error("simulation %s failed: %s", sim.sim_id, exc)
+                continue
+            manifest.add(sim.sim_id, {k: record[k] for k in ("digest", "frames", "wall_s", "mlups", "steps", "spec")})
+            logger.info("[%d/%d] %s done: %d steps at %.0f MLUPS in %.1f s", i, len(todo), sim.sim_id, record["steps"], record["mlups"], record["wall_s"])
+    finally:
+        client.close()
+        if cluster is not None:
+            cluster.close()
+    return failures
+
+

@@ -1,0 +1,62 @@
+"""Figures written to files (matplotlib, Agg backend)."""
+
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+
+
+def _field(ax, data, title, vmax, cmap="RdBu_r"):
+    im = ax.imshow(data, origin="lower", cmap=cmap, vmin=-vmax, vmax=vmax)
+    ax.set_title(title, fontsize=8)
+    ax.set_xticks([])
+    ax.set_yticks([])
+    return im
+
+
+def vorticity_panels(pred: np.ndarray, ref: np.ndarray, labels: list[str], path: Path, title: str) -> Path:
+    """Rows of (prediction, reference, difference) vorticity maps; pred/ref (N, H, W)."""
+    n = len(labels)
+    fig, axes = plt.subplots(n, 3, figsize=(9, 1.6 * n + 0.6), squeeze=False)
+    vmax = float(np.percentile(np.abs(ref), 99)) or 1.0
+    for row in range(n):
+        _field(axes[row, 0], pred[row], f"predicted {labels[row]}", vmax)
+        _field(axes[row, 1], ref[row], f"reference {labels[row]}", vmax)
+        _field(axes[row, 2], pred[row] - ref[row], "difference", vmax)
+    fig.suptitle(title, fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def error_curves(errors: dict[str, list[float]], threshold: float, path: Path, title: str) -> Path:
+    """Relative L2 error per rollout step, one line per field."""
+    fig, ax = plt.subplots(figsize=(6, 3.5))
+    for name, values in errors.items():
+        ax.plot(np.arange(1, len(values) + 1), values, marker="o", ms=3, label=name)
+    ax.axhline(threshold, color="k", ls="--", lw=0.8, label=f"threshold {threshold:g}")
+    ax.set_xlabel("rollout step")
+    ax.set_ylabel("relative L2 error")
+    ax.set_yscale("log")
+    ax.set_title(title, fontsize=9)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def bar_chart(labels: list[str], values: list[float], ylabel: str, path: Path, title: str) -> Path:
+    fig, ax = plt.subplots(figsize=(max(4, 0.8 * len(labels) + 2), 3.5))
+    ax.bar(range(len(values)), values, color="tab:blue")
+    ax.set_xticks(range(len(values)), labels, rotation=30, ha="right", fontsize=7)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title, fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path

@@ -1,0 +1,94 @@
+"""Typed configuration of each unit of work. Flows take these as parameters, so the Prefect UI's
+run form, the CLI's options and the child processes all read one validated object."""
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, PositiveFloat, PositiveInt, field_validator, model_validator
+
+DatasetName = Field(
+    default="karman-demo",
+    pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$",
+    description="Dataset name (folder under <data root>/datasets)",
+)
+
+
+class Spec(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class GenerateSpec(Spec):
+    """A parameter sweep of channel flows past obstacles (lattice units)."""
+
+    dataset: str = DatasetName
+    reynolds: list[PositiveFloat] = Field(default=[70.0, 90.0, 110.0, 130.0, 150.0], min_length=1, description="Reynolds numbers (mean inflow velocity, obstacle size)")
+    shapes: list[Literal["circle", "square", "rectangle", "ellipse"]] = Field(default=["circle"], min_length=1, description="Obstacle shapes")
+    nx: PositiveInt = Field(default=128, description="Channel length in cells")
+    ny: PositiveInt = Field(default=64, description="Channel height in cells (walls included)")
+    size: PositiveFloat = Field(default=12.0, description="Obstacle cross-stream size in cells")
+    x_position: PositiveFloat = Field(default=0.375, description="Obstacle centre x as a fraction of the channel height")
+    y_offset: float = Field(default=0.5, description="Obstacle centre offset from mid-channel in cells (breaks symmetry)")
+    aspect: PositiveFloat = Field(default=1.0, description="Streamwise/cross-stream extent for rectangle and ellipse")
+    u_max: PositiveFloat = Field(default=0.1, description="Peak inflow velocity in lattice units (sets the Mach number)")
+    warmup_steps: int = Field(default=12000, ge=0, description="Solver steps before the first snapshot")
+    frames: PositiveInt = Field(default=64, description="Snapshots stored per simulation")
+    frame_every: PositiveInt = Field(default=50, description="Solver steps between snapshots")
+    seed: int = Field(default=0, description="Seed of the initial perturbation")
+    workers: PositiveInt = Field(default=2, description="Dask workers of the local cluster (one thread each)")
+    scheduler: str | None = Field(default=None, description="Address of an existing Dask scheduler; None starts a LocalCluster")
+    overwrite: bool = Field(default=False, description="Delete an existing dataset of this name first")
+
+
+class TrainSpec(Spec):
+    """One Pix2Pix training run on (frame t -> frame t+k) pairs."""
+
+    dataset: str = DatasetName
+    device: Literal["cpu", "cuda", "xla"] = Field(default="cpu", description="cpu, cuda (all visible GPUs) or xla (TPU cores via torch_xla)")
+    batch_size: PositiveInt = Field(default=8, description="Global batch size")
+    epochs: PositiveInt = Field(default=3, description="Training epochs")
+    frame_stride: PositiveInt = Field(default=1, description="k: predict frame t+k from frame t")
+    ngf: PositiveInt = Field(default=64, description="Generator base width")
+    ndf: PositiveInt = Field(default=64, description="Discriminator base width")
+    depth: PositiveInt | None = Field(default=None, description="U-Net down-blocks; None = log2(min(height, width))")
+    norm: Literal["batch", "instance"] = Field(default="batch", description="Normalisation layers")
+    lr: PositiveFloat = Field(default=2e-4, description="Adam learning rate")
+    l1_weight: float = Field(default=100.0, ge=0, description="Weight of the L1 term")
+    precision: Literal["fp32", "bf16"] = Field(default="fp32", description="fp32, or bf16 autocast")
+    val_simulations: int = Field(default=0, ge=0, description="Simulations held out for validation")
+    test_simulations: int = Field(default=1, ge=0, description="Simulations held out for testing (rollout)")
+    max_steps: PositiveInt | None = Field(default=None, description="Stop after this many optimiser steps (smoke runs)")
+    threads: PositiveInt | None = Field(default=None, description="CPU threads for torch; None = all cores")
+    seed: int = Field(default=0, description="Seed of weights, split and shuffling")
+
+
+class InferSpec(Spec):
+    """An autoregressive rollout of a trained generator on a held-out simulation."""
+
+    model_run: str = Field(default="latest", description="MLflow run id of a training run, or 'latest'")
+    device: Literal["cpu", "cuda", "xla"] = Field(default="cpu", description="Device of the rollout")
+    mode: Literal["full"] = Field(default="full", description="full: the whole frame on one device")
+    steps: PositiveInt = Field(default=20, description="Rollout steps (each advances k frames)")
+    simulation: str | None = Field(default=None, description="Simulation id; None = the model's first test simulation")
+    start_frame: int = Field(default=0, ge=0, description="Reference frame the rollout starts from")
+    error_threshold: PositiveFloat = Field(default=0.1, description="Relative L2 error marking the rollout's useful horizon")
+    threads: PositiveInt | None = Field(default=None, description="CPU threads for torch; None = all cores")
+
+
+class AggregateSpec(Spec):
+    """Comparison tables, figures and a report over the experiment's runs."""
+
+    name: str = Field(default="latest", pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$", description="Report folder name under <data root>/reports")
+
+
+class DemoSpec(Spec):
+    """The quick CPU pipeline: a small sweep, a narrow Pix2Pix, a rollout and a report."""
+
+    generate: GenerateSpec = Field(default_factory=GenerateSpec)
+    train: TrainSpec = Field(default_factory=lambda: TrainSpec(ngf=16, ndf=16, epochs=4, batch_size=8))
+    infer: InferSpec = Field(default_factory=lambda: InferSpec(steps=20))
+    aggregate: AggregateSpec = Field(default_factory=lambda: AggregateSpec(name="demo"))
+
+    @model_validator(mode="after")
+    def _same_dataset(self) -> "DemoSpec":
+        if self.train.dataset != self.generate.dataset:
+            raise ValueError(f"train.dataset {self.train.dataset!r} must equal generate.dataset {self.generate.dataset!r}")
+        return self
