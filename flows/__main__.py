@@ -3,6 +3,8 @@ import sys
 
 # No telemetry from the embedded Prefect server: these machines may have no internet at all.
 os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+# MLflow's database set-up chatter is not the user's business on the command line.
+os.environ.setdefault("MLFLOW_LOGGING_LEVEL", "WARNING")
 
 from flows.cli import main  # noqa: E402
 

@@ -47,8 +47,6 @@ def _add_spec_options(parser: argparse.ArgumentParser, model: type[BaseModel]) -
     for name, field in model.model_fields.items():
         flag = "--" + name.replace("_", "-")
         annotation = field.annotation
-        for meta in getattr(field, "metadata", []):
-            pass
         if annotation is bool:
             parser.add_argument(flag, dest=name, action="store_true", default=None, help=field.description)
             continue
@@ -111,6 +109,10 @@ def _preflight(command: str, spec: BaseModel) -> None:
     from tasks.settings import Settings
 
     settings = Settings.from_env().require_writable()
+    if isinstance(spec, (GenerateSpec, DemoSpec)):
+        from tasks.generate import expand
+
+        expand(spec if isinstance(spec, GenerateSpec) else spec.generate)
     if isinstance(spec, TrainSpec):
         from tasks.store import load_manifest
 

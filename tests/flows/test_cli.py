@@ -1,0 +1,78 @@
+"""Bad input: one clear line on stderr, a non-zero exit, nothing written."""
+
+import pytest
+
+from tests.conftest import run_cli
+
+
+def assert_refused(proc, *fragments):
+    assert proc.returncode == 2, proc.stderr
+    lines = [l for l in proc.stderr.splitlines() if l.strip()]
+    assert len(lines) == 1, proc.stderr
+    assert "Traceback" not in proc.stderr
+    for fragment in fragments:
+        assert fragment in lines[0]
+
+
+def test_help_lists_the_commands(workdir):
+    proc = run_cli("--help", cwd=workdir)
+    assert proc.returncode == 0
+    for command in ("demo", "generate", "train", "infer", "aggregate"):
+        assert command in proc.stdout
+
+
+def test_unknown_command(workdir):
+    assert_refused(run_cli("simulate-everything", cwd=workdir), "invalid choice", "simulate-everything")
+
+
+def test_unknown_device(workdir):
+    assert_refused(run_cli("train", "--device", "tpu", cwd=workdir), "--device", "tpu", "cpu")
+
+
+@pytest.mark.parametrize(
+    "args,fragment",
+    [
+        (("train", "--batch-size", "0"), "--batch-size"),
+        (("train", "--epochs", "-1"), "--epochs"),
+        (("generate", "--nx", "0"), "--nx"),
+        (("generate", "--frames", "0"), "--frames"),
+        (("generate", "--size", "-3"), "--size"),
+        (("generate", "--reynolds", "100,-5"), "--reynolds"),
+        (("infer", "--steps", "0"), "--steps"),
+    ],
+)
+def test_zero_or_negative_sizes(workdir, args, fragment):
+    assert_refused(run_cli(*args, cwd=workdir), fragment, "greater than 0")
+    assert not (workdir / "data" / "datasets").exists()
+
+
+def test_unwritable_data_root(workdir):
+    blocker = workdir / "a-file"
+    blocker.write_text("not a folder")
+    proc = run_cli("generate", cwd=workdir, env={"KARMAN_DATA_ROOT": str(blocker / "data")})
+    assert_refused(proc, "data root", "not writable")
+
+
+def test_obstacle_touching_a_wall_is_refused_before_any_step(workdir):
+    proc = run_cli("generate", "--y-offset", "25", cwd=workdir)
+    assert_refused(proc, "touches or crosses a wall")
+    assert not (workdir / "data" / "datasets").exists()
+
+
+def test_unstable_relaxation_time_is_refused(workdir):
+    assert_refused(run_cli("generate", "--reynolds", "5000", cwd=workdir), "relaxation time", "stable range")
+
+
+def test_training_on_a_missing_dataset(workdir):
+    assert_refused(run_cli("train", "--dataset", "nowhere", cwd=workdir), "dataset 'nowhere' not found")
+
+
+def test_cuda_without_a_gpu_fails_fast(workdir):
+    (workdir / "data" / "datasets" / "d").mkdir(parents=True)
+    (workdir / "data" / "datasets" / "d" / "manifest.json").write_text('{"simulations": {"s": {"digest": "x"}}, "digest": "x"}')
+    proc = run_cli("train", "--dataset", "d", "--device", "cuda", cwd=workdir)
+    assert_refused(proc, "cuda requested but no CUDA GPU")
+
+
+def test_rollout_of_an_unknown_model_run(workdir):
+    assert_refused(run_cli("infer", "--model-run", "0123abcd", cwd=workdir), "unknown model run '0123abcd'")
