@@ -83,7 +83,7 @@ class DemoSpec(Spec):
     """The quick CPU pipeline: a small sweep, a narrow Pix2Pix, a rollout and a report."""
 
     generate: GenerateSpec = Field(default_factory=GenerateSpec)
-    train: TrainSpec = Field(default_factory=lambda: TrainSpec(ngf=16, ndf=16, epochs=4, batch_size=8))
+    train: TrainSpec = Field(default_factory=lambda: TrainSpec(ngf=16, ndf=16, epochs=10, batch_size=8))
     infer: InferSpec = Field(default_factory=lambda: InferSpec(steps=20))
     aggregate: AggregateSpec = Field(default_factory=lambda: AggregateSpec(name="demo"))
 

@@ -1,0 +1,30 @@
+"""The quick benchmark exactly as a user runs it: ``python -m flows demo --json`` in a fresh folder,
+logging to an MLflow store named by MLFLOW_TRACKING_URI; then a rerun of the sweep reuses the data."""
+
+import json
+
+from mlflow.tracking import MlflowClient
+
+from tests.conftest import run_cli
+
+
+def test_demo_from_the_command_line_logs_where_told(tmp_path):
+    env = {"MLFLOW_TRACKING_URI": "sqlite:///elsewhere.db", "KARMAN_DATA_ROOT": "data", "KARMAN_EXPERIMENT": "karman-bench"}
+    proc = run_cli("demo", "--json", cwd=tmp_path, env=env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    summary = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert set(summary) == {"tracking_uri", "experiment", "runs", "dataset", "report"}
+    assert summary["tracking_uri"] == "sqlite:///elsewhere.db"
+    assert (tmp_path / "elsewhere.db").exists() and not (tmp_path / "mlflow.db").exists()
+    client = MlflowClient(tracking_uri=f"sqlite:///{tmp_path / 'elsewhere.db'}")
+    exp = client.get_experiment_by_name("karman-bench")
+    runs = client.search_runs([exp.experiment_id])
+    assert len(runs) >= 4 and all(r.info.status == "FINISHED" for r in runs)
+    assert (tmp_path / "data" / "reports" / "demo" / "report.md").exists()
+    assert "epoch 10/10" in proc.stderr  # progress reached the terminal
+
+    # A second sweep with the same parameters reuses every simulation and keeps the digest.
+    again = run_cli("generate", "--json", cwd=tmp_path, env=env)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert json.loads(again.stdout.strip().splitlines()[-1])["digest"] == summary["dataset"]["digest"]
+    assert "5 already complete, 0 to run" in again.stderr
