@@ -3,7 +3,7 @@ run form, the CLI's options and the child processes all read one validated objec
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, PositiveFloat, PositiveInt, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, PositiveFloat, PositiveInt, model_validator
 
 DatasetName = Field(
     default="karman-demo",

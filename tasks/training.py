@@ -11,7 +11,7 @@ import numpy as np
 import torch
 
 from models.device import resolve_device
-from models.nets import NetConfig, build_generator
+from models.nets import NetConfig
 from models.nets.trainer import OptimConfig, Pix2Pix
 from models.solver import vorticity
 from tasks.data import INPUTS, OUTPUTS, Normalizer, PairSource, split_simulations

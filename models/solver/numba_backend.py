@@ -8,7 +8,6 @@ Rows run in parallel over the cores. Semantics match ``numpy_backend.step``.
 """
 
 import numba
-import numpy as np
 
 from models.solver.lattice import CX, CY, FLUID, INLET, OPP, OUTLET, SOLID, W
 
