@@ -6,7 +6,7 @@ from pathlib import Path
 import numpy as np
 
 from tasks.errors import UserError
-from tasks.store import load_manifest, open_simulation
+from tasks.store import open_simulation
 
 INPUTS = ("u", "v", "p", "mask")
 OUTPUTS = ("u", "v", "p")
@@ -78,7 +78,3 @@ class PairSource:
         target = np.stack([self.frames[self.pairs[j][0]][self.pairs[j][1] + self.stride, :3] for j in indices])
         return norm.encode(cond), norm.encode(target)
 
-
-def dataset_info(dataset_dir: Path) -> dict:
-    """Manifest of a finished dataset, with its digest; UserError if missing or empty."""
-    return load_manifest(dataset_dir)
