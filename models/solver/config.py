@@ -5,6 +5,7 @@ from typing import Literal
 
 import numpy as np
 
+from models.solver.collision import trt_rates
 from models.solver.geometry import Obstacle
 
 # Stable ranges of the TRT scheme used here (lattice units).
@@ -12,7 +13,7 @@ TAU_MIN, TAU_MAX = 0.516, 2.0
 MACH_MAX = 0.3
 MIN_CELLS = 8
 
-SOLVER_VERSION = "lbm-d2q9-trt-1"
+SOLVER_VERSION = "lbm-d2q9-trt-2"
 
 
 @dataclass(frozen=True)
@@ -29,6 +30,8 @@ class FlowConfig:
     inflow: Literal["parabolic", "uniform"] = "parabolic"
     obstacle: Obstacle = field(default_factory=Obstacle)
     dtype: Literal["float32", "float64"] = "float32"
+    wall: Literal["interpolated", "halfway"] = "interpolated"
+    magic: float | None = None  # TRT magic parameter; None = 3/16 with tau- capped (see collision)
 
     @property
     def u_mean(self) -> float:
@@ -62,6 +65,10 @@ class FlowConfig:
             )
         if self.inflow not in ("parabolic", "uniform"):
             raise ValueError(f"unknown inflow {self.inflow!r}; choose parabolic or uniform")
+        if self.wall not in ("interpolated", "halfway"):
+            raise ValueError(f"unknown obstacle wall treatment {self.wall!r}; choose interpolated or halfway")
+        if self.magic is not None and not 0 < self.magic <= 1:
+            raise ValueError(f"TRT magic parameter {self.magic:g} must lie in (0, 1]")
         if self.dtype not in ("float32", "float64"):
             raise ValueError(f"unknown dtype {self.dtype!r}; choose float32 or float64")
         self.obstacle.check_fits(self.ny, self.nx)
@@ -73,17 +80,17 @@ class FlowConfig:
             )
         return self
 
+    def inflow_velocity(self, y: np.ndarray) -> np.ndarray:
+        """Streamwise inflow velocity at heights ``y`` (node coordinates); zero outside the walls,
+        which sit half-way at y = 0.5 and y = ny - 1.5."""
+        s = (np.asarray(y, dtype=np.float64) - 0.5) / (self.ny - 2.0)
+        inside = (s > 0) & (s < 1)
+        u = 4.0 * self.u_max * s * (1.0 - s) if self.inflow == "parabolic" else np.full_like(s, self.u_max)
+        return np.where(inside, u, 0.0)
+
     def inflow_profile(self) -> np.ndarray:
         """Streamwise inflow velocity per row (ny,); zero in the wall rows."""
-        y = np.arange(self.ny, dtype=np.float64)
-        height = self.ny - 2.0  # half-way walls sit at y = 0.5 and y = ny - 1.5
-        s = (y - 0.5) / height
-        if self.inflow == "parabolic":
-            u = 4.0 * self.u_max * s * (1.0 - s)
-        else:
-            u = np.full(self.ny, self.u_max)
-        u[0] = u[-1] = 0.0
-        return u
+        return self.inflow_velocity(np.arange(self.ny, dtype=np.float64))
 
     def attrs(self) -> dict:
         """Every physical and numerical parameter, flat, for dataset attributes and run params."""
@@ -105,6 +112,9 @@ class FlowConfig:
             "obstacle_size": float(ob.size),
             "obstacle_aspect": float(ob.aspect),
             "collision": "trt",
+            "trt_tau_minus": 1.0 / trt_rates(self.tau, self.magic)[1],
+            "obstacle_wall": self.wall,
+            "outflow": "convective",
             "solver_version": SOLVER_VERSION,
             "units": "lattice: dx = dt = 1, rho0 = 1",
         }

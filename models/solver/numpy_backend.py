@@ -1,50 +1,82 @@
-"""Reference backend in plain NumPy: streaming with its link closures, then collision, as separate
-operators. The fused numba kernel must agree with it to float tolerance."""
+"""Reference backend in plain NumPy: the step as separate, composed operators.
+
+    stream -> obstacle bounce-back (+ force) -> collide -> hold the solids -> fill the ghost nodes
+
+The fused kernels (numba, torch) must agree with it to float tolerance.
+"""
 
 import numpy as np
 
-from models.solver.collision import equilibrium, moments, trt_collide
-from models.solver.lattice import CX, CY, FLUID, INLET, OPP, OUTLET, SOLID, W
+from models.solver.collision import trt_collide
+from models.solver.lattice import CX, CY, OPP, W
+from models.solver.operators import INLET_DIRS, OUTLET_DIRS, StepPlan
 
 
-def stream(fpost: np.ndarray, nodes: np.ndarray, u_in: np.ndarray) -> np.ndarray:
-    """Pull streaming (periodic at the array edges) with links to non-fluid nodes closed locally:
-    half-way bounce-back at solids, moving-wall bounce-back at the inlet velocity, anti-bounce-back
-    at rho = 1 at the outlet."""
-    rho, ux, uy = moments(fpost)
-    usq = ux * ux + uy * uy
+def stream(fpost: np.ndarray, walls: bool) -> np.ndarray:
+    """Pull streaming (periodic at the array edges); with ``walls`` the populations that would come from
+    the wall rows bounce back half-way instead."""
     f = np.empty_like(fpost)
     for i in range(9):
-        shift = (CY[i], CX[i])
-        source = np.roll(nodes, shift, axis=(0, 1))
-        own_opp = fpost[OPP[i]]
-        u_wall = 0.5 * (u_in + np.roll(u_in, CY[i]))[:, None]
-        cu = CX[i] * ux + CY[i] * uy
-        f[i] = np.select(
-            [source == FLUID, source == SOLID, source == INLET, source == OUTLET],
-            [
-                np.roll(fpost[i], shift, axis=(0, 1)),
-                own_opp,
-                own_opp + 6.0 * W[i] * rho * CX[i] * u_wall,
-                -own_opp + 2.0 * W[i] * (1.0 + 4.5 * cu * cu - 1.5 * usq),
-            ],
-        )
+        f[i] = np.roll(fpost[i], (CY[i], CX[i]), axis=(0, 1))
+    if walls:
+        for i in range(9):
+            if CY[i] == 1:
+                f[i, 1] = fpost[OPP[i], 1]
+            elif CY[i] == -1:
+                f[i, -2] = fpost[OPP[i], -2]
     return f
 
 
-def boundary_nodes(fnew: np.ndarray, fpost: np.ndarray, nodes: np.ndarray, u_in: np.ndarray) -> None:
-    """Non-fluid nodes hold display values: zero in solids, the inflow equilibrium at the inlet, the
-    upstream column's previous state at the outlet."""
-    ones = np.ones(nodes.shape)
-    inflow = equilibrium(ones, u_in[:, None] * ones, 0 * ones)
-    fnew[:] = np.where(nodes == INLET, inflow, fnew)
-    fnew[:] = np.where(nodes == OUTLET, np.roll(fpost, 1, axis=2), fnew)
-    fnew[:, nodes == SOLID] = 0
+def obstacle_bounce(f: np.ndarray, fpost: np.ndarray, plan: StepPlan) -> tuple[float, float]:
+    """Interpolated bounce-back of the populations arriving from the obstacle; returns the force on it
+    by momentum exchange."""
+    ys, xs = plan.cells[:, 0], plan.cells[:, 1]
+    fx = fy = 0.0
+    for i in range(1, 9):
+        hit = plan.kind[:, i] == 2
+        if not hit.any():
+            continue
+        y, x, (a, b, c) = ys[hit], xs[hit], plan.coef[hit, i].T
+        o = OPP[i]
+        new = a * fpost[o, y, x] + b * fpost[o, y + CY[i], x + CX[i]] + c * fpost[i, y, x]
+        f[i, y, x] = new
+        exchanged = fpost[o, y, x] + new
+        fx -= CX[i] * exchanged.sum()
+        fy -= CY[i] * exchanged.sum()
+    return float(fx), float(fy)
 
 
-def step(fpost: np.ndarray, nodes: np.ndarray, u_in: np.ndarray, omega_plus: float, omega_minus: float) -> np.ndarray:
-    """One time step on post-collision populations (9, ny, nx); returns the next post-collision state."""
-    f = stream(fpost, nodes, u_in)
-    fnew = trt_collide(f, omega_plus, omega_minus)
-    boundary_nodes(fnew, fpost, nodes, u_in)
-    return fnew.astype(fpost.dtype)
+def fill_ghosts(fnew: np.ndarray, fpost: np.ndarray, plan: StepPlan) -> None:
+    """Channel: velocity bounce-back at the inlet, convective outflow at the outlet.
+    Periodic: the outer ring of nodes copies the opposite side of the interior."""
+    if plan.periodic:
+        wrap_periodic(fnew)
+        return
+    ny = fnew.shape[1]
+    rho = fnew[:, :, 1].sum(axis=0)
+    for k, i in enumerate(INLET_DIRS):
+        ys = np.arange(max(1, 1 - CY[i]), min(ny - 1, ny - 1 - CY[i]))
+        yt = ys + CY[i]
+        fnew[i, ys, 0] = fnew[OPP[i], yt, 1] + 6.0 * W[i] * CX[i] * rho[yt] * plan.inlet_u[k, ys]
+    u = plan.u_convect
+    for i in OUTLET_DIRS:
+        fnew[i, 1:-1, -1] = (fpost[i, 1:-1, -1] + u * fnew[i, 1:-1, -2]) / (1.0 + u)
+
+
+def wrap_periodic(f: np.ndarray) -> None:
+    """Copy the interior's edges into the opposite ghost ring (columns first, then whole rows, so the
+    corners get the opposite corner)."""
+    f[:, :, 0], f[:, :, -1] = f[:, :, -2], f[:, :, 1]
+    f[:, 0, :], f[:, -1, :] = f[:, -2, :], f[:, 1, :]
+
+
+def step(fpost: np.ndarray, plan: StepPlan) -> tuple[np.ndarray, tuple[float, float]]:
+    """One time step on post-collision populations (9, ny, nx): the next state and the obstacle force."""
+    f = stream(fpost, walls=not plan.periodic)
+    force = obstacle_bounce(f, fpost, plan)
+    collided = trt_collide(f, plan.omega_plus, plan.omega_minus)
+    fnew = fpost.copy()
+    fnew[:, 1:-1, 1:-1] = collided[:, 1:-1, 1:-1]
+    fnew[:, plan.solid[:, 0], plan.solid[:, 1]] = W.astype(fnew.dtype)[:, None]
+    fill_ghosts(fnew, fpost, plan)
+    return fnew, force

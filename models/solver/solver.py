@@ -1,40 +1,22 @@
 """The channel-flow solver: geometry, initial state and a stepper chosen by backend name."""
 
 from enum import Enum
-from typing import Callable
 
 import numpy as np
 
 from models.solver import numpy_backend
-from models.solver.collision import equilibrium, moments, trt_rates
+from models.solver.collision import equilibrium, moments
 from models.solver.config import FlowConfig
-from models.solver.geometry import channel_nodes
 from models.solver.lattice import CS2, SOLID
+from models.solver.operators import StepPlan, plan_for
+
+NO_PROBES = np.zeros((0, 2), np.int64)
 
 
 class Backend(str, Enum):
     NUMPY = "numpy"
     NUMBA = "numba"
-
-
-def _numba_stepper() -> Callable:
-    from models.solver.numba_backend import step_kernel
-
-    def step(fpost, fnew, nodes, u_in, wp, wm):
-        step_kernel(fpost, fnew, nodes, u_in, wp, wm)
-        return fnew
-
-    return step
-
-
-def _numpy_stepper() -> Callable:
-    def step(fpost, fnew, nodes, u_in, wp, wm):
-        return numpy_backend.step(fpost, nodes, u_in, wp, wm)
-
-    return step
-
-
-_STEPPERS: dict[Backend, Callable[[], Callable]] = {Backend.NUMPY: _numpy_stepper, Backend.NUMBA: _numba_stepper}
+    TORCH = "torch"
 
 
 def backend_from_name(name: str) -> Backend:
@@ -46,23 +28,96 @@ def backend_from_name(name: str) -> Backend:
         raise ValueError(f"unknown solver backend {name!r}; choose one of {valid}") from None
 
 
-class ChannelSolver:
-    """Lattice-Boltzmann D2Q9 TRT solver for flow past an obstacle in a channel."""
+class NumpyStepper:
+    """The reference operators, one step at a time."""
 
-    def __init__(self, config: FlowConfig, backend: Backend | str = Backend.NUMBA, nodes: np.ndarray | None = None):
-        self.config = config.validate() if nodes is None else config
+    def __init__(self, plan: StepPlan, f: np.ndarray):
+        self.plan, self.f = plan, f
+
+    def run(self, steps: int, probes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        forces, rho = np.zeros((steps, 2)), np.zeros((steps, len(probes)))
+        for t in range(steps):
+            self.f, forces[t] = numpy_backend.step(self.f, self.plan)
+            rho[t] = self.f[:, probes[:, 0], probes[:, 1]].sum(axis=0)
+        return forces, rho
+
+    def state(self) -> np.ndarray:
+        return self.f
+
+
+class NumbaStepper:
+    """The fused kernels on padded planes (see numba_backend), many steps per call."""
+
+    def __init__(self, plan: StepPlan, f: np.ndarray):
+        from models.solver import numba_backend
+
+        self.kernels, self.plan, self.shape = numba_backend, plan, f.shape[1:]
+        # both buffers start from the same values: ghost populations that no step writes stay as set here
+        self.f = numba_backend.to_planes(f)
+        self.spare = self.f.copy()
+
+    def run(self, steps: int, probes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        p, (ny, nx) = self.plan, self.shape
+        forces, rho = np.zeros((steps, 2)), np.zeros((steps, len(probes)))
+        swapped = self.kernels.advance(
+            self.f, self.spare, ny, nx, steps, p.omega_plus, p.omega_minus, p.periodic, p.cells, p.kind, p.coef,
+            p.solid, p.inlet_u, p.u_convect, forces, probes, rho,
+        )
+        if swapped:
+            self.f, self.spare = self.spare, self.f
+        return forces, rho
+
+    def state(self) -> np.ndarray:
+        return self.kernels.from_planes(self.f, *self.shape)
+
+
+def _torch_stepper(plan: StepPlan, f: np.ndarray, device: str):
+    from models.solver.torch_backend import TorchStepper
+
+    return TorchStepper(plan, f, device)
+
+
+class ChannelSolver:
+    """Lattice-Boltzmann D2Q9 TRT solver for flow past an obstacle in a channel.
+
+    ``periodic=True`` wraps the same obstacle in a box periodic in x and y (no walls, inlet or outlet),
+    and ``obstacle=False`` leaves the obstacle out: boxes that check conservation. ``device`` is for the
+    torch backend (cpu, cuda, ...).
+    """
+
+    def __init__(self, config: FlowConfig, backend: Backend | str = Backend.NUMBA, periodic: bool = False,
+                 obstacle: bool = True, device: str = "cpu"):
+        self.config = config.validate()
         self.backend = backend_from_name(backend) if isinstance(backend, str) else backend
-        self.nodes = channel_nodes(config.ny, config.nx, config.obstacle) if nodes is None else nodes
+        self.plan = plan_for(config, periodic=periodic, obstacle=obstacle)
+        self.nodes = self.plan.nodes
         self.dtype = np.dtype(config.dtype)
-        self.u_in = config.inflow_profile().astype(np.float64)
-        self.omega_plus, self.omega_minus = trt_rates(config.tau)
         self.time = 0
-        ux = np.where(self.nodes == SOLID, 0.0, self.u_in[:, None] * np.ones((1, config.nx)))
-        rho = np.ones((config.ny, config.nx))
-        self.f = equilibrium(rho, ux, np.zeros_like(ux)).astype(self.dtype)
-        self.f[:, self.nodes == SOLID] = 0
-        self._spare = np.empty_like(self.f)
-        self._step = _STEPPERS[self.backend]()
+        self.u_in = config.inflow_profile()
+        self.device = device
+        self._stepper = self._make_stepper(self._initial_state())
+
+    def _initial_state(self) -> np.ndarray:
+        """Equilibrium at rest density with the inflow profile everywhere in the fluid."""
+        solid = self.nodes == SOLID
+        ux = np.where(solid, 0.0, self.u_in[:, None] * np.ones((1, self.config.nx)))
+        f = equilibrium(np.ones(ux.shape), ux, np.zeros_like(ux))
+        f[:, solid] = equilibrium(np.ones(1), np.zeros(1), np.zeros(1))
+        return f.astype(self.dtype)
+
+    def _make_stepper(self, f: np.ndarray):
+        if self.plan.periodic:
+            numpy_backend.wrap_periodic(f)
+        if self.backend is Backend.NUMPY:
+            return NumpyStepper(self.plan, f)
+        if self.backend is Backend.NUMBA:
+            return NumbaStepper(self.plan, f)
+        return _torch_stepper(self.plan, f, self.device)
+
+    @property
+    def f(self) -> np.ndarray:
+        """Post-collision populations (9, ny, nx) as a NumPy array."""
+        return self._stepper.state()
 
     def perturb(self, seed: int, amplitude: float = 0.01) -> None:
         """Add a small seeded transverse velocity to the fluid (breaks the symmetry that delays shedding)."""
@@ -70,31 +125,41 @@ class ChannelSolver:
         rho, ux, uy = self.macroscopic()
         uy = uy + amplitude * self.config.u_max * rng.standard_normal(uy.shape)
         solid = self.nodes == SOLID
-        self.f = equilibrium(rho, ux, np.where(solid, 0.0, uy)).astype(self.dtype)
-        self.f[:, solid] = 0
+        f = equilibrium(rho, ux, np.where(solid, 0.0, uy))
+        f[:, solid] = self._initial_state()[:, solid]
+        self._stepper = self._make_stepper(f.astype(self.dtype))
 
-    def step(self, n: int = 1) -> None:
-        """Advance ``n`` time steps; raise FloatingPointError if the state stops being finite."""
-        for _ in range(n):
-            out = self._step(self.f, self._spare, self.nodes, self.u_in, self.omega_plus, self.omega_minus)
-            self._spare, self.f = self.f, out
-        self.time += n
-        if not np.isfinite(self.f[:, self.config.ny // 2, :].sum()):
+    def advance(self, steps: int, probes: np.ndarray = NO_PROBES) -> tuple[np.ndarray, np.ndarray]:
+        """Run ``steps`` steps; return the force on the obstacle per step (steps, 2) and the density at the
+        ``probes`` nodes ((np, 2) rows of (y, x)) per step. FloatingPointError once the state stops being
+        finite."""
+        forces, rho = self._stepper.run(steps, np.ascontiguousarray(probes, dtype=np.int64))
+        self.time += steps
+        if not (np.isfinite(forces).all() and np.isfinite(self._stepper.state()[:, self.config.ny // 2]).all()):
             raise FloatingPointError(
                 f"simulation diverged (NaN/inf) by step {self.time} at Re {self.config.reynolds:g}, "
                 f"tau {self.config.tau:.4f}"
             )
+        return forces, rho
+
+    def step(self, n: int = 1) -> None:
+        """Advance ``n`` time steps."""
+        self.advance(n)
 
     def macroscopic(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """Density and velocity (ny, nx) in lattice units; zero velocity in solids."""
+        """Density and velocity (ny, nx) in lattice units: zero velocity in solids, the inflow at the inlet
+        column and the last fluid column's state at the outlet column."""
         rho, ux, uy = moments(self.f.astype(np.float64))
+        if not self.plan.periodic:
+            for a in (rho, ux, uy):
+                a[:, -1] = a[:, -2]
+            rho[:, 0], ux[:, 0], uy[:, 0] = rho[:, 1], self.u_in, 0.0
         solid = self.nodes == SOLID
-        rho = np.where(solid, 1.0, rho)
-        return rho, np.where(solid, 0.0, ux), np.where(solid, 0.0, uy)
+        return np.where(solid, 1.0, rho), np.where(solid, 0.0, ux), np.where(solid, 0.0, uy)
 
     def fields(self) -> dict[str, np.ndarray]:
-        """Dimensionless snapshot: u, v over the mean inflow, pressure coefficient-like p over
-        rho0·U², vorticity over U/D, and the obstacle mask (all (ny, nx) float32)."""
+        """Dimensionless snapshot: u, v over the mean inflow, pressure over rho0·U² (zero mean over the
+        fluid), vorticity over U/D, and the solid mask (all (ny, nx) float32)."""
         rho, ux, uy = self.macroscopic()
         u_ref, size = self.config.u_mean, self.config.obstacle.size
         u, v = ux / u_ref, uy / u_ref
@@ -109,7 +174,9 @@ class ChannelSolver:
         }
 
     def total_mass(self) -> float:
-        return float(self.f.astype(np.float64).sum())
+        """Mass of the simulated nodes (the interior; ghost and wall nodes hold boundary values)."""
+        interior = self.f[:, 1:-1, 1:-1].astype(np.float64)
+        return float(interior[:, (self.nodes[1:-1, 1:-1] != SOLID)].sum())
 
 
 def vorticity(u: np.ndarray, v: np.ndarray, solid: np.ndarray | None = None) -> np.ndarray:

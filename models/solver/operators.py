@@ -1,0 +1,54 @@
+"""What one time step needs besides the populations, computed once per simulation.
+
+Every backend runs the same composition on post-collision populations f* (9, ny, nx):
+
+1. pull streaming, with half-way bounce-back off the channel walls (rows 0 and ny-1);
+2. interpolated bounce-back off the obstacle, and the force on it by momentum exchange;
+3. TRT collision of every interior node;
+4. the obstacle's interior held at rest;
+5. ghost nodes: velocity bounce-back at the inlet (column 0) and a convective, non-reflecting outflow
+   at the outlet (column nx-1), or periodic copies.
+"""
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from models.solver.collision import trt_rates
+from models.solver.config import FlowConfig
+from models.solver.geometry import channel_nodes, obstacle_links
+from models.solver.lattice import CX, CY
+
+INLET_DIRS = tuple(int(i) for i in np.nonzero(CX == 1)[0])  # populations entering through the inlet
+OUTLET_DIRS = tuple(int(i) for i in np.nonzero(CX == -1)[0])  # populations entering through the outlet
+
+
+@dataclass(frozen=True)
+class StepPlan:
+    """Geometry and rates of one simulation, as flat arrays the kernels take."""
+
+    nodes: np.ndarray  # (ny, nx) uint8 node types
+    periodic: bool
+    omega_plus: float
+    omega_minus: float
+    cells: np.ndarray  # (nb, 2) fluid nodes next to the obstacle
+    kind: np.ndarray  # (nb, 9) how each population arrives (see geometry.ObstacleLinks)
+    coef: np.ndarray  # (nb, 9, 3) interpolated bounce-back weights
+    solid: np.ndarray  # (ns, 2) obstacle interior
+    inlet_u: np.ndarray  # (3, ny) inflow velocity at the mid-link of each inlet direction and ghost row
+    u_convect: float  # convection speed of the outflow condition
+
+
+def plan_for(config: FlowConfig, periodic: bool = False, obstacle: bool = True) -> StepPlan:
+    """The StepPlan of a channel (or of a periodic box holding the same obstacle); ``obstacle=False``
+    leaves the obstacle out."""
+    body = config.obstacle if obstacle else None
+    nodes = channel_nodes(config.ny, config.nx, body, periodic=periodic)
+    links = obstacle_links(nodes, body, interpolated=config.wall == "interpolated")
+    ys = np.arange(config.ny, dtype=np.float64)
+    inlet_u = np.stack([config.inflow_velocity(ys + 0.5 * CY[i]) for i in INLET_DIRS])
+    wp, wm = trt_rates(config.tau, config.magic)
+    return StepPlan(
+        nodes=nodes, periodic=periodic, omega_plus=wp, omega_minus=wm, cells=links.cells, kind=links.kind,
+        coef=links.coef, solid=links.solid, inlet_u=inlet_u, u_convect=config.u_mean,
+    )
