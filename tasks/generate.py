@@ -1,5 +1,6 @@
 """The sweep: expand a GenerateSpec into simulations, run the missing ones on Dask, record them."""
 
+import itertools
 import logging
 import shutil
 import time
@@ -15,25 +16,36 @@ from tasks.tracking import mlflow_run
 
 
 def expand(spec: GenerateSpec) -> list[SimulationSpec]:
-    """One SimulationSpec per (shape, Reynolds number); each validated before any step runs."""
+    """One SimulationSpec per (shape, size, x position, y offset, Reynolds number), Reynolds number varying
+    fastest; each validated before any step runs (UserError naming the member and the offending value)."""
     sims = []
-    for shape in spec.shapes:
-        for re in spec.reynolds:
-            sim = SimulationSpec(
-                nx=spec.nx, ny=spec.ny, reynolds=re, u_max=spec.u_max, shape=shape, size=spec.size,
-                cx=spec.x_position * spec.ny, cy=0.5 * (spec.ny - 1) + spec.y_offset, aspect=spec.aspect,
-                warmup_steps=spec.warmup_steps, frames=spec.frames, frame_every=spec.frame_every, seed=spec.seed,
-            )
-            try:
-                sim.flow_config().validate()
-            except ValueError as exc:
-                raise UserError(f"{shape} at Re {re:g}: {exc}") from None
-            sims.append(sim)
+    for shape, size, x_position, y_offset, re in itertools.product(spec.shapes, spec.size, spec.x_position, spec.y_offset, spec.reynolds):
+        member = f"{shape} at Re {re:g}, size {size:g}, x position {x_position:g}, y offset {y_offset:g}"
+        sim = SimulationSpec(
+            nx=spec.nx, ny=spec.ny, reynolds=re, u_max=spec.u_max, shape=shape, size=size,
+            cx=x_position * spec.ny, cy=0.5 * (spec.ny - 1) + y_offset, aspect=spec.aspect,
+            warmup_steps=spec.warmup_steps, frames=spec.frames, frame_every=spec.frame_every, seed=spec.seed,
+        )
+        try:
+            sim.flow_config().validate()
+        except ValueError as exc:
+            raise UserError(f"sweep member {member}: {exc}") from None
+        sims.append(sim)
     return sims
 
 
+# Fields that became lists; a dataset written while they were scalars recorded the scalar.
+_WERE_SCALARS = ("size", "x_position", "y_offset")
+
+
 def _sweep_key(spec: GenerateSpec) -> dict:
-    return spec.model_dump(exclude={"workers", "scheduler", "overwrite", "dataset"})
+    """What identifies a dataset's sweep in its manifest. A one-value list of a field that used to be a
+    scalar is recorded as that scalar, so datasets generated before stay the same sweep."""
+    key = spec.model_dump(exclude={"workers", "scheduler", "overwrite", "dataset"})
+    for name in _WERE_SCALARS:
+        if len(key[name]) == 1:
+            key[name] = key[name][0]
+    return key
 
 
 @task(name="simulate-sweep", retries=0)

@@ -3,7 +3,7 @@ run form, the CLI's options and the child processes all read one validated objec
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, PositiveFloat, PositiveInt, model_validator
+from pydantic import BaseModel, ConfigDict, Field, PositiveFloat, PositiveInt, field_validator, model_validator
 
 DatasetName = Field(
     default="karman-demo",
@@ -24,9 +24,9 @@ class GenerateSpec(Spec):
     shapes: list[Literal["circle", "square", "rectangle", "ellipse"]] = Field(default=["circle"], min_length=1, description="Obstacle shapes")
     nx: PositiveInt = Field(default=128, description="Channel length in cells")
     ny: PositiveInt = Field(default=64, description="Channel height in cells (walls included)")
-    size: PositiveFloat = Field(default=12.0, description="Obstacle cross-stream size in cells")
-    x_position: PositiveFloat = Field(default=0.375, description="Obstacle centre x as a fraction of the channel height")
-    y_offset: float = Field(default=0.5, description="Obstacle centre offset from mid-channel in cells (breaks symmetry)")
+    size: list[PositiveFloat] = Field(default=[12.0], min_length=1, description="Obstacle cross-stream sizes in cells")
+    x_position: list[PositiveFloat] = Field(default=[0.375], min_length=1, description="Obstacle centre x positions as fractions of the channel height")
+    y_offset: list[float] = Field(default=[0.5], min_length=1, description="Obstacle centre offsets from mid-channel in cells (break symmetry)")
     aspect: PositiveFloat = Field(default=1.0, description="Streamwise/cross-stream extent for rectangle and ellipse")
     u_max: PositiveFloat = Field(default=0.1, description="Peak inflow velocity in lattice units (sets the Mach number)")
     warmup_steps: int = Field(default=12000, ge=0, description="Solver steps before the first snapshot")
@@ -36,6 +36,14 @@ class GenerateSpec(Spec):
     workers: PositiveInt = Field(default=2, description="Dask workers of the local cluster (one thread each)")
     scheduler: str | None = Field(default=None, description="Address of an existing Dask scheduler; None starts a LocalCluster")
     overwrite: bool = Field(default=False, description="Delete an existing dataset of this name first")
+
+    @field_validator("reynolds", "shapes", "size", "x_position", "y_offset")
+    @classmethod
+    def _no_repeats(cls, values: list) -> list:
+        repeated = sorted({v for v in values if values.count(v) > 1}, key=str)
+        if repeated:
+            raise ValueError(f"repeats {', '.join(map(str, repeated))}; each value of a sweep must appear once")
+        return values
 
 
 class TrainSpec(Spec):

@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 import xarray as xr
 import zarr
+from zarr.abc.store import Store
 
 from tasks.errors import UserError
 
@@ -117,3 +118,18 @@ def load_manifest(dataset_dir: Path) -> dict[str, Any]:
 
 def open_simulation(dataset_dir: Path, sim_id: str) -> xr.Dataset:
     return xr.open_zarr(dataset_dir / STORE, group=sim_id, zarr_format=3, consolidated=False)
+
+
+def frame_store(dataset_dir: Path) -> Store:
+    """Read-only zarr store of a dataset's simulations (the root that ``open_frame_arrays`` reads)."""
+    return zarr.storage.LocalStore(dataset_dir / STORE, read_only=True)
+
+
+def open_frame_arrays(store: Store, sim_id: str, names: tuple[str, ...]) -> dict[str, zarr.Array]:
+    """Handles on one simulation's (time, y, x) arrays, one chunk per frame; reads metadata only."""
+    try:
+        group = zarr.open_group(store, path=sim_id, mode="r", zarr_format=3, use_consolidated=False)
+        return {name: group[name] for name in names}
+    except (FileNotFoundError, KeyError) as exc:
+        raise UserError(f"simulation {sim_id!r} is missing from the zarr store {store} ({type(exc).__name__}); "
+                        "rerun 'python -m flows generate' for this dataset") from None

@@ -50,7 +50,7 @@ def run_training(job: dict) -> dict:
     manifest = load_manifest(dataset_dir)
     split = split_simulations(list(manifest["simulations"]), spec.val_simulations, spec.test_simulations, spec.seed)
     train = PairSource(dataset_dir, split["train"], spec.frame_stride)
-    norm = Normalizer.fit(train.frames)
+    norm = Normalizer.fit(train)  # streamed over the training simulations' frames
     net = NetConfig(in_channels=len(INPUTS), out_channels=len(OUTPUTS), size=min(train.height, train.width),
                     depth=spec.depth, ngf=spec.ngf, ndf=spec.ndf, norm=spec.norm)
     try:
@@ -82,9 +82,12 @@ def run_training(job: dict) -> dict:
         model.train()
         order = rng.permutation(len(train))
         t_epoch, data_s, sums = time.perf_counter(), 0.0, {}
+        # The next batch is read on a background thread while this one trains: data_s below is only
+        # the time the loop still waits for it.
+        batches = train.prefetch((order[s * spec.batch_size : (s + 1) * spec.batch_size] for s in range(steps_per_epoch)), norm)
         for step in range(steps_per_epoch):
             t0 = time.perf_counter()
-            cond, target = train.batch(order[step * spec.batch_size : (step + 1) * spec.batch_size], norm)
+            cond, target = next(batches)
             cond = torch.from_numpy(cond).to(ctx.device)  # (B, 4, H, W)
             target = torch.from_numpy(target).to(ctx.device)  # (B, 3, H, W)
             t1 = time.perf_counter()
@@ -104,6 +107,7 @@ def run_training(job: dict) -> dict:
             run.log_metrics({f"step_{k}": v for k, v in values.items()} | {"step_time_s": t2 - t0}, step=global_step)
             if spec.max_steps and global_step >= spec.max_steps:
                 break
+        batches.close()  # stops the reader thread after a max_steps break
         steps_done = step + 1
         epoch_s = time.perf_counter() - t_epoch
         epoch_times.append(epoch_s)
@@ -146,10 +150,9 @@ def _sample_figure(generator, source: PairSource, norm: Normalizer, device, path
     """Vorticity of one-step predictions against targets for three training pairs."""
     generator.eval()
     picks = np.linspace(0, len(source) - 1, 3).astype(int)
-    cond, _ = source.batch(picks, norm)
-    pred = norm.decode(generator(torch.from_numpy(cond).to(device)).float().cpu().numpy())  # (3, 3, H, W)
-    mask = np.stack([source.frames[source.pairs[j][0]][0, 3] > 0.5 for j in picks])
-    ref = np.stack([source.frames[source.pairs[j][0]][source.pairs[j][1] + source.stride, :3] for j in picks])
+    cond, ref = source.physical(picks)  # (3, 4, H, W), (3, 3, H, W)
+    pred = norm.decode(generator(torch.from_numpy(norm.encode(cond)).to(device)).float().cpu().numpy())  # (3, 3, H, W)
+    mask = cond[:, 3] > 0.5
     w_pred = vorticity(pred[:, 0], pred[:, 1], mask)
     w_ref = vorticity(ref[:, 0], ref[:, 1], mask)
     return vorticity_panels(w_pred, w_ref, [f"pair {j}" for j in picks], path, "one-step predictions (training pairs)")

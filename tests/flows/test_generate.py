@@ -1,0 +1,144 @@
+"""A sweep killed hard in the middle, then run again, ends with every simulation stored exactly once."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import psutil
+import pytest
+
+from tasks.errors import UserError
+from tasks.generate import _sweep_key, expand
+from tasks.specs import GenerateSpec
+from tasks.store import MANIFEST, STORE, VARIABLES, content_digest, open_simulation
+from tests.conftest import ROOT, run_cli
+from tests.flows.test_cli import assert_refused
+
+# Four tiny simulations, one worker: they finish one after another, each after about a second of
+# solver steps (steady low-Reynolds flow, so nothing diverges on a 48 x 24 grid).
+SPEC = GenerateSpec(dataset="killed", reynolds=[8.0, 10.0, 12.0, 14.0], nx=48, ny=24, size=[5.0], warmup_steps=150000,
+                    frames=4, frame_every=50, workers=1)
+ARGS = ["generate", "--dataset", "killed", "--reynolds", "8,10,12,14", "--nx", "48", "--ny", "24", "--size", "5",
+        "--warmup-steps", "150000", "--frames", "4", "--frame-every", "50", "--workers", "1", "--json"]
+
+
+def read_manifest(path):
+    """The manifest's simulations; fails on a simulation listed twice (a JSON object with a repeated key)."""
+
+    def no_repeats(pairs):
+        keys = [k for k, _ in pairs]
+        assert len(keys) == len(set(keys)), f"repeated keys in {path}: {keys}"
+        return dict(pairs)
+
+    return json.loads(path.read_text(), object_pairs_hook=no_repeats)["simulations"]
+
+
+def group_files(group_dir):
+    return {p.relative_to(group_dir): p.stat().st_mtime_ns for p in group_dir.rglob("*") if p.is_file()}
+
+
+def kill_group_and_wait(proc: subprocess.Popen, timeout: float = 20) -> None:
+    """SIGKILL the whole process group (flow, Prefect server, Dask scheduler, nanny and worker), then
+    wait until none of its processes is left alive."""
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait(timeout=timeout)
+    deadline = time.monotonic() + timeout
+    while True:
+        alive = []
+        for p in psutil.process_iter(["pid", "status"]):
+            try:
+                if os.getpgid(p.pid) == proc.pid and p.info["status"] != psutil.STATUS_ZOMBIE:
+                    alive.append(p.pid)
+            except (ProcessLookupError, psutil.NoSuchProcess):
+                pass
+        if not alive:
+            return
+        assert time.monotonic() < deadline, f"processes {alive} of the killed sweep are still running"
+        time.sleep(0.1)
+
+
+def test_killed_sweep_completes_on_rerun_with_every_simulation_once(workdir):
+    sweep = sorted(s.sim_id for s in expand(SPEC))
+    assert len(sweep) == 4
+    dataset = workdir / "data" / "datasets" / "killed"
+    manifest = dataset / MANIFEST
+
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "PREFECT_SERVER_ANALYTICS_ENABLED": "false"}
+    with open(workdir / "first-run.log", "w") as log:
+        proc = subprocess.Popen([sys.executable, "-m", "flows", *ARGS], cwd=workdir, env=env, stdout=log,
+                                stderr=subprocess.STDOUT, start_new_session=True)
+        try:
+            deadline = time.monotonic() + 120
+            while not (manifest.exists() and 1 <= len(read_manifest(manifest)) < len(sweep)):
+                assert proc.poll() is None, "the sweep ended before it could be interrupted:\n" + (workdir / "first-run.log").read_text()[-3000:]
+                assert time.monotonic() < deadline, "no simulation finished in time"
+                time.sleep(0.02)
+        finally:
+            kill_group_and_wait(proc)
+
+    finished = read_manifest(manifest)
+    assert 1 <= len(finished) < len(sweep), f"kill landed after {len(finished)} of {len(sweep)} simulations"
+    store = dataset / STORE
+    before = {s: group_files(store / s) for s in finished}
+    # Leave what a kill in the middle of a write leaves, whether or not this kill landed there: a group
+    # of an unfinished simulation with its metadata and only some chunks.
+    unfinished = [s for s in sweep if s not in finished]
+    partial = store / unfinished[0] / "u" / "c" / "0" / "0"
+    partial.mkdir(parents=True, exist_ok=True)
+    (store / unfinished[0] / "zarr.json").write_text('{"zarr_format": 3, "node_type": "group", "attributes": {}}')
+    (partial / "0").write_bytes(b"cut short")
+
+    proc = run_cli(*ARGS, cwd=workdir, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert f"{len(finished)} already complete, {len(unfinished)} to run" in proc.stderr
+    summary = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert sorted(summary["simulations"]) == sweep
+
+    records = read_manifest(manifest)
+    assert sorted(records) == sweep
+    assert sorted(p.name for p in store.iterdir() if p.is_dir()) == sweep
+    for sim_id in sweep:
+        ds = open_simulation(dataset, sim_id).load()
+        assert ds.sizes["time"] == SPEC.frames
+        assert all(np.isfinite(ds[name].values).all() for name in VARIABLES), f"{sim_id} has missing frames"
+        assert content_digest(ds) == records[sim_id]["digest"]
+    for sim_id, record in finished.items():
+        assert records[sim_id]["digest"] == record["digest"]
+        assert group_files(store / sim_id) == before[sim_id], f"{sim_id} was written again"
+
+
+def test_sweep_expands_over_every_combination_and_keeps_the_default_sweep():
+    spec = GenerateSpec(reynolds=[70.0, 90.0], shapes=["circle", "square"], size=[10.0, 12.0], x_position=[0.3, 0.5],
+                        y_offset=[-1.5, 0.5])
+    sims = expand(spec)
+    assert len(sims) == len({s.sim_id for s in sims}) == 2 * 2 * 2 * 2 * 2
+    assert {(s.shape, s.reynolds, s.size, s.cx, s.cy) for s in sims} == {
+        (shape, re, size, x * spec.ny, 0.5 * (spec.ny - 1) + y)
+        for shape in spec.shapes for re in spec.reynolds for size in spec.size for x in spec.x_position for y in spec.y_offset}
+    assert [s.reynolds for s in sims[:2]] == [70.0, 90.0]  # Reynolds number varies fastest
+
+    # The default is the single-obstacle sweep of before, recorded in the manifest as it was.
+    default = expand(GenerateSpec())
+    assert [(s.reynolds, s.size, s.cx, s.cy) for s in default] == [(re, 12.0, 24.0, 32.0) for re in (70.0, 90.0, 110.0, 130.0, 150.0)]
+    key = _sweep_key(GenerateSpec())
+    assert (key["size"], key["x_position"], key["y_offset"]) == (12.0, 0.375, 0.5)
+    assert _sweep_key(GenerateSpec(size=[8.0, 12.0]))["size"] == [8.0, 12.0]
+
+
+def test_a_bad_sweep_member_is_named_with_its_value():
+    with pytest.raises(UserError, match=r"sweep member circle at Re 70, size 12, x position 0.375, y offset 30: .*touches or crosses a wall"):
+        expand(GenerateSpec(reynolds=[70.0], y_offset=[0.5, 30.0]))
+
+
+@pytest.mark.parametrize("args,fragments", [
+    (("--size", "8,12,-3"), ("--size", "greater than 0", "-3")),
+    (("--y-offset=-0.5,30",), ("y offset 30", "touches or crosses a wall")),
+    (("--x-position", "0.3,0.3"), ("--x-position", "repeats 0.3")),
+])
+def test_bad_sweep_lists_are_refused_on_the_command_line(workdir, args, fragments):
+    assert_refused(run_cli("generate", *args, cwd=workdir), *fragments)
+    assert not (workdir / "data" / "datasets").exists()

@@ -1,0 +1,212 @@
+"""The lazy pair loader against real zarr stores written by the simulation task on tiny grids."""
+
+import threading
+import time
+
+import numpy as np
+import pytest
+from zarr.storage import LocalStore, WrapperStore
+
+from tasks.data import OUTPUTS, Normalizer, PairSource, load_frames, split_simulations
+from tasks.errors import UserError
+from tasks.simulate import run_simulation
+from tasks.store import STORE
+from tests.tasks.test_store import tiny_spec
+
+# Uneven frame counts, so that pair numbering across simulations is exercised.
+FRAMES = {40.0: 6, 45.0: 5, 50.0: 7, 55.0: 6, 60.0: 4}
+
+
+@pytest.fixture(scope="module")
+def dataset(tmp_path_factory):
+    """A dataset folder with five tiny simulations; returns (folder, sorted simulation ids)."""
+    root = tmp_path_factory.mktemp("dataset")
+    ids = [run_simulation(str(root), tiny_spec(reynolds=re, frames=n, backend="numpy"))["sim_id"] for re, n in FRAMES.items()]
+    return root, sorted(ids)
+
+
+@pytest.fixture(scope="module")
+def eager(dataset):
+    """Every frame of every simulation, loaded whole: {sim_id: (T, 4, H, W)}."""
+    root, ids = dataset
+    return {s: load_frames(root, s) for s in ids}
+
+
+def eager_pairs(frames: list[np.ndarray], stride: int, indices) -> tuple[np.ndarray, np.ndarray]:
+    """The reference: pairs numbered simulation by simulation, frames stacked from whole arrays."""
+    pairs = [(i, t) for i, f in enumerate(frames) for t in range(len(f) - stride)]
+    cond = np.stack([frames[pairs[j][0]][pairs[j][1]] for j in indices])
+    target = np.stack([frames[pairs[j][0]][pairs[j][1] + stride, :3] for j in indices])
+    return cond, target
+
+
+def eager_normalizer(frames: list[np.ndarray]) -> Normalizer:
+    stacked = np.concatenate([f[:, : len(OUTPUTS)] for f in frames])  # (N, 3, H, W)
+    lo, hi = stacked.min(axis=(0, 2, 3)), stacked.max(axis=(0, 2, 3))
+    return Normalizer(center=((hi + lo) / 2).tolist(), scale=(np.maximum((hi - lo) / 2, 1e-6) * 1.1).tolist())
+
+
+class KeyLog(WrapperStore):
+    """A read-only local store that records every key read through it (the keys list is shared by the
+    copies zarr makes of the store)."""
+
+    def __init__(self, store, keys=None):
+        super().__init__(store)
+        self.keys = [] if keys is None else keys
+
+    def _with_store(self, store):
+        return type(self)(store, self.keys)
+
+    async def get(self, key, prototype, byte_range=None):
+        self.keys.append(key)
+        return await self._store.get(key, prototype, byte_range)
+
+    async def get_partial_values(self, prototype, key_ranges):
+        key_ranges = list(key_ranges)
+        self.keys.extend(k for k, _ in key_ranges)
+        return await self._store.get_partial_values(prototype, key_ranges)
+
+    async def _get_many(self, requests):
+        requests = list(requests)
+        self.keys.extend(k for k, _, _ in requests)
+        async for item in self._store._get_many(requests):
+            yield item
+
+    def chunk_reads(self) -> set[tuple[str, str, int]]:
+        """(simulation, variable, frame) of every chunk read so far."""
+        return {(k.split("/")[0], k.split("/")[1], int(k.split("/")[3])) for k in self.keys if "/c/" in k}
+
+
+def logged_store(root) -> KeyLog:
+    return KeyLog(LocalStore(root / STORE, read_only=True))
+
+
+@pytest.mark.parametrize("stride", [1, 2, 3])
+def test_lazy_batches_equal_eager_stacking(dataset, eager, stride):
+    root, ids = dataset
+    source = PairSource(root, ids, stride)
+    frames = [eager[s] for s in ids]
+    assert len(source) == sum(len(f) - stride for f in frames)
+    assert (source.height, source.width) == frames[0].shape[-2:]
+    norm = eager_normalizer(frames)
+    rng = np.random.default_rng(stride)
+    for indices in (rng.permutation(len(source)), rng.integers(0, len(source), 9), np.array([0, 0, len(source) - 1])):
+        cond, target = eager_pairs(frames, stride, indices)
+        lazy_cond, lazy_target = source.physical(indices)
+        assert lazy_cond.dtype == np.float32 and lazy_cond.shape == (len(indices), 4, *frames[0].shape[-2:])
+        np.testing.assert_array_equal(lazy_cond, cond)
+        np.testing.assert_array_equal(lazy_target, target)
+        net_cond, net_target = source.batch(indices, norm)
+        np.testing.assert_array_equal(net_cond, norm.encode(cond))
+        np.testing.assert_array_equal(net_target, norm.encode(target))
+
+
+def test_split_never_shares_a_simulation(dataset, eager):
+    root, ids = dataset
+    for seed in range(6):
+        split = split_simulations(ids, n_val=1, n_test=2, seed=seed)
+        parts = [set(split[k]) for k in ("train", "val", "test")]
+        assert [len(p) for p in parts] == [2, 1, 2]
+        assert set().union(*parts) == set(ids)
+        assert all(not (a & b) for i, a in enumerate(parts) for b in parts[i + 1 :])
+        # The sources built from the split serve frames of their own simulations only.
+        served = {}
+        for name in ("train", "val", "test"):
+            source = PairSource(root, split[name], 1)
+            cond, target = source.physical(np.arange(len(source)))
+            served[name] = {f.tobytes() for f in np.concatenate([cond[:, :3], target])}
+            own = {f.tobytes() for s in split[name] for f in eager[s][:, :3]}
+            assert served[name] <= own
+        assert not (served["train"] & served["test"]) and not (served["train"] & served["val"])
+
+
+@pytest.mark.parametrize("block_frames", [1, 2, 16])
+def test_streaming_normalizer_equals_eager_extremes(dataset, eager, block_frames):
+    root, ids = dataset
+    train = split_simulations(ids, n_val=0, n_test=1, seed=0)["train"]
+    frames = [eager[s] for s in train]
+    stacked = np.concatenate([f[:, :3] for f in frames])  # (N, 3, H, W)
+    lo, hi = PairSource(root, train, 1).channel_range(block_frames)
+    np.testing.assert_array_equal(lo, stacked.min(axis=(0, 2, 3)))
+    np.testing.assert_array_equal(hi, stacked.max(axis=(0, 2, 3)))
+    assert Normalizer.fit(PairSource(root, train, 1)) == eager_normalizer(frames)
+
+
+def test_prefetch_yields_the_same_batches_in_the_same_order(dataset, eager):
+    root, ids = dataset
+    source = PairSource(root, ids, 1)
+    norm = eager_normalizer(list(eager.values()))
+    order = np.random.default_rng(0).permutation(len(source))
+    index_batches = [order[i : i + 4] for i in range(0, len(order), 4)]  # the last one is shorter
+    sync = list(source.batches(index_batches, norm))
+    ahead = list(source.prefetch(iter(index_batches), norm))
+    assert len(ahead) == len(sync) == len(index_batches)
+    for (c1, t1), (c2, t2) in zip(sync, ahead):
+        np.testing.assert_array_equal(c1, c2)
+        np.testing.assert_array_equal(t1, t2)
+    assert list(source.prefetch([], norm)) == []
+
+
+def test_prefetch_reads_the_next_batch_in_the_background(dataset):
+    root, ids = dataset
+    store = logged_store(root)
+    source = PairSource(root, ids, 1, store=store)
+    norm = Normalizer(center=[0.0] * 3, scale=[1.0] * 3)
+    first, second = np.array([0, 1]), np.array([len(source) - 1])
+    (sim,), (t,) = source.locate(second)
+    second_chunks = {(ids[sim], name, int(t)) for name in ("u", "v", "p", "mask")}
+
+    batches = source.batches([first, second], norm)
+    next(batches)
+    time.sleep(0.2)
+    assert not second_chunks & store.chunk_reads(), "the synchronous path read ahead"
+
+    store.keys.clear()
+    batches = source.prefetch([first, second], norm)
+    next(batches)  # the consumer now holds batch 1; batch 2 is read meanwhile
+    deadline = time.monotonic() + 10
+    while not second_chunks <= store.chunk_reads() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert second_chunks <= store.chunk_reads(), "batch 2 was not read while batch 1 was in use"
+    next(batches)
+    batches.close()
+
+
+def test_prefetch_stops_its_reader_and_reports_read_errors(dataset):
+    root, ids = dataset
+    source = PairSource(root, ids, 1)
+    norm = Normalizer(center=[0.0] * 3, scale=[1.0] * 3)
+    batches = source.prefetch([np.array([0])] * 50, norm)
+    next(batches)
+    batches.close()
+    assert not [t for t in threading.enumerate() if t.name.startswith("pair-prefetch")]
+    bad = source.prefetch([np.array([0]), np.array([len(source)])], norm)
+    next(bad)
+    with pytest.raises(IndexError, match="out of range"):
+        next(bad)
+
+
+def test_constructing_reads_no_frames_and_a_batch_reads_only_its_own(dataset):
+    root, ids = dataset
+    store = logged_store(root)
+    source = PairSource(root, ids, 2, store=store)
+    assert len(source) > 0 and store.keys, "construction read the metadata through the store"
+    assert store.chunk_reads() == set()
+
+    sim, t = source.locate([3, 4, 9])
+    source.physical([3, 4, 9])
+    expected = set()
+    for i, t0 in zip(sim, t):
+        expected |= {(ids[i], name, int(t0)) for name in ("u", "v", "p", "mask")}
+        expected |= {(ids[i], name, int(t0) + 2) for name in ("u", "v", "p")}
+    assert store.chunk_reads() == expected
+    chunk_keys = [k for k in store.keys if "/c/" in k]
+    assert len(chunk_keys) == len(expected), "a chunk was read twice for one batch"
+
+
+def test_bad_sources_are_clear_errors(dataset):
+    root, ids = dataset
+    with pytest.raises(UserError, match="'circle-re99-missing' is missing"):
+        PairSource(root, [ids[0], "circle-re99-missing"], 1)
+    with pytest.raises(UserError, match="too few frames for frame stride 9"):
+        PairSource(root, ids, 9)
