@@ -6,6 +6,9 @@ os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
 # MLflow's database set-up chatter is not the user's business on the command line.
 os.environ.setdefault("MLFLOW_LOGGING_LEVEL", "WARNING")
 
-from flows.cli import main  # noqa: E402
+if len(sys.argv) > 1 and sys.argv[1].startswith("bench-"):
+    from flows.bench import main  # noqa: E402  (no Prefect, MLflow or pydantic on this path)
+else:
+    from flows.cli import main  # noqa: E402
 
 sys.exit(main())

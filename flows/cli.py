@@ -14,17 +14,11 @@ from typing import Any, Callable
 
 from pydantic import BaseModel, ValidationError
 
+from flows.bench import BENCH_COMMANDS, OneLineParser, add_bench_commands, run_bench
 from tasks.errors import UserError
-from tasks.specs import AggregateSpec, DemoSpec, GenerateSpec, InferSpec, TrainSpec
+from tasks.specs import AggregateSpec, DemoSpec, GenerateSpec, InferSpec, TrainSpec, ValidateSpec
 
 EXIT_USAGE = 2
-
-
-class _Parser(argparse.ArgumentParser):
-    """argparse that reports errors in one line."""
-
-    def error(self, message: str) -> typing.NoReturn:
-        self.exit(EXIT_USAGE, f"{self.prog}: error: {message}\n")
 
 
 def _choices(annotation) -> tuple[list[str] | None, Callable[[str], Any], bool]:
@@ -87,12 +81,13 @@ COMMANDS: dict[str, tuple[type[BaseModel] | None, str]] = {
     "train": (TrainSpec, "Train Pix2Pix on a dataset"),
     "infer": (InferSpec, "Roll a trained model out against the reference solver"),
     "aggregate": (AggregateSpec, "Write comparison tables, figures and a report from MLflow runs"),
+    "validate-solver": (ValidateSpec, "Check the solver against the Schäfer-Turek cylinder benchmark"),
 }
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog="python -m flows", description="Kármán Bench: neural surrogates of a vortex street, benchmarked across devices.")
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+    parser = OneLineParser(prog="python -m flows", description="Kármán Bench: neural surrogates of a vortex street, benchmarked across devices.")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=OneLineParser)
     sub.required = True
     for name, (model, help_text) in COMMANDS.items():
         p = sub.add_parser(name, help=help_text, description=help_text)
@@ -101,6 +96,7 @@ def build_parser() -> argparse.ArgumentParser:
         else:
             p.add_argument("--dataset", dest="dataset", default=None, help="Dataset name (default: karman-demo)")
         p.add_argument("--json", action="store_true", help="Print a one-line JSON summary as the last line of stdout")
+    add_bench_commands(sub)
     return parser
 
 
@@ -125,11 +121,17 @@ def _preflight(command: str, spec: BaseModel) -> None:
         from tasks.infer import resolve_model_run
 
         resolve_model_run(settings, spec.model_run)
+    if isinstance(spec, ValidateSpec):
+        from tasks.validation import setups
+
+        setups(spec)
 
 
 def _summary(command: str, result: dict) -> dict:
     if command == "infer":
         return {k: v for k, v in result.items() if k != "errors"}
+    if command == "validate-solver":  # the benchmark's figures; the checks and the run id are in MLflow
+        return {k: v for k, v in result.items() if k not in ("run_id", "checks")}
     if command == "aggregate":
         return {"report": result["report"], "run_id": result["run_id"], "train_rows": len(result["train_rows"]), "infer_rows": len(result["infer_rows"])}
     return result
@@ -138,6 +140,8 @@ def _summary(command: str, result: dict) -> dict:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     command = args.command
+    if command in BENCH_COMMANDS:
+        return run_bench(args)
     model = COMMANDS[command][0]
     try:
         if model is None:
@@ -160,7 +164,7 @@ def main(argv: list[str] | None = None) -> int:
     from flows import pipeline
 
     try:
-        result = getattr(pipeline, command)(spec)
+        result = getattr(pipeline, command.replace("-", "_"))(spec)
     except UserError as exc:
         print(f"python -m flows {command}: error: {exc}", file=sys.stderr)
         return EXIT_USAGE

@@ -6,8 +6,9 @@ from tasks.aggregate import aggregate_runs
 from tasks.generate import run_sweep
 from tasks.infer import rollout
 from tasks.settings import Settings
-from tasks.specs import AggregateSpec, DemoSpec, GenerateSpec, InferSpec, TrainSpec
+from tasks.specs import AggregateSpec, DemoSpec, GenerateSpec, InferSpec, TrainSpec, ValidateSpec
 from tasks.train import train_model
+from tasks.validation import validate_solver as run_validation
 
 
 def _settings() -> Settings:
@@ -36,6 +37,12 @@ def infer(spec: InferSpec = InferSpec()) -> dict:
 def aggregate(spec: AggregateSpec = AggregateSpec()) -> dict:
     """Build comparison tables, figures and a report from the experiment's runs."""
     return aggregate_runs(_settings(), spec)
+
+
+@flow(name="validate-solver")
+def validate_solver(spec: ValidateSpec = ValidateSpec()) -> dict:
+    """Check the solver against the Schäfer-Turek cylinder benchmark over a ladder of resolutions."""
+    return run_validation(_settings(), spec)
 
 
 @flow(name="demo")

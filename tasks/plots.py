@@ -60,3 +60,22 @@ def bar_chart(labels: list[str], values: list[float], ylabel: str, path: Path, t
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return path
+
+
+def coefficient_history(time: np.ndarray, cd: np.ndarray, cl: np.ndarray, path: Path, title: str) -> Path:
+    """Drag and lift coefficients over time: the whole run, and its last second."""
+    fig, axes = plt.subplots(2, 2, figsize=(10, 5), sharex="col")
+    late = time >= time[-1] - 1.0
+    for col, sel in enumerate((slice(None), late)):
+        axes[0, col].plot(time[sel], cd[sel], lw=0.8)
+        axes[1, col].plot(time[sel], cl[sel], lw=0.8, color="C1")
+        axes[1, col].set_xlabel("t [s]")
+    axes[0, 0].set_ylabel("$c_D$")
+    axes[1, 0].set_ylabel("$c_L$")
+    axes[0, 0].set_title("whole run", fontsize=9)
+    axes[0, 1].set_title("last second", fontsize=9)
+    fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path

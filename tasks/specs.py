@@ -87,6 +87,17 @@ class AggregateSpec(Spec):
     name: str = Field(default="latest", pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$", description="Report folder name under <data root>/reports")
 
 
+class ValidateSpec(Spec):
+    """The solver against the Schäfer-Turek cylinder benchmark (2D-1 steady Re 20, 2D-2 periodic Re 100)."""
+
+    case: Literal["2D-1", "2D-2"] = Field(default="2D-2", description="Benchmark case: 2D-1 (steady, Re 20) or 2D-2 (periodic, Re 100)")
+    cells_per_diameter: PositiveInt | None = Field(default=None, description="Lattice nodes across the cylinder, a multiple of 10; None = 40 for 2D-1, 60 for 2D-2")
+    convergence: list[PositiveInt] | None = Field(default=None, description="Coarser resolutions for the convergence table; None = N/4 and N/2 (multiples of 10, at least 10)")
+    backend: Literal["numba", "numpy", "torch"] = Field(default="numba", description="Solver backend")
+    dtype: Literal["float32", "float64"] = Field(default="float64", description="Floating-point precision of the populations")
+    max_time: PositiveFloat | None = Field(default=None, description="Seconds of flow at most; None = 60 (2D-1) or 20 (2D-2)")
+
+
 class DemoSpec(Spec):
     """The quick CPU pipeline: a small sweep, a narrow Pix2Pix, a rollout and a report."""
 

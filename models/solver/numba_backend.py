@@ -156,7 +156,7 @@ def obstacle(fpost, fnew, nx, cells, kind, coef, hp, hm):
 
 
 @numba.njit(cache=True)
-def finish(fpost, fnew, ny, nx, solid, periodic, inlet_u, u_convect):
+def finish(fpost, fnew, ny, nx, solid, periodic, inlet_u, u_convect, anchor):
     """Hold the obstacle interior at rest and fill the ghost nodes (see numpy_backend.fill_ghosts)."""
     for s in range(solid.shape[0]):
         for i in range(9):
@@ -174,19 +174,21 @@ def finish(fpost, fnew, ny, nx, solid, periodic, inlet_u, u_convect):
         i = _INLET[k]
         for ys in range(max(1, 1 - _CY[i]), min(ny - 1, ny - 1 - _CY[i])):
             t = (ys + _CY[i]) * nx + 1
-            rho = fnew[0, t]
-            for j in range(1, 9):
-                rho += fnew[j, t]
-            fnew[i, ys * nx] = fnew[_OPP[i], t] + 6.0 * _W[i] * _CX[i] * rho * inlet_u[k, ys]
+            fnew[i, ys * nx] = fnew[_OPP[i], t] + 6.0 * _W[i] * _CX[i] * inlet_u[k, ys]
+    mass = 0.0
+    for y in range(1, ny - 1):
+        for j in range(9):
+            mass += fnew[j, y * nx + nx - 2]
+    drift = 1.0 - mass / (ny - 2)
     for i in _OUTLET:
         for y in range(1, ny - 1):
             g = y * nx + nx - 1
-            fnew[i, g] = (fpost[i, g] + u_convect * fnew[i, g - 1]) / (1.0 + u_convect)
+            fnew[i, g] = (fpost[i, g] + u_convect * fnew[i, g - 1]) / (1.0 + u_convect) + _W[i] * anchor * drift
 
 
 @numba.njit(cache=True)
-def advance(fa, fb, ny, nx, steps, wp, wm, periodic, cells, kind, coef, solid, inlet_u, u_convect, forces,
-            probes, probe_rho):
+def advance(fa, fb, ny, nx, steps, wp, wm, periodic, cells, kind, coef, solid, inlet_u, u_convect, anchor,
+            forces, probes, probe_rho):
     """Run ``steps`` steps from padded planes ``fa``, using ``fb`` as the other buffer; record the
     obstacle force per step in ``forces`` (steps, 2) and the density at the ``probes`` nodes in
     ``probe_rho`` (steps, np). Returns True when the final state is in ``fb``."""
@@ -195,7 +197,7 @@ def advance(fa, fb, ny, nx, steps, wp, wm, periodic, cells, kind, coef, solid, i
     for t in range(steps):
         bulk(fa, fb, ny, nx, hp, hm, not periodic)
         fx, fy = obstacle(fa, fb, nx, cells, kind, coef, hp, hm)
-        finish(fa, fb, ny, nx, solid, periodic, inlet_u, u_convect)
+        finish(fa, fb, ny, nx, solid, periodic, inlet_u, u_convect, anchor)
         forces[t, 0] = fx
         forces[t, 1] = fy
         for p in range(probes.shape[0]):

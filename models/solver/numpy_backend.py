@@ -47,20 +47,22 @@ def obstacle_bounce(f: np.ndarray, fpost: np.ndarray, plan: StepPlan) -> tuple[f
 
 
 def fill_ghosts(fnew: np.ndarray, fpost: np.ndarray, plan: StepPlan) -> None:
-    """Channel: velocity bounce-back at the inlet, convective outflow at the outlet.
+    """Channel: velocity bounce-back at the inlet (at rest density, so the inflowing mass is fixed); at
+    the outlet a convective (non-reflecting) outflow whose incoming populations also carry
+    ``outlet_anchor`` w_i times the outlet column's mean density deficit, which holds the mean pressure
+    at rho = 1 (the convective condition alone lets it drift).
     Periodic: the outer ring of nodes copies the opposite side of the interior."""
     if plan.periodic:
         wrap_periodic(fnew)
         return
     ny = fnew.shape[1]
-    rho = fnew[:, :, 1].sum(axis=0)
     for k, i in enumerate(INLET_DIRS):
         ys = np.arange(max(1, 1 - CY[i]), min(ny - 1, ny - 1 - CY[i]))
-        yt = ys + CY[i]
-        fnew[i, ys, 0] = fnew[OPP[i], yt, 1] + 6.0 * W[i] * CX[i] * rho[yt] * plan.inlet_u[k, ys]
+        fnew[i, ys, 0] = fnew[OPP[i], ys + CY[i], 1] + 6.0 * W[i] * CX[i] * plan.inlet_u[k, ys]
     u = plan.u_convect
+    drift = 1.0 - fnew[:, 1:-1, -2].sum(axis=0).mean()  # of the outlet column's mean density from 1
     for i in OUTLET_DIRS:
-        fnew[i, 1:-1, -1] = (fpost[i, 1:-1, -1] + u * fnew[i, 1:-1, -2]) / (1.0 + u)
+        fnew[i, 1:-1, -1] = (fpost[i, 1:-1, -1] + u * fnew[i, 1:-1, -2]) / (1.0 + u) + W[i] * plan.outlet_anchor * drift
 
 
 def wrap_periodic(f: np.ndarray) -> None:

@@ -1,5 +1,6 @@
 """The channel-flow solver: geometry, initial state and a stepper chosen by backend name."""
 
+from dataclasses import replace
 from enum import Enum
 
 import numpy as np
@@ -34,6 +35,9 @@ class NumpyStepper:
     def __init__(self, plan: StepPlan, f: np.ndarray):
         self.plan, self.f = plan, f
 
+    def set_plan(self, plan: StepPlan) -> None:
+        self.plan = plan
+
     def run(self, steps: int, probes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         forces, rho = np.zeros((steps, 2)), np.zeros((steps, len(probes)))
         for t in range(steps):
@@ -56,12 +60,15 @@ class NumbaStepper:
         self.f = numba_backend.to_planes(f)
         self.spare = self.f.copy()
 
+    def set_plan(self, plan: StepPlan) -> None:
+        self.plan = plan
+
     def run(self, steps: int, probes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         p, (ny, nx) = self.plan, self.shape
         forces, rho = np.zeros((steps, 2)), np.zeros((steps, len(probes)))
         swapped = self.kernels.advance(
             self.f, self.spare, ny, nx, steps, p.omega_plus, p.omega_minus, p.periodic, p.cells, p.kind, p.coef,
-            p.solid, p.inlet_u, p.u_convect, forces, probes, rho,
+            p.solid, p.inlet_u, p.u_convect, p.outlet_anchor, forces, probes, rho,
         )
         if swapped:
             self.f, self.spare = self.spare, self.f
@@ -82,14 +89,16 @@ class ChannelSolver:
 
     ``periodic=True`` wraps the same obstacle in a box periodic in x and y (no walls, inlet or outlet),
     and ``obstacle=False`` leaves the obstacle out: boxes that check conservation. ``device`` is for the
-    torch backend (cpu, cuda, ...).
+    torch backend (cpu, cuda, ...). The fluid starts with the inflow profile everywhere, or at rest
+    (``at_rest``, for a start that ramps the inflow up with ``set_inflow_scale``).
     """
 
     def __init__(self, config: FlowConfig, backend: Backend | str = Backend.NUMBA, periodic: bool = False,
-                 obstacle: bool = True, device: str = "cpu"):
+                 obstacle: bool = True, device: str = "cpu", at_rest: bool = False):
         self.config = config.validate()
         self.backend = backend_from_name(backend) if isinstance(backend, str) else backend
-        self.plan = plan_for(config, periodic=periodic, obstacle=obstacle)
+        self.plan = self._full_inflow = plan_for(config, periodic=periodic, obstacle=obstacle)
+        self.at_rest = at_rest
         self.nodes = self.plan.nodes
         self.dtype = np.dtype(config.dtype)
         self.time = 0
@@ -100,7 +109,7 @@ class ChannelSolver:
     def _initial_state(self) -> np.ndarray:
         """Equilibrium at rest density with the inflow profile everywhere in the fluid."""
         solid = self.nodes == SOLID
-        ux = np.where(solid, 0.0, self.u_in[:, None] * np.ones((1, self.config.nx)))
+        ux = np.where(solid | self.at_rest, 0.0, self.u_in[:, None] * np.ones((1, self.config.nx)))
         f = equilibrium(np.ones(ux.shape), ux, np.zeros_like(ux))
         f[:, solid] = equilibrium(np.ones(1), np.zeros(1), np.zeros(1))
         return f.astype(self.dtype)
@@ -113,6 +122,11 @@ class ChannelSolver:
         if self.backend is Backend.NUMBA:
             return NumbaStepper(self.plan, f)
         return _torch_stepper(self.plan, f, self.device)
+
+    def set_inflow_scale(self, scale: float) -> None:
+        """Scale the inflow velocity (1 = the configured profile) from the next step on."""
+        self.plan = replace(self._full_inflow, inlet_u=self._full_inflow.inlet_u * scale)
+        self._stepper.set_plan(self.plan)
 
     @property
     def f(self) -> np.ndarray:

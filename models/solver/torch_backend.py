@@ -31,8 +31,13 @@ class TorchStepper:
         self.link_coef = t(plan.coef[b, i].T, dtype)  # (3, nlinks)
         self.link_dir = t(np.stack([CX[i], CY[i]]), torch.float64)  # (2, nlinks)
         self.solid = t(plan.solid)
-        self.inlet_u = t(plan.inlet_u, dtype)
+        self.set_plan(plan)
         self.omega = (plan.omega_plus, plan.omega_minus)
+
+    def set_plan(self, plan: StepPlan) -> None:
+        """Take a plan that differs only in its inflow (see ChannelSolver.set_inflow_scale)."""
+        self.plan = plan
+        self.inlet_u = torch.as_tensor(plan.inlet_u, device=self.device, dtype=self.f.dtype)
 
     def _stream(self, f: torch.Tensor) -> torch.Tensor:
         out = torch.stack([torch.roll(f[i], shifts=(int(CY[i]), int(CX[i])), dims=(0, 1)) for i in range(9)])
@@ -60,14 +65,13 @@ class TorchStepper:
             fnew[:, 0, :], fnew[:, -1, :] = fnew[:, -2, :].clone(), fnew[:, 1, :].clone()
             return
         ny = fnew.shape[1]
-        rho = fnew[:, :, 1].sum(0)
         for k, i in enumerate(INLET_DIRS):
             lo, hi = max(1, 1 - CY[i]), min(ny - 1, ny - 1 - CY[i])
-            fnew[i, lo:hi, 0] = (fnew[OPP[i], lo + CY[i] : hi + CY[i], 1]
-                                 + 6.0 * W[i] * CX[i] * rho[lo + CY[i] : hi + CY[i]] * self.inlet_u[k, lo:hi])
+            fnew[i, lo:hi, 0] = fnew[OPP[i], lo + CY[i] : hi + CY[i], 1] + 6.0 * W[i] * CX[i] * self.inlet_u[k, lo:hi]
         u = self.plan.u_convect
+        drift = 1.0 - fnew[:, 1:-1, -2].sum(0).mean()
         for i in OUTLET_DIRS:
-            fnew[i, 1:-1, -1] = (fpost[i, 1:-1, -1] + u * fnew[i, 1:-1, -2]) / (1.0 + u)
+            fnew[i, 1:-1, -1] = (fpost[i, 1:-1, -1] + u * fnew[i, 1:-1, -2]) / (1.0 + u) + W[i] * self.plan.outlet_anchor * drift
 
     def step(self) -> torch.Tensor:
         """One step; returns the force (fx, fy) on the obstacle as a tensor of two float64."""

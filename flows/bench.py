@@ -1,0 +1,64 @@
+"""``python -m flows bench-…``: benchmark commands. They import no Prefect, MLflow or pydantic, so they
+run as they are on a machine that has only the compute stack (numpy, numba, torch)."""
+
+import argparse
+import json
+import sys
+import typing
+
+BENCH_COMMANDS = {"bench-solver": "Time the solver's full production step (MLUPS)"}
+
+
+class OneLineParser(argparse.ArgumentParser):
+    """argparse that reports errors in one line (exit code 2)."""
+
+    def error(self, message: str) -> typing.NoReturn:
+        self.exit(2, f"{self.prog}: error: {message}\n")
+
+
+def positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"{value} must be a positive integer")
+    return value
+
+
+def add_bench_commands(sub) -> None:
+    """Add the bench subcommands to an argparse subparsers object."""
+    p = sub.add_parser("bench-solver", help=BENCH_COMMANDS["bench-solver"], description=BENCH_COMMANDS["bench-solver"])
+    p.add_argument("--nx", type=positive_int, default=1024, help="Channel length in nodes (default: 1024)")
+    p.add_argument("--ny", type=positive_int, default=256, help="Channel height in nodes (default: 256)")
+    p.add_argument("--steps", type=positive_int, default=200, help="Steps per timed run (default: 200)")
+    p.add_argument("--repeats", type=positive_int, default=5, help="Timed runs; the median is reported (default: 5)")
+    p.add_argument("--backend", choices=["numba", "numpy", "torch"], default="numba", help="Solver backend (default: numba)")
+    p.add_argument("--dtype", choices=["float32", "float64"], default="float32", help="Precision (default: float32)")
+    p.add_argument("--device", default="cpu", help="torch device for --backend torch, e.g. cuda (default: cpu)")
+    p.add_argument("--json", action="store_true", help="Print a one-line JSON summary as the last line of stdout")
+
+
+def run_bench(args: argparse.Namespace) -> int:
+    """Run a parsed bench command; one line on stderr and exit 2 for bad input."""
+    from tasks.bench import bench_solver
+
+    try:
+        result = bench_solver(args.nx, args.ny, args.steps, args.backend, args.dtype, args.repeats, args.device)
+    except ValueError as exc:
+        print(f"python -m flows {args.command}: error: {exc}", file=sys.stderr)
+        return 2
+    except RuntimeError as exc:  # e.g. a torch device that is not there
+        print(f"python -m flows {args.command}: error: {str(exc).splitlines()[0]}", file=sys.stderr)
+        return 2
+    print(json.dumps(result) if args.json else json.dumps(result, indent=2))
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry for ``python -m flows bench-…`` that loads nothing but the compute stack."""
+    parser = OneLineParser(prog="python -m flows")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=OneLineParser)
+    sub.required = True
+    add_bench_commands(sub)
+    return run_bench(parser.parse_args(argv))

@@ -1,0 +1,58 @@
+"""validate-solver and bench-solver from the command line, as a user runs them."""
+
+import json
+import subprocess
+import sys
+
+from mlflow.tracking import MlflowClient
+
+from tests.conftest import ROOT, run_cli
+from tests.flows.test_cli import assert_refused
+
+
+def test_validate_solver_prints_the_figures_and_logs_the_convergence_table(workdir):
+    proc = run_cli("validate-solver", "--case", "2D-1", "--cells-per-diameter", "20", "--convergence", "10", "--json", cwd=workdir)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert set(out) == {"case", "cd", "cl", "dp", "cells_per_diameter", "wall_s", "mlups"}
+    assert out["case"] == "2D-1" and out["cells_per_diameter"] == 20 and out["mlups"] > 0
+    assert 5.4 < out["cd"] < 5.8
+    client = MlflowClient(tracking_uri=f"sqlite:///{workdir / 'mlflow.db'}")
+    run = client.search_runs([client.get_experiment_by_name("test").experiment_id], "tags.`karman.stage` = 'validate'")[0]
+    assert run.info.status == "FINISHED"
+    assert [m.step for m in client.get_metric_history(run.info.run_id, "cd")] == [10, 20]
+    artifacts = {a.path for a in client.list_artifacts(run.info.run_id)}
+    assert {"convergence.md", "convergence.json", "drag_lift.png", "history.npz", "reference_check.json"} <= artifacts
+    table = (workdir / "data" / "runs" / run.info.run_id / "convergence.md").read_text()
+    assert "| 10 |" in table and "| 20 |" in table and "5.57 – 5.59" in table
+
+
+def test_validate_solver_refuses_a_resolution_off_the_benchmark_grid(workdir):
+    assert_refused(run_cli("validate-solver", "--cells-per-diameter", "25", cwd=workdir), "cells per diameter 25", "multiple of 10")
+    assert_refused(run_cli("validate-solver", "--case", "3D-1", cwd=workdir), "--case", "3D-1")
+
+
+def test_bench_solver_reports_throughput(workdir):
+    proc = run_cli("bench-solver", "--nx", "128", "--ny", "64", "--steps", "5", "--repeats", "2", "--json", cwd=workdir)
+    assert proc.returncode == 0, proc.stderr
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert {"mlups", "backend", "dtype", "bytes_per_update"} <= set(out)
+    assert out["backend"] == "numba" and out["dtype"] == "float32" and out["bytes_per_update"] == 72 and out["mlups"] > 0
+
+
+def test_bench_solver_loads_no_orchestration_stack():
+    code = (
+        "import runpy, sys\n"
+        "sys.argv = ['flows', 'bench-solver', '--nx', '64', '--ny', '32', '--steps', '2', '--repeats', '1', '--backend', 'numpy']\n"
+        "try:\n    runpy.run_module('flows', run_name='__main__')\nexcept SystemExit as e:\n    assert e.code == 0, e.code\n"
+        "print([m for m in ('prefect', 'mlflow', 'pydantic', 'zarr') if m in sys.modules])\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip().splitlines()[-1] == "[]"
+
+
+def test_bench_solver_bad_input(workdir):
+    assert_refused(run_cli("bench-solver", "--nx", "0", cwd=workdir), "--nx", "positive")
+    assert_refused(run_cli("bench-solver", "--nx", "16", "--ny", "4", "--steps", "1", cwd=workdir), "grid 16x4 is too small")
+    assert_refused(run_cli("bench-solver", "--backend", "cuda", cwd=workdir), "--backend", "cuda")
