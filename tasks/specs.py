@@ -24,7 +24,7 @@ class GenerateSpec(Spec):
     shapes: list[Literal["circle", "square", "rectangle", "ellipse"]] = Field(default=["circle"], min_length=1, description="Obstacle shapes")
     nx: PositiveInt = Field(default=128, description="Channel length in cells")
     ny: PositiveInt = Field(default=64, description="Channel height in cells (walls included)")
-    size: list[PositiveFloat] = Field(default=[12.0], min_length=1, description="Obstacle cross-stream sizes in cells")
+    size: list[PositiveFloat] = Field(default=[16.0], min_length=1, description="Obstacle cross-stream sizes in cells")
     x_position: list[PositiveFloat] = Field(default=[0.375], min_length=1, description="Obstacle centre x positions as fractions of the channel height")
     y_offset: list[float] = Field(default=[0.5], min_length=1, description="Obstacle centre offsets from mid-channel in cells (break symmetry)")
     aspect: PositiveFloat = Field(default=1.0, description="Streamwise/cross-stream extent for rectangle and ellipse")

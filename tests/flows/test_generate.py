@@ -123,14 +123,14 @@ def test_sweep_expands_over_every_combination_and_keeps_the_default_sweep():
 
     # The default is the single-obstacle sweep of before, recorded in the manifest as it was.
     default = expand(GenerateSpec())
-    assert [(s.reynolds, s.size, s.cx, s.cy) for s in default] == [(re, 12.0, 24.0, 32.0) for re in (70.0, 90.0, 110.0, 130.0, 150.0)]
+    assert [(s.reynolds, s.size, s.cx, s.cy) for s in default] == [(re, 16.0, 24.0, 32.0) for re in (70.0, 90.0, 110.0, 130.0, 150.0)]
     key = _sweep_key(GenerateSpec())
-    assert (key["size"], key["x_position"], key["y_offset"]) == (12.0, 0.375, 0.5)
+    assert (key["size"], key["x_position"], key["y_offset"]) == (16.0, 0.375, 0.5)
     assert _sweep_key(GenerateSpec(size=[8.0, 12.0]))["size"] == [8.0, 12.0]
 
 
 def test_a_bad_sweep_member_is_named_with_its_value():
-    with pytest.raises(UserError, match=r"sweep member circle at Re 70, size 12, x position 0.375, y offset 30: .*touches or crosses a wall"):
+    with pytest.raises(UserError, match=r"sweep member circle at Re 70, size 16, x position 0.375, y offset 30: .*touches or crosses a wall"):
         expand(GenerateSpec(reynolds=[70.0], y_offset=[0.5, 30.0]))
 
 

@@ -75,9 +75,11 @@ def test_rollout_feeds_predictions_back(demo_result, workdir):
         state = np.concatenate([pred, frames[0, 3:4]])
         fed_back.append(relative_l2(pred[0], frames[n * stride, 0]))
         one_step.append(relative_l2(predict(frames[(n - 1) * stride])[0], frames[n * stride, 0]))
-    np.testing.assert_allclose(fed_back, logged, rtol=1e-4)
+    replay_gap = np.abs(np.subtract(fed_back, logged)).max()
+    assert replay_gap <= 1e-4 * max(logged)
     assert one_step[0] == pytest.approx(logged[0], rel=1e-4)
-    assert max(abs(a - b) for a, b in zip(one_step[1:], logged[1:])) > 1e-3
+    # from step 2 on, starting from the reference frame scores differently, far beyond the replay's gap
+    assert np.abs(np.subtract(one_step[1:], logged[1:])).max() > max(20 * replay_gap, 1e-6)
 
 
 def test_generate_rerun_reuses_the_dataset(demo_result, workdir):

@@ -151,6 +151,8 @@ def test_channel_develops_a_finite_wake_and_carries_the_inflow_through():
         ({"reynolds": 5000.0}, "outside the stable range"),
         ({"reynolds": 0.5}, "outside the stable range"),
         ({"u_max": 0.3}, "Mach number"),
+        ({"u_max": 0.05, "reynolds": 90.0}, "grid Reynolds number u_max/nu 22.5"),
+        ({"u_max": 0.17}, r"stable range 0\.5578"),
         ({"nx": 4}, "too small"),
     ],
 )

@@ -14,7 +14,7 @@ from tasks.store import STORE
 from tests.tasks.test_store import tiny_spec
 
 # Uneven frame counts, so that pair numbering across simulations is exercised.
-FRAMES = {40.0: 6, 45.0: 5, 50.0: 7, 55.0: 6, 60.0: 4}
+FRAMES = {20.0: 6, 24.0: 5, 28.0: 7, 32.0: 6, 36.0: 4}
 
 
 @pytest.fixture(scope="module")
