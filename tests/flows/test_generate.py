@@ -142,3 +142,20 @@ def test_a_bad_sweep_member_is_named_with_its_value():
 def test_bad_sweep_lists_are_refused_on_the_command_line(workdir, args, fragments):
     assert_refused(run_cli("generate", *args, cwd=workdir), *fragments)
     assert not (workdir / "data" / "datasets").exists()
+
+
+def test_a_diverging_simulation_fails_alone_and_is_never_marked_complete(workdir):
+    """A square 24 cells across at Re 240 passes the stable-range checks but diverges within 4000 steps
+    (it sits at their edge: see models/solver/config.py); its neighbour at Re 20 must still land."""
+    args = ["generate", "--dataset", "edge", "--reynolds", "20,240", "--shapes", "square", "--nx", "288", "--ny", "96",
+            "--size", "24", "--y-offset", "0", "--warmup-steps", "6000", "--frames", "2", "--frame-every", "10",
+            "--workers", "1", "--json"]
+    proc = run_cli(*args, cwd=workdir)
+    assert proc.returncode == 1, proc.stderr[-2000:]
+    failed = [line for line in proc.stderr.splitlines() if line.startswith("python -m flows generate: failed")]
+    assert len(failed) == 1, proc.stderr[-2000:]
+    assert "1 of 2 simulations failed" in failed[0] and "re240" in failed[0] and "diverged (NaN/inf)" in failed[0]
+    dataset = workdir / "data" / "datasets" / "edge"
+    listed = read_manifest(dataset / MANIFEST)
+    assert [s.split("-")[1] for s in listed] == ["re20"]
+    assert sorted(p.name for p in (dataset / STORE).iterdir() if p.is_dir()) == sorted(listed)
