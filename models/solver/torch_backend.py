@@ -91,12 +91,24 @@ class TorchStepper:
     def run(self, steps: int, probes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         py, px = torch.as_tensor(probes[:, 0], device=self.device), torch.as_tensor(probes[:, 1], device=self.device)
         forces, rho = [], []
+        cut = _graph_cut(self.device)
         for _ in range(steps):
             forces.append(self.step())
             rho.append(self.f[:, py, px].sum(0).to(torch.float64))
+            cut()
         if not steps:
             return np.zeros((0, 2)), np.zeros((0, len(probes)))
         return torch.stack(forces).cpu().numpy(), torch.stack(rho).cpu().numpy()
 
     def state(self) -> np.ndarray:
         return self.f.cpu().numpy()
+
+
+def _graph_cut(device: torch.device):
+    """On XLA devices, end the traced graph after every step (one compiled step, reused), rather than
+    tracing a whole run into one graph; elsewhere nothing."""
+    if device.type != "xla":
+        return lambda: None
+    import torch_xla  # only where the device is XLA: flow processes never get here
+
+    return torch_xla.sync

@@ -175,3 +175,27 @@ def test_divergence_raises(backend):
     solver._stepper = solver._make_stepper(f)
     with pytest.raises(FloatingPointError, match="diverged"):
         solver.advance(5)
+
+
+def test_torch_backend_on_an_xla_device_matches_the_reference():
+    """In a child process (torch_xla is never imported beside the flows), on the PJRT CPU device."""
+    import os
+    import subprocess
+    import sys
+
+    from tests.conftest import ROOT
+
+    code = (
+        "import numpy as np, torch_xla\n"
+        "from models.solver import ChannelSolver, FlowConfig, Obstacle\n"
+        "cfg = FlowConfig(nx=48, ny=24, reynolds=40.0, u_max=0.1, obstacle=Obstacle(cx=10.3, cy=12.2, size=5.0))\n"
+        "ref = ChannelSolver(cfg, backend='numpy'); ref.perturb(1)\n"
+        "xla = ChannelSolver(cfg, backend='torch', device=str(torch_xla.device())); xla.perturb(1)\n"
+        "fr, _ = ref.advance(10); fx, _ = xla.advance(10)\n"
+        "print(np.abs(ref.f - xla.f).max(), np.abs(fr - fx).max())\n"
+    )
+    env = {**os.environ, "PJRT_DEVICE": "CPU", "CPU_NUM_DEVICES": "1", "PYTHONPATH": str(ROOT)}
+    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    state_gap, force_gap = map(float, proc.stdout.split())
+    assert state_gap < 3e-5 and force_gap < 1e-3
