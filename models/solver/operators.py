@@ -7,8 +7,8 @@ Every backend runs the same composition on post-collision populations f* (9, ny,
 3. TRT collision of every interior node;
 4. the obstacle's interior held at rest;
 5. ghost nodes: velocity bounce-back at the inlet (column 0) and a convective, non-reflecting outflow
-   with its mean density anchored at 1
-   at the outlet (column nx-1), or periodic copies.
+   at the outlet (column nx-1) with its mean density anchored at 1; or, in a periodic box, copies of
+   the opposite side.
 """
 
 from dataclasses import dataclass
@@ -21,7 +21,7 @@ from models.solver.geometry import channel_nodes, obstacle_links
 from models.solver.lattice import CX, CY
 
 # Weak on purpose: the anchor reflects the channel's uniform acoustic mode, and with a rate of 1 that
-# mode rang on through a steady 2D-1 run (c_D swinging by 2%); 0.02 held the density and c_D to 0.1%.
+# mode rang on through a steady 2D-1 run (c_D swinging by 2%); 0.02 held the density, and c_D to about 0.1%.
 OUTLET_ANCHOR = 0.02
 INLET_DIRS = tuple(int(i) for i in np.nonzero(CX == 1)[0])  # populations entering through the inlet
 OUTLET_DIRS = tuple(int(i) for i in np.nonzero(CX == -1)[0])  # populations entering through the outlet
