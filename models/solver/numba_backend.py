@@ -22,13 +22,13 @@ import numpy as np
 from numba.core.compiler import Compiler
 
 from models.solver.lattice import CX, CY, OPP, W
+from models.solver.operators import INLET_DIRS as _INLET
+from models.solver.operators import OUTLET_DIRS as _OUTLET
 
 _CX = tuple(int(c) for c in CX)
 _CY = tuple(int(c) for c in CY)
 _OPP = tuple(int(o) for o in OPP)
 _W = tuple(float(w) for w in W)
-_INLET = (1, 5, 8)
-_OUTLET = (3, 6, 7)
 _STAGGER = 112  # floats (448 bytes, about 4096 / 9): the offset between consecutive planes' cache sets
 _SET_SPAN = 1024  # floats (4096 bytes): the address span that maps onto all sets of the L1 cache
 
