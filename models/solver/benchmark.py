@@ -117,15 +117,22 @@ def periods(signal: np.ndarray) -> np.ndarray:
     return i + s[i] / (s[i] - s[i + 1])
 
 
+def last_period(cl: np.ndarray) -> tuple[np.ndarray, int, int]:
+    """The lift's upward crossings and the step range [start, end) of its last full period."""
+    up = periods(cl)
+    if len(up) < 2:
+        return up, 0, 0
+    return up, int(np.ceil(up[-2])), int(np.floor(up[-1]))
+
+
 def analyse(setup: Setup, history: History, window: int) -> dict:
     """The benchmark's quantities from a run's history: 2D-1 averages over the last ``window`` steps
     (the residual sound of the channel swings them slightly), 2D-2 reads the last full lift period."""
     if setup.case == "2D-1":
         return {k: float(getattr(history, k)[-window:].mean()) for k in ("cd", "cl", "dp")}
-    up = periods(history.cl)
+    up, start, end = last_period(history.cl)
     if len(up) < 3:
         raise RuntimeError("no periodic vortex shedding developed: fewer than 3 lift periods recorded")
-    start, end = int(np.ceil(up[-2])), int(np.floor(up[-1]))
     period = (up[-1] - up[-2]) * setup.dt
     peak = start + int(np.argmax(history.cl[start:end]))
     half = history.time[peak] + 0.5 * period
@@ -157,23 +164,25 @@ def run(setup: Setup, backend: str = "numba", dtype: str = "float64", max_time: 
     probes, weights = setup.pressure_stencil()
     series: list[tuple[np.ndarray, ...]] = []
 
-    def advance(steps: int) -> History:
+    def advance(steps: int) -> None:
         forces, rho = solver.advance(steps, probes)
         series.append(_coefficients(setup, forces, rho, weights))
+
+    def history() -> History:
         return History(np.arange(1, solver.time + 1) * setup.dt, *(np.concatenate(s) for s in zip(*series)))
 
     t0 = time.perf_counter()
     ramp, every = ramp_steps(config), 20
     for k in range(0, ramp, every):
         solver.set_inflow_scale(np.sin(0.5 * np.pi * (k + 0.5 * every) / ramp) ** 2)
-        history = advance(min(every, ramp - k))
+        advance(min(every, ramp - k))
     solver.set_inflow_scale(1.0)
     chunk = ramp if setup.case == "2D-1" else max(1, int(round(1 / 3 / setup.dt)))  # a window, or a period
     max_steps = max(int(max_time / setup.dt), ramp + chunk)
     converged, previous = False, None
     while solver.time < max_steps:
-        history = advance(min(chunk, max_steps - solver.time))
-        current = _settled_quantities(setup, history, ramp)
+        advance(min(chunk, max_steps - solver.time))
+        current = _settled_quantities(setup, history(), ramp)
         if progress:
             progress(f"{setup.case} N={setup.cells_per_diameter}: t = {solver.time * setup.dt:.2f} s, {current}")
         if current is not None and previous is not None and all(
@@ -189,7 +198,8 @@ def run(setup: Setup, backend: str = "numba", dtype: str = "float64", max_time: 
         "flow_time_s": solver.time * setup.dt, "nx": config.nx, "ny": config.ny, "tau": config.tau,
         "lattice_u_mean": setup.lattice_u_mean, "backend": backend, "dtype": dtype,
     }
-    return analyse(setup, history, ramp), history, stats
+    final = history()
+    return analyse(setup, final, ramp), final, stats
 
 
 def _settled_quantities(setup: Setup, history: History, window: int) -> dict | None:
@@ -197,8 +207,7 @@ def _settled_quantities(setup: Setup, history: History, window: int) -> dict | N
     of the last lift period (2D-2)."""
     if setup.case == "2D-1":
         return {"cd": float(history.cd[-window:].mean())}
-    up = periods(history.cl)
+    up, start, end = last_period(history.cl)
     if len(up) < 4 or history.cl[int(up[-2]) :].max() < 0.1:
         return None
-    a, b = int(np.ceil(up[-2])), int(np.floor(up[-1]))
-    return {"cd_max": float(history.cd[a:b].max()), "cl_max": float(history.cl[a:b].max())}
+    return {"cd_max": float(history.cd[start:end].max()), "cl_max": float(history.cl[start:end].max())}
