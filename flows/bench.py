@@ -6,7 +6,10 @@ import json
 import sys
 import typing
 
-BENCH_COMMANDS = {"bench-solver": "Time the solver's full production step (MLUPS)"}
+BENCH_COMMANDS = {
+    "bench-solver": "Time the solver's full production step (MLUPS)",
+    "bench-train": "Time Pix2Pix training (samples/s) against a plain eager fp32 step, in one run",
+}
 
 
 class OneLineParser(argparse.ArgumentParser):
@@ -38,13 +41,28 @@ def add_bench_commands(sub) -> None:
     p.add_argument("--device", default="cpu", help="torch device for --backend torch, e.g. cuda (default: cpu)")
     p.add_argument("--json", action="store_true", help="Print a one-line JSON summary as the last line of stdout")
 
+    p = sub.add_parser("bench-train", help=BENCH_COMMANDS["bench-train"], description=BENCH_COMMANDS["bench-train"])
+    p.add_argument("--device", choices=["cpu", "cuda", "xla"], default="cpu", help="Device kind (default: cpu)")
+    p.add_argument("--size", type=positive_int, default=256, help="Image side; sets the U-Net depth to log2(size) (default: 256)")
+    p.add_argument("--batch-size", type=positive_int, default=1, help="Batch size (default: 1)")
+    p.add_argument("--steps", type=positive_int, default=3, help="Training steps per timed block (default: 3)")
+    p.add_argument("--repeats", type=positive_int, default=3, help="Timed blocks per side; medians are reported (default: 3)")
+    p.add_argument("--precision", choices=["fp32", "bf16"], default="fp32", help="fp32, or bf16 autocast (default: fp32)")
+    p.add_argument("--no-baseline", dest="baseline", action="store_false", help="Skip the plain eager fp32 comparison")
+    p.add_argument("--peak-tflops", type=float, default=None, help="Peak of the device in TFLOP/s for the model FLOP utilization (default: known GPUs only)")
+    p.add_argument("--json", action="store_true", help="Print a one-line JSON summary as the last line of stdout")
+
 
 def run_bench(args: argparse.Namespace) -> int:
     """Run a parsed bench command; one line on stderr and exit 2 for bad input."""
-    from tasks.bench import bench_solver
+    from tasks.bench import bench_solver, bench_train
 
     try:
-        result = bench_solver(args.nx, args.ny, args.steps, args.backend, args.dtype, args.repeats, args.device)
+        if args.command == "bench-train":
+            result = bench_train(args.device, args.size, args.batch_size, args.steps, args.repeats, args.precision,
+                                 args.baseline, args.peak_tflops)
+        else:
+            result = bench_solver(args.nx, args.ny, args.steps, args.backend, args.dtype, args.repeats, args.device)
     except ValueError as exc:
         print(f"python -m flows {args.command}: error: {exc}", file=sys.stderr)
         return 2

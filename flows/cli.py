@@ -111,12 +111,17 @@ def _preflight(command: str, spec: BaseModel) -> None:
         expand(spec if isinstance(spec, GenerateSpec) else spec.generate)
     if isinstance(spec, TrainSpec):
         from tasks.store import load_manifest
+        from tasks.train import plan_world, resume_plan
 
+        if spec.resume:
+            spec, _ = resume_plan(settings, spec)
         load_manifest(settings.dataset_dir(spec.dataset))
+        probed = None
         if spec.device != "cpu":
             from tasks.child import device_env, run_child
 
-            run_child("probe", {"device": spec.device}, logging.getLogger("karman.cli"), env=device_env(spec.device))
+            probed = run_child("probe", {"device": spec.device}, logging.getLogger("karman.cli"), env=device_env(spec.device, spec.world_size))
+        plan_world(spec, probed)
     if isinstance(spec, InferSpec):
         from tasks.infer import resolve_model_run
 

@@ -15,22 +15,52 @@ def _rows(client, exp_id: str, stage: str) -> list:
     return client.search_runs([exp_id], f"tags.`{STAGE_TAG}` = '{stage}'", order_by=["attributes.start_time ASC"], max_results=1000)
 
 
-def training_table(runs) -> list[dict]:
-    """One row per finished training run: device, batch size, time per epoch, samples/s, speedup
-    over the slowest configuration."""
+def study_table(results: list[dict]) -> list[dict]:
+    """The study's table from training results (one dict per configuration, as train_model returns
+    or as read back from MLflow): device, batch size, world size, status, time per epoch, samples/s,
+    and speedup = slowest finished time per epoch / this one. Failed configurations stay in the
+    table with their status."""
     rows = []
+    for r in results:
+        finished = r.get("status", "FINISHED") == "FINISHED" and "time_per_epoch_s" in r
+        rows.append({"run": str(r.get("run_id", ""))[:8], "device": str(r.get("device_kind", r.get("device", "?"))),
+                     "batch_size": int(r.get("batch_size", 0)), "world_size": int(r.get("world_size", 1)),
+                     "status": "FINISHED" if finished else r.get("status", "FAILED"),
+                     "time_per_epoch_s": float(r["time_per_epoch_s"]) if finished else float("nan"),
+                     "samples_per_s": float(r.get("samples_per_s", float("nan"))) if finished else float("nan"),
+                     "final_l1": float(r.get("final_l1", float("nan"))) if finished else float("nan")})
+    done = [r["time_per_epoch_s"] for r in rows if r["status"] == "FINISHED"]
+    slowest = max(done) if done else float("nan")
+    for r in rows:
+        r["speedup"] = slowest / r["time_per_epoch_s"] if r["status"] == "FINISHED" else float("nan")
+    return sorted(rows, key=lambda r: (r["device"], r["batch_size"], r["run"]))
+
+
+def pivot_markdown(rows: list[dict]) -> str:
+    """Batch size down, device across: time per epoch [s] (speedup over the slowest)."""
+    finished = [r for r in rows if r["status"] == "FINISHED"]
+    if not finished:
+        return "_no finished training runs_\n"
+    devices = sorted({f"{r['device']} x{r['world_size']}" for r in finished})
+    cells: dict[tuple[int, str], str] = {}
+    for r in finished:  # the newest run of a cell wins (rows are sorted by run id within a cell)
+        cells[(r["batch_size"], f"{r['device']} x{r['world_size']}")] = f"{r['time_per_epoch_s']:.3g} s ({r['speedup']:.2f}x)"
+    lines = ["| batch size | " + " | ".join(devices) + " |", "|---|" + "---|" * len(devices)]
+    for b in sorted({r["batch_size"] for r in finished}):
+        lines.append(f"| {b} | " + " | ".join(cells.get((b, d), "") for d in devices) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def training_table(runs) -> list[dict]:
+    """The study's table over MLflow training runs (finished and failed)."""
+    results = []
     for r in runs:
-        if r.info.status != "FINISHED" or "time_per_epoch_s" not in r.data.metrics:
+        if r.info.status not in ("FINISHED", "FAILED"):
             continue
         p, m = r.data.params, r.data.metrics
-        rows.append({"run": r.info.run_id[:8], "device": p.get("device", "?"), "batch_size": int(p.get("batch_size", 0)),
-                     "world_size": p.get("world_size", "1"), "time_per_epoch_s": m["time_per_epoch_s"],
-                     "samples_per_s": m.get("samples_per_s", float("nan")), "final_l1": m.get("final_l1", float("nan"))})
-    if rows:
-        slowest = max(r["time_per_epoch_s"] for r in rows)
-        for r in rows:
-            r["speedup"] = slowest / r["time_per_epoch_s"]
-    return sorted(rows, key=lambda r: (r["device"], r["batch_size"]))
+        results.append({"run_id": r.info.run_id, "device": p.get("device", "?"), "batch_size": p.get("batch_size", 0),
+                        "world_size": p.get("world_size", 1), "status": r.info.status, **m})
+    return study_table(results)
 
 
 def inference_table(runs) -> list[dict]:
@@ -68,16 +98,18 @@ def aggregate_runs(settings: Settings, spec: AggregateSpec, parent_run_id: str |
     out = settings.report_dir(spec.name)
     out.mkdir(parents=True, exist_ok=True)
     figures: list[Path] = []
-    if train_rows:
-        labels = [f"{r['device']} b{r['batch_size']} ({r['run']})" for r in train_rows]
-        figures.append(bar_chart(labels, [r["time_per_epoch_s"] for r in train_rows], "time per epoch [s]", out / "train_time_per_epoch.png", "training time per epoch"))
+    finished = [r for r in train_rows if r["status"] == "FINISHED"]
+    if finished:
+        labels = [f"{r['device']} x{r['world_size']} b{r['batch_size']} ({r['run']})" for r in finished]
+        figures.append(bar_chart(labels, [r["time_per_epoch_s"] for r in finished], "time per epoch [s]", out / "train_time_per_epoch.png", "training time per epoch"))
     if infer_rows:
         labels = [f"{r['mode']} {r['device']} ({r['run']})" for r in infer_rows]
         figures.append(bar_chart(labels, [r["frames_per_s"] for r in infer_rows], "frames/s", out / "infer_frames_per_s.png", "rollout throughput"))
     report = out / "report.md"
     text = [f"# Kármán Bench report `{spec.name}`\n", f"Experiment `{settings.experiment}` at `{settings.tracking_uri}`, "
             f"generated {dt.datetime.now(dt.timezone.utc).strftime('%Y-%m-%d %H:%M UTC')}.\n",
-            "## Training: device × batch size\n", markdown_table(train_rows),
+            "## Training: device × batch size\n", "Time per epoch (speedup over the slowest configuration):\n",
+            pivot_markdown(train_rows), "All training runs:\n", markdown_table(train_rows),
             "## Inference: rollout speed and accuracy against the solver\n", markdown_table(infer_rows),
             f"## Failed runs\n\n{len(failed)} failed run(s)" + (": " + ", ".join(f"{r.info.run_name} ({r.info.run_id[:8]})" for r in failed) if failed else "") + "\n"]
     text += [f"![{f.stem}]({f.name})\n" for f in figures]

@@ -1,7 +1,9 @@
-"""Solver throughput: the full production step (collision, streaming, obstacle, walls, inflow and
-outflow) timed on a channel of the requested size. Imports no Prefect or MLflow, so it runs on any
-machine that has the solver's own dependencies."""
+"""Benchmarks behind ``python -m flows bench-…``: the solver's full production step (collision,
+streaming, obstacle, walls, inflow and outflow) in MLUPS, and Pix2Pix training in samples/s against a
+plain eager implementation. Imports no Prefect or MLflow, so it runs on any machine that has the
+compute stack (numpy, numba, torch)."""
 
+import contextlib
 import statistics
 import time
 
@@ -50,3 +52,145 @@ def _synchroniser(backend: str, device: str):
 
         return torch.cuda.synchronize
     return lambda: None
+
+
+# ---------------------------------------------------------------------------------------------
+# Training throughput
+
+# Dense bf16 tensor-core peaks (TFLOP/s) of GPUs we know, by a substring of the device name.
+GPU_PEAK_BF16_TFLOPS = {"H200": 989.4, "H100 SXM": 989.4, "H100 80GB HBM3": 989.4, "H100 PCIe": 756.0, "H100 NVL": 835.0,
+                        "A100": 312.0, "A6000": 154.8, "L40S": 362.0, "L4": 121.0}
+
+
+def _plain_step(gen, disc, opt_g, opt_d, cond, target, l1_weight: float) -> None:
+    """The textbook eager float32 Pix2Pix step the trainer is compared with: same networks, losses
+    and update order, default (multi-tensor) Adam, and D's weight gradients computed during the
+    generator's update too (then discarded), as a plain implementation does."""
+    import torch
+    import torch.nn.functional as F
+
+    fake = gen(cond)
+    opt_d.zero_grad()
+    real, fake_d = disc(cond, target), disc(cond, fake.detach())
+    loss_d = 0.5 * (F.binary_cross_entropy_with_logits(real, torch.ones_like(real))
+                    + F.binary_cross_entropy_with_logits(fake_d, torch.zeros_like(fake_d)))
+    loss_d.backward()
+    opt_d.step()
+    opt_g.zero_grad()
+    fake_g = disc(cond, fake)
+    loss_g = F.binary_cross_entropy_with_logits(fake_g, torch.ones_like(fake_g)) + l1_weight * (fake - target).abs().mean()
+    loss_g.backward()
+    opt_g.step()
+
+
+def bench_train(device: str = "cpu", size: int = 256, batch_size: int = 1, steps: int = 3, repeats: int = 3,
+                precision: str = "fp32", baseline: bool = True, peak_tflops: float | None = None, seed: int = 0) -> dict:
+    """Training samples/s of the default Pix2Pix networks on synthetic (B, 4, size, size) -> (B, 3, ...)
+    pairs with the trainer's speed options, against the plain eager fp32 step in the same process.
+
+    Timed blocks of ``steps`` steps alternate between the two (``repeats`` each) so drifts of the
+    machine hit both alike; each side reports the median block. ``compile_s`` is the trainer's first
+    step (warm-up, compilation)."""
+    import statistics
+    import time
+
+    import torch
+
+    from models.device import resolve_device
+    from models.nets import NetConfig
+    from models.nets.trainer import OptimConfig, build_trainer, speed_options
+
+    net = NetConfig(in_channels=4, out_channels=3, size=size)
+    net.check_image(size, size)
+    ctx = resolve_device(device, precision)
+    options = speed_options(device, precision)
+    torch.manual_seed(seed)
+    model = build_trainer(net, OptimConfig(), ctx, options)
+    gen_cpu = torch.Generator().manual_seed(seed)
+    cond = torch.rand(batch_size, 4, size, size, generator=gen_cpu) * 2 - 1  # (B, 4, S, S)
+    cond[:, 3] = torch.where(cond[:, 3] > 0.8, 1.0, -1.0)  # an obstacle mask in network units
+    target = torch.tanh(torch.randn(batch_size, 3, size, size, generator=gen_cpu))  # (B, 3, S, S)
+    cond, target = cond.to(ctx.device), target.to(ctx.device)
+    if options["channels_last"]:
+        cond, target = cond.contiguous(memory_format=torch.channels_last), target.contiguous(memory_format=torch.channels_last)
+
+    def run_fast(n: int) -> float:
+        ctx.sync()
+        t0 = time.perf_counter()
+        for _ in range(n):
+            model.train_step(cond, target, ctx.autocast)
+            ctx.step_end()
+        ctx.sync()
+        return time.perf_counter() - t0
+
+    compile_s = run_fast(1)
+    run_fast(1)
+    plain = None
+    if baseline:
+        from models.nets import build_discriminator, build_generator
+
+        torch.manual_seed(seed)
+        gen, disc = build_generator(net).to(ctx.device), build_discriminator(net).to(ctx.device)
+        opt_g = torch.optim.Adam(gen.parameters(), lr=2e-4, betas=(0.5, 0.999))
+        opt_d = torch.optim.Adam(disc.parameters(), lr=2e-4, betas=(0.5, 0.999))
+        plain_cond, plain_target = cond.contiguous(), target.contiguous()
+
+        def run_plain(n: int) -> float:
+            ctx.sync()
+            t0 = time.perf_counter()
+            for _ in range(n):
+                _plain_step(gen, disc, opt_g, opt_d, plain_cond, plain_target, 100.0)
+                ctx.step_end()
+            ctx.sync()
+            return time.perf_counter() - t0
+
+        run_plain(2)
+        plain = []
+    fast = []
+    for _ in range(repeats):
+        if plain is not None:
+            plain.append(run_plain(steps))
+        fast.append(run_fast(steps))
+    rate = batch_size * steps / statistics.median(fast)
+    flops = _flops_per_sample(net)
+    result = {
+        "samples_per_s": rate, "in_channels": net.in_channels, "out_channels": net.out_channels,
+        "generator_params": sum(p.numel() for p in model.generator.parameters()),
+        "discriminator_params": sum(p.numel() for p in model.discriminator.parameters()),
+        "compile_s": compile_s, "device": device, "device_name": ctx.description, "size": size, "batch_size": batch_size,
+        "steps": steps, "repeats": repeats, "precision": precision, "options": options,
+        "samples_per_s_runs": [round(batch_size * steps / t, 4) for t in fast],
+        "flops_per_sample": flops,
+        "achieved_tflops": flops * rate / 1e12 if flops else None,
+    }
+    if plain is not None:
+        base = batch_size * steps / statistics.median(plain)
+        result |= {"baseline_samples_per_s": base, "speedup": rate / base,
+                   "baseline_samples_per_s_runs": [round(batch_size * steps / t, 4) for t in plain]}
+    peak = peak_tflops or _known_peak(ctx, precision)
+    result["peak_tflops"] = peak
+    result["mfu"] = flops * rate / (peak * 1e12) if (flops and peak) else None
+    return result
+
+
+def _flops_per_sample(net) -> float:
+    """Model FLOPs of one training step of the trainer (D frozen during G's update) per sample,
+    counted by torch on the CPU for a batch of one: the count depends on neither device nor batch."""
+    import torch
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from models.nets.trainer import OptimConfig, Pix2Pix
+
+    model = Pix2Pix(net, OptimConfig())
+    cond = torch.zeros(1, net.in_channels, net.size, net.size)
+    target = torch.zeros(1, net.out_channels, net.size, net.size)
+    with FlopCounterMode(display=False) as counter:
+        model.train_step(cond, target, contextlib.nullcontext)
+    return float(counter.get_total_flops())
+
+
+def _known_peak(ctx, precision: str) -> float | None:
+    if ctx.kind != "cuda" or precision != "bf16":
+        return None
+    name = ctx.description
+    return next((v for k, v in GPU_PEAK_BF16_TFLOPS.items() if k in name), None)

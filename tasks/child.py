@@ -8,7 +8,7 @@ import tempfile
 from collections import deque
 from pathlib import Path
 
-from tasks.errors import UserError
+from tasks.errors import RunFailed, UserError
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -17,19 +17,24 @@ class ChildFailed(RuntimeError):
     """The child process crashed; the message carries the tail of its output."""
 
 
-def device_env(device: str) -> dict[str, str]:
-    """Environment a child needs for its device, set before any framework import."""
+def device_env(device: str, world_size: int | None = None) -> dict[str, str]:
+    """Environment a child needs for its device, set before any framework import. On the XLA CPU
+    runtime (PJRT_DEVICE=CPU, for tests) ``world_size`` sets the number of virtual devices."""
     env: dict[str, str] = {}
     if device == "xla":
         env["PJRT_DEVICE"] = os.environ.get("PJRT_DEVICE", "TPU")
+        if env["PJRT_DEVICE"] == "CPU" and world_size:
+            env["CPU_NUM_DEVICES"] = str(world_size)
     return env
 
 
-def run_child(kind: str, job: dict, log, env: dict[str, str] | None = None) -> dict:
-    """Run ``tasks.worker kind`` on ``job`` in a fresh interpreter; return its result dictionary.
+def run_child(kind: str, job: dict, log, env: dict[str, str] | None = None, procs: int = 1) -> dict:
+    """Run ``tasks.worker kind`` on ``job`` in a fresh interpreter (``procs`` > 1: that many under
+    torchrun, one per device); return its (rank 0's) result dictionary.
 
-    Raises UserError with the child's one-line message for bad input or a missing device, and
-    ChildFailed with the tail of its output for a crash.
+    Raises UserError with the child's one-line message for bad input or a missing device, RunFailed
+    with its message for a run that failed for a stated reason, and ChildFailed with the tail of its
+    output for a crash.
     """
     with tempfile.TemporaryDirectory(prefix="karman-job-") as tmp:
         job_path, result_path = Path(tmp) / "job.json", Path(tmp) / "result.json"
@@ -37,6 +42,9 @@ def run_child(kind: str, job: dict, log, env: dict[str, str] | None = None) -> d
         child_env = {**os.environ, **(env or {}), "PYTHONUNBUFFERED": "1"}
         child_env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), child_env.get("PYTHONPATH")]))
         cmd = [sys.executable, "-m", "tasks.worker", kind, str(job_path), str(result_path)]
+        if procs > 1:
+            launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={procs}"]
+            cmd = launcher + cmd[1:]
         tail: deque[str] = deque(maxlen=30)
         with subprocess.Popen(cmd, cwd=os.getcwd(), env=child_env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) as proc:
             assert proc.stdout is not None
@@ -46,9 +54,12 @@ def run_child(kind: str, job: dict, log, env: dict[str, str] | None = None) -> d
                     tail.append(line)
                     log.info("[%s] %s", kind, line)
             rc = proc.wait()
-        if rc == 3:
-            message = next((l[len("error: "):] for l in reversed(tail) if l.startswith("error: ")), "bad input")
-            raise UserError(message)
         if rc != 0:
+            # Under torchrun the exit code is the launcher's; the rank's own line says what happened.
+            for line in reversed(tail):
+                if line.startswith("error: "):
+                    raise UserError(line[len("error: "):])
+                if line.startswith("failed: "):
+                    raise RunFailed(line[len("failed: "):])
             raise ChildFailed(f"{kind} child exited with code {rc}:\n" + "\n".join(tail))
         return json.loads(result_path.read_text())

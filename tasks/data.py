@@ -31,6 +31,12 @@ def split_simulations(sim_ids: list[str], n_val: int, n_test: int, seed: int) ->
     return {"test": sorted(shuffled[:n_test]), "val": sorted(shuffled[n_test : n_test + n_val]), "train": sorted(shuffled[n_test + n_val :])}
 
 
+def epoch_order(n_pairs: int, seed: int, epoch: int) -> np.ndarray:
+    """The shuffled pair order of one epoch: a function of (seed, epoch) only, so every rank and a
+    resumed run see the same order."""
+    return np.random.default_rng([seed, epoch]).permutation(n_pairs)
+
+
 @dataclass
 class Normalizer:
     """Affine map of the physical channels to [-1, 1] (tanh range) from training-set extremes, with

@@ -3,3 +3,7 @@
 
 class UserError(ValueError):
     """Bad input or an unusable environment, described in one line."""
+
+
+class RunFailed(RuntimeError):
+    """A run that started and then failed for a reason one line explains (a diverging loss, ...)."""

@@ -51,7 +51,8 @@ class TrainSpec(Spec):
 
     dataset: str = DatasetName
     device: Literal["cpu", "cuda", "xla"] = Field(default="cpu", description="cpu, cuda (all visible GPUs) or xla (TPU cores via torch_xla)")
-    batch_size: PositiveInt = Field(default=8, description="Global batch size")
+    batch_sizes: list[PositiveInt] = Field(default=[8], min_length=1, description="Global batch sizes; several make a sweep: one run each, children of one parent run")
+    world_size: PositiveInt | None = Field(default=None, description="Devices to train on, data-parallel; None = every GPU or TPU core, 1 process on cpu (cpu > 1: DDP processes over gloo)")
     epochs: PositiveInt = Field(default=3, description="Training epochs")
     frame_stride: PositiveInt = Field(default=1, description="k: predict frame t+k from frame t")
     ngf: PositiveInt = Field(default=64, description="Generator base width")
@@ -61,11 +62,22 @@ class TrainSpec(Spec):
     lr: PositiveFloat = Field(default=2e-4, description="Adam learning rate")
     l1_weight: float = Field(default=100.0, ge=0, description="Weight of the L1 term")
     precision: Literal["fp32", "bf16"] = Field(default="fp32", description="fp32, or bf16 autocast")
+    channels_last: Literal["auto", "on", "off"] = Field(default="auto", description="NHWC memory layout; auto = on for cuda only (slower on CPU)")
+    compile: Literal["auto", "on", "off"] = Field(default="auto", description="torch.compile the networks; auto = on for cuda only (slower on CPU)")
     val_simulations: int = Field(default=0, ge=0, description="Simulations held out for validation")
     test_simulations: int = Field(default=1, ge=0, description="Simulations held out for testing (rollout)")
     max_steps: PositiveInt | None = Field(default=None, description="Stop after this many optimiser steps (smoke runs)")
     threads: PositiveInt | None = Field(default=None, description="CPU threads for torch; None = all cores")
     seed: int = Field(default=0, description="Seed of weights, split and shuffling")
+    resume: str | None = Field(default=None, pattern=r"^[0-9a-f]{32}$", description="MLflow run id of an interrupted training run to continue from its last checkpoint (other fields are taken from that run)")
+
+    @field_validator("batch_sizes")
+    @classmethod
+    def _distinct(cls, values: list[int]) -> list[int]:
+        repeated = sorted({v for v in values if values.count(v) > 1})
+        if repeated:
+            raise ValueError(f"repeats {', '.join(map(str, repeated))}; each batch size of a sweep must appear once")
+        return values
 
 
 class InferSpec(Spec):
@@ -102,7 +114,7 @@ class DemoSpec(Spec):
     """The quick CPU pipeline: a small sweep, a narrow Pix2Pix, a rollout and a report."""
 
     generate: GenerateSpec = Field(default_factory=GenerateSpec)
-    train: TrainSpec = Field(default_factory=lambda: TrainSpec(ngf=16, ndf=16, epochs=10, batch_size=8))
+    train: TrainSpec = Field(default_factory=lambda: TrainSpec(ngf=16, ndf=16, epochs=10, batch_sizes=[8]))
     infer: InferSpec = Field(default_factory=lambda: InferSpec(steps=20))
     aggregate: AggregateSpec = Field(default_factory=lambda: AggregateSpec(name="demo"))
 

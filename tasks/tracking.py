@@ -50,6 +50,15 @@ class Run:
         for i in range(0, len(batch), 500):
             self.client.log_batch(self.run_id, metrics=batch[i : i + 500])
 
+    def log_step_metrics(self, rows: list[tuple[int, dict[str, float]]]) -> None:
+        """Several steps' metrics in one request per 500 values: rows of (step, {name: value})."""
+        import time
+
+        now = int(time.time() * 1000)
+        batch = [Metric(k, float(v), now, step) for step, values in rows for k, v in values.items()]
+        for i in range(0, len(batch), 500):
+            self.client.log_batch(self.run_id, metrics=batch[i : i + 500])
+
     def log_params(self, params: dict[str, Any]) -> None:
         flat = [Param(k, v) for k, v in _flatten(params).items()]
         for i in range(0, len(flat), 100):
@@ -65,6 +74,28 @@ class Run:
             self.client.log_artifact(self.run_id, str(path), artifact_path)
 
 
+def code_version() -> str:
+    """What code ran: the git commit (with '+dirty' for local changes) where the sources are a
+    checkout, and always a digest of the Python sources themselves ('src:...')."""
+    import hashlib
+    import subprocess
+
+    root = Path(__file__).resolve().parent.parent
+    digest = hashlib.sha256()
+    for path in sorted(p for folder in ("models", "tasks", "flows") for p in (root / folder).rglob("*.py")):
+        digest.update(str(path.relative_to(root)).encode())
+        digest.update(path.read_bytes())
+    version = f"src:{digest.hexdigest()[:12]}"
+    try:
+        commit = subprocess.run(["git", "rev-parse", "--short=12", "HEAD"], cwd=root, capture_output=True, text=True, timeout=5)
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=root, capture_output=True, text=True, timeout=5)
+    except (OSError, subprocess.SubprocessError):
+        return version
+    if commit.returncode == 0:
+        version = f"git:{commit.stdout.strip()}{'+dirty' if dirty.stdout.strip() else ''} {version}"
+    return version
+
+
 def client_for(settings: Settings) -> MlflowClient:
     return MlflowClient(tracking_uri=settings.tracking_uri)
 
@@ -77,21 +108,29 @@ def mlflow_run(
     params: dict[str, Any] | None = None,
     tags: dict[str, Any] | None = None,
     parent_run_id: str | None = None,
+    reopen: str | None = None,
 ) -> Iterator[Run]:
-    """Open a run of ``stage`` in the settings' experiment; it ends FINISHED, or FAILED on any exception."""
+    """Open a run of ``stage`` in the settings' experiment (or ``reopen`` an existing one, to resume
+    it); it ends FINISHED, or FAILED on any exception."""
     client = client_for(settings)
-    run_tags = {STAGE_TAG: stage, **(tags or {})}
-    if parent_run_id:
-        run_tags["mlflow.parentRunId"] = parent_run_id
-    run = client.create_run(experiment_id(client, settings), run_name=name, tags={k: str(v) for k, v in run_tags.items()})
-    handle = Run(client, run.info.run_id)
+    if reopen:
+        client.update_run(reopen, status="RUNNING")
+        handle = Run(client, reopen)
+        if tags:
+            handle.set_tags(tags)
+    else:
+        run_tags = {STAGE_TAG: stage, **(tags or {})}
+        if parent_run_id:
+            run_tags["mlflow.parentRunId"] = parent_run_id
+        run = client.create_run(experiment_id(client, settings), run_name=name, tags={k: str(v) for k, v in run_tags.items()})
+        handle = Run(client, run.info.run_id)
     try:
         if params:
             handle.log_params(params)
         yield handle
     except BaseException as exc:
         handle.set_tags({"karman.error": f"{type(exc).__name__}: {exc}"[:5000]})
-        client.set_terminated(run.info.run_id, "FAILED")
+        client.set_terminated(handle.run_id, "FAILED")
         raise
     else:
-        client.set_terminated(run.info.run_id, "FINISHED")
+        client.set_terminated(handle.run_id, "FINISHED")

@@ -1,28 +1,143 @@
-"""Prefect task: one training run in its own child process, tracked as one MLflow run."""
+"""Prefect tasks: one training run in its own child process(es), tracked as one MLflow run; a
+batch-size sweep as a parent run with the study's table; resuming an interrupted run."""
+
+import json
+import os
+import socket
 
 from prefect import get_run_logger, task
 
+from tasks.aggregate import markdown_table, study_table
 from tasks.child import device_env, run_child
+from tasks.errors import UserError
 from tasks.settings import Settings
 from tasks.specs import TrainSpec
-from tasks.store import load_manifest
-from tasks.tracking import mlflow_run
+from tasks.store import load_manifest, write_json_atomic
+from tasks.tracking import STAGE_TAG, client_for, mlflow_run
+
+JOB_FILE = "job.json"  # the run's configuration, kept with its checkpoint for --resume
+OWNER_FILE = "owner.json"  # host and pid of the process driving the run
+
+
+def plan_world(spec: TrainSpec, probed: dict | None) -> tuple[int, int]:
+    """(world size, processes to launch) for the spec on this host; UserError if the host lacks them.
+    ``probed`` is the device probe's answer (None for cpu)."""
+    if spec.device == "cpu":
+        world = spec.world_size or 1
+        cores = os.cpu_count() or 1
+        if world > cores:
+            raise UserError(f"world size {world} exceeds the {cores} CPU cores of this host")
+        return world, world
+    available = int(probed["world_size"]) if probed else 1
+    world = spec.world_size or available
+    if world > available:
+        raise UserError(f"world size {world} exceeds the {available} {spec.device} devices of this host ({probed['device']})")
+    if spec.device == "xla" and world != available:
+        raise UserError(f"xla trains over all {available} devices of the host with SPMD; leave out --world-size or set it to {available}")
+    return world, (world if spec.device == "cuda" else 1)
+
+
+def _child_env(spec: TrainSpec, world: int, procs: int) -> dict[str, str]:
+    env = device_env(spec.device, world)
+    if spec.device == "cpu" and procs > 1:  # share the cores among the ranks
+        env["OMP_NUM_THREADS"] = str(spec.threads or max(1, (os.cpu_count() or 1) // procs))
+    return env
+
+
+def _claim(run_dir, run_id: str) -> None:
+    """Record this process as the run's driver; refuse if another live process on this host drives it."""
+    owner = run_dir / OWNER_FILE
+    if owner.exists():
+        try:
+            prev = json.loads(owner.read_text())
+        except (OSError, ValueError):
+            prev = {}
+        if prev.get("host") == socket.gethostname() and prev.get("pid") not in (None, os.getpid()) and _alive(prev["pid"]):
+            raise UserError(f"run {run_id} is being trained by process {prev['pid']} on this host; stop it before resuming")
+    write_json_atomic(owner, {"host": socket.gethostname(), "pid": os.getpid()})
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 @task(name="train-model")
-def train_model(settings: Settings, spec: TrainSpec, parent_run_id: str | None = None) -> dict:
-    """Train Pix2Pix on the dataset in a child process for the spec's device; returns its summary."""
+def train_model(settings: Settings, spec: TrainSpec, batch_size: int, world: int, procs: int,
+                parent_run_id: str | None = None, resume_run_id: str | None = None) -> dict:
+    """Train Pix2Pix at one batch size in child process(es) for the spec's device; returns its summary."""
     logger = get_run_logger()
     digest = load_manifest(settings.dataset_dir(spec.dataset))["digest"]
-    name = f"train-{spec.device}-b{spec.batch_size}"
+    name = f"train-{spec.device}-b{batch_size}"
     tags = {"karman.device": spec.device, "karman.dataset": spec.dataset, "karman.dataset_digest": digest}
-    with mlflow_run(settings, "train", name, params=spec.model_dump(), tags=tags, parent_run_id=parent_run_id) as run:
-        job = {"spec": spec.model_dump(), "settings": settings.model_dump(mode="json"), "run_id": run.run_id}
-        result = run_child("train", job, logger, env=device_env(spec.device))
-    return {**result, "run_id": run.run_id}
+    # batch_size and world_size are logged by the run itself, as they resolved
+    params = None if resume_run_id else spec.model_dump(exclude={"batch_sizes", "resume", "world_size"})
+    with mlflow_run(settings, "train", name, params=params, tags=tags, parent_run_id=parent_run_id, reopen=resume_run_id) as run:
+        run_dir = settings.run_dir(run.run_id)
+        run_dir.mkdir(parents=True, exist_ok=True)
+        _claim(run_dir, run.run_id)
+        job = {"spec": spec.model_dump(), "settings": settings.model_dump(mode="json"), "run_id": run.run_id,
+               "batch_size": batch_size, "resume": bool(resume_run_id)}
+        if not resume_run_id:
+            write_json_atomic(run_dir / JOB_FILE, {"spec": job["spec"], "batch_size": batch_size})
+        result = run_child("train", job, logger, env=_child_env(spec, world, procs), procs=procs)
+    return {**result, "run_id": run.run_id, "batch_size": batch_size}
+
+
+def resume_plan(settings: Settings, spec: TrainSpec) -> tuple[TrainSpec, int]:
+    """The stored configuration and batch size of the run ``spec.resume``; UserError if it cannot be
+    resumed (unknown, finished, not a training run, no job file) or the spec contradicts it."""
+    run_id = spec.resume
+    client = client_for(settings)
+    try:
+        run = client.get_run(run_id)
+    except Exception:
+        raise UserError(f"unknown run {run_id!r} in the tracking store {settings.tracking_uri}") from None
+    if run.data.tags.get(STAGE_TAG) != "train":
+        raise UserError(f"run {run_id} is not a training run (stage {run.data.tags.get(STAGE_TAG)!r}); only training runs resume")
+    if run.info.status == "FINISHED":
+        raise UserError(f"run {run_id} already finished; there is nothing to resume")
+    job_file = settings.run_dir(run_id) / JOB_FILE
+    if not job_file.is_file():
+        raise UserError(f"run {run_id} has no {JOB_FILE} under {job_file.parent}; it cannot be resumed")
+    stored = json.loads(job_file.read_text())
+    stored_spec = TrainSpec(**stored["spec"])
+    for name in sorted(spec.model_fields_set - {"resume"}):
+        mine, theirs = getattr(spec, name), getattr(stored_spec, name)
+        if mine != theirs:
+            raise UserError(f"--{name.replace('_', '-')} {mine} differs from the run being resumed ({theirs}); leave it out to use the run's value")
+    return stored_spec, int(stored["batch_size"])
+
+
+@task(name="log-study-table")
+def log_study_table(settings: Settings, parent_run_id: str, results: list[dict]) -> list[dict]:
+    """The sweep's table (batch size x device -> time per epoch, samples/s, speedup) in the parent run."""
+    rows = study_table(results)
+    client = client_for(settings)
+    client.log_text(parent_run_id, markdown_table(rows), "study_table.md")
+    client.log_dict(parent_run_id, rows, "study_table.json")
+    for r in rows:
+        if r["status"] == "FINISHED":
+            b = r["batch_size"]
+            client.log_metric(parent_run_id, f"time_per_epoch_s_b{b}", r["time_per_epoch_s"])
+            client.log_metric(parent_run_id, f"samples_per_s_b{b}", r["samples_per_s"])
+    return rows
+
+
+def sweep_run(settings: Settings, spec: TrainSpec):
+    """The parent MLflow run of a batch-size sweep (a context manager; see tasks.tracking.mlflow_run)."""
+    digest = load_manifest(settings.dataset_dir(spec.dataset))["digest"]
+    sizes = ",".join(map(str, spec.batch_sizes))
+    return mlflow_run(settings, "train-sweep", f"train-sweep-{spec.device}-b{sizes}", params=spec.model_dump(exclude={"resume"}),
+                      tags={"karman.device": spec.device, "karman.dataset": spec.dataset, "karman.dataset_digest": digest})
 
 
 @task(name="probe-device")
-def probe_device(device: str) -> dict:
-    """Open the device in a child process; fails fast naming what is missing."""
-    return run_child("probe", {"device": device}, get_run_logger(), env=device_env(device))
+def probe_device(device: str, world_size: int | None = None) -> dict:
+    """Open the device in a child process: its name and device count; fails fast naming what is missing."""
+    return run_child("probe", {"device": device}, get_run_logger(), env=device_env(device, world_size))

@@ -1,28 +1,45 @@
-"""One Pix2Pix training run, executed inside the child process (see tasks.worker)."""
+"""One Pix2Pix training run, executed inside the child process (see tasks.worker).
+
+One code path for every device: ``cpu`` and ``cuda`` run one process per device under torchrun
+(DistributedDataParallel) when the run asks for more than one, ``xla`` runs one process over all
+cores with SPMD. Rank 0 talks to MLflow and writes the checkpoint; every rank reads its own slice of
+each global batch from the zarr store.
+
+Reproducibility: the weights come from the seed, each epoch's shuffle from (seed, epoch) and each
+epoch's dropout from (seed, epoch, rank), so a run resumed from its end-of-epoch checkpoint takes the
+same steps as one that was never interrupted.
+"""
 
 import dataclasses
 import json
 import logging
 import math
+import os
+import resource
+import socket
 import time
 from pathlib import Path
 
 import numpy as np
 import torch
 
-from models.device import resolve_device
-from models.nets import NetConfig
-from models.nets.trainer import OptimConfig, Pix2Pix
+from models.device import DeviceContext, resolve_device
+from models.nets import NetConfig, build_generator
+from models.nets.trainer import NoClock, OptimConfig, PhaseClock, build_trainer, speed_options
 from models.solver import vorticity
-from tasks.data import INPUTS, OUTPUTS, Normalizer, PairSource, split_simulations
-from tasks.errors import UserError
+from tasks.data import INPUTS, OUTPUTS, Normalizer, PairSource, epoch_order, split_simulations
+from tasks.errors import RunFailed, UserError
 from tasks.plots import vorticity_panels
 from tasks.settings import Settings
 from tasks.specs import TrainSpec
 from tasks.store import load_manifest
-from tasks.tracking import Run, client_for
+from tasks.tracking import Run, client_for, code_version
 
 log = logging.getLogger("karman.train")
+WARMUP_STEPS = 2  # steps of each process timed apart: compilation, allocator and cache warm-up
+METRIC_FLUSH = 50  # per-step metrics go to MLflow in batches of this many steps
+CHECKPOINT = "checkpoint.pt"
+SYSTEM_METRICS_EVERY_S = 5
 
 
 def probe_device(job: dict) -> dict:
@@ -31,20 +48,109 @@ def probe_device(job: dict) -> dict:
     return {"device": ctx.description, "world_size": ctx.world_size}
 
 
-def _save_atomic(obj, path: Path) -> None:
-    tmp = path.with_suffix(".tmp")
-    torch.save(obj, tmp)
-    tmp.replace(path)
+def _to_cpu(obj):
+    """The same nested structure with every tensor detached and on the CPU (XLA and CUDA state)."""
+    if isinstance(obj, torch.Tensor):
+        return obj.detach().cpu()
+    if isinstance(obj, dict):
+        return {k: _to_cpu(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(_to_cpu(v) for v in obj)
+    return obj
 
 
-def run_training(job: dict) -> dict:
+def save_checkpoint(state: dict, path: Path) -> None:
+    """Write atomically: a crash mid-write leaves the previous checkpoint in place."""
+    tmp = path.with_name(path.name + ".tmp")
+    torch.save(state, tmp)
+    os.replace(tmp, path)
+
+
+def load_checkpoint(path: Path) -> dict:
+    """The checkpoint's contents; UserError naming the file if it is missing, truncated or not ours."""
+    if not path.is_file():
+        raise UserError(f"no checkpoint at {path}: the run stopped before its first epoch ended; start it afresh")
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as exc:
+        raise UserError(f"checkpoint {path} is corrupt or truncated ({type(exc).__name__}: {str(exc).splitlines()[0][:200]})") from None
+    missing = {"epoch", "global_step", "model", "optimizers"} - set(state) if isinstance(state, dict) else {"everything"}
+    if missing:
+        raise UserError(f"checkpoint {path} is not a training checkpoint (missing {', '.join(sorted(missing))})")
+    return state
+
+
+def _seed_epoch(ctx: DeviceContext, seed: int, epoch: int) -> None:
+    """Dropout randomness of one epoch on this rank, independent of what ran before."""
+    value = int(np.random.SeedSequence([seed, epoch, ctx.rank]).generate_state(1)[0])
+    torch.manual_seed(value)
+    if ctx.kind == "xla":
+        import torch_xla.core.xla_model as xm
+
+        xm.set_rng_state(value, device=ctx.device)
+
+
+def _xla_compilations() -> tuple[int, float]:
+    """(graphs compiled so far, seconds spent compiling) in this process."""
+    import torch_xla.debug.metrics as met
+
+    data = met.metric_data("CompileTime")
+    return (int(data[0]), data[1] / 1e9) if data else (0, 0.0)
+
+
+def _peak_memory_mb(ctx: DeviceContext) -> float:
+    if ctx.kind == "cuda":
+        return torch.cuda.max_memory_allocated(ctx.device) / 2**20
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux: the process's peak
+
+
+class _StepLog:
+    """Per-step metrics, sent to MLflow in batches (rank 0 only)."""
+
+    def __init__(self, run: Run | None):
+        self.run, self.pending = run, []
+
+    def add(self, step: int, values: dict[str, float]) -> None:
+        if self.run is not None:
+            self.pending.append((step, values))
+            if len(self.pending) >= METRIC_FLUSH:
+                self.flush()
+
+    def flush(self) -> None:
+        if self.run is not None and self.pending:
+            self.run.log_step_metrics(self.pending)
+        self.pending = []
+
+
+def run_training(job: dict) -> dict | None:
+    """Train one configuration; rank 0 returns the summary, other ranks None."""
     spec, settings = TrainSpec(**job["spec"]), Settings(**job["settings"])
-    run = Run(client_for(settings), job["run_id"])
+    batch_size, resume = int(job["batch_size"]), bool(job.get("resume"))
     if spec.threads:
         torch.set_num_threads(spec.threads)
-    ctx = resolve_device(spec.device, spec.precision)
-    torch.manual_seed(spec.seed)
-    rng = np.random.default_rng(spec.seed)
+    ctx = resolve_device(spec.device, spec.precision, data_parallel=True)
+    if not ctx.is_main:  # one voice per run: rank 0 reports
+        log.setLevel(logging.WARNING)
+    monitor = None
+    if ctx.is_main:  # CPU, memory, disk, network (and GPU) of the host, as system/... metrics
+        from mlflow.system_metrics.system_metrics_monitor import SystemMetricsMonitor
+
+        monitor = SystemMetricsMonitor(job["run_id"], sampling_interval=SYSTEM_METRICS_EVERY_S, resume_logging=resume,
+                                       tracking_uri=settings.tracking_uri)
+        monitor.start()
+    try:
+        return _train(spec, settings, batch_size, resume, job["run_id"], ctx)
+    finally:
+        if monitor is not None:
+            monitor.finish()
+        ctx.close()
+
+
+def _train(spec: TrainSpec, settings: Settings, batch_size: int, resume: bool, run_id: str, ctx: DeviceContext) -> dict | None:
+    run = Run(client_for(settings), run_id) if ctx.is_main else None
+    if batch_size % ctx.world_size:
+        raise UserError(f"batch size {batch_size} does not split evenly over {ctx.world_size} devices; use a multiple of {ctx.world_size}")
+    local_batch = batch_size // ctx.world_size if ctx.strategy == "ddp" else batch_size
 
     dataset_dir = settings.dataset_dir(spec.dataset)
     manifest = load_manifest(dataset_dir)
@@ -57,101 +163,153 @@ def run_training(job: dict) -> dict:
         net.check_image(train.height, train.width)
     except ValueError as exc:
         raise UserError(str(exc)) from None
-    steps_per_epoch = len(train) // spec.batch_size
+    steps_per_epoch = len(train) // batch_size
     if steps_per_epoch == 0:
-        raise UserError(f"batch size {spec.batch_size} exceeds the {len(train)} training pairs of dataset {spec.dataset!r}")
+        raise UserError(f"batch size {batch_size} exceeds the {len(train)} training pairs of dataset {spec.dataset!r}")
 
-    model = Pix2Pix(net, OptimConfig(lr=spec.lr, l1_weight=spec.l1_weight)).to(ctx.device)
+    options = speed_options(spec.device, spec.precision, spec.channels_last, spec.compile)
+    torch.manual_seed(spec.seed)  # the same initial weights on every rank
+    model = build_trainer(net, OptimConfig(lr=spec.lr, l1_weight=spec.l1_weight), ctx, options)
+    run_dir = settings.run_dir(run_id)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    checkpoint = run_dir / CHECKPOINT
+    start_epoch, global_step, history = 0, 0, {"epoch_s": [], "warmup_s": []}
+    if resume:
+        state = load_checkpoint(checkpoint)
+        model.generator.load_state_dict(state["model"]["generator"])
+        model.discriminator.load_state_dict(state["model"]["discriminator"])
+        model.load_optimizer_state(state["optimizers"])
+        start_epoch, global_step, history = state["epoch"], state["global_step"], state["history"]
+        log.info("resuming %s after epoch %d (step %d) from %s", run_id, start_epoch, global_step, checkpoint)
+
     g_params = sum(p.numel() for p in model.generator.parameters())
     d_params = sum(p.numel() for p in model.discriminator.parameters())
-    run.log_params({
-        "framework": "torch", "torch_version": torch.__version__, "device_name": ctx.description,
-        "world_size": ctx.world_size, "image_height": train.height, "image_width": train.width,
-        "generator_depth": net.generator_depth, "generator_params": g_params, "discriminator_params": d_params,
-        "dataset_digest": manifest["digest"], "train_pairs": len(train), "split": json.dumps(split),
-    })
-    run_dir = settings.run_dir(job["run_id"])
-    run_dir.mkdir(parents=True, exist_ok=True)
-    checkpoint = run_dir / "checkpoint.pt"
+    if run is not None and not resume:
+        run.log_params({
+            "framework": "torch", "torch_version": torch.__version__, "device_name": ctx.description,
+            "world_size": ctx.world_size, "strategy": ctx.strategy, "batch_size": batch_size, "per_device_batch": batch_size // ctx.world_size,
+            "image_height": train.height, "image_width": train.width, "generator_depth": net.generator_depth,
+            "generator_params": g_params, "discriminator_params": d_params, "dataset_digest": manifest["digest"],
+            "train_pairs": len(train), "split": json.dumps(split), "code_version": code_version(),
+            "speed": json.dumps(options), "host": socket.gethostname(),
+        })
+    log.info("training on %s: %d pairs from %d simulations, batch %d, %d steps/epoch, generator %.2fM params",
+             ctx.description, len(train), len(split["train"]), batch_size, steps_per_epoch, g_params / 1e6)
 
-    log.info("training on %s: %d pairs from %d simulations, %d steps/epoch, generator %.2fM params",
-             ctx.description, len(train), len(split["train"]), steps_per_epoch, g_params / 1e6)
-    global_step, warmup_s, epoch_times = 0, None, []
-    last = {}
-    for epoch in range(1, spec.epochs + 1):
+    steps = _StepLog(run)
+    session_steps, warmup_t0, warmup_s = 0, time.perf_counter(), None
+    last: dict[str, float] = {}
+    compiled_before = _xla_compilations()[0] if ctx.kind == "xla" else 0
+    for epoch in range(start_epoch + 1, spec.epochs + 1):
         model.train()
-        order = rng.permutation(len(train))
-        t_epoch, data_s, sums = time.perf_counter(), 0.0, {}
-        # The next batch is read on a background thread while this one trains: data_s below is only
-        # the time the loop still waits for it.
-        batches = train.prefetch((order[s * spec.batch_size : (s + 1) * spec.batch_size] for s in range(steps_per_epoch)), norm)
-        for step in range(steps_per_epoch):
-            t0 = time.perf_counter()
-            cond, target = next(batches)
-            cond = torch.from_numpy(cond).to(ctx.device)  # (B, 4, H, W)
-            target = torch.from_numpy(target).to(ctx.device)  # (B, 3, H, W)
-            t1 = time.perf_counter()
-            losses = model.train_step(cond, target, ctx.autocast)
-            ctx.sync()
-            values = {k: float(v) for k, v in losses.items()}
-            t2 = time.perf_counter()
-            data_s += t1 - t0
-            global_step += 1
-            if warmup_s is None:
-                warmup_s = t2 - t0
-            if not all(math.isfinite(v) for v in values.values()):
-                raise RuntimeError(f"loss became non-finite at epoch {epoch}, step {step + 1}: {values}; "
-                                   f"last good checkpoint: {checkpoint if checkpoint.exists() else 'none'}")
-            for k, v in values.items():
-                sums[k] = sums.get(k, 0.0) + v
-            run.log_metrics({f"step_{k}": v for k, v in values.items()} | {"step_time_s": t2 - t0}, step=global_step)
-            if spec.max_steps and global_step >= spec.max_steps:
-                break
-        batches.close()  # stops the reader thread after a max_steps break
-        steps_done = step + 1
+        _seed_epoch(ctx, spec.seed, epoch)
+        order = epoch_order(len(train), spec.seed, epoch)  # the same on every rank
+        lo, hi = ctx.rank * local_batch, (ctx.rank + 1) * local_batch
+        wanted = (order[s * batch_size : (s + 1) * batch_size][lo:hi] for s in range(steps_per_epoch))
+        clock = NoClock() if ctx.kind == "xla" else PhaseClock(ctx.sync)
+        t_epoch, data_s, sums, done = time.perf_counter(), 0.0, {}, 0
+        # The next batch is read on a background thread while this one trains: data_s is only the
+        # time the loop still waits for it.
+        batches = train.prefetch(wanted, norm)
+        try:
+            for step in range(steps_per_epoch):
+                t0 = time.perf_counter()
+                cond, target = next(batches)
+                cond = ctx.shard(_to_device(cond, ctx, options))  # (B, 4, H, W)
+                target = ctx.shard(_to_device(target, ctx, options))  # (B, 3, H, W)
+                t1 = time.perf_counter()
+                losses = model.train_step(cond, target, ctx.autocast, clock)
+                ctx.step_end()
+                names = sorted(losses)
+                values = dict(zip(names, ctx.mean_over_ranks(torch.stack([losses[k].float() for k in names])).tolist()))
+                t2 = time.perf_counter()
+                data_s += t1 - t0
+                global_step, session_steps, done = global_step + 1, session_steps + 1, done + 1
+                if session_steps == WARMUP_STEPS:
+                    warmup_s = t2 - warmup_t0
+                if not all(math.isfinite(v) for v in values.values()):
+                    steps.flush()
+                    kept = f"the last good checkpoint (epoch {epoch - 1}) is kept at {checkpoint}" if checkpoint.exists() else "no checkpoint was written yet"
+                    raise RunFailed(f"loss became non-finite at epoch {epoch}, step {global_step} "
+                                    f"({', '.join(f'{k}={v:.4g}' for k, v in values.items())}); {kept}")
+                for k, v in values.items():
+                    sums[k] = sums.get(k, 0.0) + v
+                steps.add(global_step, {f"step_{k}": v for k, v in values.items()} | {"step_time_s": t2 - t0})
+                if spec.max_steps and global_step >= spec.max_steps:
+                    break
+        finally:
+            batches.close()  # stops the reader thread on a break or an error
         epoch_s = time.perf_counter() - t_epoch
-        epoch_times.append(epoch_s)
-        last = {k: v / steps_done for k, v in sums.items()}
+        history["epoch_s"].append(epoch_s)
+        last = {k: v / done for k, v in sums.items()}
         metrics = {
-            "epoch_time_s": epoch_s,
-            "samples_per_s": steps_done * spec.batch_size / epoch_s,
-            "data_wait_fraction": data_s / epoch_s,
-            **{f"epoch_{k}": v for k, v in last.items()},
+            "epoch_time_s": epoch_s, "samples_per_s": done * batch_size / epoch_s, "data_wait_fraction": data_s / epoch_s,
+            "peak_memory_mb": _peak_memory_mb(ctx), **{f"epoch_{k}": v for k, v in last.items()},
         }
-        run.log_metrics(metrics, step=epoch)
-        _save_atomic({"epoch": epoch, "global_step": global_step, "model": model.state_dict(),
-                      "opt_g": model.opt_g.state_dict(), "opt_d": model.opt_d.state_dict()}, checkpoint)
-        log.info("epoch %d/%d: %.1f s, %.1f samples/s, L1 %.4f, D %.3f", epoch, spec.epochs, epoch_s,
-                 metrics["samples_per_s"], last["loss_l1"], last["loss_d"])
+        if ctx.kind != "xla":
+            metrics |= {f"{k}_s": v for k, v in clock.totals.items()}
+        else:
+            compiled, compile_s = _xla_compilations()
+            metrics |= {"xla_compilations": compiled, "xla_compile_s": compile_s}
+            if epoch > start_epoch + 1 and compiled > compiled_before:
+                log.warning("epoch %d compiled %d new XLA graphs after warm-up: some shape or branch keeps changing", epoch, compiled - compiled_before)
+            compiled_before = compiled
+        steps.flush()
+        if ctx.is_main:
+            run.log_metrics(metrics, step=epoch)
+            save_checkpoint({"epoch": epoch, "global_step": global_step, "history": history,
+                             "model": {"generator": _to_cpu(model.generator.state_dict()),
+                                       "discriminator": _to_cpu(model.discriminator.state_dict())},
+                             "optimizers": _to_cpu(model.optimizer_state())}, checkpoint)
+        log.info("epoch %d/%d: %.1f s, %.2f samples/s, L1 %.4f, D %.3f, data wait %.1f%%", epoch, spec.epochs, epoch_s,
+                 metrics["samples_per_s"], last["loss_l1"], last["loss_d"], 100 * metrics["data_wait_fraction"])
         if spec.max_steps and global_step >= spec.max_steps:
             break
+    history["warmup_s"].append(warmup_s if warmup_s is not None else float("nan"))
+    if not ctx.is_main:
+        return None
+    return _finish(spec, settings, run, run_dir, model, net, norm, train, manifest, split, history, global_step, last,
+                   steps_per_epoch * batch_size, ctx, g_params, d_params)
 
+
+def _to_device(array: np.ndarray, ctx: DeviceContext, options: dict) -> torch.Tensor:
+    t = torch.from_numpy(array).to(ctx.device)
+    return t.contiguous(memory_format=torch.channels_last) if options["channels_last"] else t
+
+
+def _finish(spec, settings, run, run_dir, model, net, norm, train, manifest, split, history, global_step, last,
+            samples_per_epoch, ctx, g_params, d_params) -> dict:
+    """Model artifact, sample figure and summary metrics of a finished run."""
+    generator_state = _to_cpu(model.generator.state_dict())
     model_dir = run_dir / "model"
     model_dir.mkdir(exist_ok=True)
-    torch.save({k: v.detach().cpu() for k, v in model.generator.state_dict().items()}, model_dir / "generator.pt")
+    torch.save(generator_state, model_dir / "generator.pt")
     meta = {"net": dataclasses.asdict(net), "normalizer": dataclasses.asdict(norm), "inputs": INPUTS, "outputs": OUTPUTS,
             "frame_stride": spec.frame_stride, "dataset": spec.dataset, "dataset_digest": manifest["digest"], "split": split}
     (model_dir / "meta.json").write_text(json.dumps(meta, indent=2))
     run.log_artifact(model_dir, "model")
-    figure = _sample_figure(model.generator, train, norm, ctx.device, run_dir / "sample_predictions.png")
-    run.log_artifact(figure)
-    steady = epoch_times[1:] or epoch_times
+    cpu_generator = build_generator(net)
+    cpu_generator.load_state_dict(generator_state)
+    run.log_artifact(_sample_figure(cpu_generator, train, norm, run_dir / "sample_predictions.png"))
+    epochs = history["epoch_s"]
+    steady = epochs[1:] or epochs  # the first epoch carries the warm-up
+    time_per_epoch = float(np.median(steady))
     summary = {
-        "epochs": len(epoch_times), "steps": global_step, "warmup_s": warmup_s or 0.0,
-        "time_per_epoch_s": float(np.median(steady)), "samples_per_s": steps_per_epoch * spec.batch_size / float(np.median(steady)),
+        "epochs": len(epochs), "steps": global_step, "warmup_s": float(np.nansum(history["warmup_s"])),
+        "time_per_epoch_s": time_per_epoch, "samples_per_s": samples_per_epoch / time_per_epoch,
         "final_l1": last.get("loss_l1", float("nan")), "generator_params": g_params, "discriminator_params": d_params,
     }
-    run.log_metrics({k: v for k, v in summary.items() if isinstance(v, (int, float))})
-    return {**summary, "split": split, "device": ctx.description, "world_size": ctx.world_size}
+    run.log_metrics(summary)
+    return {**summary, "split": split, "device": ctx.description, "world_size": ctx.world_size, "strategy": ctx.strategy}
 
 
 @torch.no_grad()
-def _sample_figure(generator, source: PairSource, norm: Normalizer, device, path: Path) -> Path:
-    """Vorticity of one-step predictions against targets for three training pairs."""
+def _sample_figure(generator, source: PairSource, norm: Normalizer, path: Path) -> Path:
+    """Vorticity of one-step predictions against targets for three training pairs (on the CPU)."""
     generator.eval()
     picks = np.linspace(0, len(source) - 1, 3).astype(int)
     cond, ref = source.physical(picks)  # (3, 4, H, W), (3, 3, H, W)
-    pred = norm.decode(generator(torch.from_numpy(norm.encode(cond)).to(device)).float().cpu().numpy())  # (3, 3, H, W)
+    pred = norm.decode(generator(torch.from_numpy(norm.encode(cond))).float().numpy())  # (3, 3, H, W)
     mask = cond[:, 3] > 0.5
     w_pred = vorticity(pred[:, 0], pred[:, 1], mask)
     w_ref = vorticity(ref[:, 0], ref[:, 1], mask)

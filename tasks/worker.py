@@ -3,8 +3,9 @@
 Every training or inference run executes here, in a fresh process for its framework and device:
 device environment (PJRT_DEVICE, CUDA_VISIBLE_DEVICES, ...) is set by the parent before any
 framework import, tensorflow and torch_xla never meet in one process, and cold-start timings are
-honest. The run reports through MLflow and the result file. Exit codes: 0 done, 3 user error (last
-stderr line 'error: ...'), 1 crash.
+honest. Under torchrun there is one such process per device; rank 0 writes the result. The run
+reports through MLflow and the result file. Exit codes: 0 done, 3 user error (stderr line
+'error: ...'), 4 the run failed for a stated reason (stderr line 'failed: ...'), 1 crash.
 """
 
 import json
@@ -14,6 +15,7 @@ import traceback
 from pathlib import Path
 
 USER_ERROR = 3
+RUN_FAILED = 4
 
 
 def main(argv: list[str]) -> int:
@@ -24,7 +26,7 @@ def main(argv: list[str]) -> int:
     kind, job_path, result_path = argv[0], Path(argv[1]), Path(argv[2])
     job = json.loads(job_path.read_text())
     from models.device import DeviceUnavailable
-    from tasks.errors import UserError
+    from tasks.errors import RunFailed, UserError
 
     try:
         if kind == "train":
@@ -37,9 +39,14 @@ def main(argv: list[str]) -> int:
     except (UserError, DeviceUnavailable) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return USER_ERROR
+    except RunFailed as exc:
+        print(f"failed: {exc}", file=sys.stderr)
+        return RUN_FAILED
     except Exception:
         traceback.print_exc()
         return 1
+    if result is None:  # a rank other than 0
+        return 0
     tmp = result_path.with_suffix(".tmp")
     tmp.write_text(json.dumps(result, indent=2, sort_keys=True))
     tmp.replace(result_path)

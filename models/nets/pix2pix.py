@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 Norm = Literal["batch", "instance"]
@@ -52,6 +53,62 @@ def _norm(kind: Norm, channels: int) -> nn.Module:
     raise ValueError(f"unknown norm {kind!r}; choose batch or instance")
 
 
+class _SmallMapGemm:
+    """Mixin for the U-Net's 4×4 stride-2 convolutions: on feature maps of at most ``gemm_max_side``
+    pixels a side, compute the layer as one matrix product over unfolded patches instead of calling
+    the convolution kernel. Same parameters and the same function (to float rounding); on CPU,
+    oneDNN's kernels run such tiny maps (the U-Net's innermost 512-channel levels) at a few percent
+    of peak. 0 (the default) disables it; see ``use_gemm_for_small_maps``."""
+
+    gemm_max_side: int = 0
+
+    def _use_gemm(self, x: torch.Tensor) -> bool:
+        return 0 < max(x.shape[-2:]) <= self.gemm_max_side
+
+
+class Down(_SmallMapGemm, nn.Conv2d):
+    """Conv2d(k=4, s=2, p=1): (B, Cin, H, W) -> (B, Cout, H/2, W/2)."""
+
+    def __init__(self, cin: int, cout: int, bias: bool):
+        super().__init__(cin, cout, 4, stride=2, padding=1, bias=bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if not self._use_gemm(x):
+            return super().forward(x)
+        b, _, h, w = x.shape
+        cols = F.unfold(x, 4, padding=1, stride=2)  # (B, Cin*16, H/2 * W/2)
+        out = self.weight.reshape(self.out_channels, -1) @ cols  # (B, Cout, H/2 * W/2)
+        if self.bias is not None:
+            out = out + self.bias[:, None]
+        return out.view(b, self.out_channels, h // 2, w // 2)
+
+
+class Up(_SmallMapGemm, nn.ConvTranspose2d):
+    """ConvTranspose2d(k=4, s=2, p=1): (B, Cin, H, W) -> (B, Cout, 2H, 2W)."""
+
+    def __init__(self, cin: int, cout: int, bias: bool):
+        super().__init__(cin, cout, 4, stride=2, padding=1, bias=bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if not self._use_gemm(x):
+            return super().forward(x)
+        b, c, h, w = x.shape
+        cols = self.weight.reshape(c, -1).t() @ x.reshape(b, c, h * w)  # (B, Cout*16, H*W)
+        out = F.fold(cols, (2 * h, 2 * w), 4, padding=1, stride=2)  # scatter-add of the patches
+        if self.bias is not None:
+            out = out + self.bias[:, None, None]
+        return out
+
+
+def use_gemm_for_small_maps(net: nn.Module, max_side: int = 8) -> nn.Module:
+    """Compute the U-Net's strided convolutions on maps of at most ``max_side`` pixels a side as
+    matrix products (0 turns it off). A speed choice for CPUs; weights and outputs are unchanged."""
+    for m in net.modules():
+        if isinstance(m, _SmallMapGemm):
+            m.gemm_max_side = max_side
+    return net
+
+
 class UNetGenerator(nn.Module):
     """Encoder-decoder with skip connections between mirrored levels."""
 
@@ -65,7 +122,7 @@ class UNetGenerator(nn.Module):
         self.down = nn.ModuleList()
         for i in range(depth):
             cin = cfg.in_channels if i == 0 else widths[i - 1]
-            conv = nn.Conv2d(cin, widths[i], 4, stride=2, padding=1, bias=bias)
+            conv = Down(cin, widths[i], bias)
             if i == 0:
                 self.down.append(conv)
             elif i == depth - 1:  # innermost: no normalisation
@@ -78,9 +135,9 @@ class UNetGenerator(nn.Module):
         for i in range(depth):
             cin = widths[i] if i == depth - 1 else 2 * widths[i]
             if i == 0:
-                block = [nn.ReLU(True), nn.ConvTranspose2d(cin, cfg.out_channels, 4, 2, 1), nn.Tanh()]
+                block = [nn.ReLU(True), Up(cin, cfg.out_channels, True), nn.Tanh()]
             else:
-                block = [nn.ReLU(True), nn.ConvTranspose2d(cin, widths[i - 1], 4, 2, 1, bias=bias)]
+                block = [nn.ReLU(True), Up(cin, widths[i - 1], bias)]
                 block.append(_norm(cfg.norm, widths[i - 1]))
                 if i in dropout_levels and cfg.dropout > 0:
                     block.append(nn.Dropout(cfg.dropout))

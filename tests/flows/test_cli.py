@@ -32,7 +32,7 @@ def test_unknown_device(workdir):
 @pytest.mark.parametrize(
     "args,fragment",
     [
-        (("train", "--batch-size", "0"), "--batch-size"),
+        (("train", "--batch-sizes", "0"), "--batch-sizes"),
         (("train", "--epochs", "-1"), "--epochs"),
         (("generate", "--nx", "0"), "--nx"),
         (("generate", "--frames", "0"), "--frames"),
