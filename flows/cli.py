@@ -111,17 +111,20 @@ def _preflight(command: str, spec: BaseModel) -> None:
         expand(spec if isinstance(spec, GenerateSpec) else spec.generate)
     if isinstance(spec, TrainSpec):
         from tasks.store import load_manifest
-        from tasks.train import plan_world, resume_plan
+        from tasks.train import check_training_input, plan_world, resume_plan
 
+        batch_sizes = spec.batch_sizes
         if spec.resume:
-            spec, _ = resume_plan(settings, spec)
+            spec, batch = resume_plan(settings, spec)
+            batch_sizes = [batch]
         load_manifest(settings.dataset_dir(spec.dataset))
         probed = None
         if spec.device != "cpu":
             from tasks.child import device_env, run_child
 
             probed = run_child("probe", {"device": spec.device}, logging.getLogger("karman.cli"), env=device_env(spec.device, spec.world_size))
-        plan_world(spec, probed)
+        world, _ = plan_world(spec, probed)
+        check_training_input(settings, spec, batch_sizes, world)
     if isinstance(spec, InferSpec):
         from tasks.infer import resolve_model_run
 

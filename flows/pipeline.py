@@ -7,7 +7,7 @@ from tasks.generate import run_sweep
 from tasks.infer import rollout
 from tasks.settings import Settings
 from tasks.specs import AggregateSpec, DemoSpec, GenerateSpec, InferSpec, TrainSpec, ValidateSpec
-from tasks.train import log_study_table, plan_world, probe_device, resume_plan, sweep_run, train_model
+from tasks.train import check_training_input, log_study_table, plan_world, probe_device, resume_plan, sweep_run, train_model
 from tasks.validation import validate_solver as run_validation
 
 
@@ -34,6 +34,7 @@ def train(spec: TrainSpec = TrainSpec()) -> dict:
         batch_sizes = spec.batch_sizes
     probed = probe_device(spec.device, spec.world_size) if spec.device != "cpu" else None
     world, procs = plan_world(spec, probed)
+    check_training_input(settings, spec, batch_sizes, world)
     if len(batch_sizes) == 1:
         result = train_model(settings, spec, batch_sizes[0], world, procs, resume_run_id=resume_id)
         return {**result, "device_kind": spec.device}

@@ -37,6 +37,28 @@ def plan_world(spec: TrainSpec, probed: dict | None) -> tuple[int, int]:
     return world, (world if spec.device == "cuda" else 1)
 
 
+def check_training_input(settings: Settings, spec: TrainSpec, batch_sizes: list[int], world: int) -> None:
+    """What can be refused before any run starts (reads the dataset's metadata only): the frames must
+    fit the U-Net, and each batch must split over the devices and fit in the training pairs."""
+    from models.nets import NetConfig
+    from tasks.data import PairSource, split_simulations
+
+    dataset_dir = settings.dataset_dir(spec.dataset)
+    manifest = load_manifest(dataset_dir)
+    split = split_simulations(list(manifest["simulations"]), spec.val_simulations, spec.test_simulations, spec.seed)
+    source = PairSource(dataset_dir, split["train"], spec.frame_stride)
+    h, w = source.height, source.width
+    try:
+        NetConfig(size=min(h, w), depth=spec.depth).check_image(h, w)
+    except ValueError as exc:
+        raise UserError(str(exc)) from None
+    for b in batch_sizes:
+        if b % world:
+            raise UserError(f"batch size {b} does not split evenly over {world} devices; use a multiple of {world}")
+        if b > len(source):
+            raise UserError(f"batch size {b} exceeds the {len(source)} training pairs of dataset {spec.dataset!r}")
+
+
 def _child_env(spec: TrainSpec, world: int, procs: int) -> dict[str, str]:
     env = device_env(spec.device, world)
     if spec.device == "cpu" and procs > 1:  # share the cores among the ranks
@@ -105,6 +127,9 @@ def resume_plan(settings: Settings, spec: TrainSpec) -> tuple[TrainSpec, int]:
     job_file = settings.run_dir(run_id) / JOB_FILE
     if not job_file.is_file():
         raise UserError(f"run {run_id} has no {JOB_FILE} under {job_file.parent}; it cannot be resumed")
+    from tasks.training import CHECKPOINT, load_checkpoint
+
+    load_checkpoint(settings.run_dir(run_id) / CHECKPOINT, mmap=True)  # fails here, before any flow starts
     stored = json.loads(job_file.read_text())
     stored_spec = TrainSpec(**stored["spec"])
     for name in sorted(spec.model_fields_set - {"resume"}):

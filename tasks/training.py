@@ -66,14 +66,15 @@ def save_checkpoint(state: dict, path: Path) -> None:
     os.replace(tmp, path)
 
 
-def load_checkpoint(path: Path) -> dict:
-    """The checkpoint's contents; UserError naming the file if it is missing, truncated or not ours."""
+def load_checkpoint(path: Path, mmap: bool = False) -> dict:
+    """The checkpoint's contents (``mmap``: mapped, not read: a cheap check of its structure);
+    UserError naming the file if it is missing, truncated or not ours."""
     if not path.is_file():
         raise UserError(f"no checkpoint at {path}: the run stopped before its first epoch ended; start it afresh")
     try:
-        state = torch.load(path, map_location="cpu", weights_only=True)
+        state = torch.load(path, map_location="cpu", weights_only=True, mmap=mmap)
     except Exception as exc:
-        raise UserError(f"checkpoint {path} is corrupt or truncated ({type(exc).__name__}: {str(exc).splitlines()[0][:200]})") from None
+        raise UserError(f"checkpoint {path} is corrupt or truncated ({type(exc).__name__}); start the run afresh") from None
     missing = {"epoch", "global_step", "model", "optimizers"} - set(state) if isinstance(state, dict) else {"everything"}
     if missing:
         raise UserError(f"checkpoint {path} is not a training checkpoint (missing {', '.join(sorted(missing))})")

@@ -1,0 +1,193 @@
+"""Training end to end through the CLI, as a user runs it: CPU, DDP over two CPU processes, SPMD over
+two virtual XLA CPU devices, a sweep with its study table, resume after SIGKILL, and a NaN stop.
+Real zarr datasets (written by the simulation task), a real MLflow store, real child processes."""
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+import zarr
+from mlflow.tracking import MlflowClient
+
+from tasks.data import epoch_order, split_simulations
+from tasks.simulate import run_simulation
+from tasks.store import STORE, Manifest, consolidate
+from tests.conftest import ROOT, run_cli
+from tests.flows.test_cli import assert_refused
+from tests.tasks.test_store import tiny_spec
+
+NET = ("--ngf", "8", "--ndf", "8", "--threads", "1")
+XLA_ENV = {"PJRT_DEVICE": "CPU"}
+
+
+@pytest.fixture(scope="module")
+def dataset_root(tmp_path_factory):
+    """A data root holding dataset 'tiny': three simulations of 12 frames on a 64 x 32 channel."""
+    root = tmp_path_factory.mktemp("train-data")
+    ds_dir = root / "datasets" / "tiny"
+    manifest = Manifest(ds_dir, {"purpose": "training tests"})
+    for re in (40.0, 50.0, 60.0):
+        spec = tiny_spec(nx=64, ny=32, cx=12.0, cy=16.25, size=6.0, reynolds=re, frames=12, frame_every=20, backend="numpy")
+        manifest.add(spec.sim_id, run_simulation(str(ds_dir), spec))
+    consolidate(ds_dir)
+    return root
+
+
+@pytest.fixture
+def trainable(workdir, dataset_root):
+    shutil.copytree(dataset_root / "datasets", workdir / "data" / "datasets")
+    return workdir
+
+
+def client() -> MlflowClient:
+    return MlflowClient(tracking_uri=os.environ["MLFLOW_TRACKING_URI"])
+
+
+def train(workdir, *args, env=None):
+    proc = run_cli("train", "--dataset", "tiny", *args, "--json", cwd=workdir, env=env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def generator_state(workdir, run_id) -> dict:
+    return torch.load(workdir / "data" / "runs" / run_id / "model" / "generator.pt", weights_only=True)
+
+
+def kill_after_first_checkpoint(workdir, *args, env=None) -> str:
+    """Start a training run, SIGKILL it (and its children) once its first checkpoint exists; its run id."""
+    runs = workdir / "data" / "runs"
+    full_env = {**os.environ, "PYTHONPATH": str(ROOT), **(env or {})}
+    proc = subprocess.Popen([sys.executable, "-m", "flows", "train", "--dataset", "tiny", *args], cwd=workdir, env=full_env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 600
+        while time.monotonic() < deadline:
+            found = list(runs.glob("*/checkpoint.pt")) if runs.exists() else []
+            if found:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+                assert not (found[0].parent / "model").exists(), "the run finished before it could be interrupted"
+                return found[0].parent.name
+            assert proc.poll() is None, "training ended before its first checkpoint"
+            time.sleep(0.01)
+        raise AssertionError("no checkpoint within 600 s")
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+
+
+def assert_same_weights(a: dict, b: dict, atol: float = 0.0) -> None:
+    assert a.keys() == b.keys()
+    for k in a:
+        torch.testing.assert_close(a[k], b[k], rtol=0, atol=atol, msg=lambda m, k=k: f"{k}: {m}")
+
+
+def test_cpu_run_killed_mid_training_resumes_to_the_uninterrupted_result(trainable):
+    args = (*NET, "--epochs", "12", "--batch-sizes", "4")
+    whole = train(trainable, *args)
+    killed = kill_after_first_checkpoint(trainable, *args)
+    assert client().get_run(killed).info.status == "RUNNING"  # SIGKILL left no chance to close it
+    resumed = train(trainable, "--resume", killed)
+    assert resumed["run_id"] == killed and resumed["epochs"] == 12
+    assert_same_weights(generator_state(trainable, whole["run_id"]), generator_state(trainable, killed))
+    run = client().get_run(killed)
+    assert run.info.status == "FINISHED"
+    assert sorted({m.step for m in client().get_metric_history(killed, "epoch_time_s")}) == list(range(1, 13))
+    p, m = run.data.params, run.data.metrics
+    assert (p["framework"], p["device"], p["world_size"], p["batch_size"], p["precision"]) == ("torch", "cpu", "1", "4", "fp32")
+    assert p["image_height"] == "32" and p["image_width"] == "64" and p["code_version"].count("src:") == 1
+    assert {"forward_s", "backward_s", "optimizer_s", "data_wait_fraction", "peak_memory_mb", "warmup_s"} <= set(m)
+    assert any(k.startswith("system/") for k in m), "no system metrics"
+    assert {a.path for a in client().list_artifacts(killed)} >= {"model", "sample_predictions.png"}
+    # a finished run is not resumed again
+    assert_refused(run_cli("train", "--resume", killed, cwd=trainable), "already finished")
+    # nor does a resume accept options contradicting the run
+    other = kill_after_first_checkpoint(trainable, *args)
+    assert_refused(run_cli("train", "--resume", other, "--epochs", "3", cwd=trainable), "--epochs 3 differs from the run being resumed (12)")
+
+
+def test_xla_spmd_on_two_virtual_devices_trains_and_resumes(trainable):
+    args = (*NET, "--device", "xla", "--world-size", "2", "--epochs", "8", "--batch-sizes", "4")
+    whole = train(trainable, *args, env=XLA_ENV)
+    assert whole["strategy"] == "spmd" and whole["world_size"] == 2
+    run = client().get_run(whole["run_id"])
+    assert run.data.params["world_size"] == "2" and run.data.params["strategy"] == "spmd"
+    compiled = [m.value for m in sorted(client().get_metric_history(whole["run_id"], "xla_compilations"), key=lambda m: m.step)]
+    assert len(compiled) == 8 and compiled[0] > 0
+    assert compiled[-1] == compiled[1], f"recompiling after warm-up: {compiled}"  # fixed shapes: one step graph
+    assert np.isfinite(whole["final_l1"])
+    killed = kill_after_first_checkpoint(trainable, *args, env=XLA_ENV)
+    train(trainable, "--resume", killed, env=XLA_ENV)
+    assert_same_weights(generator_state(trainable, whole["run_id"]), generator_state(trainable, killed), atol=1e-5)
+
+
+def test_a_sweep_over_two_ddp_cpu_processes_builds_the_study_table(trainable):
+    out = train(trainable, *NET, "--world-size", "2", "--epochs", "2", "--batch-sizes", "2,4")
+    parent = client().get_run(out["parent_run_id"])
+    assert parent.data.tags["karman.stage"] == "train-sweep" and parent.info.status == "FINISHED"
+    children = [client().get_run(r["run_id"]) for r in out["runs"]]
+    assert {c.data.tags["mlflow.parentRunId"] for c in children} == {parent.info.run_id}
+    assert {(c.data.params["batch_size"], c.data.params["strategy"], c.data.params["world_size"]) for c in children} == {("2", "ddp", "2"), ("4", "ddp", "2")}
+    table = json.loads(Path(client().download_artifacts(parent.info.run_id, "study_table.json", str(trainable))).read_text())
+    assert sorted(r["batch_size"] for r in table) == [2, 4]
+    assert max(r["speedup"] for r in table) >= 1.0 and min(r["speedup"] for r in table) == pytest.approx(1.0)
+    assert {"time_per_epoch_s_b2", "time_per_epoch_s_b4"} <= set(parent.data.metrics)
+
+
+def test_a_loss_turning_nan_stops_the_run_and_keeps_the_last_good_checkpoint(trainable):
+    # Corrupt one obstacle-mask frame that epoch 1 drops (the remainder after full batches) and epoch 2 uses.
+    ds_dir = trainable / "data" / "datasets" / "tiny"
+    sims = json.loads((ds_dir / "manifest.json").read_text())["simulations"]
+    split = split_simulations(list(sims), 0, 1, 0)
+    pairs_per_sim, batch = 11, 4  # 12 frames, stride 1
+    n = pairs_per_sim * len(split["train"])
+    dropped_1 = set(epoch_order(n, 0, 1)[(n // batch) * batch :])
+    used_2 = set(epoch_order(n, 0, 2)[: (n // batch) * batch])
+    j = min(dropped_1 & used_2)
+    sim, t = split["train"][j // pairs_per_sim], j % pairs_per_sim
+    group = zarr.open_group(str(ds_dir / STORE / sim), mode="r+")
+    mask = group["mask"][t]
+    group["mask"][t] = np.full_like(mask, np.nan)
+    proc = run_cli("train", "--dataset", "tiny", *NET, "--epochs", "3", "--batch-sizes", str(batch), cwd=trainable)
+    assert proc.returncode == 1
+    last = next(line for line in proc.stderr.splitlines() if line.startswith("python -m flows train: failed:"))
+    assert "loss became non-finite at epoch 2" in last and "last good checkpoint (epoch 1) is kept" in last
+    run_dir = next((trainable / "data" / "runs").iterdir())
+    assert torch.load(run_dir / "checkpoint.pt", weights_only=True)["epoch"] == 1
+    run = client().get_run(run_dir.name)
+    assert run.info.status == "FAILED" and "non-finite" in run.data.tags["karman.error"]
+    # a corrupt checkpoint is refused on resume, and left as it was
+    (run_dir / "checkpoint.pt").write_bytes(b"not a checkpoint")
+    assert_refused(run_cli("train", "--resume", run_dir.name, cwd=trainable), "is corrupt or truncated")
+    assert (run_dir / "checkpoint.pt").read_bytes() == b"not a checkpoint"
+
+
+@pytest.mark.parametrize(
+    "args, env, fragments",
+    [
+        (("--depth", "6"), None, ("image size 32x64 does not fit a U-Net of depth 6", "multiples of 64")),
+        (("--batch-sizes", "3", "--world-size", "2"), None, ("batch size 3 does not split evenly over 2 devices",)),
+        (("--world-size", "64"), None, ("world size 64 exceeds the",)),
+        (("--device", "xla"), None, ("device xla requested", "TPU runtime did not start")),
+        (("--resume", "0" * 32), None, ("unknown run '" + "0" * 32 + "'",)),
+    ],
+)
+def test_bad_training_input_is_refused_with_one_line(trainable, args, env, fragments):
+    # (PJRT_DEVICE unset: xla means the TPU runtime, absent here)
+    assert_refused(run_cli("train", "--dataset", "tiny", *NET, *args, cwd=trainable, env=env), *fragments)
+
+
+def test_a_dataset_without_simulations_is_refused(workdir):
+    ds_dir = workdir / "data" / "datasets" / "empty"
+    ds_dir.mkdir(parents=True)
+    (ds_dir / "manifest.json").write_text('{"spec": {}, "simulations": {}, "digest": "x"}')
+    assert_refused(run_cli("train", "--dataset", "empty", cwd=workdir), "dataset 'empty' has no completed simulations")
