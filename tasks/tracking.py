@@ -134,3 +134,24 @@ def mlflow_run(
         raise
     else:
         client.set_terminated(handle.run_id, "FINISHED")
+
+
+@contextlib.contextmanager
+def system_metrics(settings: Settings, run_id: str, every_s: float, resume: bool = False) -> Iterator[None]:
+    """MLflow's sampler of CPU, memory, disk, network (and GPU) as ``system/...`` metrics of the run,
+    on a thread while the block runs; a last sample is logged when it ends, so runs shorter than one
+    interval get one too."""
+    from mlflow.system_metrics.system_metrics_monitor import SystemMetricsMonitor
+
+    monitor = SystemMetricsMonitor(run_id, sampling_interval=every_s, resume_logging=resume, tracking_uri=settings.tracking_uri)
+    monitor.start()
+    try:
+        yield
+    finally:
+        monitor.finish()
+        try:
+            monitor.collect_metrics()
+            monitor.publish_metrics(monitor.aggregate_metrics())
+            monitor.mlflow_logger.flush()
+        except Exception as exc:  # the run's own results matter more than its last system sample
+            log.warning("last system-metrics sample not logged: %s", exc)

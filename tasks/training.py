@@ -10,6 +10,7 @@ epoch's dropout from (seed, epoch, rank), so a run resumed from its end-of-epoch
 same steps as one that was never interrupted.
 """
 
+import contextlib
 import dataclasses
 import json
 import logging
@@ -33,7 +34,7 @@ from tasks.plots import vorticity_panels
 from tasks.settings import Settings
 from tasks.specs import TrainSpec
 from tasks.store import load_manifest
-from tasks.tracking import Run, client_for, code_version
+from tasks.tracking import Run, client_for, code_version, system_metrics
 
 log = logging.getLogger("karman.train")
 WARMUP_STEPS = 2  # steps of each process timed apart: compilation, allocator and cache warm-up
@@ -132,18 +133,11 @@ def run_training(job: dict) -> dict | None:
     ctx = resolve_device(spec.device, spec.precision, data_parallel=True)
     if not ctx.is_main:  # one voice per run: rank 0 reports
         log.setLevel(logging.WARNING)
-    monitor = None
-    if ctx.is_main:  # CPU, memory, disk, network (and GPU) of the host, as system/... metrics
-        from mlflow.system_metrics.system_metrics_monitor import SystemMetricsMonitor
-
-        monitor = SystemMetricsMonitor(job["run_id"], sampling_interval=SYSTEM_METRICS_EVERY_S, resume_logging=resume,
-                                       tracking_uri=settings.tracking_uri)
-        monitor.start()
+    monitor = system_metrics(settings, job["run_id"], SYSTEM_METRICS_EVERY_S, resume) if ctx.is_main else contextlib.nullcontext()
     try:
-        return _train(spec, settings, batch_size, resume, job["run_id"], ctx)
+        with monitor:
+            return _train(spec, settings, batch_size, resume, job["run_id"], ctx)
     finally:
-        if monitor is not None:
-            monitor.finish()
         ctx.close()
 
 
