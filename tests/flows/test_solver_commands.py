@@ -4,6 +4,8 @@ import json
 import subprocess
 import sys
 
+import pytest
+
 from mlflow.tracking import MlflowClient
 
 from tests.conftest import ROOT, run_cli
@@ -56,3 +58,21 @@ def test_bench_solver_bad_input(workdir):
     assert_refused(run_cli("bench-solver", "--nx", "0", cwd=workdir), "--nx", "positive")
     assert_refused(run_cli("bench-solver", "--nx", "16", "--ny", "4", "--steps", "1", cwd=workdir), "grid 16x4 is too small")
     assert_refused(run_cli("bench-solver", "--backend", "cuda", cwd=workdir), "--backend", "cuda")
+
+
+def test_bench_train_compares_with_the_plain_step_in_one_run(workdir):
+    proc = run_cli("bench-train", "--size", "32", "--batch-size", "2", "--steps", "1", "--repeats", "2", "--json", cwd=workdir)
+    assert proc.returncode == 0, proc.stderr
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert {"samples_per_s", "in_channels", "out_channels", "generator_params", "discriminator_params", "compile_s"} <= set(out)
+    assert (out["in_channels"], out["out_channels"]) == (4, 3)
+    assert out["samples_per_s"] > 0 and out["baseline_samples_per_s"] > 0
+    assert out["speedup"] == pytest.approx(out["samples_per_s"] / out["baseline_samples_per_s"])
+    assert len(out["samples_per_s_runs"]) == len(out["baseline_samples_per_s_runs"]) == 2
+    assert out["flops_per_sample"] > 0 and out["mfu"] is None  # no known peak for a CPU
+
+
+def test_bench_train_refuses_an_image_the_unet_cannot_take(workdir):
+    proc = run_cli("bench-train", "--size", "48", cwd=workdir)
+    assert proc.returncode == 2
+    assert proc.stderr.strip().splitlines()[-1].startswith("python -m flows bench-train: error: image size 48x48 does not fit")

@@ -67,3 +67,56 @@ def test_unavailable_devices_fail_fast(monkeypatch):
         resolve_device("xla")
     with pytest.raises(ValueError, match="choose one of cpu, cuda, xla"):
         resolve_device("tpu")
+
+
+@pytest.mark.parametrize("side", [2, 4, 8])
+def test_small_map_matrix_products_equal_the_convolutions(side):
+    """The U-Net's strided convolutions computed as matrix products over unfolded patches give the
+    same outputs and gradients as the convolution kernels."""
+    from models.nets.pix2pix import Down, Up
+
+    torch.manual_seed(0)
+    for layer in (Down(6, 5, bias=True), Up(6, 5, bias=True), Down(6, 5, bias=False)):
+        x = torch.randn(3, 6, side, 2 * side, dtype=torch.float64, requires_grad=True)
+        layer = layer.double()
+        outs, grads = [], []
+        for max_side in (0, 2 * side):
+            layer.gemm_max_side = max_side
+            y = layer(x)
+            (g,) = torch.autograd.grad((y * torch.linspace(-1, 1, y.numel(), dtype=y.dtype).view_as(y)).sum(), x)
+            outs.append(y)
+            grads.append(g)
+        torch.testing.assert_close(outs[0], outs[1], rtol=1e-12, atol=1e-12)
+        torch.testing.assert_close(grads[0], grads[1], rtol=1e-12, atol=1e-12)
+
+
+def test_generator_with_small_map_products_is_the_same_network():
+    from models.nets import use_gemm_for_small_maps
+
+    torch.manual_seed(0)
+    cfg = NetConfig(in_channels=4, out_channels=3, size=64, ngf=4, ndf=4)
+    g = build_generator(cfg).double().eval()
+    x = torch.randn(2, 4, 64, 64, dtype=torch.float64)
+    with torch.no_grad():
+        plain = g(x)
+        fast = use_gemm_for_small_maps(g, 8)(x)
+    torch.testing.assert_close(plain, fast, rtol=1e-10, atol=1e-10)
+
+
+def test_discriminator_takes_no_weight_gradient_in_the_generator_step():
+    """After a step, D's gradients are exactly those of the D loss: the G step added nothing to them."""
+    import copy
+
+    torch.manual_seed(0)
+    cfg = NetConfig(in_channels=4, out_channels=3, size=32, ngf=8, ndf=8, dropout=0.0)
+    model = Pix2Pix(cfg, OptimConfig())
+    before = copy.deepcopy(model)
+    cond, target = torch.rand(2, 4, 32, 32) * 2 - 1, torch.rand(2, 3, 32, 32) * 2 - 1
+    model.train_step(cond, target, lambda: torch.autocast("cpu", enabled=False))
+    fake = before.generator(cond).detach()
+    real_logits, fake_logits = before.discriminator(cond, target), before.discriminator(cond, fake)
+    loss_d = 0.5 * (before.bce(real_logits, torch.ones_like(real_logits)) + before.bce(fake_logits, torch.zeros_like(fake_logits)))
+    loss_d.backward()
+    for mine, expected in zip(model.discriminator.parameters(), before.discriminator.parameters()):
+        torch.testing.assert_close(mine.grad, expected.grad)
+    assert all(p.requires_grad for p in model.discriminator.parameters())
