@@ -6,7 +6,7 @@ from tasks.child import device_env, run_child
 from tasks.errors import UserError
 from tasks.settings import Settings
 from tasks.specs import InferSpec
-from tasks.tracking import STAGE_TAG, client_for, experiment_id, mlflow_run
+from tasks.tracking import STAGE_TAG, client_for, experiment_id, mlflow_run, training_run
 
 
 def resolve_model_run(settings: Settings, model_run: str) -> str:
@@ -18,12 +18,7 @@ def resolve_model_run(settings: Settings, model_run: str) -> str:
         if not runs:
             raise UserError(f"no finished training run in experiment {settings.experiment!r}; run 'python -m flows train' first")
         return runs[0].info.run_id
-    try:
-        run = client.get_run(model_run)
-    except Exception:
-        raise UserError(f"unknown model run {model_run!r} in the tracking store {settings.tracking_uri}") from None
-    if run.data.tags.get(STAGE_TAG) != "train":
-        raise UserError(f"run {model_run!r} is not a training run (stage {run.data.tags.get(STAGE_TAG)!r})")
+    training_run(settings, model_run, "model run")
     return model_run
 
 

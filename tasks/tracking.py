@@ -96,6 +96,19 @@ def code_version() -> str:
     return version
 
 
+def training_run(settings: Settings, run_id: str, label: str = "run"):
+    """The MLflow run ``run_id``; UserError if the store does not know it or it is not a training run."""
+    from tasks.errors import UserError
+
+    try:
+        run = client_for(settings).get_run(run_id)
+    except Exception:
+        raise UserError(f"unknown {label} {run_id!r} in the tracking store {settings.tracking_uri}") from None
+    if run.data.tags.get(STAGE_TAG) != "train":
+        raise UserError(f"run {run_id!r} is not a training run (stage {run.data.tags.get(STAGE_TAG)!r})")
+    return run
+
+
 def client_for(settings: Settings) -> MlflowClient:
     return MlflowClient(tracking_uri=settings.tracking_uri)
 

@@ -13,7 +13,7 @@ from tasks.errors import UserError
 from tasks.settings import Settings
 from tasks.specs import TrainSpec
 from tasks.store import load_manifest, write_json_atomic
-from tasks.tracking import STAGE_TAG, client_for, mlflow_run
+from tasks.tracking import client_for, mlflow_run, training_run
 
 JOB_FILE = "job.json"  # the run's configuration, kept with its checkpoint for --resume
 OWNER_FILE = "owner.json"  # host and pid of the process driving the run
@@ -115,13 +115,7 @@ def resume_plan(settings: Settings, spec: TrainSpec) -> tuple[TrainSpec, int]:
     """The stored configuration and batch size of the run ``spec.resume``; UserError if it cannot be
     resumed (unknown, finished, not a training run, no job file) or the spec contradicts it."""
     run_id = spec.resume
-    client = client_for(settings)
-    try:
-        run = client.get_run(run_id)
-    except Exception:
-        raise UserError(f"unknown run {run_id!r} in the tracking store {settings.tracking_uri}") from None
-    if run.data.tags.get(STAGE_TAG) != "train":
-        raise UserError(f"run {run_id} is not a training run (stage {run.data.tags.get(STAGE_TAG)!r}); only training runs resume")
+    run = training_run(settings, run_id)
     if run.info.status == "FINISHED":
         raise UserError(f"run {run_id} already finished; there is nothing to resume")
     job_file = settings.run_dir(run_id) / JOB_FILE
