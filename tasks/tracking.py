@@ -43,12 +43,7 @@ class Run:
         self.client, self.run_id = client, run_id
 
     def log_metrics(self, metrics: dict[str, float], step: int = 0) -> None:
-        import time
-
-        now = int(time.time() * 1000)
-        batch = [Metric(k, float(v), now, step) for k, v in metrics.items()]
-        for i in range(0, len(batch), 500):
-            self.client.log_batch(self.run_id, metrics=batch[i : i + 500])
+        self.log_step_metrics([(step, metrics)])
 
     def log_step_metrics(self, rows: list[tuple[int, dict[str, float]]]) -> None:
         """Several steps' metrics in one request per 500 values: rows of (step, {name: value})."""
