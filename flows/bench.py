@@ -9,6 +9,7 @@ import typing
 BENCH_COMMANDS = {
     "bench-solver": "Time the solver's full production step (MLUPS)",
     "bench-train": "Time Pix2Pix training (samples/s) against a plain eager fp32 step, in one run",
+    "bench-infer": "Time a rollout step (frames/s), full-frame or map-reduce over workers, against the solver",
 }
 
 
@@ -27,6 +28,15 @@ def positive_int(text: str) -> int:
     if value <= 0:
         raise argparse.ArgumentTypeError(f"{value} must be a positive integer")
     return value
+
+
+def tile_shape(text: str) -> tuple[int, int]:
+    """'S' or 'HxW' -> (H, W) positive ints."""
+    parts = text.lower().split("x")
+    if len(parts) not in (1, 2):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a tile size; write S or HxW, e.g. 64 or 256x576")
+    sides = tuple(positive_int(p) for p in parts)
+    return (sides[0], sides[-1])
 
 
 def add_bench_commands(sub) -> None:
@@ -53,12 +63,37 @@ def add_bench_commands(sub) -> None:
     p.add_argument("--json", action="store_true", help="Print a one-line JSON summary as the last line of stdout")
 
 
+    p = sub.add_parser("bench-infer", help=BENCH_COMMANDS["bench-infer"], description=BENCH_COMMANDS["bench-infer"])
+    p.add_argument("--mode", choices=["full", "mapreduce"], default="mapreduce", help="full: the whole frame on one worker; mapreduce: tiles over the workers (default: mapreduce)")
+    p.add_argument("--workers", type=positive_int, default=1, help="Compute units: CPU cores (one thread each), GPUs or XLA devices (default: 1)")
+    p.add_argument("--device", choices=["cpu", "cuda", "xla"], default="cpu", help="Device kind (default: cpu)")
+    p.add_argument("--size", type=positive_int, default=256, help="Frame height in cells (default: 256)")
+    p.add_argument("--width", type=positive_int, default=None, help="Frame width in cells (default: 4 x size)")
+    p.add_argument("--tile", type=tile_shape, default=None, help="Tile S or HxW, multiples of 2^depth (default: frame height x half the width plus the halo, rounded up)")
+    p.add_argument("--halo", type=int, default=16, help="Pixels each tile reaches into its neighbours (default: 16)")
+    p.add_argument("--group", type=positive_int, default=None, help="Tiles per batch (default: tiles / workers, rounded up)")
+    p.add_argument("--train-size", type=positive_int, default=64, help="Side the generator was trained on; sets its depth log2(S) (default: 64)")
+    p.add_argument("--ngf", type=positive_int, default=64, help="Generator base width (default: 64, the paper's)")
+    p.add_argument("--frames", type=positive_int, default=3, help="Autoregressive steps per timed block (default: 3)")
+    p.add_argument("--repeats", type=positive_int, default=3, help="Timed blocks per configuration; medians are reported (default: 3)")
+    p.add_argument("--frame-stride", type=positive_int, default=1, help="k: the network advances k stored frames per step (default: 1)")
+    p.add_argument("--frame-every", type=positive_int, default=None, help="Solver steps between stored frames (default: 50 x size / 64)")
+    p.add_argument("--no-compare", dest="compare", action="store_false", help="Skip timing full-frame and map-reduce on one worker in the same run")
+    p.add_argument("--json", action="store_true", help="Print a one-line JSON summary as the last line of stdout")
+
+
 def run_bench(args: argparse.Namespace) -> int:
     """Run a parsed bench command; one line on stderr and exit 2 for bad input."""
-    from tasks.bench import bench_solver, bench_train
+    from tasks.bench import bench_infer, bench_solver, bench_train
 
     try:
-        if args.command == "bench-train":
+        if args.command == "bench-infer":
+            if args.halo < 0:
+                raise ValueError(f"--halo {args.halo} is negative; use 0 or more pixels")
+            result = bench_infer(args.mode, args.workers, args.size, args.width, args.tile, args.halo, args.train_size,
+                                 args.ngf, args.group, args.frames, args.repeats, args.frame_stride, args.frame_every,
+                                 args.device, args.compare)
+        elif args.command == "bench-train":
             result = bench_train(args.device, args.size, args.batch_size, args.steps, args.repeats, args.precision,
                                  args.baseline, args.peak_tflops)
         else:

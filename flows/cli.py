@@ -126,9 +126,9 @@ def _preflight(command: str, spec: BaseModel) -> None:
         world, _ = plan_world(spec, probed)
         check_training_input(settings, spec, batch_sizes, world)
     if isinstance(spec, InferSpec):
-        from tasks.infer import resolve_model_run
+        from tasks.infer import check_rollout
 
-        resolve_model_run(settings, spec.model_run)
+        check_rollout(settings, spec, logging.getLogger("karman.cli"))
     if isinstance(spec, ValidateSpec):
         from tasks.validation import setups
 
@@ -137,7 +137,7 @@ def _preflight(command: str, spec: BaseModel) -> None:
 
 def _summary(command: str, result: dict) -> dict:
     if command == "infer":
-        return {k: v for k, v in result.items() if k != "errors"}
+        return {k: v for k, v in result.items() if k not in ("errors", "seam_errors")}
     if command == "validate-solver":  # the benchmark's figures; the checks and the run id are in MLflow
         return {k: v for k, v in result.items() if k not in ("run_id", "checks")}
     if command == "aggregate":

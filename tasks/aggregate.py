@@ -64,16 +64,25 @@ def training_table(runs) -> list[dict]:
 
 
 def inference_table(runs) -> list[dict]:
+    """One row per finished rollout: mode x workers -> frames/s, latency split, accuracy, the solver."""
     rows = []
+    nan = float("nan")
     for r in runs:
         if r.info.status != "FINISHED" or "frames_per_s" not in r.data.metrics:
             continue
         p, m = r.data.params, r.data.metrics
         rows.append({"run": r.info.run_id[:8], "mode": p.get("mode", "?"), "device": p.get("device", "?"),
-                     "frames_per_s": m["frames_per_s"], "cold_step_s": m.get("cold_step_s", float("nan")),
-                     "final_rel_l2_u": m.get("final_rel_l2_u", float("nan")),
-                     "final_rel_l2_vorticity": m.get("final_rel_l2_vorticity", float("nan")),
-                     "steps_below_threshold": int(m.get("steps_below_threshold", 0))})
+                     "workers": int(p.get("workers", 1)), "tiles": int(p.get("tiles", 1)),
+                     "frames_per_s": m["frames_per_s"], "cold_step_s": m.get("cold_step_s", nan),
+                     "compute_s": m.get("latency_compute_s", nan), "split_merge_s": m.get("latency_split_s", nan) + m.get("latency_merge_s", nan),
+                     "transfer_s": m.get("latency_transfer_s", nan), "seam_rel_error": m.get("seam_rel_error", nan),
+                     "final_rel_l2_u": m.get("final_rel_l2_u", nan),
+                     "final_rel_l2_vorticity": m.get("final_rel_l2_vorticity", nan),
+                     "steps_below_threshold": int(m.get("steps_below_threshold", 0)),
+                     "strouhal_pred": m.get("strouhal_pred", nan), "strouhal_ref": m.get("strouhal_ref", nan),
+                     "solver_frames_per_s": m.get("solver_frames_per_s", nan),
+                     "surrogate_vs_solver": m.get("surrogate_vs_solver", nan)})
+    rows.sort(key=lambda row: (row["device"], row["mode"], row["workers"]))
     return rows
 
 

@@ -22,12 +22,26 @@ def resolve_model_run(settings: Settings, model_run: str) -> str:
     return model_run
 
 
+def check_rollout(settings: Settings, spec: InferSpec, log) -> str:
+    """Every check of a rollout request that can run before any work: the model run, its channels
+    against the dataset, the tiling against the frame, the workers against the cores or devices (a
+    probe child for cuda and xla). Returns the model run id; UserError names what is wrong."""
+    from tasks.rollout import check_workers, plan_rollout
+
+    model_run_id = resolve_model_run(settings, spec.model_run)
+    plan_rollout(settings, spec, model_run_id)
+    if spec.device != "cpu":
+        check_workers(spec, run_child("probe", {"device": spec.device}, log, env=device_env(spec.device, spec.workers)))
+    return model_run_id
+
+
 @task(name="rollout")
 def rollout(settings: Settings, spec: InferSpec, parent_run_id: str | None = None) -> dict:
     logger = get_run_logger()
-    model_run_id = resolve_model_run(settings, spec.model_run)
-    tags = {"karman.device": spec.device, "karman.mode": spec.mode, "karman.model_run": model_run_id}
-    with mlflow_run(settings, "infer", f"infer-{spec.mode}-{spec.device}", params=spec.model_dump(), tags=tags, parent_run_id=parent_run_id) as run:
+    model_run_id = check_rollout(settings, spec, logger)
+    tags = {"karman.device": spec.device, "karman.mode": spec.mode, "karman.workers": str(spec.workers), "karman.model_run": model_run_id}
+    name = f"infer-{spec.mode}-{spec.device}-w{spec.workers}"
+    with mlflow_run(settings, "infer", name, params=spec.model_dump(), tags=tags, parent_run_id=parent_run_id) as run:
         job = {"spec": spec.model_dump(), "settings": settings.model_dump(mode="json"), "run_id": run.run_id, "model_run_id": model_run_id}
-        result = run_child("rollout", job, logger, env=device_env(spec.device))
+        result = run_child("rollout", job, logger, env=device_env(spec.device, spec.workers))
     return {**result, "run_id": run.run_id, "model_run_id": model_run_id}

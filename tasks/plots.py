@@ -79,3 +79,27 @@ def coefficient_history(time: np.ndarray, cd: np.ndarray, cl: np.ndarray, path: 
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return path
+
+
+def rollout_animation(pred: np.ndarray, ref: np.ndarray, path: Path, title: str, fps: int = 4) -> Path:
+    """A GIF of (prediction, reference, error) vorticity side by side, one frame per rollout step;
+    pred/ref (N, H, W)."""
+    from matplotlib.animation import FuncAnimation, PillowWriter
+
+    vmax = float(np.percentile(np.abs(ref), 99)) or 1.0
+    height, width = ref.shape[1:]
+    fig, axes = plt.subplots(3, 1, figsize=(6, 3 * 2 * height / width + 1.2))
+    images = [_field(ax, data, label, vmax) for ax, data, label in
+              zip(axes, (pred[0], ref[0], pred[0] - ref[0]), ("predicted", "reference", "error"))]
+    caption = fig.suptitle(f"{title}: step 1", fontsize=9)
+    fig.tight_layout()
+
+    def show(i: int):
+        for im, data in zip(images, (pred[i], ref[i], pred[i] - ref[i])):
+            im.set_data(data)
+        caption.set_text(f"{title}: step {i + 1}")
+        return images
+
+    FuncAnimation(fig, show, frames=len(ref), blit=False).save(path, writer=PillowWriter(fps=fps), dpi=80)
+    plt.close(fig)
+    return path

@@ -1,40 +1,59 @@
-"""Autoregressive rollout of a trained generator, executed inside the child process (tasks.worker)."""
+"""Autoregressive rollout of a trained generator, full-frame or map-reduce tiled over workers, scored
+against the reference solver; executed inside the child process (tasks.worker).
+
+``plan_rollout`` reads only small things (the model's meta.json, the dataset's manifest) and checks
+the request — channels, tiling, workers — so the CLI can refuse bad input before any work starts;
+the child runs the same checks again before loading anything heavy.
+"""
 
 import json
 import logging
+import statistics
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import torch
 
 from models.device import resolve_device
+from models.flow_metrics import relative_l2, strouhal
+from models.inference import Predictor, StepTimes, cpu_cores, make_runner
 from models.nets import NetConfig, build_generator
 from models.solver import vorticity
-from tasks.data import Normalizer, load_frames
+from models.tiling import TilePlan, TilingError
+from tasks.data import INPUTS, OUTPUTS, Normalizer, load_frames
 from tasks.errors import UserError
-from tasks.plots import error_curves, vorticity_panels
+from tasks.plots import error_curves, rollout_animation, vorticity_panels
 from tasks.settings import Settings
+from tasks.simulate import SimulationSpec
 from tasks.specs import InferSpec
+from tasks.store import load_manifest
 from tasks.tracking import Run, client_for
 
 log = logging.getLogger("karman.infer")
 FIELDS = ("u", "v", "p", "vorticity")
+PHASES = ("split", "transfer", "compute", "merge")
 
 
-def relative_l2(pred: np.ndarray, ref: np.ndarray) -> float:
-    return float(np.linalg.norm(pred - ref) / max(np.linalg.norm(ref), 1e-12))
+def _download(settings: Settings, model_run: str, path: str, tmp: str) -> Path:
+    try:
+        return Path(client_for(settings).download_artifacts(model_run, path, tmp))
+    except Exception as exc:
+        raise UserError(f"training run {model_run!r} has no {path} artifact ({type(exc).__name__})") from None
+
+
+def model_meta(settings: Settings, model_run: str) -> dict:
+    """The metadata of a training run's model (network, normaliser, channels, dataset, split)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        return json.loads(_download(settings, model_run, "model/meta.json", tmp).read_text())
 
 
 def load_model(settings: Settings, model_run: str, device) -> tuple[torch.nn.Module, dict]:
     """Generator (eval mode) and its metadata from a training run's 'model' artifact."""
-    client = client_for(settings)
     with tempfile.TemporaryDirectory() as tmp:
-        try:
-            local = Path(client.download_artifacts(model_run, "model", tmp))
-        except Exception as exc:
-            raise UserError(f"training run {model_run!r} has no model artifact ({type(exc).__name__})") from None
+        local = _download(settings, model_run, "model", tmp)
         meta = json.loads((local / "meta.json").read_text())
         state = torch.load(local / "generator.pt", map_location="cpu", weights_only=True)
     generator = build_generator(NetConfig(**meta["net"]))
@@ -42,66 +61,191 @@ def load_model(settings: Settings, model_run: str, device) -> tuple[torch.nn.Mod
     return generator.to(device).eval(), meta
 
 
+@dataclass
+class RolloutPlan:
+    """What a rollout request resolves to, checked: the reference simulation and the tiling."""
+
+    meta: dict
+    dataset: str
+    simulation: str
+    sim_spec: SimulationSpec
+    tiles: TilePlan  # the request's tiling (one tile, the whole frame, in full mode)
+    full_frame: TilePlan | None  # the full-frame plan for the seam error, None if the U-Net can't take the frame
+
+    @property
+    def frame_stride(self) -> int:
+        return int(self.meta["frame_stride"])
+
+
+def plan_rollout(settings: Settings, spec: InferSpec, model_run_id: str, meta: dict | None = None) -> RolloutPlan:
+    """Resolve and check a rollout request; UserError naming the value and what is allowed."""
+    meta = meta or model_meta(settings, model_run_id)
+    net = NetConfig(**meta["net"])
+    dataset = spec.dataset or meta["dataset"]
+    if net.in_channels != len(INPUTS) or net.out_channels != len(OUTPUTS) or list(meta.get("inputs", INPUTS)) != list(INPUTS):
+        raise UserError(f"model run {model_run_id} maps {net.in_channels} channels ({', '.join(meta.get('inputs', []))}) to "
+                        f"{net.out_channels}, but dataset {dataset!r} gives {len(INPUTS)} ({', '.join(INPUTS)}) -> "
+                        f"{len(OUTPUTS)} ({', '.join(OUTPUTS)}); roll it out on data with the model's channels")
+    manifest = load_manifest(settings.dataset_dir(dataset))
+    sims = manifest["simulations"]
+    if spec.simulation:
+        simulation = spec.simulation
+    elif dataset == meta["dataset"]:
+        simulation = (meta["split"]["test"] or meta["split"]["train"])[0]
+    else:
+        simulation = sorted(sims)[0]
+    if simulation not in sims:
+        raise UserError(f"simulation {simulation!r} is not in dataset {dataset!r}; choose one of {', '.join(sorted(sims))}")
+    sim_spec = SimulationSpec(**sims[simulation]["spec"])
+    height, width = sim_spec.ny, sim_spec.nx
+    unit = 2**net.generator_depth
+    full_fits = height % unit == 0 and width % unit == 0
+    if spec.mode == "full":
+        if not full_fits:
+            raise UserError(f"frame {height}x{width} of {simulation} does not fit the model's U-Net (depth {net.generator_depth}: "
+                            f"sides must be multiples of {unit}); use --mode mapreduce with tiles of a multiple of {unit}")
+        tiles = TilePlan(height, width, (height, width), 0, unit)
+    else:
+        tile = tuple(spec.tile) if spec.tile else (net.size, net.size)
+        try:
+            tiles = TilePlan(height, width, (tile[0], tile[-1]), spec.halo, unit)
+        except TilingError as exc:
+            raise UserError(f"tiling of the {height}x{width} frame of {simulation}: {exc}") from None
+    if spec.device == "cpu" and spec.workers > cpu_cores():
+        raise UserError(f"{spec.workers} workers requested but this host has {cpu_cores()} CPU cores; use at most {cpu_cores()}")
+    steps = min(spec.steps, (sim_spec.frames - 1 - spec.start_frame) // int(meta["frame_stride"]))
+    if steps < 1:
+        raise UserError(f"simulation {simulation} has {sim_spec.frames} frames: no rollout step fits after start frame "
+                        f"{spec.start_frame} with frame stride {meta['frame_stride']}")
+    full_frame = TilePlan(height, width, (height, width), 0, unit) if full_fits else None
+    return RolloutPlan(meta, dataset, simulation, sim_spec, tiles, full_frame)
+
+
+def check_workers(spec: InferSpec, probed: dict | None) -> None:
+    """Workers against the devices a probe found (cuda, xla); UserError if there are not that many."""
+    if spec.device == "cpu" or probed is None:
+        return
+    available = int(probed["world_size"])
+    if spec.workers > available:
+        raise UserError(f"{spec.workers} workers requested but {probed['device']} has {available} {spec.device} device(s); use at most {available}")
+    if spec.device == "xla" and spec.workers not in (1, available):
+        raise UserError(f"xla map-reduce shards each batch over all {available} devices; use --workers 1 or {available}")
+
+
+def _probe_point(sim: SimulationSpec) -> tuple[int, int]:
+    """(row, col) two obstacle sizes downstream of the obstacle's centre, inside the frame."""
+    return (min(max(int(round(sim.cy)), 0), sim.ny - 1), min(int(round(sim.cx + 2 * sim.size)), sim.nx - 1))
+
+
 def run_rollout(job: dict) -> dict:
     spec, settings = InferSpec(**job["spec"]), Settings(**job["settings"])
     run = Run(client_for(settings), job["run_id"])
-    if spec.threads:
-        torch.set_num_threads(spec.threads)
-    ctx = resolve_device(spec.device)
-    generator, meta = load_model(settings, job["model_run_id"], ctx.device)
-    norm = Normalizer(**meta["normalizer"])
-    stride = meta["frame_stride"]
-    sim = spec.simulation or (meta["split"]["test"] or meta["split"]["train"])[0]
-    frames = load_frames(settings.dataset_dir(meta["dataset"]), sim)  # (T, 4, H, W)
-    steps = min(spec.steps, (len(frames) - 1 - spec.start_frame) // stride)
-    if steps < 1:
-        raise UserError(f"simulation {sim} has {len(frames)} frames: no rollout step fits after start frame {spec.start_frame} with stride {stride}")
-    mask = frames[0, 3] > 0.5
-    run.log_params({"rollout_simulation": sim, "rollout_steps": steps, "frame_stride": stride, "device_name": ctx.description,
-                    "dataset": meta["dataset"], "dataset_digest": meta["dataset_digest"], "model_run_id": job["model_run_id"]})
+    setup = plan_rollout(settings, spec, job["model_run_id"])
+    ctx = resolve_device(spec.device, data_parallel=spec.device == "xla" and spec.workers > 1)
+    generator, meta = load_model(settings, job["model_run_id"], "cpu")
+    try:
+        predictor = Predictor(setup.tiles, make_runner(generator, ctx, spec.workers), spec.group)
+        reference = (Predictor(setup.full_frame, make_runner(generator, ctx, 1))
+                     if spec.mode == "mapreduce" and setup.full_frame is not None else None)
+    except (ValueError, TilingError) as exc:
+        raise UserError(str(exc)) from None
+    try:
+        return _rollout(spec, settings, run, setup, ctx, predictor, reference, job)
+    finally:
+        if reference is not None:
+            reference.close()
+        predictor.close()
 
-    state = frames[spec.start_frame].copy()  # (4, H, W) physical u, v, p, mask
+
+def _rollout(spec: InferSpec, settings: Settings, run: Run, setup: RolloutPlan, ctx, predictor: Predictor,
+             reference: Predictor | None, job: dict) -> dict:
+    meta, sim, stride = setup.meta, setup.simulation, setup.frame_stride
+    norm = Normalizer(**meta["normalizer"])
+    frames = load_frames(settings.dataset_dir(setup.dataset), sim)  # (T, 4, H, W) physical u, v, p, mask
+    steps = min(spec.steps, (len(frames) - 1 - spec.start_frame) // stride)
+    mask = frames[0, 3] > 0.5
+    plan = setup.tiles
+    run.log_params({"rollout_simulation": sim, "rollout_steps": steps, "frame_stride": stride, "device_name": ctx.description,
+                    "rollout_dataset": setup.dataset, "dataset_digest": meta["dataset_digest"], "model_run_id": job["model_run_id"],
+                    "tile_shape": f"{plan.tile[0]}x{plan.tile[1]}", "tiles": plan.count, "tile_overhead": round(plan.overhead, 4),
+                    "group_size": predictor.group, "frame": f"{plan.height}x{plan.width}"})
+
+    state = frames[spec.start_frame].copy()  # (4, H, W)
     errors = {name: [] for name in FIELDS}
-    keep_pred, keep_ref, keep_labels = [], [], []
-    show = sorted({1, max(1, steps // 2), steps})
-    compute_s, cold_s = 0.0, None
+    seams: list[float] = []
+    latencies: list[float] = []
+    phases: list[StepTimes] = []
+    w_preds, w_refs, probe_pred, probe_ref = [], [], [], []
+    row, col = _probe_point(setup.sim_spec)
     for n in range(1, steps + 1):
-        cond = torch.from_numpy(norm.encode(state[None])).to(ctx.device)  # (1, 4, H, W)
+        cond = norm.encode(state)  # (4, H, W) network units
         t0 = time.perf_counter()
-        with torch.no_grad(), ctx.autocast():
-            out = generator(cond)
-        out = out.float().cpu().numpy()
-        ctx.sync()
-        dt = time.perf_counter() - t0
-        cold_s = dt if cold_s is None else cold_s
-        compute_s += dt if n > 1 else 0.0
-        pred = norm.decode(out[0])  # (3, H, W)
+        out, times = predictor(cond)  # (3, H, W)
+        latencies.append(time.perf_counter() - t0)
+        phases.append(times)
+        pred = norm.decode(out)  # (3, H, W) physical
+        if reference is not None:  # seam error: map-reduce against full-frame on the same input (not timed)
+            full = norm.decode(reference(cond)[0])
+            seams.append(max(relative_l2(pred[c], full[c]) for c in range(len(OUTPUTS))))
         pred[:, mask] = 0.0
         state = np.concatenate([pred, frames[0, 3:4]])
         ref = frames[spec.start_frame + n * stride]
         w_pred, w_ref = vorticity(pred[0], pred[1], mask), vorticity(ref[0], ref[1], mask)
-        step_err = {"u": relative_l2(pred[0], ref[0]), "v": relative_l2(pred[1], ref[1]),
-                    "p": relative_l2(pred[2], ref[2]), "vorticity": relative_l2(w_pred, w_ref)}
-        for k, v in step_err.items():
+        step = {"u": relative_l2(pred[0], ref[0]), "v": relative_l2(pred[1], ref[1]), "p": relative_l2(pred[2], ref[2]),
+                "vorticity": relative_l2(w_pred, w_ref)}
+        for k, v in step.items():
             errors[k].append(v)
-        run.log_metrics({f"rel_l2_{k}": v for k, v in step_err.items()}, step=n)
-        if n in show:
-            keep_pred.append(w_pred)
-            keep_ref.append(w_ref)
-            keep_labels.append(f"step {n}")
-    warm = compute_s / max(steps - 1, 1)
+        metrics = {f"rel_l2_{k}": v for k, v in step.items()} | {"step_latency_s": latencies[-1]}
+        metrics |= {f"{name}_s": getattr(times, name) for name in PHASES}
+        if seams:
+            metrics["step_seam_rel_error"] = seams[-1]
+        run.log_metrics(metrics, step=n)
+        w_preds.append(w_pred)
+        w_refs.append(w_ref)
+        probe_pred.append(pred[1, row, col])
+        probe_ref.append(ref[1, row, col])
+
+    warm = statistics.median(latencies[1:]) if steps > 1 else latencies[0]
+    warm_phases = phases[1:] or phases
+    dt = stride * setup.sim_spec.frame_every * _dt_convective(setup.sim_spec)
+    st_pred, st_ref = strouhal(np.array(probe_pred), dt), strouhal(np.array(probe_ref), dt)
+    from tasks.bench import time_solver
+
+    solver_s, solver_name = time_solver(setup.sim_spec.flow_config(), stride * setup.sim_spec.frame_every, spec.device, spec.workers)
     horizon = next((i + 1 for i, e in enumerate(errors["vorticity"]) if e > spec.error_threshold), None)
-    out_dir = settings.run_dir(job["run_id"])
-    out_dir.mkdir(parents=True, exist_ok=True)
-    run.log_artifact(vorticity_panels(np.stack(keep_pred), np.stack(keep_ref), keep_labels, out_dir / "vorticity_rollout.png",
-                                      f"rollout on {sim}: predicted vs reference vorticity"))
-    run.log_artifact(error_curves(errors, spec.error_threshold, out_dir / "rollout_error.png", f"rollout error on {sim}"))
     summary = {
-        "frames_per_s": 1.0 / warm if warm > 0 else float("inf"), "cold_step_s": cold_s, "warm_step_s": warm,
+        "frames_per_s": 1.0 / warm, "cold_step_s": latencies[0], "warm_step_s": warm,
+        "compile_s": max(latencies[0] - warm, 0.0),
+        **{f"latency_{name}_s": statistics.median(getattr(t, name) for t in warm_phases) for name in PHASES},
         "final_rel_l2_u": errors["u"][-1], "final_rel_l2_vorticity": errors["vorticity"][-1],
         "mean_rel_l2_u": float(np.mean(errors["u"])), "steps_below_threshold": horizon - 1 if horizon else steps,
+        "strouhal_pred": st_pred, "strouhal_ref": st_ref,
+        "strouhal_rel_error": abs(st_pred - st_ref) / st_ref if st_ref == st_ref and st_ref > 0 else float("nan"),
+        "rollout_periods": st_ref * steps * dt if st_ref == st_ref else float("nan"),
+        "solver_frames_per_s": 1.0 / solver_s, "surrogate_vs_solver": solver_s / warm,
+        "crossover_stride": float(np.ceil(warm / (solver_s / stride))),
     }
-    run.log_metrics(summary)
-    log.info("rollout of %d steps on %s: %.1f frames/s warm, final vorticity error %.3f", steps, sim,
-             summary["frames_per_s"], errors["vorticity"][-1])
-    return {**summary, "simulation": sim, "steps": steps, "errors": errors}
+    if seams:
+        summary |= {"seam_rel_error": max(seams), "seam_rel_error_first": seams[0]}
+    run.log_metrics({k: v for k, v in summary.items() if v == v})  # NaN (no frequency found) is left out
+    run.log_params({"solver_compared": solver_name})
+
+    out_dir = settings.run_dir(job["run_id"])
+    out_dir.mkdir(parents=True, exist_ok=True)
+    show = sorted({0, max(0, steps // 2 - 1), steps - 1})
+    run.log_artifact(vorticity_panels(np.stack([w_preds[i] for i in show]), np.stack([w_refs[i] for i in show]),
+                                      [f"step {i + 1}" for i in show], out_dir / "vorticity_rollout.png",
+                                      f"rollout on {sim}: predicted vs reference vorticity"))
+    run.log_artifact(error_curves(errors, spec.error_threshold, out_dir / "rollout_error.png", f"rollout error on {sim}"))
+    run.log_artifact(rollout_animation(np.stack(w_preds), np.stack(w_refs), out_dir / "rollout.gif",
+                                       f"{spec.mode} x{spec.workers} on {sim}"))
+    log.info("%s rollout of %d steps on %s (%d tiles, %d workers): %.2f frames/s warm, solver %.2f frames/s, "
+             "final vorticity error %.3f", spec.mode, steps, sim, plan.count, spec.workers, summary["frames_per_s"],
+             summary["solver_frames_per_s"], errors["vorticity"][-1])
+    return {**summary, "simulation": sim, "steps": steps, "mode": spec.mode, "workers": spec.workers,
+            "tiles": plan.count, "tile": list(plan.tile), "errors": errors, "seam_errors": seams}
+
+
+def _dt_convective(sim: SimulationSpec) -> float:
+    """One solver step in units of D/U (obstacle size over mean inflow), as the dataset's time axis."""
+    return sim.flow_config().u_mean / sim.size

@@ -81,16 +81,27 @@ class TrainSpec(Spec):
 
 
 class InferSpec(Spec):
-    """An autoregressive rollout of a trained generator on a held-out simulation."""
+    """An autoregressive rollout of a trained generator on a held-out simulation, full-frame or
+    map-reduce tiled over several workers."""
 
     model_run: str = Field(default="latest", description="MLflow run id of a training run, or 'latest'")
     device: Literal["cpu", "cuda", "xla"] = Field(default="cpu", description="Device of the rollout")
-    mode: Literal["full"] = Field(default="full", description="full: the whole frame on one device")
+    mode: Literal["full", "mapreduce"] = Field(default="full", description="full: the whole frame on one worker; mapreduce: tiles with a halo, grouped, mapped over the workers, blended back")
+    workers: PositiveInt = Field(default=1, description="Compute units: CPU cores (one thread each), GPUs, or XLA devices (1 or all); full mode uses 1")
+    tile: list[PositiveInt] | None = Field(default=None, min_length=1, max_length=2, description="Tile side, or height,width; multiples of the U-Net's 2^depth; None = the model's training size")
+    halo: int = Field(default=8, ge=0, description="Pixels each tile reaches into its neighbours (the overlap is twice this)")
+    group: PositiveInt | None = Field(default=None, description="Tiles per batch; None = tiles / workers, rounded up (one batch per worker and frame)")
+    dataset: str | None = Field(default=None, pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$", description="Dataset of the reference simulation; None = the model's training dataset")
     steps: PositiveInt = Field(default=20, description="Rollout steps (each advances k frames)")
     simulation: str | None = Field(default=None, description="Simulation id; None = the model's first test simulation")
     start_frame: int = Field(default=0, ge=0, description="Reference frame the rollout starts from")
     error_threshold: PositiveFloat = Field(default=0.1, description="Relative L2 error marking the rollout's useful horizon")
-    threads: PositiveInt | None = Field(default=None, description="CPU threads for torch; None = all cores")
+
+    @model_validator(mode="after")
+    def _one_worker_for_full(self) -> "InferSpec":
+        if self.mode == "full" and self.workers != 1:
+            raise ValueError(f"full-frame runs on one worker, got workers={self.workers}; use mode mapreduce to spread a frame over workers")
+        return self
 
 
 class AggregateSpec(Spec):

@@ -13,7 +13,7 @@ TINY = DemoSpec(
     generate=GenerateSpec(dataset="tiny", reynolds=[40.0, 50.0, 60.0], nx=64, ny=32, size=[6.0], warmup_steps=1500,
                           frames=10, frame_every=40, workers=2),
     train=TrainSpec(dataset="tiny", ngf=8, ndf=8, epochs=2, batch_sizes=[4], threads=1),
-    infer=InferSpec(steps=4, threads=1),
+    infer=InferSpec(steps=4),
     aggregate=AggregateSpec(name="tiny"),
 )
 

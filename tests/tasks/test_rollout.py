@@ -1,0 +1,139 @@
+"""Rollouts through the CLI, as a user runs them: full-frame and map-reduce on CPU and on two virtual
+XLA CPU devices (SPMD), scored against the reference frames; bad requests refused before any work.
+A real zarr dataset, a real training run in a real MLflow store, real child processes."""
+
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+import numpy as np
+import pytest
+from mlflow.tracking import MlflowClient
+
+from tasks.simulate import run_simulation
+from tasks.store import Manifest, consolidate
+from tests.conftest import run_cli
+from tests.flows.test_cli import assert_refused
+from tests.tasks.test_store import tiny_spec
+
+XLA_ENV = {"PJRT_DEVICE": "CPU"}
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    """A working folder with dataset 'tiny' (three 32 x 64 simulations of 16 frames) and one finished
+    training run of a narrow U-Net (depth 5: tiles are multiples of 32); (folder, environment, run id)."""
+    root = tmp_path_factory.mktemp("rollout")
+    env = {"KARMAN_DATA_ROOT": str(root / "data"), "MLFLOW_TRACKING_URI": f"sqlite:///{root / 'mlflow.db'}",
+           "KARMAN_ARTIFACT_ROOT": str(root / "mlartifacts"), "KARMAN_EXPERIMENT": "rollout-tests"}
+    ds_dir = root / "data" / "datasets" / "tiny"
+    manifest = Manifest(ds_dir, {"purpose": "rollout tests"})
+    for re in (40.0, 50.0, 60.0):
+        spec = tiny_spec(nx=64, ny=32, cx=12.0, cy=16.25, size=6.0, reynolds=re, warmup_steps=600, frames=16, frame_every=20, backend="numpy")
+        manifest.add(spec.sim_id, run_simulation(str(ds_dir), spec))
+    consolidate(ds_dir)
+    proc = run_cli("train", "--dataset", "tiny", "--ngf", "8", "--ndf", "8", "--threads", "1", "--epochs", "2",
+                   "--batch-sizes", "4", "--json", cwd=root, env=env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return root, env, json.loads(proc.stdout.strip().splitlines()[-1])["run_id"]
+
+
+def infer(trained, *args, env=None) -> dict:
+    root, base_env, run_id = trained
+    proc = run_cli("infer", "--model-run", run_id, "--steps", "6", *args, "--json", cwd=root, env={**base_env, **(env or {})})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def client(trained) -> MlflowClient:
+    return MlflowClient(tracking_uri=trained[1]["MLFLOW_TRACKING_URI"])
+
+
+@pytest.fixture(scope="module")
+def cpu_full(trained):
+    return infer(trained, "--mode", "full")
+
+
+def test_full_and_mapreduce_rollouts_on_cpu_are_scored_and_logged(trained, cpu_full):
+    tiled = infer(trained, "--mode", "mapreduce", "--workers", "2", "--tile", "32", "--halo", "8")
+    assert cpu_full["tiles"] == 1 and tiled["tiles"] == 3 and tiled["workers"] == 2
+    for result in (cpu_full, tiled):
+        assert result["steps"] == 6 and result["frames_per_s"] > 0 and result["solver_frames_per_s"] > 0
+        assert result["cold_step_s"] >= result["warm_step_s"] * 0.5
+        assert np.isfinite(result["final_rel_l2_vorticity"])
+    # a narrow net trained for two epochs is no oracle, but tiling it changes its output only a little
+    assert 0 < tiled["seam_rel_error"] < 0.5
+    run = client(trained).get_run(tiled["run_id"])
+    assert run.data.params["tile_shape"] == "32x32" and run.data.params["tiles"] == "3"
+    assert run.data.tags["karman.workers"] == "2"
+    metrics = run.data.metrics
+    for name in ("frames_per_s", "latency_split_s", "latency_compute_s", "latency_merge_s", "latency_transfer_s",
+                 "seam_rel_error", "solver_frames_per_s", "surrogate_vs_solver", "compile_s", "strouhal_ref"):
+        assert name in metrics, name
+    history = client(trained).get_metric_history(tiled["run_id"], "step_seam_rel_error")
+    assert [m.step for m in history] == [1, 2, 3, 4, 5, 6]
+    artifacts = {a.path for a in client(trained).list_artifacts(tiled["run_id"])}
+    assert {"rollout.gif", "rollout_error.png", "vorticity_rollout.png"} <= artifacts
+    gif = Path(client(trained).download_artifacts(tiled["run_id"], "rollout.gif", tempfile.mkdtemp()))
+    assert gif.read_bytes()[:6] == b"GIF89a"
+
+
+def test_mapreduce_with_the_whole_frame_as_tile_reproduces_full_frame(trained, cpu_full):
+    whole = infer(trained, "--mode", "mapreduce", "--workers", "2", "--tile", "32,64", "--halo", "4")
+    assert whole["tiles"] == 1 and whole["seam_rel_error"] == 0.0
+    np.testing.assert_allclose(whole["final_rel_l2_u"], cpu_full["final_rel_l2_u"], rtol=1e-6)
+
+
+def test_rollouts_on_two_virtual_xla_devices_match_cpu(trained, cpu_full):
+    full = infer(trained, "--device", "xla", "--mode", "full", env=XLA_ENV)
+    sharded = infer(trained, "--device", "xla", "--mode", "mapreduce", "--workers", "2", "--tile", "32,64", env=XLA_ENV)
+    tiled = infer(trained, "--device", "xla", "--mode", "mapreduce", "--workers", "2", "--tile", "32", "--halo", "8", env=XLA_ENV)
+    for result in (full, sharded):
+        np.testing.assert_allclose(result["final_rel_l2_u"], cpu_full["final_rel_l2_u"], rtol=1e-3)
+        np.testing.assert_allclose(result["mean_rel_l2_u"], cpu_full["mean_rel_l2_u"], rtol=1e-3)
+    assert sharded["seam_rel_error"] < 1e-5  # one tile padded to a group per device: full-frame, sharded
+    assert tiled["tiles"] == 3 and 0 < tiled["seam_rel_error"] < 0.5
+    run = client(trained).get_run(tiled["run_id"])
+    assert "SPMD" in run.data.params["device_name"]
+
+
+def _model_with_three_inputs(trained) -> str:
+    """A finished training run whose model takes u, v, p only (no mask): the tiny run's model files
+    with its metadata changed, logged as a new run in the same store."""
+    root, env, run_id = trained
+    mlflow = client(trained)
+    source = Path(mlflow.download_artifacts(run_id, "model", tempfile.mkdtemp()))
+    meta = json.loads((source / "meta.json").read_text())
+    meta["net"]["in_channels"], meta["inputs"] = 3, ["u", "v", "p"]
+    (source / "meta.json").write_text(json.dumps(meta))
+    original = mlflow.get_run(run_id)
+    run = mlflow.create_run(original.info.experiment_id, tags={k: v for k, v in original.data.tags.items() if k.startswith("karman.")})
+    mlflow.log_artifacts(run.info.run_id, str(source), "model")
+    mlflow.set_terminated(run.info.run_id)
+    return run.info.run_id
+
+
+@pytest.mark.parametrize("args, fragments", [
+    (("--mode", "mapreduce", "--tile", "64"), ("tile height 64 is larger than the frame's height 32",)),
+    (("--mode", "mapreduce", "--tile", "32", "--halo", "16"), ("halo 16 leaves no core in a tile width of 32",)),
+    (("--mode", "mapreduce", "--tile", "48"), ("tile height 48 is not a positive multiple of 32",)),
+    (("--mode", "mapreduce", "--workers", "4096"), ("4096 workers requested but this host has",)),
+    (("--mode", "full", "--workers", "2"), ("full-frame runs on one worker",)),
+    (("--simulation", "nope"), ("simulation 'nope' is not in dataset 'tiny'",)),
+])
+def test_bad_rollout_requests_are_refused_before_any_run(trained, args, fragments):
+    root, env, run_id = trained
+    before = len(client(trained).search_runs([client(trained).get_experiment_by_name("rollout-tests").experiment_id]))
+    assert_refused(run_cli("infer", "--model-run", run_id, *args, cwd=root, env=env), *fragments)
+    after = len(client(trained).search_runs([client(trained).get_experiment_by_name("rollout-tests").experiment_id]))
+    assert after == before  # nothing started
+
+
+def test_unknown_model_runs_and_models_with_other_channels_are_refused(trained):
+    root, env, _ = trained
+    assert_refused(run_cli("infer", "--model-run", "f" * 32, cwd=root, env=env), "unknown model run")
+    other = _model_with_three_inputs(trained)
+    assert_refused(run_cli("infer", "--model-run", other, cwd=root, env=env),
+                   f"model run {other} maps 3 channels (u, v, p)", "dataset 'tiny' gives 4 (u, v, p, mask)")
