@@ -225,7 +225,7 @@ def bench_infer(mode: str = "mapreduce", workers: int = 1, size: int = 256, widt
     import torch
 
     from models.device import resolve_device
-    from models.inference import Predictor, make_runner
+    from models.inference import Predictor, cpu_cores, make_runner
     from models.nets import NetConfig, build_generator
     from models.tiling import TilePlan
 
@@ -233,6 +233,8 @@ def bench_infer(mode: str = "mapreduce", workers: int = 1, size: int = 256, widt
         raise ValueError(f"unknown mode {mode!r}; choose full or mapreduce")
     if mode == "full" and workers != 1:
         raise ValueError(f"full-frame runs on one worker, got --workers {workers}; use --mode mapreduce to spread a frame over workers")
+    if device == "cpu" and workers > cpu_cores():
+        raise ValueError(f"{workers} workers requested but this host has {cpu_cores()} CPU cores; use at most {cpu_cores()}")
     width = width or 4 * size
     net = NetConfig(in_channels=4, out_channels=3, size=train_size, ngf=ngf)
     unit = 2**net.generator_depth
@@ -243,15 +245,12 @@ def bench_infer(mode: str = "mapreduce", workers: int = 1, size: int = 256, widt
     ctx = resolve_device(device, data_parallel=device == "xla" and workers > 1)
     torch.manual_seed(seed)
     model = build_generator(net).to(ctx.device).eval()
-    frame = bench_frame(size, width)
-
     configs = [(mode, workers)]
     if compare:
         configs += [c for c in (("full", 1), ("mapreduce", 1)) if c not in configs and (mode == "mapreduce" or c[0] == "full")]
+    plans = {(m, w): TilePlan(size, width, (size, width) if m == "full" else tile, halo, unit) for m, w in configs}
+    frame = bench_frame(size, width)
     predictors = {}
-    for m, w in configs:
-        plan = TilePlan(size, width, (size, width) if m == "full" else tile, halo, unit)
-        predictors[(m, w)] = Predictor(plan, make_runner(model, ctx, w), group if m == "mapreduce" else None)
 
     def run(key, n: int) -> tuple[float, "StepTimes"]:  # noqa: F821
         state, times = frame, None
@@ -263,6 +262,8 @@ def bench_infer(mode: str = "mapreduce", workers: int = 1, size: int = 256, widt
         return (time.perf_counter() - t0) / n, times
 
     try:
+        for (m, w), plan in plans.items():
+            predictors[(m, w)] = Predictor(plan, make_runner(model, ctx, w), group if m == "mapreduce" else None)
         cold = {key: run(key, 1)[0] for key in predictors}
         blocks = {key: [] for key in predictors}
         phases = {key: [] for key in predictors}

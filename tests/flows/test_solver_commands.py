@@ -76,3 +76,40 @@ def test_bench_train_refuses_an_image_the_unet_cannot_take(workdir):
     proc = run_cli("bench-train", "--size", "48", cwd=workdir)
     assert proc.returncode == 2
     assert proc.stderr.strip().splitlines()[-1].startswith("python -m flows bench-train: error: image size 48x48 does not fit")
+
+
+def test_bench_infer_times_mapreduce_against_full_frame_and_the_solver_in_one_run(workdir):
+    proc = run_cli("bench-infer", "--mode", "mapreduce", "--workers", "2", "--size", "32", "--width", "128", "--train-size", "32",
+                   "--ngf", "8", "--tile", "32x64", "--halo", "8", "--frames", "2", "--repeats", "2", "--json", cwd=workdir)
+    assert proc.returncode == 0, proc.stderr
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert {"frames_per_s", "workers", "mode", "seam_rel_error", "compile_s", "solver_frames_per_s"} <= set(out)
+    assert (out["mode"], out["workers"], out["tiles"], out["tile"]) == ("mapreduce", 2, 3, [32, 64])
+    assert out["frames_per_s"] > 0 and out["full_1_frames_per_s"] > 0 and out["mapreduce_1_frames_per_s"] > 0
+    assert out["mapreduce_1_over_full_1"] == pytest.approx(out["full_1_frames_per_s"] / out["mapreduce_1_frames_per_s"])
+    assert 0 < out["seam_rel_error"] < 0.05  # random weights, halo 8: tiles agree with the full frame closely
+    assert out["solver_steps_per_frame"] == 25 and out["solver_frames_per_s"] > 0  # 50 steps per 64 cells, scaled
+    assert set(out["latency_split_s"]) == {"split", "transfer", "compute", "merge"}
+
+
+def test_bench_infer_full_frame_has_no_seam(workdir):
+    proc = run_cli("bench-infer", "--mode", "full", "--size", "32", "--train-size", "32", "--ngf", "8", "--frames", "1",
+                   "--repeats", "1", "--no-compare", "--json", cwd=workdir)
+    assert proc.returncode == 0, proc.stderr
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert out["seam_rel_error"] == 0.0 and out["tiles"] == 1 and "mapreduce_1_frames_per_s" not in out
+
+
+@pytest.mark.parametrize("args, message", [
+    (("--tile", "48"), "tile height 48 is not a positive multiple of 64"),
+    (("--tile", "512"), "tile height 512 is larger than the frame's height 256"),
+    (("--halo", "-1"), "--halo -1 is negative"),
+    (("--workers", "4096"), "4096 workers requested but this host has"),
+    (("--mode", "full", "--workers", "2"), "full-frame runs on one worker"),
+    (("--tile", "64x"), "argument --tile"),
+])
+def test_bench_infer_refuses_bad_input_with_one_line(workdir, args, message):
+    proc = run_cli("bench-infer", "--ngf", "8", *args, cwd=workdir)
+    assert proc.returncode == 2, proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and message in lines[0], proc.stderr
