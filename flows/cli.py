@@ -16,7 +16,7 @@ from pydantic import BaseModel, ValidationError
 
 from flows.bench import BENCH_COMMANDS, OneLineParser, add_bench_commands, run_bench
 from tasks.errors import UserError
-from tasks.specs import AggregateSpec, DemoSpec, GenerateSpec, InferSpec, TrainSpec, ValidateSpec
+from tasks.specs import AggregateSpec, BenchmarkSpec, DemoSpec, GenerateSpec, InferSpec, TrainSpec, ValidateSpec
 
 EXIT_USAGE = 2
 
@@ -37,8 +37,16 @@ def _choices(annotation) -> tuple[list[str] | None, Callable[[str], Any], bool]:
     return None, str, False
 
 
+def _cli_fields(model: type[BaseModel]) -> dict:
+    """The fields that are command-line options: nested models and mappings are set in the UI or code."""
+    def nested(annotation) -> bool:
+        return (isinstance(annotation, type) and issubclass(annotation, BaseModel)) or typing.get_origin(annotation) is dict
+
+    return {name: field for name, field in model.model_fields.items() if not nested(field.annotation)}
+
+
 def _add_spec_options(parser: argparse.ArgumentParser, model: type[BaseModel]) -> None:
-    for name, field in model.model_fields.items():
+    for name, field in _cli_fields(model).items():
         flag = "--" + name.replace("_", "-")
         annotation = field.annotation
         if annotation is bool:
@@ -53,9 +61,10 @@ def _add_spec_options(parser: argparse.ArgumentParser, model: type[BaseModel]) -
             parser.add_argument(flag, dest=name, default=None, help=help_text + (" — comma-separated" if is_list else "") if help_text else None)
 
 
-def _spec_from_args(model: type[BaseModel], args: argparse.Namespace) -> BaseModel:
-    values = {}
-    for name, field in model.model_fields.items():
+def _spec_from_args(model: type[BaseModel], args: argparse.Namespace, base: BaseModel | None = None) -> BaseModel:
+    """The spec from the command line's options, over ``base``'s values when given."""
+    values = base.model_dump() if base is not None else {}
+    for name, field in _cli_fields(model).items():
         value = getattr(args, name, None)
         if value is None:
             continue
@@ -82,6 +91,7 @@ COMMANDS: dict[str, tuple[type[BaseModel] | None, str]] = {
     "infer": (InferSpec, "Roll a trained model out against the reference solver"),
     "aggregate": (AggregateSpec, "Write comparison tables, figures and a report from MLflow runs"),
     "validate-solver": (ValidateSpec, "Check the solver against the Schäfer-Turek cylinder benchmark"),
+    "benchmark": (BenchmarkSpec, "Run the benchmark matrix: generate, train (devices x batch sizes), roll out (modes x workers), report"),
 }
 
 
@@ -95,6 +105,8 @@ def build_parser() -> argparse.ArgumentParser:
             _add_spec_options(p, model)
         else:
             p.add_argument("--dataset", dest="dataset", default=None, help="Dataset name (default: karman-demo)")
+        if model is BenchmarkSpec:
+            p.add_argument("--quick", action="store_true", help="Start from the quick CPU matrix (the demo's sizes) instead of the full one")
         p.add_argument("--json", action="store_true", help="Print a one-line JSON summary as the last line of stdout")
     add_bench_commands(sub)
     return parser
@@ -129,6 +141,12 @@ def _preflight(command: str, spec: BaseModel) -> None:
         from tasks.infer import check_rollout
 
         check_rollout(settings, spec, logging.getLogger("karman.cli"))
+    if isinstance(spec, BenchmarkSpec):
+        from flows.pipeline import check_deployments
+        from tasks.generate import expand
+
+        expand(spec.generate)
+        check_deployments(spec)
     if isinstance(spec, ValidateSpec):
         from tasks.validation import setups
 
@@ -140,6 +158,8 @@ def _summary(command: str, result: dict) -> dict:
         return {k: v for k, v in result.items() if k not in ("errors", "seam_errors")}
     if command == "validate-solver":  # the benchmark's figures; the checks and the run id are in MLflow
         return {k: v for k, v in result.items() if k not in ("run_id", "checks")}
+    if command == "benchmark":
+        return {k: result[k] for k in ("dataset", "cells", "report", "aggregate_run_id", "failed")}
     if command == "aggregate":
         return {"report": result["report"], "run_id": result["run_id"], "train_rows": len(result["train_rows"]), "infer_rows": len(result["infer_rows"])}
     return result
@@ -160,7 +180,8 @@ def main(argv: list[str] | None = None) -> int:
                 DemoSpec.model_validate(demo.model_dump())
             spec: BaseModel = demo
         else:
-            spec = _spec_from_args(model, args)
+            base = BenchmarkSpec.quick() if getattr(args, "quick", False) else None
+            spec = _spec_from_args(model, args, base)
         _preflight(command, spec)
     except ValidationError as exc:
         print(f"python -m flows {command}: error: {_validation_message(exc)}", file=sys.stderr)

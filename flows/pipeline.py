@@ -1,12 +1,15 @@
 """The pipeline's Prefect flows: generate, train, infer, aggregate, and the demo that chains them."""
 
+import time
+
 from prefect import flow, get_run_logger
 
 from tasks.aggregate import aggregate_runs
+from tasks.cells import cell_error, cell_key, finished_cell, record_failed_cell
 from tasks.generate import run_sweep
 from tasks.infer import rollout
 from tasks.settings import Settings
-from tasks.specs import AggregateSpec, DemoSpec, GenerateSpec, InferSpec, TrainSpec, ValidateSpec
+from tasks.specs import AggregateSpec, BenchmarkSpec, DemoSpec, GenerateSpec, InferSpec, TrainSpec, ValidateSpec
 from tasks.train import check_training_input, log_study_table, plan_world, probe_device, resume_plan, sweep_run, train_model
 from tasks.validation import validate_solver as run_validation
 
@@ -88,3 +91,104 @@ def demo(spec: DemoSpec = DemoSpec()) -> dict:
         "dataset": {"name": data["dataset"], "digest": data["digest"], "path": data["path"], "simulations": len(data["simulations"])},
         "report": report["report"],
     }
+
+
+def deployment_for(kind: str, device: str, pools: dict[str, str]) -> str | None:
+    """'<flow>/<pool>' of the deployment that runs ``kind`` cells on ``device``; None to run them here."""
+    pool = pools.get(device)
+    return None if pool in (None, "local") else f"{kind}/{pool}"
+
+
+def check_deployments(spec: BenchmarkSpec) -> None:
+    """UserError naming every deployment the matrix needs that the Prefect API does not have."""
+    from prefect.client.orchestration import get_client
+    from prefect.exceptions import ObjectNotFound
+
+    from tasks.errors import UserError
+
+    needed = sorted({d for kind, devices in (("train", spec.devices), ("infer", spec.infer_devices)) for device in devices
+                     if (d := deployment_for(kind, device, spec.pools))})
+    if not needed:
+        return
+    from prefect.settings import PREFECT_API_URL
+
+    if not PREFECT_API_URL.value():  # the temporary local API has no deployments
+        raise UserError(f"deployment(s) {', '.join(needed)} not found: no Prefect server is configured (PREFECT_API_URL); "
+                        "start one and deploy (infra/start-prefect-server.sh, prefect deploy --all), or map the device to 'local' in pools")
+    missing = []
+    with get_client(sync_client=True) as client:
+        for name in needed:
+            try:
+                client.read_deployment_by_name(name)
+            except ObjectNotFound:
+                missing.append(name)
+    if missing:
+        raise UserError(f"deployment(s) {', '.join(missing)} not found on the Prefect API; deploy them (prefect deploy --all) "
+                        "or map the device to 'local' in pools")
+
+
+def _run_cell(kind: str, spec, settings: Settings, deployment: str | None) -> dict:
+    """Run one cell as its own flow run unless MLflow already holds its finished run; never raises for
+    a failed cell (the benchmark goes on and the report shows it)."""
+    logger = get_run_logger()
+    done = finished_cell(settings, spec.cell)
+    label = f"{kind} cell {spec.cell}"
+    if done:
+        logger.info("%s: finished run %s found, skipped", label, done["run_id"])
+        return {"cell": spec.cell, "kind": kind, "status": "SKIPPED", "run_id": done["run_id"]}
+    params = {"spec": spec.model_dump(mode="json")}
+    started_ms = int(time.time() * 1000)
+    if deployment:
+        from prefect.deployments import run_deployment
+
+        logger.info("%s: running on deployment %s", label, deployment)
+        flow_run = run_deployment(deployment, parameters=params, as_subflow=True, flow_run_name=f"{kind}-{spec.cell}")
+        ok, message = flow_run.state.is_completed(), flow_run.state.message
+    else:
+        state = (train if kind == "train" else infer)(spec, return_state=True)
+        ok, message = state.is_completed(), state.message
+    done = finished_cell(settings, spec.cell) if ok else None
+    if done is None:
+        error = cell_error(settings, spec.cell, started_ms)
+        if error is None:  # it failed before opening its own run: record one so the report shows it
+            error = message or "no finished run was recorded"
+            params = ({"device": spec.device, "batch_size": spec.batch_sizes[0]} if kind == "train"
+                      else {"device": spec.device, "mode": spec.mode, "workers": spec.workers})
+            record_failed_cell(settings, kind, f"{kind}-{spec.device}-cell-{spec.cell}", spec.cell, error, params)
+        logger.error("%s failed: %s", label, error)
+        return {"cell": spec.cell, "kind": kind, "status": "FAILED", "error": error}
+    return {"cell": spec.cell, "kind": kind, "status": "FINISHED", "run_id": done["run_id"]}
+
+
+@flow(name="benchmark")
+def benchmark(spec: BenchmarkSpec = BenchmarkSpec()) -> dict:
+    """The benchmark matrix: generate, train every (framework, device, batch size) cell, roll the first
+    trained model out in every (device, mode, workers) cell, and aggregate; finished cells are skipped."""
+    settings = _settings()
+    logger = get_run_logger()
+    check_deployments(spec)
+    data = generate(spec.generate)
+    cells = []
+    for framework in spec.frameworks:
+        for device in spec.devices:
+            for batch in spec.batch_sizes:
+                cell = spec.train.model_copy(update={"device": device, "batch_sizes": [batch]})
+                cell = cell.model_copy(update={"cell": cell_key(f"train/{framework}", cell, data["digest"])})
+                cells.append({**_run_cell("train", cell, settings, deployment_for("train", device, spec.pools)),
+                              "framework": framework, "device": device, "batch_size": batch})
+    model = next((c["run_id"] for c in cells if c["status"] != "FAILED"), None)
+    if model is None:
+        logger.error("no training cell finished; the rollout cells are skipped")
+    else:
+        for device, mode, workers in spec.infer_cells():
+            cell = spec.infer.model_copy(update={"model_run": model, "device": device, "mode": mode, "workers": workers})
+            cell = cell.model_copy(update={"cell": cell_key("infer", cell, data["digest"])})
+            cells.append({**_run_cell("infer", cell, settings, deployment_for("infer", device, spec.pools)),
+                          "device": device, "mode": mode, "workers": workers})
+    report = aggregate(spec.aggregate)
+    failed = [c for c in cells if c["status"] == "FAILED"]
+    logger.info("benchmark: %d cells, %d run, %d skipped as finished, %d failed", len(cells),
+                sum(c["status"] == "FINISHED" for c in cells), sum(c["status"] == "SKIPPED" for c in cells), len(failed))
+    return {"dataset": {"name": data["dataset"], "digest": data["digest"]}, "cells": cells, "report": report["report"],
+            "aggregate_run_id": report["run_id"], "failed": len(failed)}
+

@@ -1,6 +1,7 @@
 """Prefect task: comparison tables, figures and a Markdown report over the experiment's runs."""
 
 import datetime as dt
+import re
 from pathlib import Path
 
 from prefect import get_run_logger, task
@@ -96,6 +97,19 @@ def markdown_table(rows: list[dict]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def publish_artifacts(name: str, markdown: str, train_rows: list[dict], infer_rows: list[dict]) -> None:
+    """The report and its tables as Prefect artifacts of the running flow (keys from the report name)."""
+    from prefect.artifacts import create_markdown_artifact, create_table_artifact
+
+    key = re.sub(r"[^a-z0-9-]+", "-", name.lower()).strip("-") or "report"
+    clean = lambda rows: [{k: (None if isinstance(v, float) and v != v else v) for k, v in r.items()} for r in rows]  # noqa: E731
+    create_markdown_artifact(markdown=markdown, key=f"{key}-report", description=f"Kármán Bench report {name}")
+    create_table_artifact(table=clean(train_rows) or [{"status": "no training runs"}], key=f"{key}-training",
+                          description="Training runs: device, batch size, time per epoch, speedup")
+    create_table_artifact(table=clean(infer_rows) or [{"status": "no rollouts"}], key=f"{key}-inference",
+                          description="Rollouts: mode x workers -> frames/s, accuracy, solver comparison")
+
+
 @task(name="aggregate-runs")
 def aggregate_runs(settings: Settings, spec: AggregateSpec, parent_run_id: str | None = None) -> dict:
     logger = get_run_logger()
@@ -123,6 +137,7 @@ def aggregate_runs(settings: Settings, spec: AggregateSpec, parent_run_id: str |
             f"## Failed runs\n\n{len(failed)} failed run(s)" + (": " + ", ".join(f"{r.info.run_name} ({r.info.run_id[:8]})" for r in failed) if failed else "") + "\n"]
     text += [f"![{f.stem}]({f.name})\n" for f in figures]
     report.write_text("\n".join(text))
+    publish_artifacts(spec.name, "\n".join(text), train_rows, infer_rows)
     with mlflow_run(settings, "aggregate", f"aggregate-{spec.name}", params=spec.model_dump(), parent_run_id=parent_run_id) as run:
         run.log_metrics({"train_runs": len(train_rows), "infer_runs": len(infer_rows), "failed_runs": len(failed)})
         for path in [report, *figures]:

@@ -6,7 +6,7 @@ from tasks.child import device_env, run_child
 from tasks.errors import UserError
 from tasks.settings import Settings
 from tasks.specs import InferSpec
-from tasks.tracking import STAGE_TAG, client_for, experiment_id, mlflow_run, training_run
+from tasks.tracking import CELL_TAG, STAGE_TAG, client_for, experiment_id, mlflow_run, training_run
 
 
 def resolve_model_run(settings: Settings, model_run: str) -> str:
@@ -40,8 +40,10 @@ def rollout(settings: Settings, spec: InferSpec, parent_run_id: str | None = Non
     logger = get_run_logger()
     model_run_id = check_rollout(settings, spec, logger)
     tags = {"karman.device": spec.device, "karman.mode": spec.mode, "karman.workers": str(spec.workers), "karman.model_run": model_run_id}
+    if spec.cell:
+        tags[CELL_TAG] = spec.cell
     name = f"infer-{spec.mode}-{spec.device}-w{spec.workers}"
-    with mlflow_run(settings, "infer", name, params=spec.model_dump(), tags=tags, parent_run_id=parent_run_id) as run:
+    with mlflow_run(settings, "infer", name, params=spec.model_dump(exclude={"cell"}), tags=tags, parent_run_id=parent_run_id) as run:
         job = {"spec": spec.model_dump(), "settings": settings.model_dump(mode="json"), "run_id": run.run_id, "model_run_id": model_run_id}
         result = run_child("rollout", job, logger, env=device_env(spec.device, spec.workers))
     return {**result, "run_id": run.run_id, "model_run_id": model_run_id}

@@ -70,6 +70,7 @@ class TrainSpec(Spec):
     threads: PositiveInt | None = Field(default=None, description="CPU threads for torch; None = all cores")
     seed: int = Field(default=0, description="Seed of weights, split and shuffling")
     resume: str | None = Field(default=None, pattern=r"^[0-9a-f]{32}$", description="MLflow run id of an interrupted training run to continue from its last checkpoint (other fields are taken from that run)")
+    cell: str | None = Field(default=None, pattern=r"^[0-9a-f]{16}$", description="Benchmark cell key, set by the benchmark flow: tags the MLflow run so a rerun can skip it")
 
     @field_validator("batch_sizes")
     @classmethod
@@ -96,6 +97,7 @@ class InferSpec(Spec):
     simulation: str | None = Field(default=None, description="Simulation id; None = the model's first test simulation")
     start_frame: int = Field(default=0, ge=0, description="Reference frame the rollout starts from")
     error_threshold: PositiveFloat = Field(default=0.1, description="Relative L2 error marking the rollout's useful horizon")
+    cell: str | None = Field(default=None, pattern=r"^[0-9a-f]{16}$", description="Benchmark cell key, set by the benchmark flow: tags the MLflow run so a rerun can skip it")
 
     @model_validator(mode="after")
     def _one_worker_for_full(self) -> "InferSpec":
@@ -134,3 +136,63 @@ class DemoSpec(Spec):
         if self.train.dataset != self.generate.dataset:
             raise ValueError(f"train.dataset {self.train.dataset!r} must equal generate.dataset {self.generate.dataset!r}")
         return self
+
+
+Device = Literal["cpu", "cuda", "xla"]
+
+
+class BenchmarkSpec(Spec):
+    """The benchmark matrix: generate, then train (frameworks x devices x batch sizes), then roll out
+    (devices x modes x workers) the first trained model, then aggregate. Each cell is its own flow
+    run, tagged in MLflow with a key of its inputs and the dataset digest, so a rerun skips the cells
+    that finished."""
+
+    generate: GenerateSpec = Field(default_factory=GenerateSpec, description="The dataset to simulate (skipped if it exists)")
+    frameworks: list[Literal["torch"]] = Field(default=["torch"], min_length=1, description="Training frameworks (the TensorFlow version is not built yet)")
+    devices: list[Device] = Field(default=["cpu"], min_length=1, description="Training devices: cpu, cuda (a GPU pool), xla (a TPU pool)")
+    batch_sizes: list[PositiveInt] = Field(default=[8, 16, 32, 64], min_length=1, description="Global batch sizes of the training matrix")
+    train: TrainSpec = Field(default_factory=TrainSpec, description="Everything else of a training cell (device and batch size come from the matrix)")
+    infer_devices: list[Device] = Field(default=["cpu"], min_length=1, description="Rollout devices")
+    modes: list[Literal["full", "mapreduce"]] = Field(default=["full", "mapreduce"], min_length=1, description="Rollout modes")
+    workers: list[PositiveInt] = Field(default=[1, 2], min_length=1, description="Workers of map-reduce rollouts (full-frame always uses 1)")
+    infer: InferSpec = Field(default_factory=InferSpec, description="Everything else of a rollout cell (model, device, mode and workers come from the matrix)")
+    aggregate: AggregateSpec = Field(default_factory=lambda: AggregateSpec(name="benchmark"))
+    pools: dict[Device, str] = Field(default={"cuda": "gpu", "xla": "tpu"}, description="Work pool of each device's cells: the cell runs deployment '<train|infer>/<pool>'; a device not listed (or 'local') runs in this flow's process")
+
+    @field_validator("devices", "batch_sizes", "infer_devices", "modes", "workers", "frameworks")
+    @classmethod
+    def _distinct(cls, values: list) -> list:
+        repeated = sorted({v for v in values if values.count(v) > 1}, key=str)
+        if repeated:
+            raise ValueError(f"repeats {', '.join(map(str, repeated))}; each value of the matrix must appear once")
+        return values
+
+    @field_validator("pools")
+    @classmethod
+    def _pool_names(cls, pools: dict) -> dict:
+        import re
+
+        for device, pool in pools.items():
+            if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_-]{0,63}", pool):
+                raise ValueError(f"pool {pool!r} of device {device} is not a work-pool name (letters, digits, - and _)")
+        return pools
+
+    @model_validator(mode="after")
+    def _same_dataset(self) -> "BenchmarkSpec":
+        if self.train.dataset != self.generate.dataset:
+            raise ValueError(f"train.dataset {self.train.dataset!r} must equal generate.dataset {self.generate.dataset!r}")
+        if not self.infer_cells():
+            raise ValueError(f"the rollout matrix has no cells: modes {self.modes} with workers {self.workers} (full-frame runs on 1 worker); add 1 to workers or mapreduce to modes")
+        return self
+
+    def infer_cells(self) -> list[tuple[str, str, int]]:
+        """(device, mode, workers) of every rollout cell; full-frame only at one worker."""
+        return [(d, m, w) for d in self.infer_devices for m in self.modes for w in self.workers if m == "mapreduce" or w == 1]
+
+    @classmethod
+    def quick(cls) -> "BenchmarkSpec":
+        """The demo matrix on CPU: a small sweep, a narrow Pix2Pix at two batch sizes, rollouts full-frame
+        and map-reduce on one and two workers."""
+        return cls(train=TrainSpec(ngf=16, ndf=16, epochs=3), batch_sizes=[4, 8],
+                   infer=InferSpec(steps=10), workers=[1, 2], aggregate=AggregateSpec(name="quick"))
+

@@ -12,6 +12,7 @@ from tasks.settings import Settings
 
 log = logging.getLogger(__name__)
 STAGE_TAG = "karman.stage"
+CELL_TAG = "karman.cell"  # the benchmark cell a run belongs to (a key of its inputs and dataset digest)
 
 
 def _flatten(params: dict[str, Any], prefix: str = "") -> dict[str, str]:

@@ -13,7 +13,7 @@ from tasks.errors import UserError
 from tasks.settings import Settings
 from tasks.specs import TrainSpec
 from tasks.store import load_manifest, write_json_atomic
-from tasks.tracking import client_for, mlflow_run, training_run
+from tasks.tracking import CELL_TAG, client_for, mlflow_run, training_run
 
 JOB_FILE = "job.json"  # the run's configuration, kept with its checkpoint for --resume
 OWNER_FILE = "owner.json"  # host and pid of the process driving the run
@@ -97,8 +97,10 @@ def train_model(settings: Settings, spec: TrainSpec, batch_size: int, world: int
     digest = load_manifest(settings.dataset_dir(spec.dataset))["digest"]
     name = f"train-{spec.device}-b{batch_size}"
     tags = {"karman.device": spec.device, "karman.dataset": spec.dataset, "karman.dataset_digest": digest}
+    if spec.cell:
+        tags[CELL_TAG] = spec.cell
     # batch_size and world_size are logged by the run itself, as they resolved
-    params = None if resume_run_id else spec.model_dump(exclude={"batch_sizes", "resume", "world_size"})
+    params = None if resume_run_id else spec.model_dump(exclude={"batch_sizes", "resume", "world_size", "cell"})
     with mlflow_run(settings, "train", name, params=params, tags=tags, parent_run_id=parent_run_id, reopen=resume_run_id) as run:
         run_dir = settings.run_dir(run.run_id)
         run_dir.mkdir(parents=True, exist_ok=True)

@@ -1,0 +1,14 @@
+#!/usr/bin/env bash
+# A Prefect process worker for one work pool (cpu, gpu or tpu), started in the repository root so that
+# the deployments' flow runs find the code and its .venv. The pool is created if it does not exist.
+# PREFECT_API_URL must point at the Prefect server (default: the one start-prefect-server.sh starts).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+POOL=${1:?usage: infra/start-worker.sh cpu|gpu|tpu}
+case "$POOL" in
+  cpu|gpu|tpu) ;;
+  *) echo "infra/start-worker.sh: error: unknown pool '$POOL'; choose cpu, gpu or tpu" >&2; exit 2 ;;
+esac
+export PREFECT_API_URL=${PREFECT_API_URL:-http://127.0.0.1:4200/api}
+export PREFECT_SERVER_ANALYTICS_ENABLED=${PREFECT_SERVER_ANALYTICS_ENABLED:-false}
+exec .venv/bin/prefect worker start --pool "$POOL" --type process --name "$POOL-$(hostname)"

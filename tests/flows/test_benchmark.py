@@ -1,0 +1,68 @@
+"""The benchmark flow in process against a real Prefect API, a real Dask cluster, real zarr stores and
+a real MLflow store: every cell its own flow run, reruns skip finished cells, a failed cell fails
+alone and shows in the report; bad matrices are refused."""
+
+import pytest
+from mlflow.tracking import MlflowClient
+from pydantic import ValidationError
+
+from tasks.specs import AggregateSpec, BenchmarkSpec, GenerateSpec, InferSpec, TrainSpec
+from tests.conftest import run_cli
+from tests.flows.test_cli import assert_refused
+
+TINY = BenchmarkSpec(
+    generate=GenerateSpec(dataset="tiny", reynolds=[40.0, 50.0, 60.0], nx=64, ny=32, size=[6.0], warmup_steps=1500,
+                          frames=10, frame_every=40, workers=2),
+    train=TrainSpec(dataset="tiny", ngf=8, ndf=8, epochs=1, threads=1),
+    batch_sizes=[4, 500],  # 500 is more than the training pairs: that cell fails, the others go on
+    infer=InferSpec(steps=3, halo=4),
+    modes=["full", "mapreduce"], workers=[1, 2],
+    aggregate=AggregateSpec(name="tiny-bench"),
+)
+
+
+def test_benchmark_runs_every_cell_then_skips_the_finished_ones(workdir, prefect_harness):
+    from flows import pipeline
+
+    first = pipeline.benchmark(TINY)
+    status = {(c["kind"], c.get("batch_size"), c.get("mode"), c.get("workers")): c["status"] for c in first["cells"]}
+    assert status == {("train", 4, None, None): "FINISHED", ("train", 500, None, None): "FAILED",
+                      ("infer", None, "full", 1): "FINISHED", ("infer", None, "mapreduce", 1): "FINISHED",
+                      ("infer", None, "mapreduce", 2): "FINISHED"}
+    assert first["failed"] == 1
+    failed = next(c for c in first["cells"] if c["status"] == "FAILED")
+    assert "batch size 500" in failed["error"]
+    report = (workdir / "data" / "reports" / "tiny-bench" / "report.md").read_text()
+    assert "FAILED" in report and "| mapreduce | cpu | 2 |" in report
+
+    client = MlflowClient()
+    experiment = client.get_experiment_by_name("test").experiment_id
+    runs_before = {r.info.run_id for r in client.search_runs([experiment])}
+    again = pipeline.benchmark(TINY)
+    again_status = {c["cell"]: c["status"] for c in again["cells"]}
+    assert {c["cell"]: c["status"] for c in first["cells"] if c["status"] == "FINISHED"} == {
+        k: "FINISHED" for k, v in again_status.items() if v == "SKIPPED"}
+    new_runs = [client.get_run(r) for r in {r.info.run_id for r in client.search_runs([experiment])} - runs_before]
+    # only the failed cell is tried again (and fails again), plus the new report's run
+    assert sorted(r.data.tags["karman.stage"] for r in new_runs) == ["aggregate", "generate", "train"]
+    finished_ids = {c["run_id"] for c in first["cells"] if c["status"] == "FINISHED"}
+    assert finished_ids == {c["run_id"] for c in again["cells"] if c["status"] == "SKIPPED"}
+
+
+def test_a_matrix_with_no_cells_is_refused():
+    with pytest.raises(ValidationError, match="the rollout matrix has no cells"):
+        BenchmarkSpec(modes=["full"], workers=[2])
+    with pytest.raises(ValidationError, match="repeats 8"):
+        BenchmarkSpec(batch_sizes=[8, 8])
+    with pytest.raises(ValidationError, match="is not a work-pool name"):
+        BenchmarkSpec(pools={"cuda": "gpu pool"})
+
+
+@pytest.mark.parametrize("args, fragments", [
+    (("--modes", "full", "--workers", "2"), ("the rollout matrix has no cells",)),
+    (("--devices", "gpu"), ("--devices", "'cpu', 'cuda' or 'xla'")),
+    (("--batch-sizes", "0"), ("--batch-sizes", "greater than 0")),
+    (("--devices", "cuda"), ("deployment(s) train/gpu not found",)),
+])
+def test_bad_benchmark_requests_are_refused_with_one_line(workdir, args, fragments):
+    assert_refused(run_cli("benchmark", "--quick", *args, cwd=workdir), *fragments)

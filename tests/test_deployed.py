@@ -1,0 +1,137 @@
+"""The benchmark as users drive it: a real Prefect server and MLflow tracking server started by the
+infra scripts on 127.0.0.1 (free ports), ``prefect deploy --all`` from prefect.yaml, a process worker
+on the ``cpu`` pool, and ``benchmark/quick`` triggered through the API as the UI does; the runs and
+the report are then read back from the MLflow server. Everything is shut down, also on failure."""
+
+import os
+import signal
+import socket
+import subprocess
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+import yaml
+from mlflow.tracking import MlflowClient
+
+from tests.conftest import ROOT
+
+VENV_BIN = Path(ROOT) / ".venv" / "bin"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_http(url: str, timeout: float, proc: subprocess.Popen, log: Path) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise AssertionError(f"{proc.args} exited with {proc.returncode}:\n{log.read_text()[-3000:]}")
+        try:
+            with urllib.request.urlopen(url, timeout=2) as response:
+                if response.status == 200:
+                    return
+        except OSError:
+            pass
+        time.sleep(0.5)
+    raise AssertionError(f"{url} did not answer within {timeout} s:\n{log.read_text()[-3000:]}")
+
+
+class Services:
+    """Background processes in their own sessions, each logging to a file; stopped together."""
+
+    def __init__(self, folder: Path, env: dict):
+        self.folder, self.env, self.procs = folder, env, []
+
+    def start(self, name: str, args: list[str], extra_env: dict | None = None) -> tuple[subprocess.Popen, Path]:
+        log = self.folder / f"{name}.log"
+        proc = subprocess.Popen(args, cwd=ROOT, env={**self.env, **(extra_env or {})}, stdout=log.open("w"),
+                                stderr=subprocess.STDOUT, start_new_session=True)
+        self.procs.append(proc)
+        return proc, log
+
+    def stop(self) -> None:
+        for proc in reversed(self.procs):
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGTERM)
+        for proc in reversed(self.procs):
+            try:
+                proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+
+
+def test_quick_prefect_yaml_parameters_are_the_quick_matrix():
+    from tasks.specs import BenchmarkSpec
+
+    deployments = yaml.safe_load((Path(ROOT) / "prefect.yaml").read_text())["deployments"]
+    quick = next(d for d in deployments if d["entrypoint"].endswith(":benchmark") and d["name"] == "quick")
+    assert BenchmarkSpec.model_validate(quick["parameters"]["spec"]) == BenchmarkSpec.quick()
+    assert quick["work_pool"]["name"] == "cpu"
+    nightly = next(d for d in deployments if d["entrypoint"].endswith(":benchmark") and d["name"] == "nightly")
+    assert nightly["schedules"][0]["cron"] == "0 2 * * *"
+    pools = {(d["entrypoint"].rsplit(":", 1)[1], d["name"]): d["work_pool"] for d in deployments}
+    assert pools[("train", "tpu")]["job_variables"]["env"]["PJRT_DEVICE"] == "TPU"
+    assert {pools[("train", p)]["name"] for p in ("cpu", "gpu", "tpu")} == {"cpu", "gpu", "tpu"}
+
+
+@pytest.mark.timeout(1500)
+def test_quick_benchmark_deployed_on_real_servers_and_a_worker(tmp_path):
+    prefect_port, mlflow_port = free_port(), free_port()
+    api = f"http://127.0.0.1:{prefect_port}/api"
+    env = {**os.environ, "PREFECT_HOME": str(tmp_path / "prefect-home"), "PREFECT_API_URL": api,
+           "PREFECT_SERVER_ANALYTICS_ENABLED": "false", "PYTHONPATH": str(ROOT)}
+    env.pop("MLFLOW_TRACKING_URI", None)
+    services = Services(tmp_path, env)
+    try:
+        server, server_log = services.start("prefect-server", ["infra/start-prefect-server.sh"], {"PORT": str(prefect_port)})
+        tracking, tracking_log = services.start("mlflow-server", ["infra/start-mlflow-server.sh"], {
+            "PORT": str(mlflow_port), "MLFLOW_BACKEND_STORE_URI": f"sqlite:///{tmp_path / 'mlflow.db'}",
+            "KARMAN_ARTIFACT_ROOT": str(tmp_path / "mlartifacts")})
+        wait_http(f"{api}/health", 180, server, server_log)
+        wait_http(f"http://127.0.0.1:{mlflow_port}/health", 180, tracking, tracking_log)
+
+        deploy = subprocess.run([str(VENV_BIN / "prefect"), "--no-prompt", "deploy", "--all"], cwd=ROOT, env=env,
+                                capture_output=True, text=True, timeout=300)
+        assert deploy.returncode == 0, deploy.stdout[-3000:] + deploy.stderr[-3000:]
+
+        uri = f"http://127.0.0.1:{mlflow_port}"
+        worker_env = {"MLFLOW_TRACKING_URI": uri, "KARMAN_DATA_ROOT": str(tmp_path / "data"), "KARMAN_EXPERIMENT": "deployed"}
+        worker, worker_log = services.start("worker", ["infra/start-worker.sh", "cpu"], worker_env)
+
+        from prefect.client.orchestration import get_client
+
+        with get_client(sync_client=True) as client:
+            deployment = client.read_deployment_by_name("benchmark/quick")
+            flow_run = client.create_flow_run_from_deployment(deployment.id)  # what the UI's "Quick run" does
+            deadline = time.monotonic() + 1200
+            while time.monotonic() < deadline:
+                state = client.read_flow_run(flow_run.id).state
+                if state is not None and state.is_final():
+                    break
+                assert worker.poll() is None, worker_log.read_text()[-3000:]
+                time.sleep(3)
+            assert state is not None and state.is_completed(), f"{state}\n{worker_log.read_text()[-5000:]}"
+            children = client.read_flow_runs()
+            names = sorted({client.read_flow(r.flow_id).name for r in children})
+        assert {"benchmark", "generate", "train", "infer", "aggregate"} <= set(names)
+
+        mlflow = MlflowClient(tracking_uri=uri)
+        experiment = mlflow.get_experiment_by_name("deployed")
+        runs = mlflow.search_runs([experiment.experiment_id])
+        stages = sorted(r.data.tags.get("karman.stage") for r in runs)
+        assert stages.count("train") == 2 and stages.count("infer") == 3 and "aggregate" in stages
+        assert all(r.info.status == "FINISHED" for r in runs), [(r.info.run_name, r.info.status) for r in runs]
+        aggregate = next(r for r in runs if r.data.tags.get("karman.stage") == "aggregate")
+        artifacts = {a.path for a in mlflow.list_artifacts(aggregate.info.run_id, "report")}
+        assert "report/report.md" in artifacts
+        report = Path(mlflow.download_artifacts(aggregate.info.run_id, "report/report.md", str(tmp_path / "dl"))).read_text()
+        assert "| mapreduce | cpu | 2 |" in report and "Training: device × batch size" in report
+    finally:
+        services.stop()
+    assert all(p.poll() is not None for p in services.procs)
