@@ -5,7 +5,7 @@ import time
 from prefect import flow, get_run_logger
 
 from tasks.aggregate import aggregate_runs
-from tasks.cells import cell_error, cell_key, finished_cell, record_failed_cell
+from tasks.cells import cell_error, cell_key, finished_cell, interrupted_cell, record_failed_cell
 from tasks.generate import run_sweep
 from tasks.infer import rollout
 from tasks.settings import Settings
@@ -136,6 +136,15 @@ def _run_cell(kind: str, spec, settings: Settings, deployment: str | None) -> di
     if done:
         logger.info("%s: finished run %s found, skipped", label, done["run_id"])
         return {"cell": spec.cell, "kind": kind, "status": "SKIPPED", "run_id": done["run_id"]}
+    if kind == "train" and (stale := interrupted_cell(settings, spec.cell)):
+        from tasks.errors import UserError
+
+        try:  # continue from its last checkpoint if it left one here
+            resume_plan(settings, spec.model_copy(update={"resume": stale}))
+            spec = spec.model_copy(update={"resume": stale})
+            logger.info("%s: resuming interrupted run %s from its last checkpoint", label, stale)
+        except UserError as exc:
+            logger.info("%s: earlier run %s cannot be resumed (%s); starting afresh", label, stale, exc)
     params = {"spec": spec.model_dump(mode="json")}
     started_ms = int(time.time() * 1000)
     if deployment:

@@ -50,3 +50,13 @@ def record_failed_cell(settings: Settings, stage: str, name: str, key: str, erro
         client.log_param(run.info.run_id, name_, value)
     client.set_terminated(run.info.run_id, "FAILED")
     return run.info.run_id
+
+
+@task(name="find-interrupted-cell", retries=3, retry_delay_seconds=[2, 5, 15])
+def interrupted_cell(settings: Settings, key: str) -> str | None:
+    """The newest run of cell ``key`` that was left RUNNING (its process was killed) or FAILED, if any."""
+    client = client_for(settings)
+    runs = client.search_runs([experiment_id(client, settings)],
+                              f"tags.`{CELL_TAG}` = '{key}' and attributes.status != 'FINISHED'",
+                              order_by=["attributes.start_time DESC"], max_results=1)
+    return runs[0].info.run_id if runs else None

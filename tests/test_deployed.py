@@ -1,5 +1,6 @@
 """The benchmark as users drive it: a real Prefect server and MLflow tracking server started by the
-infra scripts on 127.0.0.1 (free ports), ``prefect deploy --all`` from prefect.yaml, a process worker
+infra scripts on 127.0.0.1 (free ports), the pools and ``prefect deploy --all`` from prefect.yaml
+(infra/deploy.sh), a process worker
 on the ``cpu`` pool, and ``benchmark/quick`` triggered through the API as the UI does; the runs and
 the report are then read back from the MLflow server. Everything is shut down, also on failure."""
 
@@ -16,9 +17,6 @@ import yaml
 from mlflow.tracking import MlflowClient
 
 from tests.conftest import ROOT
-
-VENV_BIN = Path(ROOT) / ".venv" / "bin"
-
 
 def free_port() -> int:
     with socket.socket() as s:
@@ -96,8 +94,7 @@ def test_quick_benchmark_deployed_on_real_servers_and_a_worker(tmp_path):
         wait_http(f"{api}/health", 180, server, server_log)
         wait_http(f"http://127.0.0.1:{mlflow_port}/health", 180, tracking, tracking_log)
 
-        deploy = subprocess.run([str(VENV_BIN / "prefect"), "--no-prompt", "deploy", "--all"], cwd=ROOT, env=env,
-                                capture_output=True, text=True, timeout=300)
+        deploy = subprocess.run(["infra/deploy.sh"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
         assert deploy.returncode == 0, deploy.stdout[-3000:] + deploy.stderr[-3000:]
 
         uri = f"http://127.0.0.1:{mlflow_port}"
@@ -105,8 +102,9 @@ def test_quick_benchmark_deployed_on_real_servers_and_a_worker(tmp_path):
         worker, worker_log = services.start("worker", ["infra/start-worker.sh", "cpu"], worker_env)
 
         from prefect.client.orchestration import get_client
+        from prefect.settings import PREFECT_API_URL, temporary_settings
 
-        with get_client(sync_client=True) as client:
+        with temporary_settings({PREFECT_API_URL: api}), get_client(sync_client=True) as client:
             deployment = client.read_deployment_by_name("benchmark/quick")
             flow_run = client.create_flow_run_from_deployment(deployment.id)  # what the UI's "Quick run" does
             deadline = time.monotonic() + 1200

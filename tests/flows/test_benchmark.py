@@ -66,3 +66,25 @@ def test_a_matrix_with_no_cells_is_refused():
 ])
 def test_bad_benchmark_requests_are_refused_with_one_line(workdir, args, fragments):
     assert_refused(run_cli("benchmark", "--quick", *args, cwd=workdir), *fragments)
+
+
+def test_a_training_cell_killed_mid_run_is_resumed_by_the_next_benchmark(workdir, prefect_harness):
+    from flows import pipeline
+    from tasks.cells import cell_key
+    from tests.tasks.test_training import kill_after_first_checkpoint
+
+    spec = TINY.model_copy(update={"train": TINY.train.model_copy(update={"epochs": 3}), "batch_sizes": [4],
+                                   "modes": ["full"], "workers": [1]})
+    digest = pipeline.generate(spec.generate)["digest"]
+    cell = spec.train.model_copy(update={"device": "cpu", "batch_sizes": [4]})
+    key = cell_key("train/torch", cell, digest)
+    killed = kill_after_first_checkpoint(workdir, "--ngf", "8", "--ndf", "8", "--epochs", "3", "--threads", "1",
+                                         "--batch-sizes", "4", "--cell", key)
+    assert MlflowClient().get_run(killed).info.status == "RUNNING"  # SIGKILL left it open
+
+    result = pipeline.benchmark(spec)
+    train_cell = next(c for c in result["cells"] if c["kind"] == "train")
+    assert train_cell["cell"] == key and train_cell["status"] == "FINISHED"
+    assert train_cell["run_id"] == killed  # the same run, continued from its checkpoint
+    history = MlflowClient().get_metric_history(killed, "epoch_time_s")
+    assert len({m.step for m in history}) == 3  # every epoch, the ones before the kill and after
