@@ -102,19 +102,36 @@ def test_quick_benchmark_deployed_on_real_servers_and_a_worker(tmp_path):
         worker, worker_log = services.start("worker", ["infra/start-worker.sh", "cpu"], worker_env)
 
         from prefect.client.orchestration import get_client
+        from prefect.exceptions import ObjectNotFound
         from prefect.settings import PREFECT_API_URL, temporary_settings
 
         with temporary_settings({PREFECT_API_URL: api}), get_client(sync_client=True) as client:
+            def wait(flow_run_id, timeout: float = 1200):
+                deadline = time.monotonic() + timeout
+                while time.monotonic() < deadline:
+                    state = client.read_flow_run(flow_run_id).state
+                    if state is not None and state.is_final():
+                        return state
+                    assert worker.poll() is None, worker_log.read_text()[-3000:]
+                    time.sleep(2)
+                raise AssertionError(f"flow run {flow_run_id} not done in {timeout} s:\n{worker_log.read_text()[-5000:]}")
+
             deployment = client.read_deployment_by_name("benchmark/quick")
+            with pytest.raises(ObjectNotFound):
+                client.read_deployment_by_name("benchmark/nope")
+            # parameters the form's schema rejects never become a run
+            with pytest.raises(Exception, match="gpu"):
+                client.create_flow_run_from_deployment(deployment.id, parameters={"spec": {"devices": ["gpu"]}})
+            # checks beyond the schema fail the run at once, with the validation message as its state
+            for parameters, message in (({"modes": ["full"], "workers": [2]}, "the rollout matrix has no cells"),
+                                        ({"devices": ["cpu", "cuda"], "pools": {"cuda": "nope"}}, "deployment(s) train/nope not found")):
+                bad = client.create_flow_run_from_deployment(deployment.id, parameters={"spec": parameters})
+                state = wait(bad.id, 300)
+                assert state.is_failed() and message in (state.message or ""), state
+
             flow_run = client.create_flow_run_from_deployment(deployment.id)  # what the UI's "Quick run" does
-            deadline = time.monotonic() + 1200
-            while time.monotonic() < deadline:
-                state = client.read_flow_run(flow_run.id).state
-                if state is not None and state.is_final():
-                    break
-                assert worker.poll() is None, worker_log.read_text()[-3000:]
-                time.sleep(3)
-            assert state is not None and state.is_completed(), f"{state}\n{worker_log.read_text()[-5000:]}"
+            state = wait(flow_run.id)
+            assert state.is_completed(), f"{state}\n{worker_log.read_text()[-5000:]}"
             children = client.read_flow_runs()
             names = sorted({client.read_flow(r.flow_id).name for r in children})
         assert {"benchmark", "generate", "train", "infer", "aggregate"} <= set(names)
