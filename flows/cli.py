@@ -40,7 +40,7 @@ def _choices(annotation) -> tuple[list[str] | None, Callable[[str], Any], bool]:
 def _cli_fields(model: type[BaseModel]) -> dict:
     """The fields that are command-line options: nested models and mappings are set in the UI or code."""
     def nested(annotation) -> bool:
-        return (isinstance(annotation, type) and issubclass(annotation, BaseModel)) or typing.get_origin(annotation) is dict
+        return isinstance(annotation, type) and issubclass(annotation, BaseModel)
 
     return {name: field for name, field in model.model_fields.items() if not nested(field.annotation)}
 
@@ -51,6 +51,10 @@ def _add_spec_options(parser: argparse.ArgumentParser, model: type[BaseModel]) -
         annotation = field.annotation
         if annotation is bool:
             parser.add_argument(flag, dest=name, action="store_true", default=None, help=field.description)
+            continue
+        if typing.get_origin(annotation) is dict:
+            parser.add_argument(flag, dest=name, default=None, metavar="KEY=VALUE,...",
+                                help=f"{field.description} (default: {','.join(f'{k}={v}' for k, v in field.default.items())})")
             continue
         choices, conv, is_list = _choices(annotation)
         # Scalars stay strings here: pydantic converts and validates them with its own messages.
@@ -69,7 +73,12 @@ def _spec_from_args(model: type[BaseModel], args: argparse.Namespace, base: Base
         if value is None:
             continue
         _, _, is_list = _choices(field.annotation)
-        if is_list:
+        if typing.get_origin(field.annotation) is dict:
+            pairs = [item.split("=", 1) for item in value.split(",") if item.strip()]
+            if any(len(p) != 2 for p in pairs):
+                raise UserError(f"--{name.replace('_', '-')}: {value!r} is not a list of KEY=VALUE pairs, e.g. cuda=gpu,xla=tpu")
+            value = {k.strip(): v.strip() for k, v in pairs}
+        elif is_list:
             value = [v.strip() for v in value.split(",") if v.strip()]
         elif isinstance(value, str) and value.lower() == "none" and type(None) in typing.get_args(field.annotation):
             value = None

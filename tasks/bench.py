@@ -28,15 +28,7 @@ def bench_solver(nx: int, ny: int, steps: int, backend: str = "numba", dtype: st
     """Median MLUPS over ``repeats`` timed runs of ``steps`` steps, after a warm-up that compiles."""
     config = bench_config(nx, ny, dtype)
     solver = ChannelSolver(config, backend=backend, device=device)
-    solver.advance(2)  # compile and touch the memory
-    sync = _synchroniser(backend, device)
-    rates = []
-    for _ in range(repeats):
-        sync()
-        t0 = time.perf_counter()
-        solver.advance(steps)
-        sync()
-        rates.append(nx * ny * steps / (time.perf_counter() - t0) / 1e6)
+    rates = [nx * ny * steps / t / 1e6 for t in _timed_advances(solver, steps, repeats, _synchroniser(backend, device))]
     itemsize = np.dtype(dtype).itemsize
     return {
         "mlups": statistics.median(rates), "backend": backend, "dtype": dtype,
@@ -44,6 +36,19 @@ def bench_solver(nx: int, ny: int, steps: int, backend: str = "numba", dtype: st
         "nx": nx, "ny": ny, "steps": steps, "repeats": repeats, "mlups_runs": [round(r, 1) for r in rates],
         "device": device if backend == "torch" else "cpu",
     }
+
+
+def _timed_advances(solver: ChannelSolver, steps: int, repeats: int, sync) -> list[float]:
+    """Seconds of ``repeats`` runs of ``steps`` steps each, after a warm-up that compiles and touches the memory."""
+    solver.advance(2)
+    runs = []
+    for _ in range(repeats):
+        sync()
+        t0 = time.perf_counter()
+        solver.advance(steps)
+        sync()
+        runs.append(time.perf_counter() - t0)
+    return runs
 
 
 def _synchroniser(backend: str, device: str):
@@ -329,14 +334,7 @@ def time_solver(config: FlowConfig, steps: int, device: str, workers: int, repea
     before = numba.get_num_threads()
     numba.set_num_threads(threads)
     try:
-        solver.advance(2)
-        runs = []
-        for _ in range(repeats):
-            sync()
-            t0 = time.perf_counter()
-            solver.advance(steps)
-            sync()
-            runs.append(time.perf_counter() - t0)
+        runs = _timed_advances(solver, steps, repeats, sync)
     finally:
         numba.set_num_threads(before)
     return statistics.median(runs), name

@@ -12,6 +12,14 @@ DatasetName = Field(
 )
 
 
+def once_each(values: list, what: str) -> list:
+    """``values`` unchanged; ValueError naming the repeated ones if any value appears twice."""
+    repeated = sorted({v for v in values if values.count(v) > 1}, key=str)
+    if repeated:
+        raise ValueError(f"repeats {', '.join(map(str, repeated))}; each {what} must appear once")
+    return values
+
+
 class Spec(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -40,10 +48,7 @@ class GenerateSpec(Spec):
     @field_validator("reynolds", "shapes", "size", "x_position", "y_offset")
     @classmethod
     def _no_repeats(cls, values: list) -> list:
-        repeated = sorted({v for v in values if values.count(v) > 1}, key=str)
-        if repeated:
-            raise ValueError(f"repeats {', '.join(map(str, repeated))}; each value of a sweep must appear once")
-        return values
+        return once_each(values, "value of a sweep")
 
 
 class TrainSpec(Spec):
@@ -75,10 +80,7 @@ class TrainSpec(Spec):
     @field_validator("batch_sizes")
     @classmethod
     def _distinct(cls, values: list[int]) -> list[int]:
-        repeated = sorted({v for v in values if values.count(v) > 1})
-        if repeated:
-            raise ValueError(f"repeats {', '.join(map(str, repeated))}; each batch size of a sweep must appear once")
-        return values
+        return once_each(values, "batch size of a sweep")
 
 
 class InferSpec(Spec):
@@ -162,10 +164,7 @@ class BenchmarkSpec(Spec):
     @field_validator("devices", "batch_sizes", "infer_devices", "modes", "workers", "frameworks")
     @classmethod
     def _distinct(cls, values: list) -> list:
-        repeated = sorted({v for v in values if values.count(v) > 1}, key=str)
-        if repeated:
-            raise ValueError(f"repeats {', '.join(map(str, repeated))}; each value of the matrix must appear once")
-        return values
+        return once_each(values, "value of the matrix")
 
     @field_validator("pools")
     @classmethod

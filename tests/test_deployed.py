@@ -1,9 +1,12 @@
 """The benchmark as users drive it: a real Prefect server and MLflow tracking server started by the
 infra scripts on 127.0.0.1 (free ports), the pools and ``prefect deploy --all`` from prefect.yaml
 (infra/deploy.sh), a process worker
-on the ``cpu`` pool, and ``benchmark/quick`` triggered through the API as the UI does; the runs and
-the report are then read back from the MLflow server. Everything is shut down, also on failure."""
+on the ``cpu`` pool, and ``benchmark/quick`` triggered through the API as the UI does. The worker is
+killed mid-run, a new one started and the run triggered again: finished cells are skipped, the data
+is reused, and the runs and the report are read back from the MLflow server. Everything is shut down,
+also on failure."""
 
+import json
 import os
 import signal
 import socket
@@ -62,6 +65,36 @@ class Services:
             except subprocess.TimeoutExpired:
                 os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait()
+
+
+def kill_tree(pid: int) -> None:
+    """SIGKILL a process and every descendant (a worker, its flow-run process, their children)."""
+    import psutil
+
+    root = psutil.Process(pid)
+    procs = [root, *root.children(recursive=True)]
+    for proc in procs:
+        try:
+            proc.kill()
+        except psutil.NoSuchProcess:
+            pass
+    psutil.wait_procs(procs, timeout=30)
+
+
+def wait_for_finished_train_cell(uri: str, worker: subprocess.Popen, log: Path, timeout: float = 900):
+    """The first FINISHED training run of a benchmark cell in the MLflow server's 'deployed' experiment."""
+    mlflow = MlflowClient(tracking_uri=uri)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        experiment = mlflow.get_experiment_by_name("deployed")
+        if experiment is not None:
+            runs = mlflow.search_runs([experiment.experiment_id], "tags.`karman.stage` = 'train' and attributes.status = 'FINISHED'")
+            runs = [r for r in runs if "karman.cell" in r.data.tags]
+            if runs:
+                return runs[0]
+        assert worker.poll() is None, log.read_text()[-3000:]
+        time.sleep(0.5)
+    raise AssertionError(f"no training cell finished within {timeout} s:\n{log.read_text()[-3000:]}")
 
 
 def test_quick_prefect_yaml_parameters_are_the_quick_matrix():
@@ -129,9 +162,17 @@ def test_quick_benchmark_deployed_on_real_servers_and_a_worker(tmp_path):
                 state = wait(bad.id, 300)
                 assert state.is_failed() and message in (state.message or ""), state
 
-            flow_run = client.create_flow_run_from_deployment(deployment.id)  # what the UI's "Quick run" does
-            state = wait(flow_run.id)
+            # What the UI's "Quick run" does. The worker is killed (with its flow run and every child)
+            # once the first training cell has finished; a new worker and a second run finish the job.
+            first = client.create_flow_run_from_deployment(deployment.id)
+            done_cell = wait_for_finished_train_cell(uri, worker, worker_log)
+            kill_tree(worker.pid)
+            assert not client.read_flow_run(first.id).state.is_completed()
+            worker, worker_log = services.start("worker-2", ["infra/start-worker.sh", "cpu"], worker_env)
+            second = client.create_flow_run_from_deployment(deployment.id)
+            state = wait(second.id)
             assert state.is_completed(), f"{state}\n{worker_log.read_text()[-5000:]}"
+            assert f"finished run {done_cell.info.run_id} found, skipped" in worker_log.read_text()
             children = client.read_flow_runs()
             names = sorted({client.read_flow(r.flow_id).name for r in children})
         assert {"benchmark", "generate", "train", "infer", "aggregate"} <= set(names)
@@ -140,8 +181,14 @@ def test_quick_benchmark_deployed_on_real_servers_and_a_worker(tmp_path):
         experiment = mlflow.get_experiment_by_name("deployed")
         runs = mlflow.search_runs([experiment.experiment_id])
         stages = sorted(r.data.tags.get("karman.stage") for r in runs)
-        assert stages.count("train") == 2 and stages.count("infer") == 3 and "aggregate" in stages
-        assert all(r.info.status == "FINISHED" for r in runs), [(r.info.run_name, r.info.status) for r in runs]
+        finished = [r for r in runs if r.info.status == "FINISHED"]
+        cells = [r.data.tags["karman.cell"] for r in finished if "karman.cell" in r.data.tags]
+        assert len(cells) == 5 and len(set(cells)) == 5  # 2 training + 3 rollout cells, each finished once
+        assert done_cell.info.run_id in {r.info.run_id for r in finished}  # kept, not redone
+        assert sum(r.data.tags.get("karman.stage") == "generate" and r.info.status == "FINISHED" for r in runs) == 2
+        manifest = json.loads((tmp_path / "data" / "datasets" / "karman-demo" / "manifest.json").read_text())
+        assert len(manifest["simulations"]) == 5  # the data written before the kill is intact and was reused
+        assert "5 already complete, 0 to run" in worker_log.read_text()
         aggregate = next(r for r in runs if r.data.tags.get("karman.stage") == "aggregate")
         artifacts = {a.path for a in mlflow.list_artifacts(aggregate.info.run_id, "report")}
         assert "report/report.md" in artifacts

@@ -63,6 +63,10 @@ def test_a_matrix_with_no_cells_is_refused():
     (("--devices", "gpu"), ("--devices", "'cpu', 'cuda' or 'xla'")),
     (("--batch-sizes", "0"), ("--batch-sizes", "greater than 0")),
     (("--devices", "cuda"), ("deployment(s) train/gpu not found",)),
+    (("--devices", "cpu,cuda", "--pools", "cuda=nope"), ("deployment(s) train/nope not found",)),
+    (("--pools", "gpu=x"), ("--pools", "'cpu', 'cuda' or 'xla'")),
+    (("--pools", "cuda"), ("--pools: 'cuda' is not a list of KEY=VALUE pairs",)),
+    (("--pools", "cuda=a b"), ("pool 'a b' of device cuda is not a work-pool name",)),
 ])
 def test_bad_benchmark_requests_are_refused_with_one_line(workdir, args, fragments):
     assert_refused(run_cli("benchmark", "--quick", *args, cwd=workdir), *fragments)
