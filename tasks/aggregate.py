@@ -97,6 +97,20 @@ def markdown_table(rows: list[dict]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def write_html(markdown_path: Path, title: str) -> Path:
+    """``report.html`` beside ``report.md``: the same text, tables and figures, for a browser."""
+    import html
+
+    import markdown
+
+    body = markdown.markdown(markdown_path.read_text(), extensions=["tables"])
+    style = "body{font-family:sans-serif;max-width:70em;margin:2em auto}table{border-collapse:collapse}td,th{border:1px solid #bbb;padding:2px 6px}"
+    out = markdown_path.with_suffix(".html")
+    out.write_text(f"<!doctype html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title>"
+                   f"<style>{style}</style></head><body>{body}</body></html>")
+    return out
+
+
 def publish_artifacts(name: str, markdown: str, train_rows: list[dict], infer_rows: list[dict]) -> None:
     """The report and its tables as Prefect artifacts of the running flow (keys from the report name)."""
     from prefect.artifacts import create_markdown_artifact, create_table_artifact
@@ -126,7 +140,7 @@ def aggregate_runs(settings: Settings, spec: AggregateSpec, parent_run_id: str |
         labels = [f"{r['device']} x{r['world_size']} b{r['batch_size']} ({r['run']})" for r in finished]
         figures.append(bar_chart(labels, [r["time_per_epoch_s"] for r in finished], "time per epoch [s]", out / "train_time_per_epoch.png", "training time per epoch"))
     if infer_rows:
-        labels = [f"{r['mode']} {r['device']} ({r['run']})" for r in infer_rows]
+        labels = [f"{r['mode']} {r['device']} x{r['workers']} ({r['run']})" for r in infer_rows]
         figures.append(bar_chart(labels, [r["frames_per_s"] for r in infer_rows], "frames/s", out / "infer_frames_per_s.png", "rollout throughput"))
     report = out / "report.md"
     text = [f"# Kármán Bench report `{spec.name}`\n", f"Experiment `{settings.experiment}` at `{settings.tracking_uri}`, "
@@ -137,10 +151,11 @@ def aggregate_runs(settings: Settings, spec: AggregateSpec, parent_run_id: str |
             f"## Failed runs\n\n{len(failed)} failed run(s)" + (": " + ", ".join(f"{r.info.run_name} ({r.info.run_id[:8]})" for r in failed) if failed else "") + "\n"]
     text += [f"![{f.stem}]({f.name})\n" for f in figures]
     report.write_text("\n".join(text))
+    html_report = write_html(report, f"Kármán Bench report {spec.name}")
     publish_artifacts(spec.name, "\n".join(text), train_rows, infer_rows)
     with mlflow_run(settings, "aggregate", f"aggregate-{spec.name}", params=spec.model_dump(), parent_run_id=parent_run_id) as run:
         run.log_metrics({"train_runs": len(train_rows), "infer_runs": len(infer_rows), "failed_runs": len(failed)})
-        for path in [report, *figures]:
+        for path in [report, html_report, *figures]:
             run.log_artifact(path, "report")
     logger.info("report with %d training and %d inference rows written to %s", len(train_rows), len(infer_rows), report)
     return {"report": str(report), "run_id": run.run_id, "train_rows": train_rows, "infer_rows": infer_rows}

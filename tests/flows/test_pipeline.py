@@ -42,6 +42,8 @@ def test_demo_flow_logs_every_stage_and_writes_a_report(demo_result, workdir):
     assert [m.step for m in errors] == [1, 2, 3, 4]
     report = (workdir / "data" / "reports" / "tiny" / "report.md").read_text()
     assert "| cpu | 4 |" in report and "| full | cpu |" in report
+    page = (workdir / "data" / "reports" / "tiny" / "report.html").read_text()
+    assert page.startswith("<!doctype html>") and "<table>" in page and "<img" in page
 
 
 def test_rollout_feeds_predictions_back(demo_result, workdir):
