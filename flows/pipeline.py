@@ -161,9 +161,9 @@ def _run_cell(kind: str, spec, settings: Settings, deployment: str | None) -> di
         error = cell_error(settings, spec.cell, started_ms)
         if error is None:  # it failed before opening its own run: record one so the report shows it
             error = message or "no finished run was recorded"
-            params = ({"device": spec.device, "batch_size": spec.batch_sizes[0]} if kind == "train"
-                      else {"device": spec.device, "mode": spec.mode, "workers": spec.workers})
-            record_failed_cell(settings, kind, f"{kind}-{spec.device}-cell-{spec.cell}", spec.cell, error, params)
+            shown = ({"device": spec.device, "batch_size": spec.batch_sizes[0]} if kind == "train"
+                     else {"device": spec.device, "mode": spec.mode, "workers": spec.workers})
+            record_failed_cell(settings, kind, f"{kind}-{spec.device}-cell-{spec.cell}", spec.cell, error, shown)
         logger.error("%s failed: %s", label, error)
         return {"cell": spec.cell, "kind": kind, "status": "FAILED", "error": error}
     return {"cell": spec.cell, "kind": kind, "status": "FINISHED", "run_id": done["run_id"]}

@@ -140,9 +140,9 @@ def _probe_point(sim: SimulationSpec) -> tuple[int, int]:
 def run_rollout(job: dict) -> dict:
     spec, settings = InferSpec(**job["spec"]), Settings(**job["settings"])
     run = Run(client_for(settings), job["run_id"])
-    setup = plan_rollout(settings, spec, job["model_run_id"])
-    ctx = resolve_device(spec.device, data_parallel=spec.device == "xla" and spec.workers > 1)
     generator, meta = load_model(settings, job["model_run_id"], "cpu")
+    setup = plan_rollout(settings, spec, job["model_run_id"], meta)  # the parent checked it; this resolves it
+    ctx = resolve_device(spec.device, data_parallel=spec.device == "xla" and spec.workers > 1)
     try:
         predictor = Predictor(setup.tiles, make_runner(generator, ctx, spec.workers), spec.group)
         reference = (Predictor(setup.full_frame, make_runner(generator, ctx, 1))
