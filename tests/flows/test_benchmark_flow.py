@@ -34,6 +34,15 @@ def test_benchmark_runs_every_cell_then_skips_the_finished_ones(workdir, prefect
     assert "batch size 500" in failed["error"]
     report = (workdir / "data" / "reports" / "tiny-bench" / "report.md").read_text()
     assert "FAILED" in report and "| mapreduce | cpu | 2 |" in report
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey
+
+    keys = ["tiny-bench-report", "tiny-bench-training", "tiny-bench-inference"]
+    with get_client(sync_client=True) as prefect:
+        artifacts = {a.key: a for a in prefect.read_artifacts(artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=keys)))}
+    assert set(artifacts) == set(keys)
+    assert artifacts["tiny-bench-report"].type == "markdown" and "Training: device × batch size" in artifacts["tiny-bench-report"].data
+    assert artifacts["tiny-bench-inference"].type == "table"
 
     client = MlflowClient()
     experiment = client.get_experiment_by_name("test").experiment_id
