@@ -134,8 +134,8 @@ def _run_cell(kind: str, spec, settings: Settings, deployment: str | None) -> di
     done = finished_cell(settings, spec.cell)
     label = f"{kind} cell {spec.cell}"
     if done:
-        logger.info("%s: finished run %s found, skipped", label, done["run_id"])
-        return {"cell": spec.cell, "kind": kind, "status": "SKIPPED", "run_id": done["run_id"]}
+        logger.info("%s: finished run %s found, skipped", label, done)
+        return {"cell": spec.cell, "kind": kind, "status": "SKIPPED", "run_id": done}
     if kind == "train" and (stale := interrupted_cell(settings, spec.cell)):
         from tasks.errors import UserError
 
@@ -166,7 +166,7 @@ def _run_cell(kind: str, spec, settings: Settings, deployment: str | None) -> di
             record_failed_cell(settings, kind, f"{kind}-{spec.device}-cell-{spec.cell}", spec.cell, error, shown)
         logger.error("%s failed: %s", label, error)
         return {"cell": spec.cell, "kind": kind, "status": "FAILED", "error": error}
-    return {"cell": spec.cell, "kind": kind, "status": "FINISHED", "run_id": done["run_id"]}
+    return {"cell": spec.cell, "kind": kind, "status": "FINISHED", "run_id": done}
 
 
 @flow(name="benchmark")

@@ -17,46 +17,47 @@ def cell_key(kind: str, spec: BaseModel, dataset_digest: str) -> str:
     return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:16]
 
 
-@task(name="find-finished-cell", retries=3, retry_delay_seconds=[2, 5, 15])
-def finished_cell(settings: Settings, key: str) -> dict | None:
-    """The newest FINISHED run tagged with cell ``key`` ({run_id, metrics}), or None. Retried: the
-    tracking server may be briefly unreachable."""
+# MLflow calls are retried: the tracking server may be briefly unreachable.
+RETRIES = {"retries": 3, "retry_delay_seconds": [2, 5, 15]}
+
+
+def _newest_run(settings: Settings, key: str, condition: str):
+    """The newest run tagged with cell ``key`` that meets the MLflow filter ``condition``, or None."""
     client = client_for(settings)
-    runs = client.search_runs([experiment_id(client, settings)], f"tags.`{CELL_TAG}` = '{key}' and attributes.status = 'FINISHED'",
+    runs = client.search_runs([experiment_id(client, settings)], f"tags.`{CELL_TAG}` = '{key}' and {condition}",
                               order_by=["attributes.start_time DESC"], max_results=1)
-    if not runs:
-        return None
-    return {"run_id": runs[0].info.run_id, "metrics": dict(runs[0].data.metrics)}
+    return runs[0] if runs else None
 
 
-@task(name="failed-cell-message", retries=3, retry_delay_seconds=[2, 5, 15])
+@task(name="find-finished-cell", **RETRIES)
+def finished_cell(settings: Settings, key: str) -> str | None:
+    """The id of the newest FINISHED run of cell ``key``, or None."""
+    run = _newest_run(settings, key, "attributes.status = 'FINISHED'")
+    return run.info.run_id if run else None
+
+
+@task(name="failed-cell-message", **RETRIES)
 def cell_error(settings: Settings, key: str, since_ms: int) -> str | None:
     """The error tag of the newest run of cell ``key`` started at or after ``since_ms`` (epoch ms), if any."""
-    client = client_for(settings)
-    runs = client.search_runs([experiment_id(client, settings)],
-                              f"tags.`{CELL_TAG}` = '{key}' and attributes.start_time >= {since_ms}",
-                              order_by=["attributes.start_time DESC"], max_results=1)
-    return runs[0].data.tags.get("karman.error") if runs else None
+    run = _newest_run(settings, key, f"attributes.start_time >= {since_ms}")
+    return run.data.tags.get("karman.error") if run else None
 
 
-@task(name="record-failed-cell", retries=3, retry_delay_seconds=[2, 5, 15])
+@task(name="find-interrupted-cell", **RETRIES)
+def interrupted_cell(settings: Settings, key: str) -> str | None:
+    """The newest run of cell ``key`` that was left RUNNING (its process was killed) or FAILED, if any."""
+    run = _newest_run(settings, key, "attributes.status != 'FINISHED'")
+    return run.info.run_id if run else None
+
+
+@task(name="record-failed-cell", **RETRIES)
 def record_failed_cell(settings: Settings, stage: str, name: str, key: str, error: str, params: dict) -> str:
     """A FAILED MLflow run for a cell that failed before opening its own run (refused input, a lost
     worker), so the report lists it; returns its id."""
     client = client_for(settings)
     run = client.create_run(experiment_id(client, settings), run_name=name,
                             tags={STAGE_TAG: stage, CELL_TAG: key, "karman.error": error[:5000]})
-    for name_, value in params.items():
-        client.log_param(run.info.run_id, name_, value)
+    for param, value in params.items():
+        client.log_param(run.info.run_id, param, value)
     client.set_terminated(run.info.run_id, "FAILED")
     return run.info.run_id
-
-
-@task(name="find-interrupted-cell", retries=3, retry_delay_seconds=[2, 5, 15])
-def interrupted_cell(settings: Settings, key: str) -> str | None:
-    """The newest run of cell ``key`` that was left RUNNING (its process was killed) or FAILED, if any."""
-    client = client_for(settings)
-    runs = client.search_runs([experiment_id(client, settings)],
-                              f"tags.`{CELL_TAG}` = '{key}' and attributes.status != 'FINISHED'",
-                              order_by=["attributes.start_time DESC"], max_results=1)
-    return runs[0].info.run_id if runs else None
