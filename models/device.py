@@ -75,6 +75,35 @@ def _autocast(device: torch.device, precision: str) -> Callable[[], ContextManag
     return lambda: torch.autocast(kind, dtype=torch.bfloat16)
 
 
+# glibc mallopt parameters
+_M_TRIM_THRESHOLD, _M_MMAP_MAX = -1, -4
+
+
+def keep_freed_memory() -> bool:
+    """Make this process's C heap keep freed memory for reuse; True if the allocator took it.
+
+    By default glibc serves each block over 32 MiB with a fresh mmap and unmaps it on free, and
+    trims the heap's free top: a training step's large activations and temporaries are then
+    zero-filled page by page by the kernel on every step (on a 2-core VM, 12 s of system time in a
+    70 s training benchmark and about 8% of the step). With mmap off and trimming raised to 2 GiB,
+    freed blocks are reused. Memory is not handed back to the kernel until the process ends, so
+    call this only in processes that run one training or inference job. A no-op (False) on C
+    libraries other than glibc."""
+    import ctypes
+    import ctypes.util
+
+    name = ctypes.util.find_library("c")
+    try:
+        libc = ctypes.CDLL(name) if name else None
+        mallopt = libc.mallopt if libc is not None else None
+        gnu = libc.gnu_get_libc_version if libc is not None else None
+    except (OSError, AttributeError):
+        return False
+    if mallopt is None or gnu is None:
+        return False
+    return bool(mallopt(_M_MMAP_MAX, 0)) and bool(mallopt(_M_TRIM_THRESHOLD, 2**31 - 1))
+
+
 def torchrun_world() -> tuple[int, int, int]:
     """(rank, local rank, world size) from torchrun's environment; (0, 0, 1) outside torchrun."""
     return int(os.environ.get("RANK", 0)), int(os.environ.get("LOCAL_RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))

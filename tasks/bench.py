@@ -4,8 +4,10 @@ plain eager implementation. Imports no Prefect or MLflow, so it runs on any mach
 compute stack (numpy, numba, torch)."""
 
 import contextlib
+import json
 import statistics
 import time
+from pathlib import Path
 
 import numpy as np
 
@@ -88,34 +90,125 @@ def _plain_step(gen, disc, opt_g, opt_d, cond, target, l1_weight: float) -> None
     opt_g.step()
 
 
-def bench_train(device: str = "cpu", size: int = 256, batch_size: int = 1, steps: int = 3, repeats: int = 3,
-                precision: str = "fp32", baseline: bool = True, peak_tflops: float | None = None, seed: int = 0) -> dict:
-    """Training samples/s of the default Pix2Pix networks on synthetic (B, 4, size, size) -> (B, 3, ...)
-    pairs with the trainer's speed options, against the plain eager fp32 step in the same process.
+def _synthetic_batch(batch_size: int, size: int, seed: int):
+    """(cond (B, 4, S, S) with an obstacle mask in channel 3, target (B, 3, S, S)) in network units."""
+    import torch
 
-    Timed blocks of ``steps`` steps alternate between the two (``repeats`` each) so drifts of the
-    machine hit both alike; each side reports the median block. ``compile_s`` is the trainer's first
-    step (warm-up, compilation)."""
-    import statistics
-    import time
+    gen_cpu = torch.Generator().manual_seed(seed)
+    cond = torch.rand(batch_size, 4, size, size, generator=gen_cpu) * 2 - 1
+    cond[:, 3] = torch.where(cond[:, 3] > 0.8, 1.0, -1.0)
+    target = torch.tanh(torch.randn(batch_size, 3, size, size, generator=gen_cpu))
+    return cond, target
+
+
+class _PlainTrainer:
+    """The plain step's networks, optimisers and batch; ``run(n)`` times n steps in seconds."""
+
+    def __init__(self, size: int, batch_size: int, seed: int, ctx):
+        import torch
+
+        from models.nets import NetConfig, build_discriminator, build_generator
+
+        net = NetConfig(in_channels=4, out_channels=3, size=size)
+        torch.manual_seed(seed)
+        self.gen, self.disc = build_generator(net).to(ctx.device), build_discriminator(net).to(ctx.device)
+        self.opt_g = torch.optim.Adam(self.gen.parameters(), lr=2e-4, betas=(0.5, 0.999))
+        self.opt_d = torch.optim.Adam(self.disc.parameters(), lr=2e-4, betas=(0.5, 0.999))
+        self.cond, self.target = (t.to(ctx.device) for t in _synthetic_batch(batch_size, size, seed))
+        self.ctx = ctx
+
+    def run(self, n: int) -> float:
+        self.ctx.sync()
+        t0 = time.perf_counter()
+        for _ in range(n):
+            _plain_step(self.gen, self.disc, self.opt_g, self.opt_d, self.cond, self.target, 100.0)
+            self.ctx.step_end()
+        self.ctx.sync()
+        return time.perf_counter() - t0
+
+
+def plain_step_server() -> None:
+    """Child side of ``_PlainProcess``: a CPU process left with its default settings. Reads one JSON
+    line (size, batch_size, seed, threads), warms up, answers "ready", then for each line holding a
+    step count runs that many plain steps and answers the seconds taken."""
+    import sys
 
     import torch
 
     from models.device import resolve_device
+
+    config = json.loads(sys.stdin.readline())
+    torch.set_num_threads(config["threads"])
+    plain = _PlainTrainer(config["size"], config["batch_size"], config["seed"], resolve_device("cpu"))
+    plain.run(2)
+    print("ready", flush=True)
+    for line in sys.stdin:
+        print(repr(plain.run(int(line))), flush=True)
+
+
+class _PlainProcess:
+    """The plain step in a separate CPU process with default settings (its C heap untouched by
+    ``keep_freed_memory``), driven block by block from the benchmark process."""
+
+    def __init__(self, size: int, batch_size: int, seed: int):
+        import subprocess
+        import sys
+
+        import torch
+
+        self.proc = subprocess.Popen(
+            [sys.executable, "-c", "from tasks.bench import plain_step_server; plain_step_server()"],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, cwd=Path(__file__).resolve().parent.parent)
+        self._send(json.dumps({"size": size, "batch_size": batch_size, "seed": seed, "threads": torch.get_num_threads()}))
+        if self._answer() != "ready":
+            raise RuntimeError("the plain-step process did not start")
+
+    def _send(self, line: str) -> None:
+        self.proc.stdin.write(line + "\n")
+        self.proc.stdin.flush()
+
+    def _answer(self) -> str:
+        line = self.proc.stdout.readline().strip()
+        if not line:
+            raise RuntimeError(f"the plain-step process exited with status {self.proc.wait()}")
+        return line
+
+    def run(self, n: int) -> float:
+        self._send(str(n))
+        return float(self._answer())
+
+    def close(self) -> None:
+        self.proc.stdin.close()
+        if self.proc.wait(timeout=60) != 0:
+            raise RuntimeError(f"the plain-step process exited with status {self.proc.returncode}")
+
+
+def bench_train(device: str = "cpu", size: int = 256, batch_size: int = 1, steps: int = 3, repeats: int = 3,
+                precision: str = "fp32", baseline: bool = True, peak_tflops: float | None = None, seed: int = 0) -> dict:
+    """Training samples/s of the default Pix2Pix networks on synthetic (B, 4, size, size) -> (B, 3, ...)
+    pairs with the trainer's speed options, against the plain eager fp32 step.
+
+    On CPU the trainer's process keeps freed memory (as a training child does, see
+    ``keep_freed_memory``); the plain step runs twice: in a separate process with default settings
+    (``baseline_samples_per_s``, ``speedup``: what a plain script gets) and in the benchmark's own
+    process (``same_process_baseline_samples_per_s``, ``speedup_same_process``: the code's share
+    alone). On GPUs and XLA only the latter, reported as the baseline. Timed blocks of ``steps``
+    steps alternate between the sides (``repeats`` each) so drifts of the machine hit all alike;
+    each side reports its median block. ``compile_s`` is the trainer's first step (warm-up,
+    compilation)."""
+    import torch
+
+    from models.device import keep_freed_memory, resolve_device
     from models.nets import NetConfig
     from models.nets.trainer import OptimConfig, build_trainer, speed_options
 
     net = NetConfig(in_channels=4, out_channels=3, size=size)
     net.check_image(size, size)
     ctx = resolve_device(device, precision)
-    options = speed_options(device, precision)
+    options = speed_options(device, precision) | {"keep_freed_memory": device == "cpu" and keep_freed_memory()}
     torch.manual_seed(seed)
     model = build_trainer(net, OptimConfig(), ctx, options)
-    gen_cpu = torch.Generator().manual_seed(seed)
-    cond = torch.rand(batch_size, 4, size, size, generator=gen_cpu) * 2 - 1  # (B, 4, S, S)
-    cond[:, 3] = torch.where(cond[:, 3] > 0.8, 1.0, -1.0)  # an obstacle mask in network units
-    target = torch.tanh(torch.randn(batch_size, 3, size, size, generator=gen_cpu))  # (B, 3, S, S)
-    cond, target = cond.to(ctx.device), target.to(ctx.device)
+    cond, target = (t.to(ctx.device) for t in _synthetic_batch(batch_size, size, seed))
     if options["channels_last"]:
         cond, target = cond.contiguous(memory_format=torch.channels_last), target.contiguous(memory_format=torch.channels_last)
 
@@ -130,51 +223,48 @@ def bench_train(device: str = "cpu", size: int = 256, batch_size: int = 1, steps
 
     compile_s = run_fast(1)
     run_fast(1)
-    plain = None
-    if baseline:
-        from models.nets import build_discriminator, build_generator
+    sides = {"fast": run_fast}
+    with contextlib.ExitStack() as stack:
+        if baseline:
+            same = _PlainTrainer(size, batch_size, seed, ctx)
+            same.run(2)
+            sides["same"] = same.run
+            if device == "cpu":
+                child = _PlainProcess(size, batch_size, seed)
+                stack.callback(child.close)
+                sides["child"] = child.run
+        times = {key: [] for key in sides}
+        for _ in range(repeats):
+            for key, run in sides.items():
+                times[key].append(run(steps))
 
-        torch.manual_seed(seed)
-        gen, disc = build_generator(net).to(ctx.device), build_discriminator(net).to(ctx.device)
-        opt_g = torch.optim.Adam(gen.parameters(), lr=2e-4, betas=(0.5, 0.999))
-        opt_d = torch.optim.Adam(disc.parameters(), lr=2e-4, betas=(0.5, 0.999))
-        plain_cond, plain_target = cond.contiguous(), target.contiguous()
+    def rate(key: str) -> float:
+        return batch_size * steps / statistics.median(times[key])
 
-        def run_plain(n: int) -> float:
-            ctx.sync()
-            t0 = time.perf_counter()
-            for _ in range(n):
-                _plain_step(gen, disc, opt_g, opt_d, plain_cond, plain_target, 100.0)
-                ctx.step_end()
-            ctx.sync()
-            return time.perf_counter() - t0
+    def runs(key: str) -> list[float]:
+        return [round(batch_size * steps / t, 4) for t in times[key]]
 
-        run_plain(2)
-        plain = []
-    fast = []
-    for _ in range(repeats):
-        if plain is not None:
-            plain.append(run_plain(steps))
-        fast.append(run_fast(steps))
-    rate = batch_size * steps / statistics.median(fast)
     flops = _flops_per_sample(net)
     result = {
-        "samples_per_s": rate, "in_channels": net.in_channels, "out_channels": net.out_channels,
+        "samples_per_s": rate("fast"), "in_channels": net.in_channels, "out_channels": net.out_channels,
         "generator_params": sum(p.numel() for p in model.generator.parameters()),
         "discriminator_params": sum(p.numel() for p in model.discriminator.parameters()),
         "compile_s": compile_s, "device": device, "device_name": ctx.description, "size": size, "batch_size": batch_size,
         "steps": steps, "repeats": repeats, "precision": precision, "options": options,
-        "samples_per_s_runs": [round(batch_size * steps / t, 4) for t in fast],
+        "samples_per_s_runs": runs("fast"),
         "flops_per_sample": flops,
-        "achieved_tflops": flops * rate / 1e12 if flops else None,
+        "achieved_tflops": flops * rate("fast") / 1e12 if flops else None,
     }
-    if plain is not None:
-        base = batch_size * steps / statistics.median(plain)
-        result |= {"baseline_samples_per_s": base, "speedup": rate / base,
-                   "baseline_samples_per_s_runs": [round(batch_size * steps / t, 4) for t in plain]}
+    if baseline:
+        base = "child" if "child" in times else "same"
+        result |= {"baseline_samples_per_s": rate(base), "speedup": rate("fast") / rate(base),
+                   "baseline_samples_per_s_runs": runs(base), "baseline_process": "separate" if base == "child" else "same"}
+        if base == "child":
+            result |= {"same_process_baseline_samples_per_s": rate("same"), "speedup_same_process": rate("fast") / rate("same"),
+                       "same_process_baseline_samples_per_s_runs": runs("same")}
     peak = peak_tflops or _known_peak(ctx, precision)
     result["peak_tflops"] = peak
-    result["mfu"] = flops * rate / (peak * 1e12) if (flops and peak) else None
+    result["mfu"] = flops * rate("fast") / (peak * 1e12) if (flops and peak) else None
     return result
 
 

@@ -24,7 +24,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from models.device import DeviceContext, resolve_device
+from models.device import DeviceContext, keep_freed_memory, resolve_device
 from models.nets import NetConfig, build_generator
 from models.nets.trainer import NoClock, OptimConfig, PhaseClock, build_trainer, speed_options
 from models.solver import vorticity
@@ -162,7 +162,8 @@ def _train(spec: TrainSpec, settings: Settings, batch_size: int, resume: bool, r
     if steps_per_epoch == 0:
         raise UserError(f"batch size {batch_size} exceeds the {len(train)} training pairs of dataset {spec.dataset!r}")
 
-    options = speed_options(spec.device, spec.precision, spec.channels_last, spec.compile)
+    # A training child runs one job: its heap may keep freed memory (no per-step page faults).
+    options = speed_options(spec.device, spec.precision, spec.channels_last, spec.compile) | {"keep_freed_memory": keep_freed_memory()}
     torch.manual_seed(spec.seed)  # the same initial weights on every rank
     model = build_trainer(net, OptimConfig(lr=spec.lr, l1_weight=spec.l1_weight), ctx, options)
     run_dir = settings.run_dir(run_id)

@@ -69,6 +69,11 @@ def test_bench_train_compares_with_the_plain_step_in_one_run(workdir):
     assert out["samples_per_s"] > 0 and out["baseline_samples_per_s"] > 0
     assert out["speedup"] == pytest.approx(out["samples_per_s"] / out["baseline_samples_per_s"])
     assert len(out["samples_per_s_runs"]) == len(out["baseline_samples_per_s_runs"]) == 2
+    # On CPU the plain step also runs in a separate, untuned process; the code-only ratio is kept apart.
+    assert out["baseline_process"] == "separate" and out["options"]["keep_freed_memory"] is True
+    assert out["options"]["winograd"] is True
+    assert out["speedup_same_process"] == pytest.approx(out["samples_per_s"] / out["same_process_baseline_samples_per_s"])
+    assert len(out["same_process_baseline_samples_per_s_runs"]) == 2
     assert out["flops_per_sample"] > 0 and out["mfu"] is None  # no known peak for a CPU
 
 

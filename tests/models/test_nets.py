@@ -120,3 +120,36 @@ def test_discriminator_takes_no_weight_gradient_in_the_generator_step():
     for mine, expected in zip(model.discriminator.parameters(), before.discriminator.parameters()):
         torch.testing.assert_close(mine.grad, expected.grad)
     assert all(p.requires_grad for p in model.discriminator.parameters())
+
+
+_HEAP_PROBE = """
+import sys
+import torch
+from models.device import keep_freed_memory
+
+def resident_mb():
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * 4096 / 2**20
+
+if sys.argv[1] == "keep":
+    assert keep_freed_memory()
+before = resident_mb()
+t = torch.ones(64 * 2**20 // 4)  # 64 MiB, touched
+del t
+print(resident_mb() - before)
+"""
+
+
+@pytest.mark.parametrize("mode,kept", [("keep", True), ("default", False)])
+def test_a_process_that_keeps_freed_memory_does_not_return_large_blocks(mode, kept):
+    """By default glibc unmaps a freed 64 MiB block at once (the next one is zero-faulted afresh);
+    after keep_freed_memory() it stays resident for reuse."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    out = subprocess.run([sys.executable, "-c", _HEAP_PROBE, mode], capture_output=True, text=True,
+                         cwd=Path(__file__).resolve().parents[2])
+    assert out.returncode == 0, out.stderr
+    grown = float(out.stdout.strip().splitlines()[-1])
+    assert (grown > 48) == kept, grown
