@@ -69,6 +69,7 @@ class TrainSpec(Spec):
     precision: Literal["fp32", "bf16"] = Field(default="fp32", description="fp32, or bf16 autocast")
     channels_last: Literal["auto", "on", "off"] = Field(default="auto", description="NHWC memory layout; auto = on for cuda only (slower on CPU)")
     compile: Literal["auto", "on", "off"] = Field(default="auto", description="torch.compile the networks; auto = on for cuda only (slower on CPU)")
+    winograd: Literal["auto", "on", "off"] = Field(default="auto", description="Winograd F(3x3,4x4) for the discriminator's wide stride-1 layer (CPU, fp32 only); auto = on for cpu")
     val_simulations: int = Field(default=0, ge=0, description="Simulations held out for validation")
     test_simulations: int = Field(default=1, ge=0, description="Simulations held out for testing (rollout)")
     max_steps: PositiveInt | None = Field(default=None, description="Stop after this many optimiser steps (smoke runs)")

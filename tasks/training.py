@@ -163,7 +163,7 @@ def _train(spec: TrainSpec, settings: Settings, batch_size: int, resume: bool, r
         raise UserError(f"batch size {batch_size} exceeds the {len(train)} training pairs of dataset {spec.dataset!r}")
 
     # A training child runs one job: its heap may keep freed memory (no per-step page faults).
-    options = speed_options(spec.device, spec.precision, spec.channels_last, spec.compile) | {"keep_freed_memory": keep_freed_memory()}
+    options = speed_options(spec.device, spec.precision, spec.channels_last, spec.compile, spec.winograd) | {"keep_freed_memory": keep_freed_memory()}
     torch.manual_seed(spec.seed)  # the same initial weights on every rank
     model = build_trainer(net, OptimConfig(lr=spec.lr, l1_weight=spec.l1_weight), ctx, options)
     run_dir = settings.run_dir(run_id)

@@ -130,11 +130,12 @@ class Pix2Pix(nn.Module):
         return {"loss_d": loss_d.detach(), "loss_g_gan": loss_gan.detach(), "loss_l1": loss_l1.detach()}
 
 
-def speed_options(device: str, precision: str = "fp32", channels_last: str = "auto", compile: str = "auto") -> dict:
-    """The trainer's speed choices for a device kind; ``channels_last`` and ``compile`` ("auto", "on",
-    "off") override the device's default."""
+def speed_options(device: str, precision: str = "fp32", channels_last: str = "auto", compile: str = "auto",
+                  winograd: str = "auto") -> dict:
+    """The trainer's speed choices for a device kind; ``channels_last``, ``compile`` and ``winograd``
+    ("auto", "on", "off") override the device's default."""
     options = _default_options(device)
-    for name, choice in (("channels_last", channels_last), ("compile", compile)):
+    for name, choice in (("channels_last", channels_last), ("compile", compile), ("winograd", winograd)):
         if choice not in ("auto", "on", "off"):
             raise ValueError(f"unknown {name} choice {choice!r}; choose auto, on or off")
         if choice != "auto":

@@ -93,7 +93,8 @@ def assert_same_weights(a: dict, b: dict, atol: float = 0.0) -> None:
 
 
 def test_cpu_run_killed_mid_training_resumes_to_the_uninterrupted_result(trainable):
-    args = (*NET, "--epochs", "12", "--batch-sizes", "4")
+    # ndf 16 makes D's stride-1 layer 64 -> 128 channels, wide enough for its Winograd path on CPU
+    args = ("--ngf", "8", "--ndf", "16", "--threads", "1", "--epochs", "12", "--batch-sizes", "4")
     whole = train(trainable, *args)
     killed = kill_after_first_checkpoint(trainable, *args)
     assert client().get_run(killed).info.status == "RUNNING"  # SIGKILL left no chance to close it
@@ -106,6 +107,8 @@ def test_cpu_run_killed_mid_training_resumes_to_the_uninterrupted_result(trainab
     p, m = run.data.params, run.data.metrics
     assert (p["framework"], p["device"], p["world_size"], p["batch_size"], p["precision"]) == ("torch", "cpu", "1", "4", "fp32")
     assert p["image_height"] == "32" and p["image_width"] == "64" and p["code_version"].count("src:") == 1
+    speed = json.loads(p["speed"])
+    assert speed["winograd"] is True and speed["keep_freed_memory"] is True and speed["fused_adam"] is True
     assert {"forward_s", "backward_s", "optimizer_s", "data_wait_fraction", "peak_memory_mb", "warmup_s"} <= set(m)
     assert any(k.startswith("system/") for k in m), "no system metrics"
     assert {a.path for a in client().list_artifacts(killed)} >= {"model", "sample_predictions.png"}
