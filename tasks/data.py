@@ -72,6 +72,41 @@ class Normalizer:
         return y * s + c
 
 
+def training_net(height: int, width: int, crop: int | None, depth: int | None = None, **widths):
+    """The NetConfig a training run uses on frames of height × width: its size is the crop side, or
+    the frames' shorter side when training on whole frames. UserError when the frames or the crop do
+    not fit the U-Net. ``widths``: ngf, ndf, norm."""
+    from models.nets import NetConfig
+
+    side = crop or min(height, width)
+    if crop and crop > min(height, width):
+        raise UserError(f"crop {crop} does not fit the {height}x{width} frames; use at most {min(height, width)}")
+    net = NetConfig(in_channels=len(INPUTS), out_channels=len(OUTPUTS), size=side, depth=depth, **widths)
+    try:
+        net.check_image(*((crop, crop) if crop else (height, width)))
+    except ValueError as exc:
+        raise UserError(f"crop {crop}: {exc}" if crop else str(exc)) from None
+    return net
+
+
+def crop_offsets(batch_size: int, height: int, width: int, side: int, seed: int, epoch: int, step: int) -> np.ndarray:
+    """(B, 2) top-left corners of one batch's random side × side crops: a function of (seed, epoch,
+    step) only, so every rank (each taking its slice of the global batch) and a resumed run agree."""
+    rng = np.random.default_rng([seed, epoch, step, 1])
+    return np.stack([rng.integers(0, height - side + 1, batch_size), rng.integers(0, width - side + 1, batch_size)], axis=1)
+
+
+def crop_pairs(cond: np.ndarray, target: np.ndarray, corners: np.ndarray, side: int) -> tuple[np.ndarray, np.ndarray]:
+    """Crops (B, C, side, side) of cond and target, sample i at corners[i] = (row, column)."""
+    rows = corners[:, 0, None] + np.arange(side)  # (B, side)
+    cols = corners[:, 1, None] + np.arange(side)
+    b = np.arange(len(corners))[:, None, None]
+
+    def take(x: np.ndarray) -> np.ndarray:  # (B, C, H, W) -> (B, C, side, side)
+        return np.ascontiguousarray(x.transpose(0, 2, 3, 1)[b, rows[:, :, None], cols[:, None, :]].transpose(0, 3, 1, 2))
+    return take(cond), take(target)
+
+
 def load_frames(dataset_dir: Path, sim_id: str) -> np.ndarray:
     """All frames of one simulation as (T, 4, H, W) float32: u, v, p, mask (one simulation only:
     the rollout's reference; training reads through PairSource)."""

@@ -40,18 +40,13 @@ def plan_world(spec: TrainSpec, probed: dict | None) -> tuple[int, int]:
 def check_training_input(settings: Settings, spec: TrainSpec, batch_sizes: list[int], world: int) -> None:
     """What can be refused before any run starts (reads the dataset's metadata only): the frames must
     fit the U-Net, and each batch must split over the devices and fit in the training pairs."""
-    from models.nets import NetConfig
-    from tasks.data import PairSource, split_simulations
+    from tasks.data import PairSource, split_simulations, training_net
 
     dataset_dir = settings.dataset_dir(spec.dataset)
     manifest = load_manifest(dataset_dir)
     split = split_simulations(list(manifest["simulations"]), spec.val_simulations, spec.test_simulations, spec.seed)
     source = PairSource(dataset_dir, split["train"], spec.frame_stride)
-    h, w = source.height, source.width
-    try:
-        NetConfig(size=min(h, w), depth=spec.depth).check_image(h, w)
-    except ValueError as exc:
-        raise UserError(str(exc)) from None
+    training_net(source.height, source.width, spec.crop, spec.depth)
     for b in batch_sizes:
         if b % world:
             raise UserError(f"batch size {b} does not split evenly over {world} devices; use a multiple of {world}")

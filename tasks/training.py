@@ -25,10 +25,10 @@ import numpy as np
 import torch
 
 from models.device import DeviceContext, keep_freed_memory, resolve_device
-from models.nets import NetConfig, build_generator
+from models.nets import build_generator
 from models.nets.trainer import NoClock, OptimConfig, PhaseClock, build_trainer, speed_options
 from models.solver import vorticity
-from tasks.data import INPUTS, OUTPUTS, Normalizer, PairSource, epoch_order, split_simulations
+from tasks.data import INPUTS, OUTPUTS, Normalizer, PairSource, crop_offsets, crop_pairs, epoch_order, split_simulations, training_net
 from tasks.errors import RunFailed, UserError
 from tasks.plots import vorticity_panels
 from tasks.settings import Settings
@@ -152,12 +152,7 @@ def _train(spec: TrainSpec, settings: Settings, batch_size: int, resume: bool, r
     split = split_simulations(list(manifest["simulations"]), spec.val_simulations, spec.test_simulations, spec.seed)
     train = PairSource(dataset_dir, split["train"], spec.frame_stride)
     norm = Normalizer.fit(train)  # streamed over the training simulations' frames
-    net = NetConfig(in_channels=len(INPUTS), out_channels=len(OUTPUTS), size=min(train.height, train.width),
-                    depth=spec.depth, ngf=spec.ngf, ndf=spec.ndf, norm=spec.norm)
-    try:
-        net.check_image(train.height, train.width)
-    except ValueError as exc:
-        raise UserError(str(exc)) from None
+    net = training_net(train.height, train.width, spec.crop, spec.depth, ngf=spec.ngf, ndf=spec.ndf, norm=spec.norm)
     steps_per_epoch = len(train) // batch_size
     if steps_per_epoch == 0:
         raise UserError(f"batch size {batch_size} exceeds the {len(train)} training pairs of dataset {spec.dataset!r}")
@@ -211,6 +206,9 @@ def _train(spec: TrainSpec, settings: Settings, batch_size: int, resume: bool, r
             for step in range(steps_per_epoch):
                 t0 = time.perf_counter()
                 cond, target = next(batches)
+                if spec.crop:  # this rank's slice of the global batch's crops
+                    corners = crop_offsets(batch_size, train.height, train.width, spec.crop, spec.seed, epoch, step)[lo:hi]
+                    cond, target = crop_pairs(cond, target, corners, spec.crop)
                 cond = ctx.shard(_to_device(cond, ctx, options))  # (B, 4, H, W)
                 target = ctx.shard(_to_device(target, ctx, options))  # (B, 3, H, W)
                 t1 = time.perf_counter()
@@ -286,7 +284,7 @@ def _finish(spec, settings, run, run_dir, model, net, norm, train, manifest, spl
     run.log_artifact(model_dir, "model")
     cpu_generator = build_generator(net)
     cpu_generator.load_state_dict(generator_state)
-    run.log_artifact(_sample_figure(cpu_generator, train, norm, run_dir / "sample_predictions.png"))
+    run.log_artifact(_sample_figure(cpu_generator, train, norm, run_dir / "sample_predictions.png", 2**net.generator_depth))
     epochs = history["epoch_s"]
     steady = epochs[1:] or epochs  # the first epoch carries the warm-up
     time_per_epoch = float(np.median(steady))
@@ -300,11 +298,14 @@ def _finish(spec, settings, run, run_dir, model, net, norm, train, manifest, spl
 
 
 @torch.no_grad()
-def _sample_figure(generator, source: PairSource, norm: Normalizer, path: Path) -> Path:
+def _sample_figure(generator, source: PairSource, norm: Normalizer, path: Path, unit: int) -> Path:
     """Vorticity of one-step predictions against targets for three training pairs (on the CPU)."""
     generator.eval()
     picks = np.linspace(0, len(source) - 1, 3).astype(int)
     cond, ref = source.physical(picks)  # (3, 4, H, W), (3, 3, H, W)
+    # A model trained on crops may not take whole frames: show the largest corner it takes.
+    h, w = cond.shape[-2] - cond.shape[-2] % unit, cond.shape[-1] - cond.shape[-1] % unit
+    cond, ref = cond[..., :h, :w], ref[..., :h, :w]
     pred = norm.decode(generator(torch.from_numpy(norm.encode(cond))).float().numpy())  # (3, 3, H, W)
     mask = cond[:, 3] > 0.5
     w_pred = vorticity(pred[:, 0], pred[:, 1], mask)

@@ -210,3 +210,39 @@ def test_bad_sources_are_clear_errors(dataset):
         PairSource(root, [ids[0], "circle-re99-missing"], 1)
     with pytest.raises(UserError, match="too few frames for frame stride 9"):
         PairSource(root, ids, 9)
+
+
+def test_crops_are_the_slices_at_their_corners():
+    from tasks.data import crop_pairs
+
+    rng = np.random.default_rng(0)
+    cond, target = rng.normal(size=(3, 4, 10, 14)).astype(np.float32), rng.normal(size=(3, 3, 10, 14)).astype(np.float32)
+    corners = np.array([[0, 0], [2, 7], [6, 10]])
+    c, t = crop_pairs(cond, target, corners, 4)
+    assert c.shape == (3, 4, 4, 4) and t.shape == (3, 3, 4, 4) and c.flags.c_contiguous
+    for i, (r, q) in enumerate(corners):
+        np.testing.assert_array_equal(c[i], cond[i, :, r:r + 4, q:q + 4])
+        np.testing.assert_array_equal(t[i], target[i, :, r:r + 4, q:q + 4])
+
+
+def test_crop_corners_depend_on_seed_epoch_and_step_only_and_cover_the_frame():
+    from tasks.data import crop_offsets
+
+    a = crop_offsets(8, 32, 64, 16, seed=3, epoch=2, step=5)
+    np.testing.assert_array_equal(a, crop_offsets(8, 32, 64, 16, seed=3, epoch=2, step=5))
+    assert not np.array_equal(a, crop_offsets(8, 32, 64, 16, seed=3, epoch=2, step=6))
+    many = np.concatenate([crop_offsets(8, 32, 64, 16, 0, 1, s) for s in range(200)])
+    assert many[:, 0].min() == 0 and many[:, 0].max() == 32 - 16
+    assert many[:, 1].min() == 0 and many[:, 1].max() == 64 - 16
+
+
+def test_the_training_network_follows_the_crop_and_refuses_what_does_not_fit():
+    from tasks.data import training_net
+
+    assert training_net(32, 64, None).size == 32 and training_net(32, 64, None).generator_depth == 5
+    net = training_net(64, 128, 32, ngf=8, ndf=8)
+    assert (net.size, net.generator_depth, net.ngf) == (32, 5, 8)
+    with pytest.raises(UserError, match="crop 96 does not fit the 64x128 frames; use at most 64"):
+        training_net(64, 128, 96)
+    with pytest.raises(UserError, match="crop 48: image size 48x48 does not fit a U-Net of depth 5"):
+        training_net(64, 128, 48)

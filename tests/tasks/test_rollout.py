@@ -137,3 +137,23 @@ def test_unknown_model_runs_and_models_with_other_channels_are_refused(trained):
     other = _model_with_three_inputs(trained)
     assert_refused(run_cli("infer", "--model-run", other, cwd=root, env=env),
                    f"model run {other} maps 3 channels (u, v, p)", "dataset 'tiny' gives 4 (u, v, p, mask)")
+
+
+def test_a_model_trained_on_crops_tiles_at_its_crop_side_by_default(trained):
+    """--crop 32 trains a depth-5 U-Net on random 32 x 32 crops of the 32 x 64 frames; its map-reduce
+    rollout takes tiles of the trained side without being told, and full-frame still works."""
+    root, env, _ = trained
+    proc = run_cli("train", "--dataset", "tiny", "--ngf", "8", "--ndf", "8", "--threads", "1", "--epochs", "2",
+                   "--batch-sizes", "4", "--crop", "32", "--json", cwd=root, env=env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    run_id = json.loads(proc.stdout.strip().splitlines()[-1])["run_id"]
+    params = client(trained).get_run(run_id).data.params
+    assert (params["crop"], params["generator_depth"], params["image_height"], params["image_width"]) == ("32", "5", "32", "64")
+    tiled = infer((root, env, run_id), "--mode", "mapreduce", "--workers", "1")
+    assert tiled["tiles"] == 3 and np.isfinite(tiled["final_rel_l2_vorticity"]) and 0 <= tiled["seam_rel_error"] < 1
+    assert client(trained).get_run(tiled["run_id"]).data.params["tile_shape"] == "32x32"
+    full = infer((root, env, run_id), "--mode", "full")
+    assert full["tiles"] == 1
+    assert_refused(run_cli("train", "--dataset", "tiny", "--crop", "16", "--depth", "5", cwd=root, env=env),
+                   "crop 16: image size 16x16 does not fit a U-Net of depth 5")
+    assert_refused(run_cli("train", "--dataset", "tiny", "--crop", "64", cwd=root, env=env), "crop 64 does not fit the 32x64 frames; use at most 32")
