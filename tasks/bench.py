@@ -118,13 +118,18 @@ class _PlainTrainer:
         self.ctx = ctx
 
     def run(self, n: int) -> float:
-        self.ctx.sync()
-        t0 = time.perf_counter()
-        for _ in range(n):
-            _plain_step(self.gen, self.disc, self.opt_g, self.opt_d, self.cond, self.target, 100.0)
-            self.ctx.step_end()
-        self.ctx.sync()
-        return time.perf_counter() - t0
+        return _timed_steps(self.ctx, n, lambda: _plain_step(self.gen, self.disc, self.opt_g, self.opt_d, self.cond, self.target, 100.0))
+
+
+def _timed_steps(ctx, n: int, step) -> float:
+    """Seconds for n calls of ``step``, each ending the device's step, the device synchronised at both ends."""
+    ctx.sync()
+    t0 = time.perf_counter()
+    for _ in range(n):
+        step()
+        ctx.step_end()
+    ctx.sync()
+    return time.perf_counter() - t0
 
 
 def plain_step_server() -> None:
@@ -213,13 +218,7 @@ def bench_train(device: str = "cpu", size: int = 256, batch_size: int = 1, steps
         cond, target = cond.contiguous(memory_format=torch.channels_last), target.contiguous(memory_format=torch.channels_last)
 
     def run_fast(n: int) -> float:
-        ctx.sync()
-        t0 = time.perf_counter()
-        for _ in range(n):
-            model.train_step(cond, target, ctx.autocast)
-            ctx.step_end()
-        ctx.sync()
-        return time.perf_counter() - t0
+        return _timed_steps(ctx, n, lambda: model.train_step(cond, target, ctx.autocast))
 
     compile_s = run_fast(1)
     run_fast(1)
