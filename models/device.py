@@ -92,16 +92,12 @@ def keep_freed_memory() -> bool:
     import ctypes
     import ctypes.util
 
-    name = ctypes.util.find_library("c")
     try:
-        libc = ctypes.CDLL(name) if name else None
-        mallopt = libc.mallopt if libc is not None else None
-        gnu = libc.gnu_get_libc_version if libc is not None else None
+        libc = ctypes.CDLL(ctypes.util.find_library("c"))
+        libc.gnu_get_libc_version  # present in glibc only
     except (OSError, AttributeError):
         return False
-    if mallopt is None or gnu is None:
-        return False
-    return bool(mallopt(_M_MMAP_MAX, 0)) and bool(mallopt(_M_TRIM_THRESHOLD, 2**31 - 1))
+    return bool(libc.mallopt(_M_MMAP_MAX, 0)) and bool(libc.mallopt(_M_TRIM_THRESHOLD, 2**31 - 1))
 
 
 def torchrun_world() -> tuple[int, int, int]:

@@ -98,12 +98,8 @@ def crop_offsets(batch_size: int, height: int, width: int, side: int, seed: int,
 
 def crop_pairs(cond: np.ndarray, target: np.ndarray, corners: np.ndarray, side: int) -> tuple[np.ndarray, np.ndarray]:
     """Crops (B, C, side, side) of cond and target, sample i at corners[i] = (row, column)."""
-    rows = corners[:, 0, None] + np.arange(side)  # (B, side)
-    cols = corners[:, 1, None] + np.arange(side)
-    b = np.arange(len(corners))[:, None, None]
-
     def take(x: np.ndarray) -> np.ndarray:  # (B, C, H, W) -> (B, C, side, side)
-        return np.ascontiguousarray(x.transpose(0, 2, 3, 1)[b, rows[:, :, None], cols[:, None, :]].transpose(0, 3, 1, 2))
+        return np.stack([x[i, :, r:r + side, q:q + side] for i, (r, q) in enumerate(corners)])
     return take(cond), take(target)
 
 

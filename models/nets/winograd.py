@@ -85,8 +85,7 @@ def _input_tiles(x: torch.Tensor, pad: tuple[int, int], tiles: tuple[int, int]) 
     n, c, h, w = x.shape
     th, tw = tiles
     padded = x.new_zeros(n, th * TILE + KERNEL - 1, tw * TILE + KERNEL - 1, c)  # (N, Hp, Wp, C)
-    rows, cols = min(h, padded.shape[1] - pad[0]), min(w, padded.shape[2] - pad[1])
-    padded[:, pad[0]:pad[0] + rows, pad[1]:pad[1] + cols] = x[:, :, :rows, :cols].permute(0, 2, 3, 1)
+    padded[:, pad[0]:pad[0] + h, pad[1]:pad[1] + w] = x.permute(0, 2, 3, 1)  # the tiles always cover x
     patches = padded.unfold(1, ALPHA, TILE).unfold(2, ALPHA, TILE)  # (N, th, tw, C, 6, 6)
     patches = patches.permute(4, 5, 0, 1, 2, 3).reshape(ALPHA * ALPHA, -1)  # (36, N*th*tw*C)
     return (_matrices(x.dtype)["in"] @ patches).view(ALPHA * ALPHA, n * th * tw, c)
