@@ -1,4 +1,7 @@
-"""Scores of a predicted flow against a reference: relative L2 error, wake frequency (Strouhal)."""
+"""Scores of a predicted flow against a reference: relative L2 error, wake frequency (Strouhal),
+useful horizon, skill against persistence, vorticity correlation, kinetic energy, shedding."""
+
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -33,3 +36,118 @@ def dominant_frequency(signal: np.ndarray, dt: float, oversample: int = 16) -> f
 def strouhal(probe: np.ndarray, dt_convective: float) -> float:
     """St = f D / U of a probe signal sampled every ``dt_convective`` (time in units of D/U)."""
     return dominant_frequency(probe, dt_convective)
+
+
+def horizon(errors, threshold: float) -> int:
+    """Leading steps whose error stays at or below ``threshold`` (a non-finite error ends the run)."""
+    for i, e in enumerate(errors):
+        if not (e <= threshold):  # NaN fails too
+            return i
+    return len(errors)
+
+
+def correlation(pred: np.ndarray, ref: np.ndarray) -> float:
+    """Pearson correlation of two fields over all elements; NaN if either is constant or non-finite."""
+    a = np.asarray(pred, np.float64).ravel()
+    b = np.asarray(ref, np.float64).ravel()
+    a, b = a - a.mean(), b - b.mean()
+    denom = np.sqrt((a * a).sum() * (b * b).sum())
+    return float((a * b).sum() / denom) if denom > 0 and np.isfinite(denom) else float("nan")
+
+
+def kinetic_energy(u: np.ndarray, v: np.ndarray) -> float:
+    """Mean kinetic energy per unit mass, 0.5 (u² + v²), over the given cells."""
+    return float(0.5 * np.mean(np.square(u, dtype=np.float64) + np.square(v, dtype=np.float64)))
+
+
+def oscillation_amplitude(signal: np.ndarray) -> float:
+    """Standard deviation of a signal about its linear trend (0 for a settled, non-shedding wake)."""
+    x = np.asarray(signal, np.float64)
+    if x.size < 3 or not np.all(np.isfinite(x)):
+        return float("nan")
+    t = np.arange(x.size)
+    return float(np.std(x - np.polyval(np.polyfit(t, x, 1), t)))
+
+
+@dataclass
+class RolloutScore:
+    """Per-step scores of an autoregressive rollout against its reference, and their summary.
+
+    Each step takes the predicted and reference states (3, H, W: u, v, p), the start frame (for the
+    persistence baseline: copying the frame the rollout started from), the vorticity of prediction and
+    reference, and the probe values of v two obstacle sizes downstream (for the wake frequency).
+    ``dt``: time between steps in convective units D/U."""
+
+    dt: float
+    threshold_u: float = 0.1
+    threshold_vorticity: float = 0.3
+    threshold_correlation: float = 0.8
+    errors: dict = field(default_factory=lambda: {k: [] for k in ("u", "v", "p", "vorticity")})
+    persistence: dict = field(default_factory=lambda: {k: [] for k in ("u", "v", "p", "vorticity")})
+    correlation: list = field(default_factory=list)
+    energy_ratio: list = field(default_factory=list)
+    probe_pred: list = field(default_factory=list)
+    probe_ref: list = field(default_factory=list)
+    first_nonfinite: int | None = None
+
+    def add(self, pred: np.ndarray, ref: np.ndarray, start: np.ndarray, w_pred: np.ndarray, w_ref: np.ndarray,
+            w_start: np.ndarray, probe: tuple[int, int], fluid: np.ndarray) -> dict[str, float]:
+        """Score one step; returns its per-step values (relative L2 per field, correlation, energy ratio)."""
+        step = len(self.correlation) + 1
+        if self.first_nonfinite is None and not np.all(np.isfinite(pred)):
+            self.first_nonfinite = step
+        values = {}
+        for c, name in enumerate(("u", "v", "p")):
+            values[name] = relative_l2(pred[c], ref[c])
+            self.persistence[name].append(relative_l2(start[c], ref[c]))
+        values["vorticity"] = relative_l2(w_pred, w_ref)
+        self.persistence["vorticity"].append(relative_l2(w_start, w_ref))
+        for k in self.errors:
+            self.errors[k].append(values[k])
+        self.correlation.append(correlation(w_pred[fluid], w_ref[fluid]))
+        e_ref = kinetic_energy(ref[0][fluid], ref[1][fluid])
+        self.energy_ratio.append(kinetic_energy(pred[0][fluid], pred[1][fluid]) / e_ref if e_ref > 0 else float("nan"))
+        self.probe_pred.append(float(pred[1][probe]))
+        self.probe_ref.append(float(ref[1][probe]))
+        return {f"rel_l2_{k}": v for k, v in values.items()} | {
+            "vorticity_correlation": self.correlation[-1], "energy_ratio": self.energy_ratio[-1]}
+
+    def skill(self, field_name: str, step: int = 1) -> float:
+        """Error of the prediction over the error of persistence (copying the start frame) at a step."""
+        e, p = self.errors[field_name][step - 1], self.persistence[field_name][step - 1]
+        return e / p if p > 0 else float("nan")
+
+    def summary(self) -> dict[str, float]:
+        steps = len(self.correlation)
+        if steps == 0:
+            return {}
+        pred, ref = np.array(self.probe_pred), np.array(self.probe_ref)
+        finite = self.first_nonfinite is None
+        st_pred = strouhal(pred, self.dt) if finite else float("nan")
+        st_ref = strouhal(ref, self.dt)
+        period_steps = 1.0 / (st_ref * self.dt) if st_ref == st_ref and st_ref > 0 else float("nan")
+        corr_steps = horizon([-c if c == c else float("nan") for c in self.correlation], -self.threshold_correlation)
+        ratio = np.array(self.energy_ratio)
+        stable = horizon(np.abs(ratio - 1.0), 0.1)
+        # The wake still sheds if the probe oscillates in the last period about as much as the reference's.
+        tail = max(3, int(np.ceil(period_steps)) if period_steps == period_steps else steps // 4)
+        amp_ref = oscillation_amplitude(ref[-tail:])
+        amp_ratio = oscillation_amplitude(pred[-tail:]) / amp_ref if amp_ref > 0 else float("nan")
+        return {
+            "one_step_rel_l2_u": self.errors["u"][0], "one_step_rel_l2_v": self.errors["v"][0],
+            "one_step_rel_l2_p": self.errors["p"][0], "one_step_rel_l2_vorticity": self.errors["vorticity"][0],
+            "one_step_skill_u": self.skill("u"), "one_step_skill_vorticity": self.skill("vorticity"),
+            "horizon_u": horizon(self.errors["u"], self.threshold_u),
+            "horizon_vorticity": horizon(self.errors["vorticity"], self.threshold_vorticity),
+            "final_rel_l2_u": self.errors["u"][-1], "final_rel_l2_vorticity": self.errors["vorticity"][-1],
+            "mean_rel_l2_u": float(np.mean(self.errors["u"])), "mean_rel_l2_vorticity": float(np.mean(self.errors["vorticity"])),
+            "strouhal_pred": st_pred, "strouhal_ref": st_ref,
+            "strouhal_rel_error": abs(st_pred - st_ref) / st_ref if st_ref == st_ref and st_ref > 0 else float("nan"),
+            "rollout_periods": steps / period_steps if period_steps == period_steps else float("nan"),
+            "correlation_steps": corr_steps,
+            "correlation_periods": corr_steps / period_steps if period_steps == period_steps else float("nan"),
+            "final_vorticity_correlation": self.correlation[-1],
+            "energy_ratio_final": float(ratio[-1]), "energy_ratio_max_deviation": float(np.nanmax(np.abs(ratio - 1.0))) if finite else float("inf"),
+            "stable_steps": stable, "finite": float(finite), "first_nonfinite_step": float(self.first_nonfinite or 0),
+            "shedding_amplitude_ratio": amp_ratio,
+        }

@@ -79,7 +79,8 @@ def inference_table(runs) -> list[dict]:
                      "transfer_s": m.get("latency_transfer_s", nan), "seam_rel_error": m.get("seam_rel_error", nan),
                      "final_rel_l2_u": m.get("final_rel_l2_u", nan),
                      "final_rel_l2_vorticity": m.get("final_rel_l2_vorticity", nan),
-                     "steps_below_threshold": int(m.get("steps_below_threshold", 0)),
+                     "horizon_u": int(m.get("horizon_u", 0)), "horizon_vorticity": int(m.get("horizon_vorticity", 0)),
+                     "regime": p.get("regime", "?"),
                      "strouhal_pred": m.get("strouhal_pred", nan), "strouhal_ref": m.get("strouhal_ref", nan),
                      "solver_frames_per_s": m.get("solver_frames_per_s", nan),
                      "surrogate_vs_solver": m.get("surrogate_vs_solver", nan)})

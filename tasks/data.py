@@ -21,14 +21,40 @@ INPUTS = ("u", "v", "p", "mask")
 OUTPUTS = ("u", "v", "p")
 
 
-def split_simulations(sim_ids: list[str], n_val: int, n_test: int, seed: int) -> dict[str, list[str]]:
-    """Disjoint train/val/test lists of whole simulations (seeded permutation of the sorted ids)."""
+def split_simulations(sim_ids: list[str], n_val: int, n_test: int, seed: int,
+                      reynolds: dict[str, float] | None = None) -> dict[str, list[str]]:
+    """Disjoint train/val/test lists of whole simulations.
+
+    With ``reynolds`` (each simulation's Reynolds number), held-out simulations are taken inside the
+    sweep's range: the lowest and highest Reynolds numbers always train, test simulations are spread
+    evenly over the interior (the middle one for a single test), then validation over what is left of
+    it; so rollouts on them interpolate in Re. Without, or when the interior is too small, a seeded
+    permutation of the sorted ids."""
     ids = sorted(sim_ids)
     if n_val + n_test >= len(ids):
         raise UserError(f"dataset has {len(ids)} simulations; holding out {n_val} for validation and {n_test} for testing leaves none to train on")
+    if reynolds is not None:
+        by_re = sorted(ids, key=lambda s: (reynolds[s], s))
+        lo, hi = reynolds[by_re[0]], reynolds[by_re[-1]]
+        interior = [s for s in by_re if lo < reynolds[s] < hi]
+        if len(interior) >= n_val + n_test:
+            test = _spread(interior, n_test)
+            val = _spread([s for s in interior if s not in test], n_val)
+            return {"test": sorted(test), "val": sorted(val), "train": sorted(s for s in ids if s not in test and s not in val)}
     order = np.random.default_rng(seed).permutation(len(ids))
     shuffled = [ids[i] for i in order]
     return {"test": sorted(shuffled[:n_test]), "val": sorted(shuffled[n_test : n_test + n_val]), "train": sorted(shuffled[n_test + n_val :])}
+
+
+def _spread(items: list, n: int) -> list:
+    """``n`` items evenly spread over the list (the middle of n equal parts)."""
+    return [items[int((i + 0.5) * len(items) / n)] for i in range(n)]
+
+
+def split_of(manifest: dict, n_val: int, n_test: int, seed: int) -> dict[str, list[str]]:
+    """The train/val/test split of a dataset's manifest (interpolating in Reynolds number)."""
+    sims = manifest["simulations"]
+    return split_simulations(list(sims), n_val, n_test, seed, {s: float(v["spec"]["reynolds"]) for s, v in sims.items()})
 
 
 def epoch_order(n_pairs: int, seed: int, epoch: int) -> np.ndarray:
@@ -57,12 +83,18 @@ class Normalizer:
         return cls.from_range(*source.channel_range())
 
     def encode(self, x: np.ndarray) -> np.ndarray:
-        """Physical (..., C, H, W) with C = 3 outputs or 4 inputs -> network units."""
-        c = np.array(self.center, np.float32)[:, None, None]
-        s = np.array(self.scale, np.float32)[:, None, None]
+        """Physical (..., C, H, W) with C = 4 inputs (u, v, p, mask) or 3·n outputs (n states of u, v,
+        p one after another) -> network units."""
+        channels = x.shape[-3]
+        if channels != 4 and channels % 3:
+            raise ValueError(f"{channels} channels: expected 4 (u, v, p, mask) or a multiple of 3 (u, v, p states)")
+        reps = 1 if channels == 4 else channels // 3
+        c = np.tile(np.array(self.center, np.float32), reps)[:, None, None]
+        s = np.tile(np.array(self.scale, np.float32), reps)[:, None, None]
         out = np.empty_like(x, dtype=np.float32)
-        out[..., :3, :, :] = (x[..., :3, :, :] - c) / s
-        if x.shape[-3] == 4:
+        n = 3 * reps
+        out[..., :n, :, :] = (x[..., :n, :, :] - c) / s
+        if channels == 4:
             out[..., 3, :, :] = 2 * x[..., 3, :, :] - 1
         return out
 
@@ -72,10 +104,38 @@ class Normalizer:
         return y * s + c
 
 
+@dataclass
+class StepCodec:
+    """How a network output becomes the next state. ``delta_scale`` None: the output is the next state
+    in the normaliser's units; otherwise the output is the change x(t+k) - x(t) in units of its
+    per-channel RMS ``delta_scale`` (physical units) over the training pairs."""
+
+    norm: Normalizer
+    delta_scale: list[float] | None = None
+
+    @classmethod
+    def from_meta(cls, meta: dict) -> "StepCodec":
+        """From a model's meta.json (models saved before delta prediction predict the state)."""
+        return cls(Normalizer(**meta["normalizer"]), meta.get("delta_scale") if meta.get("predict") == "delta" else None)
+
+    @property
+    def delta_ratio(self) -> list[float] | None:
+        """Network units of the change -> network units of the state, per channel (the trainer's)."""
+        if self.delta_scale is None:
+            return None
+        return [d / s for d, s in zip(self.delta_scale, self.norm.scale)]
+
+    def next_state(self, state: np.ndarray, out: np.ndarray) -> np.ndarray:
+        """Physical state (..., 3 or 4, H, W) at t and network output (..., 3, H, W) -> physical (..., 3, H, W) at t+k."""
+        if self.delta_scale is None:
+            return self.norm.decode(out)
+        return state[..., :3, :, :] + out * np.array(self.delta_scale, np.float32)[:, None, None]
+
+
 def training_net(height: int, width: int, crop: int | None, depth: int | None = None, **widths):
     """The NetConfig a training run uses on frames of height × width: its size is the crop side, or
     the frames' shorter side when training on whole frames. UserError when the frames or the crop do
-    not fit the U-Net. ``widths``: ngf, ndf, norm."""
+    not fit the U-Net. ``widths``: ngf, ndf, norm, and the recipe's dropout, upsample and output."""
     from models.nets import NetConfig
 
     side = crop or min(height, width)
@@ -118,10 +178,10 @@ class PairSource:
     holding the simulation groups; the default is the dataset's local ``store.zarr``.
     """
 
-    def __init__(self, dataset_dir: Path, sim_ids: list[str], stride: int, store: Store | None = None):
+    def __init__(self, dataset_dir: Path, sim_ids: list[str], stride: int, store: Store | None = None, unroll: int = 1):
         if not sim_ids:
             raise UserError("no simulations to draw (t, t+k) pairs from")
-        self.sim_ids, self.stride = list(sim_ids), stride
+        self.sim_ids, self.stride, self.unroll = list(sim_ids), stride, unroll
         store = frame_store(dataset_dir) if store is None else store
         self._arrays = [open_frame_arrays(store, s, INPUTS) for s in self.sim_ids]
         shapes = {s: a["u"].shape for s, a in zip(self.sim_ids, self._arrays)}
@@ -129,11 +189,12 @@ class PairSource:
         if len(grids) > 1:
             raise UserError(f"simulations have different grids {sorted(grids)}; a training set needs one (ny, nx)")
         self.height, self.width = grids.pop()
-        counts = np.array([max(shape[0] - stride, 0) for shape in shapes.values()], dtype=np.int64)
+        counts = np.array([max(shape[0] - stride * unroll, 0) for shape in shapes.values()], dtype=np.int64)
         self._ends = np.cumsum(counts)  # pair j belongs to the first simulation i with j < ends[i]
         self._starts = self._ends - counts
         if self._ends[-1] == 0:
-            raise UserError(f"no (t, t+{stride}) pairs: the simulations have too few frames for frame stride {stride}")
+            raise UserError(f"no (t, t+{stride}) pairs: the simulations have too few frames for frame stride {stride}"
+                            + (f" unrolled over {unroll} steps" if unroll > 1 else ""))
 
     def __len__(self) -> int:
         return int(self._ends[-1])
@@ -147,19 +208,23 @@ class PairSource:
         return sim, j - self._starts[sim]
 
     def physical(self, indices) -> tuple[np.ndarray, np.ndarray]:
-        """cond (B, 4, H, W) u, v, p, mask at t and target (B, 3, H, W) u, v, p at t+stride, physical
-        units; reads one chunk per needed (frame, variable), each once per call."""
+        """cond (B, 4, H, W) u, v, p, mask at t and target (B, 3·unroll, H, W) u, v, p at t+stride, ...,
+        t+unroll·stride, physical units; reads one chunk per needed (frame, variable), each once per call."""
         sims, t = self.locate(indices)
+        n_out = len(OUTPUTS)
         cond = np.empty((len(t), len(INPUTS), self.height, self.width), np.float32)  # (B, 4, H, W)
-        target = np.empty((len(t), len(OUTPUTS), self.height, self.width), np.float32)  # (B, 3, H, W)
+        target = np.empty((len(t), n_out * self.unroll, self.height, self.width), np.float32)  # (B, 3·unroll, H, W)
         for i in np.unique(sims):
             rows = np.flatnonzero(sims == i)
             t0, arrays = t[rows], self._arrays[i]
-            frames, where = np.unique(np.concatenate([t0, t0 + self.stride]), return_inverse=True)
+            wanted = np.concatenate([t0 + j * self.stride for j in range(self.unroll + 1)])  # (unroll + 1)·R frames
+            frames, where = np.unique(wanted, return_inverse=True)
+            where = where.reshape(self.unroll + 1, len(rows))
             for c, name in enumerate(OUTPUTS):
                 block = arrays[name].oindex[frames]  # (F, H, W)
-                cond[rows, c] = block[where[: len(rows)]]
-                target[rows, c] = block[where[len(rows) :]]
+                cond[rows, c] = block[where[0]]
+                for j in range(1, self.unroll + 1):
+                    target[rows, (j - 1) * n_out + c] = block[where[j]]
             mask_frames, mask_where = np.unique(t0, return_inverse=True)
             cond[rows, 3] = arrays["mask"].oindex[mask_frames][mask_where]
         return cond, target
@@ -192,6 +257,21 @@ class PairSource:
                 yield pending.result()
             finally:
                 pending.cancel()
+
+    def change_rms(self, block_frames: int = 16) -> np.ndarray:
+        """Per-channel RMS (3,) float32 of the change x(t+stride) - x(t) of u, v, p over every pair
+        of the source's simulations, read ``block_frames`` frames at a time."""
+        total, count = np.zeros(len(OUTPUTS)), 0
+        for arrays in self._arrays:
+            frames = arrays[OUTPUTS[0]].shape[0]
+            for start in range(0, frames - self.stride, block_frames):
+                stop = min(start + block_frames, frames - self.stride)
+                for c, name in enumerate(OUTPUTS):
+                    block = arrays[name][start : stop + self.stride]  # (stop - start + stride, H, W)
+                    change = block[self.stride :].astype(np.float64) - block[: -self.stride]
+                    total[c] += np.square(change).sum()
+                count += (stop - start) * self.height * self.width
+        return np.sqrt(total / max(count, 1)).astype(np.float32)
 
     def channel_range(self, block_frames: int = 16) -> tuple[np.ndarray, np.ndarray]:
         """Per-channel minimum and maximum (3,) float32 of u, v, p over every frame of the source's

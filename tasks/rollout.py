@@ -8,6 +8,7 @@ the child runs the same checks again before loading anything heavy.
 
 import json
 import logging
+import math
 import statistics
 import tempfile
 import time
@@ -18,12 +19,12 @@ import numpy as np
 import torch
 
 from models.device import resolve_device
-from models.flow_metrics import relative_l2, strouhal
+from models.flow_metrics import RolloutScore, relative_l2
 from models.inference import Predictor, StepTimes, cpu_cores, make_runner
 from models.nets import NetConfig, build_generator
 from models.solver import vorticity
 from models.tiling import TilePlan, TilingError
-from tasks.data import INPUTS, OUTPUTS, Normalizer, load_frames
+from tasks.data import INPUTS, OUTPUTS, StepCodec, load_frames
 from tasks.errors import UserError
 from tasks.plots import error_curves, rollout_animation, vorticity_panels
 from tasks.settings import Settings
@@ -75,6 +76,22 @@ class RolloutPlan:
     @property
     def frame_stride(self) -> int:
         return int(self.meta["frame_stride"])
+
+    @property
+    def regime(self) -> dict:
+        """Where the reference lies against the training data: a training simulation, interpolation
+        (a Reynolds number inside the training range the model never saw) or extrapolation."""
+        re, seen = float(self.sim_spec.reynolds), self.meta.get("train_reynolds")
+        if not seen:
+            return {"reynolds": re, "regime": "unknown"}
+        lo, hi = min(seen), max(seen)
+        if self.dataset == self.meta["dataset"] and self.simulation in self.meta["split"]["train"]:
+            regime = "training simulation"
+        elif lo <= re <= hi:
+            regime = "interpolation"
+        else:
+            regime = "extrapolation"
+        return {"reynolds": re, "train_reynolds_min": lo, "train_reynolds_max": hi, "regime": regime}
 
 
 def plan_rollout(settings: Settings, spec: InferSpec, model_run_id: str, meta: dict | None = None) -> RolloutPlan:
@@ -160,7 +177,8 @@ def run_rollout(job: dict) -> dict:
 def _rollout(spec: InferSpec, settings: Settings, run: Run, setup: RolloutPlan, ctx, predictor: Predictor,
              reference: Predictor | None, job: dict) -> dict:
     meta, sim, stride = setup.meta, setup.simulation, setup.frame_stride
-    norm = Normalizer(**meta["normalizer"])
+    codec = StepCodec.from_meta(meta)
+    norm = codec.norm
     frames = load_frames(settings.dataset_dir(setup.dataset), sim)  # (T, 4, H, W) physical u, v, p, mask
     steps = min(spec.steps, (len(frames) - 1 - spec.start_frame) // stride)
     mask = frames[0, 3] > 0.5
@@ -168,66 +186,59 @@ def _rollout(spec: InferSpec, settings: Settings, run: Run, setup: RolloutPlan, 
     run.log_params({"rollout_simulation": sim, "rollout_steps": steps, "frame_stride": stride, "device_name": ctx.description,
                     "rollout_dataset": setup.dataset, "dataset_digest": meta["dataset_digest"], "model_run_id": job["model_run_id"],
                     "tile_shape": f"{plan.tile[0]}x{plan.tile[1]}", "tiles": plan.count, "tile_overhead": round(plan.overhead, 4),
-                    "group_size": predictor.group, "frame": f"{plan.height}x{plan.width}"})
+                    "group_size": predictor.group, "frame": f"{plan.height}x{plan.width}", **setup.regime})
 
-    state = frames[spec.start_frame].copy()  # (4, H, W)
-    errors = {name: [] for name in FIELDS}
+    start = frames[spec.start_frame]  # (4, H, W)
+    state = start.copy()
+    dt = stride * setup.sim_spec.frame_every * _dt_convective(setup.sim_spec)
+    score = RolloutScore(dt, spec.threshold_u, spec.threshold_vorticity)
+    fluid = ~mask
+    w_start = vorticity(start[0], start[1], mask)
     seams: list[float] = []
     latencies: list[float] = []
     phases: list[StepTimes] = []
-    w_preds, w_refs, probe_pred, probe_ref = [], [], [], []
-    row, col = _probe_point(setup.sim_spec)
+    w_preds, w_refs = [], []
+    probe = _probe_point(setup.sim_spec)
     for n in range(1, steps + 1):
         cond = norm.encode(state)  # (4, H, W) network units
         t0 = time.perf_counter()
         out, times = predictor(cond)  # (3, H, W)
         latencies.append(time.perf_counter() - t0)
         phases.append(times)
-        pred = norm.decode(out)  # (3, H, W) physical
+        pred = codec.next_state(state, out)  # (3, H, W) physical
         if reference is not None:  # seam error: map-reduce against full-frame on the same input (not timed)
-            full = norm.decode(reference(cond)[0])
+            full = codec.next_state(state, reference(cond)[0])
             seams.append(max(relative_l2(pred[c], full[c]) for c in range(len(OUTPUTS))))
         pred[:, mask] = 0.0
         state = np.concatenate([pred, frames[0, 3:4]])
         ref = frames[spec.start_frame + n * stride]
         w_pred, w_ref = vorticity(pred[0], pred[1], mask), vorticity(ref[0], ref[1], mask)
-        step = {"u": relative_l2(pred[0], ref[0]), "v": relative_l2(pred[1], ref[1]), "p": relative_l2(pred[2], ref[2]),
-                "vorticity": relative_l2(w_pred, w_ref)}
-        for k, v in step.items():
-            errors[k].append(v)
-        metrics = {f"rel_l2_{k}": v for k, v in step.items()} | {"step_latency_s": latencies[-1]}
-        metrics |= {f"{name}_s": getattr(times, name) for name in PHASES}
+        metrics = score.add(pred, ref[:3], start[:3], w_pred, w_ref, w_start, probe, fluid)
+        metrics |= {"step_latency_s": latencies[-1]} | {f"{name}_s": getattr(times, name) for name in PHASES}
         if seams:
             metrics["step_seam_rel_error"] = seams[-1]
-        run.log_metrics(metrics, step=n)
+        run.log_metrics({k: v for k, v in metrics.items() if math.isfinite(v)}, step=n)
         w_preds.append(w_pred)
         w_refs.append(w_ref)
-        probe_pred.append(pred[1, row, col])
-        probe_ref.append(ref[1, row, col])
 
     warm = statistics.median(latencies[1:]) if steps > 1 else latencies[0]
     warm_phases = phases[1:] or phases
-    dt = stride * setup.sim_spec.frame_every * _dt_convective(setup.sim_spec)
-    st_pred, st_ref = strouhal(np.array(probe_pred), dt), strouhal(np.array(probe_ref), dt)
+    errors = score.errors
     from tasks.bench import time_solver
 
     solver_s, solver_name = time_solver(setup.sim_spec.flow_config(), stride * setup.sim_spec.frame_every, spec.device, spec.workers)
-    horizon = next((i + 1 for i, e in enumerate(errors["vorticity"]) if e > spec.error_threshold), None)
+    quality = score.summary()
     summary = {
         "frames_per_s": 1.0 / warm, "cold_step_s": latencies[0], "warm_step_s": warm,
         "compile_s": max(latencies[0] - warm, 0.0),
         **{f"latency_{name}_s": statistics.median(getattr(t, name) for t in warm_phases) for name in PHASES},
-        "final_rel_l2_u": errors["u"][-1], "final_rel_l2_vorticity": errors["vorticity"][-1],
-        "mean_rel_l2_u": float(np.mean(errors["u"])), "steps_below_threshold": horizon - 1 if horizon else steps,
-        "strouhal_pred": st_pred, "strouhal_ref": st_ref,
-        "strouhal_rel_error": abs(st_pred - st_ref) / st_ref if st_ref == st_ref and st_ref > 0 else float("nan"),
-        "rollout_periods": st_ref * steps * dt if st_ref == st_ref else float("nan"),
+        **quality,
         "solver_frames_per_s": 1.0 / solver_s, "surrogate_vs_solver": solver_s / warm,
         "crossover_stride": float(np.ceil(warm / (solver_s / stride))),
     }
     if seams:
         summary |= {"seam_rel_error": max(seams), "seam_rel_error_first": seams[0]}
-    run.log_metrics({k: v for k, v in summary.items() if v == v})  # NaN (no frequency found) is left out
+    run.log_metrics({k: v for k, v in summary.items() if math.isfinite(v)})  # NaN (no frequency found) is left out
     run.log_params({"solver_compared": solver_name})
 
     out_dir = settings.run_dir(job["run_id"])
@@ -236,14 +247,15 @@ def _rollout(spec: InferSpec, settings: Settings, run: Run, setup: RolloutPlan, 
     run.log_artifact(vorticity_panels(np.stack([w_preds[i] for i in show]), np.stack([w_refs[i] for i in show]),
                                       [f"step {i + 1}" for i in show], out_dir / "vorticity_rollout.png",
                                       f"rollout on {sim}: predicted vs reference vorticity"))
-    run.log_artifact(error_curves(errors, spec.error_threshold, out_dir / "rollout_error.png", f"rollout error on {sim}"))
+    run.log_artifact(error_curves(errors, spec.threshold_vorticity, out_dir / "rollout_error.png", f"rollout error on {sim}"))
     run.log_artifact(rollout_animation(np.stack(w_preds), np.stack(w_refs), out_dir / "rollout.gif",
                                        f"{spec.mode} x{spec.workers} on {sim}"))
     log.info("%s rollout of %d steps on %s (%d tiles, %d workers): %.2f frames/s warm, solver %.2f frames/s, "
              "final vorticity error %.3f", spec.mode, steps, sim, plan.count, spec.workers, summary["frames_per_s"],
              summary["solver_frames_per_s"], errors["vorticity"][-1])
     return {**summary, "simulation": sim, "steps": steps, "mode": spec.mode, "workers": spec.workers,
-            "tiles": plan.count, "tile": list(plan.tile), "errors": errors, "seam_errors": seams}
+            "tiles": plan.count, "tile": list(plan.tile), "errors": errors, "seam_errors": seams,
+            "vorticity_correlation": score.correlation, "energy_ratio": score.energy_ratio, **setup.regime}
 
 
 def _dt_convective(sim: SimulationSpec) -> float:

@@ -65,14 +65,20 @@ class TrainSpec(Spec):
     depth: PositiveInt | None = Field(default=None, description="U-Net down-blocks; None = log2(crop, or min(height, width))")
     crop: PositiveInt | None = Field(default=None, description="Train on random crops of this side (a multiple of 2^depth), which suits tiled (map-reduce) inference with tiles of that side; None = whole frames")
     norm: Literal["batch", "instance"] = Field(default="batch", description="Normalisation layers")
-    lr: PositiveFloat = Field(default=2e-4, description="Adam learning rate")
-    l1_weight: float = Field(default=100.0, ge=0, description="Weight of the L1 term")
+    recipe: Literal["default", "paper"] = Field(default="default", description="Training recipe: default (the measured best: predicts the change of state, resize-convolutions, L1 only, input noise, two-step pushforward loss) or paper (the study's Pix2Pix: next frame, transposed convolutions, GAN + 100 L1, dropout); the fields below override single elements")
+    predict: Literal["state", "delta"] | None = Field(default=None, description="Network output: state (the next frame) or delta (its change from the current frame); None = the recipe's")
+    upsample: Literal["transpose", "resize"] | None = Field(default=None, description="Decoder upsampling: transpose (4x4 stride-2 transposed convolutions) or resize (nearest doubling + 3x3 convolution); None = the recipe's")
+    noise: float | None = Field(default=None, ge=0, description="Std of Gaussian noise on the input state (network units) during training; None = the recipe's")
+    unroll: PositiveInt | None = Field(default=None, description="Steps of the loss: 1 = one-step, 2+ = pushforward terms from the network's own predictions; None = the recipe's")
+    gan_weight: float | None = Field(default=None, ge=0, description="Weight of the adversarial term (0 = no discriminator training); None = the recipe's")
+    lr: PositiveFloat | None = Field(default=None, description="Adam learning rate; None = the recipe's")
+    l1_weight: float | None = Field(default=None, ge=0, description="Weight of the L1 term; None = the recipe's")
     precision: Literal["fp32", "bf16"] = Field(default="fp32", description="fp32, or bf16 autocast")
     channels_last: Literal["auto", "on", "off"] = Field(default="auto", description="NHWC memory layout; auto = on for cuda only (slower on CPU)")
     compile: Literal["auto", "on", "off"] = Field(default="auto", description="torch.compile the networks; auto = on for cuda only (slower on CPU)")
     winograd: Literal["auto", "on", "off"] = Field(default="auto", description="Winograd F(3x3,4x4) for the discriminator's wide stride-1 layer (CPU, fp32 only); auto = on for cpu")
-    val_simulations: int = Field(default=0, ge=0, description="Simulations held out for validation")
-    test_simulations: int = Field(default=1, ge=0, description="Simulations held out for testing (rollout)")
+    val_simulations: int = Field(default=1, ge=0, description="Simulations held out for validation (scored by rollouts during training); taken inside the sweep's Reynolds range")
+    test_simulations: int = Field(default=1, ge=0, description="Simulations held out for testing (rollout); taken inside the sweep's Reynolds range, so the test interpolates")
     max_steps: PositiveInt | None = Field(default=None, description="Stop after this many optimiser steps (smoke runs)")
     threads: PositiveInt | None = Field(default=None, description="CPU threads for torch; None = all cores")
     seed: int = Field(default=0, description="Seed of weights, split and shuffling")
@@ -83,6 +89,19 @@ class TrainSpec(Spec):
     @classmethod
     def _distinct(cls, values: list[int]) -> list[int]:
         return once_each(values, "batch size of a sweep")
+
+    @model_validator(mode="after")
+    def _recipe_holds(self) -> "TrainSpec":
+        self.resolved_recipe()  # ValueError naming the element that does not fit
+        return self
+
+    def resolved_recipe(self):
+        """The models.recipe.Recipe this spec trains with: the named recipe and its overrides."""
+        from models.recipe import get_recipe
+
+        return get_recipe(self.recipe).with_overrides(
+            predict=self.predict, upsample=self.upsample, noise=self.noise, unroll=self.unroll,
+            gan_weight=self.gan_weight, lr=self.lr, l1_weight=self.l1_weight)
 
 
 class InferSpec(Spec):
@@ -100,7 +119,8 @@ class InferSpec(Spec):
     steps: PositiveInt = Field(default=20, description="Rollout steps (each advances k frames)")
     simulation: str | None = Field(default=None, description="Simulation id; None = the model's first test simulation")
     start_frame: int = Field(default=0, ge=0, description="Reference frame the rollout starts from")
-    error_threshold: PositiveFloat = Field(default=0.1, description="Relative L2 error marking the rollout's useful horizon")
+    threshold_u: PositiveFloat = Field(default=0.1, description="Relative L2 error of u that ends the rollout's useful horizon (horizon_u)")
+    threshold_vorticity: PositiveFloat = Field(default=0.3, description="Relative L2 error of vorticity that ends the rollout's useful horizon (horizon_vorticity)")
     cell: str | None = Field(default=None, pattern=r"^[0-9a-f]{16}$", description="Benchmark cell key, set by the benchmark flow: tags the MLflow run so a rerun can skip it")
 
     @model_validator(mode="after")

@@ -40,12 +40,12 @@ def plan_world(spec: TrainSpec, probed: dict | None) -> tuple[int, int]:
 def check_training_input(settings: Settings, spec: TrainSpec, batch_sizes: list[int], world: int) -> None:
     """What can be refused before any run starts (reads the dataset's metadata only): the frames must
     fit the U-Net, and each batch must split over the devices and fit in the training pairs."""
-    from tasks.data import PairSource, split_simulations, training_net
+    from tasks.data import PairSource, split_of, training_net
 
     dataset_dir = settings.dataset_dir(spec.dataset)
     manifest = load_manifest(dataset_dir)
-    split = split_simulations(list(manifest["simulations"]), spec.val_simulations, spec.test_simulations, spec.seed)
-    source = PairSource(dataset_dir, split["train"], spec.frame_stride)
+    split = split_of(manifest, spec.val_simulations, spec.test_simulations, spec.seed)
+    source = PairSource(dataset_dir, split["train"], spec.frame_stride, unroll=spec.resolved_recipe().unroll)
     training_net(source.height, source.width, spec.crop, spec.depth)
     for b in batch_sizes:
         if b % world:

@@ -28,7 +28,7 @@ from models.device import DeviceContext, keep_freed_memory, resolve_device
 from models.nets import build_generator
 from models.nets.trainer import NoClock, OptimConfig, PhaseClock, build_trainer, speed_options
 from models.solver import vorticity
-from tasks.data import INPUTS, OUTPUTS, Normalizer, PairSource, crop_offsets, crop_pairs, epoch_order, split_simulations, training_net
+from tasks.data import INPUTS, OUTPUTS, Normalizer, PairSource, StepCodec, crop_offsets, crop_pairs, epoch_order, split_of, training_net
 from tasks.errors import RunFailed, UserError
 from tasks.plots import vorticity_panels
 from tasks.settings import Settings
@@ -149,10 +149,13 @@ def _train(spec: TrainSpec, settings: Settings, batch_size: int, resume: bool, r
 
     dataset_dir = settings.dataset_dir(spec.dataset)
     manifest = load_manifest(dataset_dir)
-    split = split_simulations(list(manifest["simulations"]), spec.val_simulations, spec.test_simulations, spec.seed)
-    train = PairSource(dataset_dir, split["train"], spec.frame_stride)
+    split = split_of(manifest, spec.val_simulations, spec.test_simulations, spec.seed)
+    recipe = spec.resolved_recipe()
+    train = PairSource(dataset_dir, split["train"], spec.frame_stride, unroll=recipe.unroll)
     norm = Normalizer.fit(train)  # streamed over the training simulations' frames
-    net = training_net(train.height, train.width, spec.crop, spec.depth, ngf=spec.ngf, ndf=spec.ndf, norm=spec.norm)
+    codec = StepCodec(norm, train.change_rms().tolist() if recipe.predict == "delta" else None)
+    net = training_net(train.height, train.width, spec.crop, spec.depth, ngf=spec.ngf, ndf=spec.ndf, norm=spec.norm,
+                       dropout=recipe.dropout, upsample=recipe.upsample, output=recipe.output)
     steps_per_epoch = len(train) // batch_size
     if steps_per_epoch == 0:
         raise UserError(f"batch size {batch_size} exceeds the {len(train)} training pairs of dataset {spec.dataset!r}")
@@ -160,7 +163,7 @@ def _train(spec: TrainSpec, settings: Settings, batch_size: int, resume: bool, r
     # A training child runs one job: its heap may keep freed memory (no per-step page faults).
     options = speed_options(spec.device, spec.precision, spec.channels_last, spec.compile, spec.winograd) | {"keep_freed_memory": keep_freed_memory()}
     torch.manual_seed(spec.seed)  # the same initial weights on every rank
-    model = build_trainer(net, OptimConfig(lr=spec.lr, l1_weight=spec.l1_weight), ctx, options)
+    model = build_trainer(net, OptimConfig.from_recipe(recipe, codec.delta_ratio), ctx, options)
     run_dir = settings.run_dir(run_id)
     run_dir.mkdir(parents=True, exist_ok=True)
     checkpoint = run_dir / CHECKPOINT
@@ -182,7 +185,8 @@ def _train(spec: TrainSpec, settings: Settings, batch_size: int, resume: bool, r
             "image_height": train.height, "image_width": train.width, "generator_depth": net.generator_depth,
             "generator_params": g_params, "discriminator_params": d_params, "dataset_digest": manifest["digest"],
             "train_pairs": len(train), "split": json.dumps(split), "code_version": code_version(),
-            "speed": json.dumps(options), "host": socket.gethostname(),
+            "speed": json.dumps(options), "host": socket.gethostname(), "recipe": recipe.name,
+            **{f"recipe_{k}": v for k, v in dataclasses.asdict(recipe).items() if k != "name"},
         })
     log.info("training on %s: %d pairs from %d simulations, batch %d, %d steps/epoch, generator %.2fM params",
              ctx.description, len(train), len(split["train"]), batch_size, steps_per_epoch, g_params / 1e6)
@@ -262,7 +266,7 @@ def _train(spec: TrainSpec, settings: Settings, batch_size: int, resume: bool, r
     history["warmup_s"].append(warmup_s if warmup_s is not None else float("nan"))
     if not ctx.is_main:
         return None
-    return _finish(spec, settings, run, run_dir, model, net, norm, train, manifest, split, history, global_step, last,
+    return _finish(spec, settings, run, run_dir, model, net, codec, train, manifest, split, history, global_step, last,
                    steps_per_epoch * batch_size, ctx, g_params, d_params)
 
 
@@ -271,20 +275,22 @@ def _to_device(array: np.ndarray, ctx: DeviceContext, options: dict) -> torch.Te
     return t.contiguous(memory_format=torch.channels_last) if options["channels_last"] else t
 
 
-def _finish(spec, settings, run, run_dir, model, net, norm, train, manifest, split, history, global_step, last,
+def _finish(spec, settings, run, run_dir, model, net, codec, train, manifest, split, history, global_step, last,
             samples_per_epoch, ctx, g_params, d_params) -> dict:
     """Model artifact, sample figure and summary metrics of a finished run."""
     generator_state = _to_cpu(model.generator.state_dict())
     model_dir = run_dir / "model"
     model_dir.mkdir(exist_ok=True)
     torch.save(generator_state, model_dir / "generator.pt")
-    meta = {"net": dataclasses.asdict(net), "normalizer": dataclasses.asdict(norm), "inputs": INPUTS, "outputs": OUTPUTS,
-            "frame_stride": spec.frame_stride, "dataset": spec.dataset, "dataset_digest": manifest["digest"], "split": split}
+    meta = {"net": dataclasses.asdict(net), "normalizer": dataclasses.asdict(codec.norm), "inputs": INPUTS, "outputs": OUTPUTS,
+            "predict": "delta" if codec.delta_scale is not None else "state", "delta_scale": codec.delta_scale,
+            "recipe": spec.resolved_recipe().name, "frame_stride": spec.frame_stride, "dataset": spec.dataset, "dataset_digest": manifest["digest"], "split": split,
+            "train_reynolds": sorted(float(manifest["simulations"][s]["spec"]["reynolds"]) for s in split["train"])}
     (model_dir / "meta.json").write_text(json.dumps(meta, indent=2))
     run.log_artifact(model_dir, "model")
     cpu_generator = build_generator(net)
     cpu_generator.load_state_dict(generator_state)
-    run.log_artifact(_sample_figure(cpu_generator, train, norm, run_dir / "sample_predictions.png", 2**net.generator_depth))
+    run.log_artifact(_sample_figure(cpu_generator, train, codec, run_dir / "sample_predictions.png", 2**net.generator_depth))
     epochs = history["epoch_s"]
     steady = epochs[1:] or epochs  # the first epoch carries the warm-up
     time_per_epoch = float(np.median(steady))
@@ -298,15 +304,15 @@ def _finish(spec, settings, run, run_dir, model, net, norm, train, manifest, spl
 
 
 @torch.no_grad()
-def _sample_figure(generator, source: PairSource, norm: Normalizer, path: Path, unit: int) -> Path:
+def _sample_figure(generator, source: PairSource, codec: StepCodec, path: Path, unit: int) -> Path:
     """Vorticity of one-step predictions against targets for three training pairs (on the CPU)."""
     generator.eval()
     picks = np.linspace(0, len(source) - 1, 3).astype(int)
     cond, ref = source.physical(picks)  # (3, 4, H, W), (3, 3, H, W)
     # A model trained on crops may not take whole frames: show the largest corner it takes.
     h, w = cond.shape[-2] - cond.shape[-2] % unit, cond.shape[-1] - cond.shape[-1] % unit
-    cond, ref = cond[..., :h, :w], ref[..., :h, :w]
-    pred = norm.decode(generator(torch.from_numpy(norm.encode(cond))).float().numpy())  # (3, 3, H, W)
+    cond, ref = cond[..., :h, :w], ref[:, :3, :h, :w]  # the first step's target
+    pred = codec.next_state(cond, generator(torch.from_numpy(codec.norm.encode(cond))).float().numpy())  # (3, 3, H, W)
     mask = cond[:, 3] > 0.5
     w_pred = vorticity(pred[:, 0], pred[:, 1], mask)
     w_ref = vorticity(ref[:, 0], ref[:, 1], mask)

@@ -30,6 +30,8 @@ class NetConfig:
     d_layers: int = 3
     norm: Norm = "batch"
     dropout: float = 0.5
+    upsample: str = "transpose"  # transpose (the paper's 4×4 stride-2 transposed convolutions) or resize
+    output: str = "tanh"  # tanh (the paper's bounded output) or linear
     generator: str = "unet"
     discriminator: str = "patchgan"
 
@@ -102,6 +104,25 @@ class Up(_SmallMapGemm, nn.ConvTranspose2d):
         return out
 
 
+class ResizeUp(nn.Sequential):
+    """Nearest-neighbour doubling, then Conv2d(k=3, s=1, p=1): (B, Cin, H, W) -> (B, Cout, 2H, 2W).
+    Every output pixel sees the same number of kernel taps, so unlike a stride-2 transposed
+    convolution it cannot leave a checkerboard in the output (Odena et al., 2016)."""
+
+    def __init__(self, cin: int, cout: int, bias: bool):
+        super().__init__(nn.Upsample(scale_factor=2, mode="nearest"), nn.Conv2d(cin, cout, 3, padding=1, bias=bias))
+
+
+_UPSAMPLERS = {"transpose": Up, "resize": ResizeUp}
+
+
+def _upsampler(name: str):
+    try:
+        return _UPSAMPLERS[name]
+    except KeyError:
+        raise ValueError(f"unknown upsampling {name!r}; choose one of {', '.join(sorted(_UPSAMPLERS))}") from None
+
+
 def use_gemm_for_small_maps(net: nn.Module, max_side: int = 8) -> nn.Module:
     """Compute the U-Net's strided convolutions on maps of at most ``max_side`` pixels a side as
     matrix products (0 turns it off). A speed choice for CPUs; weights and outputs are unchanged."""
@@ -158,15 +179,18 @@ class UNetGenerator(nn.Module):
                 self.down.append(nn.Sequential(nn.LeakyReLU(0.2, True), conv))
             else:
                 self.down.append(nn.Sequential(nn.LeakyReLU(0.2, True), conv, _norm(cfg.norm, widths[i])))
+        up = _upsampler(cfg.upsample)
+        if cfg.output not in ("tanh", "linear"):
+            raise ValueError(f"unknown output activation {cfg.output!r}; choose tanh or linear")
         # Dropout sits in the three decoder blocks just outside the innermost one.
         dropout_levels = set(range(max(1, depth - 4), depth - 1))
         self.up = nn.ModuleList()
         for i in range(depth):
             cin = widths[i] if i == depth - 1 else 2 * widths[i]
             if i == 0:
-                block = [nn.ReLU(True), Up(cin, cfg.out_channels, True), nn.Tanh()]
+                block = [nn.ReLU(True), up(cin, cfg.out_channels, True)] + ([nn.Tanh()] if cfg.output == "tanh" else [])
             else:
-                block = [nn.ReLU(True), Up(cin, widths[i - 1], bias)]
+                block = [nn.ReLU(True), up(cin, widths[i - 1], bias)]
                 block.append(_norm(cfg.norm, widths[i - 1]))
                 if i in dropout_levels and cfg.dropout > 0:
                     block.append(nn.Dropout(cfg.dropout))
@@ -181,7 +205,7 @@ class UNetGenerator(nn.Module):
         h = self.up[-1](skips[-1])
         for i in range(len(self.up) - 2, -1, -1):
             h = self.up[i](torch.cat([skips[i], h], dim=1))
-        return h  # (B, out_channels, H, W) in [-1, 1]
+        return h  # (B, out_channels, H, W); in [-1, 1] with the tanh output
 
 
 class PatchDiscriminator(nn.Module):

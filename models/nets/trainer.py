@@ -19,7 +19,22 @@ class OptimConfig:
     lr: float = 2e-4
     beta1: float = 0.5
     l1_weight: float = 100.0
+    gan_weight: float = 1.0  # 0: no adversarial term, the discriminator is not trained
+    noise: float = 0.0  # std of Gaussian noise on the input state (network units) during training
+    unroll: int = 1  # steps of the loss (2+: pushforward terms from the network's own predictions)
+    # Delta prediction: RMS of the change over the state's scale, per output channel (network units
+    # of the change -> network units of the state); None: the network predicts the state itself.
+    delta_ratio: tuple[float, ...] | None = None
     fused: bool = False  # one fused Adam kernel over all parameters (CPU and CUDA; not XLA)
+
+    @classmethod
+    def from_recipe(cls, recipe, delta_ratio=None) -> "OptimConfig":
+        """The optimisation side of a models.nets.recipe.Recipe (delta_ratio when it predicts changes)."""
+        ratio = tuple(float(r) for r in delta_ratio) if recipe.predict == "delta" else None
+        if recipe.predict == "delta" and ratio is None:
+            raise ValueError(f"recipe {recipe.name!r} predicts changes: its delta_ratio is needed")
+        return cls(lr=recipe.lr, beta1=recipe.beta1, l1_weight=recipe.l1_weight, gan_weight=recipe.gan_weight,
+                   noise=recipe.noise, unroll=recipe.unroll, delta_ratio=ratio)
 
 
 class PhaseClock:
@@ -63,6 +78,9 @@ class Pix2Pix(nn.Module):
         self.generator = build_generator(net)
         self.discriminator = build_discriminator(net)
         self.bce = nn.BCEWithLogitsLoss()
+        ratio = optim.delta_ratio
+        # (1, 3, 1, 1) on the model's device; not part of the state dict (it is the data's, in meta.json)
+        self.register_buffer("delta_ratio", None if ratio is None else torch.tensor(ratio, dtype=torch.float32).view(1, -1, 1, 1), persistent=False)
         self._runners: tuple[nn.Module, nn.Module] | None = None  # wrapped nets, outside the state dict
         self.make_optimizers()
 
@@ -86,48 +104,96 @@ class Pix2Pix(nn.Module):
         self.opt_d.load_state_dict(state["opt_d"])
 
     def train_step(self, cond: torch.Tensor, target: torch.Tensor, autocast, clock: PhaseClock | None = None) -> dict[str, torch.Tensor]:
-        """Update D then G on a batch; cond (B, Cin, H, W), target (B, Cout, H, W). Returns detached losses.
+        """Update D (if the loss has an adversarial term), then G, on a batch. cond (B, Cin, H, W) is
+        the state at t with the mask; target (B, 3·unroll, H, W) the states at t+k, ..., t+unroll·k,
+        all in network units. Returns detached losses.
 
         As in the reference implementation, D's weights take no gradient during G's update: the
         generator step back-propagates through D to its input only."""
+        o = self.optim_config
         clock = clock or NoClock()
         gen, disc = self._runners or (self.generator, self.discriminator)
+        targets = target.chunk(o.unroll, dim=1)  # unroll × (B, 3, H, W)
         clock.start()
-        with autocast():
-            fake = gen(cond)  # (B, Cout, H, W)
-        # Discriminator: real pairs towards 1, generated pairs towards 0.
-        self.opt_d.zero_grad(set_to_none=True)
-        with autocast():
-            real_logits = disc(cond, target)  # (B, 1, h, w)
-            fake_logits = disc(cond, fake.detach())
-            loss_d = 0.5 * (
-                self.bce(real_logits.float(), torch.ones_like(real_logits, dtype=torch.float32))
-                + self.bce(fake_logits.float(), torch.zeros_like(fake_logits, dtype=torch.float32))
-            )
-        clock.lap("forward")
-        loss_d.backward()
-        clock.lap("backward")
-        self.opt_d.step()
-        clock.lap("optimizer")
-        # Generator: fool the (updated) discriminator and stay close to the target.
+        if o.noise > 0:  # (B, 3, H, W) noise on u, v, p; the mask stays exact
+            state = cond[:, :3] + o.noise * torch.randn_like(cond[:, :3])
+            cond = torch.cat([state, cond[:, 3:]], dim=1)
+        # Under DDP a forward decides whether its backward reduces gradients: with an unrolled loss
+        # only the last step's does, after the steps' gradients have been summed locally.
+        with self._gen_no_sync(gen, o.unroll > 1), autocast():
+            out = gen(cond)  # (B, Cout, H, W)
+        fake = self.next_state(cond, out)  # (B, 3, H, W) the predicted state at t+k
+        zero = torch.zeros((), device=cond.device)
+        loss_d = loss_gan = zero
+        if o.gan_weight > 0:
+            # Discriminator: real pairs towards 1, generated pairs towards 0.
+            self.opt_d.zero_grad(set_to_none=True)
+            with autocast():
+                real_logits = disc(cond, targets[0])  # (B, 1, h, w)
+                fake_logits = disc(cond, fake.detach())
+                loss_d = 0.5 * (
+                    self.bce(real_logits.float(), torch.ones_like(real_logits, dtype=torch.float32))
+                    + self.bce(fake_logits.float(), torch.zeros_like(fake_logits, dtype=torch.float32))
+                )
+            clock.lap("forward")
+            loss_d.backward()
+            clock.lap("backward")
+            self.opt_d.step()
+            clock.lap("optimizer")
+        # Generator: stay close to the target (and fool the updated discriminator).
         self.opt_g.zero_grad(set_to_none=True)
         no_sync = disc.no_sync() if hasattr(disc, "no_sync") else contextlib.nullcontext()
         self.discriminator.requires_grad_(False)
         try:
             with no_sync:  # D takes no gradient here, so DDP has nothing of D's to reduce
                 with autocast():
-                    fake_logits = disc(cond, fake)
-                    loss_gan = self.bce(fake_logits.float(), torch.ones_like(fake_logits, dtype=torch.float32))
-                    loss_l1 = (fake.float() - target.float()).abs().mean()
-                    loss_g = loss_gan + self.optim_config.l1_weight * loss_l1
+                    loss_l1 = (out.float() - self.encode_target(cond, targets[0]).float()).abs().mean()
+                    loss_g = o.l1_weight * loss_l1
+                    if o.gan_weight > 0:
+                        fake_logits = disc(cond, fake)
+                        loss_gan = self.bce(fake_logits.float(), torch.ones_like(fake_logits, dtype=torch.float32))
+                        loss_g = loss_g + o.gan_weight * loss_gan
                 clock.lap("forward")
                 loss_g.backward()
                 clock.lap("backward")
         finally:
             self.discriminator.requires_grad_(True)
+        losses = {"loss_d": loss_d.detach(), "loss_g_gan": loss_gan.detach(), "loss_l1": loss_l1.detach()}
+        # Pushforward: predict again from the network's own detached prediction (with the mask), so
+        # training sees the inputs a rollout produces; each step is scored against the reference.
+        state = fake.detach()
+        for n, target_n in enumerate(targets[1:], start=2):
+            cond_n = torch.cat([state, cond[:, 3:]], dim=1)  # (B, Cin, H, W)
+            with self._gen_no_sync(gen, n < o.unroll):
+                with autocast():
+                    out_n = gen(cond_n)
+                    loss_n = (out_n.float() - self.encode_target(cond_n, target_n).float()).abs().mean()
+                clock.lap("forward")
+                (o.l1_weight * loss_n).backward()
+            clock.lap("backward")
+            losses[f"loss_l1_step{n}"] = loss_n.detach()
+            state = self.next_state(cond_n, out_n).detach()
         self.opt_g.step()
         clock.lap("optimizer")
-        return {"loss_d": loss_d.detach(), "loss_g_gan": loss_gan.detach(), "loss_l1": loss_l1.detach()}
+        return losses
+
+    @staticmethod
+    def _gen_no_sync(gen: nn.Module, skip: bool):
+        return gen.no_sync() if skip and hasattr(gen, "no_sync") else contextlib.nullcontext()
+
+    def next_state(self, cond: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+        """The state at t+k (B, 3, H, W) in network units from the state at t (cond, with the mask)
+        and the network's output: the output itself, or the current state plus the decoded change."""
+        if self.delta_ratio is None:
+            return out
+        return cond[:, :3] + out * self.delta_ratio.to(out.dtype)
+
+    def encode_target(self, cond: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        """What the network should output for a target state (B, 3, H, W) in network units: the state
+        itself, or its change from cond in units of the change's RMS (noise on cond included)."""
+        if self.delta_ratio is None:
+            return target
+        return (target - cond[:, :3]) / self.delta_ratio
 
 
 def speed_options(device: str, precision: str = "fp32", channels_last: str = "auto", compile: str = "auto",

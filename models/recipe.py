@@ -1,0 +1,79 @@
+"""Training recipes of the frame-to-frame surrogate, chosen by name.
+
+A recipe fixes what the network predicts and how it is trained, apart from its widths:
+
+- ``predict``: ``state`` (the next frame itself, the paper's setting) or ``delta`` (the change
+  x(t+k) - x(t), in units of its own per-channel RMS over the training pairs; the next frame is the
+  current one plus the decoded change);
+- ``upsample``: ``transpose`` (4×4 stride-2 transposed convolutions, the paper's) or ``resize``
+  (nearest-neighbour doubling then a 3×3 convolution, which cannot paint a checkerboard);
+- ``output``: ``tanh`` (the paper's bounded output) or ``linear``;
+- ``dropout`` in the decoder's inner blocks (the paper's 0.5; it is off at rollout time either way);
+- ``gan_weight`` and ``l1_weight``: the adversarial and L1 terms of the generator's loss; with
+  ``gan_weight`` 0 the discriminator is not trained at all (half a step's arithmetic saved);
+- ``noise``: standard deviation of Gaussian noise added to the input u, v, p (network units) at
+  training time, with the delta target corrected so that the network learns to undo it;
+- ``unroll``: steps of the loss; 2 or more adds the pushforward terms: the next step is predicted
+  again from the network's own (detached) prediction and scored against the reference frame;
+- ``lr`` and ``beta1`` of Adam.
+"""
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Literal
+
+
+@dataclass(frozen=True)
+class Recipe:
+    name: str
+    predict: Literal["state", "delta"]
+    upsample: Literal["transpose", "resize"]
+    output: Literal["tanh", "linear"]
+    dropout: float
+    gan_weight: float
+    l1_weight: float
+    noise: float
+    unroll: int
+    lr: float
+    beta1: float
+
+    def __post_init__(self):
+        if self.predict not in ("state", "delta"):
+            raise ValueError(f"unknown prediction target {self.predict!r}; choose state or delta")
+        if self.upsample not in ("transpose", "resize"):
+            raise ValueError(f"unknown upsampling {self.upsample!r}; choose transpose or resize")
+        if self.output not in ("tanh", "linear"):
+            raise ValueError(f"unknown output activation {self.output!r}; choose tanh or linear")
+        if self.unroll < 1:
+            raise ValueError(f"unroll {self.unroll} must be at least 1 (one-step loss)")
+        if self.noise < 0 or self.gan_weight < 0 or self.l1_weight < 0 or not 0 <= self.dropout < 1:
+            raise ValueError(f"recipe {self.name!r}: noise, gan_weight and l1_weight must be >= 0 and dropout in [0, 1)")
+        if self.gan_weight == 0 and self.l1_weight == 0:
+            raise ValueError(f"recipe {self.name!r} has neither an adversarial nor an L1 term to train on")
+
+    def with_overrides(self, **values) -> "Recipe":
+        """The recipe with the given fields replaced (None values are ignored); renamed when changed."""
+        changes = {k: v for k, v in values.items() if v is not None and getattr(self, k) != v}
+        if not changes:
+            return self
+        label = self.name + "+" + ",".join(f"{k}={v}" for k, v in sorted(changes.items()))
+        return dataclasses.replace(self, name=label, **changes)
+
+
+RECIPES = {
+    # Isola et al. (2017) as the study used it: the next frame itself, transposed convolutions, tanh,
+    # dropout, GAN + 100 L1, Adam(2e-4, beta1 0.5).
+    "paper": Recipe("paper", predict="state", upsample="transpose", output="tanh", dropout=0.5,
+                    gan_weight=1.0, l1_weight=100.0, noise=0.0, unroll=1, lr=2e-4, beta1=0.5),
+    # The measured default (README, "Training recipes"): the change of state, resize-convolutions, a
+    # linear output, no dropout, L1 only, input noise and a two-step pushforward loss.
+    "default": Recipe("default", predict="delta", upsample="resize", output="linear", dropout=0.0,
+                      gan_weight=0.0, l1_weight=1.0, noise=0.01, unroll=2, lr=1e-3, beta1=0.9),
+}
+
+
+def get_recipe(name: str) -> Recipe:
+    try:
+        return RECIPES[name]
+    except KeyError:
+        raise ValueError(f"unknown recipe {name!r}; choose one of {', '.join(sorted(RECIPES))}") from None
