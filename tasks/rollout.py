@@ -22,10 +22,10 @@ from models.device import resolve_device
 from models.flow_metrics import RolloutScore, relative_l2
 from models.inference import Predictor, StepTimes, cpu_cores, make_runner
 from models.nets import NetConfig, build_generator
-from models.solver import vorticity
 from models.tiling import TilePlan, TilingError
 from tasks.data import INPUTS, OUTPUTS, StepCodec, load_frames
 from tasks.errors import UserError
+from tasks.scoring import roll, rollout_steps, step_time
 from tasks.plots import error_curves, rollout_animation, vorticity_panels
 from tasks.settings import Settings
 from tasks.simulate import SimulationSpec
@@ -130,7 +130,7 @@ def plan_rollout(settings: Settings, spec: InferSpec, model_run_id: str, meta: d
             raise UserError(f"tiling of the {height}x{width} frame of {simulation}: {exc}") from None
     if spec.device == "cpu" and spec.workers > cpu_cores():
         raise UserError(f"{spec.workers} workers requested but this host has {cpu_cores()} CPU cores; use at most {cpu_cores()}")
-    steps = min(spec.steps, (sim_spec.frames - 1 - spec.start_frame) // int(meta["frame_stride"]))
+    steps = rollout_steps(sim_spec.frames, spec.start_frame, int(meta["frame_stride"]), spec.steps)
     if steps < 1:
         raise UserError(f"simulation {simulation} has {sim_spec.frames} frames: no rollout step fits after start frame "
                         f"{spec.start_frame} with frame stride {meta['frame_stride']}")
@@ -147,11 +147,6 @@ def check_workers(spec: InferSpec, probed: dict | None) -> None:
         raise UserError(f"{spec.workers} workers requested but {probed['device']} has {available} {spec.device} device(s); use at most {available}")
     if spec.device == "xla" and spec.workers not in (1, available):
         raise UserError(f"xla map-reduce shards each batch over all {available} devices; use --workers 1 or {available}")
-
-
-def _probe_point(sim: SimulationSpec) -> tuple[int, int]:
-    """(row, col) two obstacle sizes downstream of the obstacle's centre, inside the frame."""
-    return (min(max(int(round(sim.cy)), 0), sim.ny - 1), min(int(round(sim.cx + 2 * sim.size)), sim.nx - 1))
 
 
 def run_rollout(job: dict) -> dict:
@@ -180,46 +175,37 @@ def _rollout(spec: InferSpec, settings: Settings, run: Run, setup: RolloutPlan, 
     codec = StepCodec.from_meta(meta)
     norm = codec.norm
     frames = load_frames(settings.dataset_dir(setup.dataset), sim)  # (T, 4, H, W) physical u, v, p, mask
-    steps = min(spec.steps, (len(frames) - 1 - spec.start_frame) // stride)
-    mask = frames[0, 3] > 0.5
+    steps = rollout_steps(len(frames), spec.start_frame, stride, spec.steps)
     plan = setup.tiles
     run.log_params({"rollout_simulation": sim, "rollout_steps": steps, "frame_stride": stride, "device_name": ctx.description,
                     "rollout_dataset": setup.dataset, "dataset_digest": meta["dataset_digest"], "model_run_id": job["model_run_id"],
                     "tile_shape": f"{plan.tile[0]}x{plan.tile[1]}", "tiles": plan.count, "tile_overhead": round(plan.overhead, 4),
                     "group_size": predictor.group, "frame": f"{plan.height}x{plan.width}", **setup.regime})
 
-    start = frames[spec.start_frame]  # (4, H, W)
-    state = start.copy()
-    dt = stride * setup.sim_spec.frame_every * _dt_convective(setup.sim_spec)
-    score = RolloutScore(dt, spec.threshold_u, spec.threshold_vorticity)
-    fluid = ~mask
-    w_start = vorticity(start[0], start[1], mask)
+    score = RolloutScore(step_time(setup.sim_spec, stride), spec.threshold_u, spec.threshold_vorticity)
     seams: list[float] = []
     latencies: list[float] = []
     phases: list[StepTimes] = []
     w_preds, w_refs = [], []
-    probe = _probe_point(setup.sim_spec)
-    for n in range(1, steps + 1):
-        cond = norm.encode(state)  # (4, H, W) network units
+
+    def predict(state: np.ndarray, cond: np.ndarray) -> np.ndarray:
         t0 = time.perf_counter()
-        out, times = predictor(cond)  # (3, H, W)
+        out, times = predictor(cond)  # (3, H, W) network units
         latencies.append(time.perf_counter() - t0)
         phases.append(times)
         pred = codec.next_state(state, out)  # (3, H, W) physical
         if reference is not None:  # seam error: map-reduce against full-frame on the same input (not timed)
             full = codec.next_state(state, reference(cond)[0])
             seams.append(max(relative_l2(pred[c], full[c]) for c in range(len(OUTPUTS))))
-        pred[:, mask] = 0.0
-        state = np.concatenate([pred, frames[0, 3:4]])
-        ref = frames[spec.start_frame + n * stride]
-        w_pred, w_ref = vorticity(pred[0], pred[1], mask), vorticity(ref[0], ref[1], mask)
-        metrics = score.add(pred, ref[:3], start[:3], w_pred, w_ref, w_start, probe, fluid)
-        metrics |= {"step_latency_s": latencies[-1]} | {f"{name}_s": getattr(times, name) for name in PHASES}
+        return pred
+
+    for step in roll(predict, codec, frames, setup.sim_spec, stride, steps, score, spec.start_frame):
+        metrics = step.metrics | {"step_latency_s": latencies[-1]} | {f"{name}_s": getattr(phases[-1], name) for name in PHASES}
         if seams:
             metrics["step_seam_rel_error"] = seams[-1]
-        run.log_metrics({k: v for k, v in metrics.items() if math.isfinite(v)}, step=n)
-        w_preds.append(w_pred)
-        w_refs.append(w_ref)
+        run.log_metrics({k: v for k, v in metrics.items() if math.isfinite(v)}, step=step.n)
+        w_preds.append(step.w_pred)
+        w_refs.append(step.w_ref)
 
     warm = statistics.median(latencies[1:]) if steps > 1 else latencies[0]
     warm_phases = phases[1:] or phases
@@ -256,8 +242,3 @@ def _rollout(spec: InferSpec, settings: Settings, run: Run, setup: RolloutPlan, 
     return {**summary, "simulation": sim, "steps": steps, "mode": spec.mode, "workers": spec.workers,
             "tiles": plan.count, "tile": list(plan.tile), "errors": errors, "seam_errors": seams,
             "vorticity_correlation": score.correlation, "energy_ratio": score.energy_ratio, **setup.regime}
-
-
-def _dt_convective(sim: SimulationSpec) -> float:
-    """One solver step in units of D/U (obstacle size over mean inflow), as the dataset's time axis."""
-    return sim.flow_config().u_mean / sim.size

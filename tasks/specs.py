@@ -28,7 +28,7 @@ class GenerateSpec(Spec):
     """A parameter sweep of channel flows past obstacles (lattice units)."""
 
     dataset: str = DatasetName
-    reynolds: list[PositiveFloat] = Field(default=[70.0, 90.0, 110.0, 130.0, 150.0], min_length=1, description="Reynolds numbers (mean inflow velocity, obstacle size)")
+    reynolds: list[PositiveFloat] = Field(default=[70.0, 80.0, 90.0, 100.0, 110.0, 120.0, 130.0, 140.0, 150.0], min_length=1, description="Reynolds numbers (mean inflow velocity, obstacle size)")
     shapes: list[Literal["circle", "square", "rectangle", "ellipse"]] = Field(default=["circle"], min_length=1, description="Obstacle shapes")
     nx: PositiveInt = Field(default=128, description="Channel length in cells")
     ny: PositiveInt = Field(default=64, description="Channel height in cells (walls included)")
@@ -58,7 +58,13 @@ class TrainSpec(Spec):
     device: Literal["cpu", "cuda", "xla"] = Field(default="cpu", description="cpu, cuda (all visible GPUs) or xla (TPU cores via torch_xla)")
     batch_sizes: list[PositiveInt] = Field(default=[8], min_length=1, description="Global batch sizes; several make a sweep: one run each, children of one parent run")
     world_size: PositiveInt | None = Field(default=None, description="Devices to train on, data-parallel; None = every GPU or TPU core, 1 process on cpu (cpu > 1: DDP processes over gloo)")
-    epochs: PositiveInt = Field(default=3, description="Training epochs")
+    epochs: PositiveInt | None = Field(default=None, description="Training epochs at most; None = 3, or no limit with a time budget")
+    time_budget: PositiveFloat | None = Field(default=None, description="Wall-clock seconds of training (validation included): training stops at the end of the step that crosses it and saves the model of that moment")
+    validate_every: int = Field(default=2, ge=0, description="Epochs between validation rollouts on the validation simulations, logged against training time (0 = none)")
+    validate_steps: PositiveInt = Field(default=60, description="Steps of each validation rollout")
+    target_vorticity: PositiveFloat = Field(default=0.3, description="Quality target: vorticity relative L2 at most this ...")
+    target_steps: PositiveInt = Field(default=40, description="... for the first this many steps of every validation rollout")
+    stop_at_target: bool = Field(default=False, description="End training at the validation that first reaches the quality target")
     frame_stride: PositiveInt = Field(default=1, description="k: predict frame t+k from frame t")
     ngf: PositiveInt = Field(default=64, description="Generator base width")
     ndf: PositiveInt = Field(default=64, description="Discriminator base width")
@@ -93,8 +99,16 @@ class TrainSpec(Spec):
     @model_validator(mode="after")
     def _recipe_holds(self) -> "TrainSpec":
         self.resolved_recipe()  # ValueError naming the element that does not fit
+        if self.target_steps > self.validate_steps:
+            raise ValueError(f"target_steps {self.target_steps} exceeds validate_steps {self.validate_steps}: the validation rollout must be at least as long as the target")
         return self
 
+    @property
+    def epoch_limit(self) -> int:
+        """Epochs to run at most: the given number, else 3, or (with a time budget) until the budget ends."""
+        if self.epochs is not None:
+            return self.epochs
+        return 10**9 if self.time_budget is not None else 3
     def resolved_recipe(self):
         """The models.recipe.Recipe this spec trains with: the named recipe and its overrides."""
         from models.recipe import get_recipe

@@ -27,10 +27,13 @@ import torch
 from models.device import DeviceContext, keep_freed_memory, resolve_device
 from models.nets import build_generator
 from models.nets.trainer import NoClock, OptimConfig, PhaseClock, build_trainer, speed_options
+from models.flow_metrics import RolloutScore
 from models.solver import vorticity
-from tasks.data import INPUTS, OUTPUTS, Normalizer, PairSource, StepCodec, crop_offsets, crop_pairs, epoch_order, split_of, training_net
+from tasks.data import INPUTS, OUTPUTS, Normalizer, PairSource, StepCodec, crop_offsets, crop_pairs, epoch_order, load_frames, split_of, training_net
 from tasks.errors import RunFailed, UserError
 from tasks.plots import vorticity_panels
+from tasks.scoring import roll, rollout_steps, step_time
+from tasks.simulate import SimulationSpec
 from tasks.settings import Settings
 from tasks.specs import TrainSpec
 from tasks.store import load_manifest
@@ -195,7 +198,11 @@ def _train(spec: TrainSpec, settings: Settings, batch_size: int, resume: bool, r
     session_steps, warmup_t0, warmup_s = 0, time.perf_counter(), None
     last: dict[str, float] = {}
     compiled_before = _xla_compilations()[0] if ctx.kind == "xla" else 0
-    for epoch in range(start_epoch + 1, spec.epochs + 1):
+    validation = Validation(spec, dataset_dir, manifest, split["val"], codec, net) if ctx.is_main else None
+    # Training time runs on across a resume: the clock starts where the checkpoint's left off.
+    clock_t0 = time.perf_counter() - history.get("train_s", 0.0)
+    stopping = None  # why training ends before its epoch limit: "time budget" or "target reached"
+    for epoch in range(start_epoch + 1, spec.epoch_limit + 1):
         model.train()
         _seed_epoch(ctx, spec.seed, epoch)
         order = epoch_order(len(train), spec.seed, epoch)  # the same on every rank
@@ -219,7 +226,10 @@ def _train(spec: TrainSpec, settings: Settings, batch_size: int, resume: bool, r
                 losses = model.train_step(cond, target, ctx.autocast, clock)
                 ctx.step_end()
                 names = sorted(losses)
-                values = dict(zip(names, ctx.mean_over_ranks(torch.stack([losses[k].float() for k in names])).tolist()))
+                # Every rank must stop at the same step: the budget's verdict travels with the losses.
+                over = float(spec.time_budget is not None and time.perf_counter() - clock_t0 >= spec.time_budget)
+                reduced = ctx.mean_over_ranks(torch.stack([losses[k].float() for k in names] + [torch.full_like(losses[names[0]], over, dtype=torch.float32)])).tolist()
+                values = dict(zip(names, reduced[:-1]))
                 t2 = time.perf_counter()
                 data_s += t1 - t0
                 global_step, session_steps, done = global_step + 1, session_steps + 1, done + 1
@@ -234,6 +244,9 @@ def _train(spec: TrainSpec, settings: Settings, batch_size: int, resume: bool, r
                     sums[k] = sums.get(k, 0.0) + v
                 steps.add(global_step, {f"step_{k}": v for k, v in values.items()} | {"step_time_s": t2 - t0})
                 if spec.max_steps and global_step >= spec.max_steps:
+                    break
+                if reduced[-1] > 0:
+                    stopping = "time budget"
                     break
         finally:
             batches.close()  # stops the reader thread on a break or an error
@@ -253,21 +266,93 @@ def _train(spec: TrainSpec, settings: Settings, batch_size: int, resume: bool, r
                 log.warning("epoch %d compiled %d new XLA graphs after warm-up: some shape or branch keeps changing", epoch, compiled - compiled_before)
             compiled_before = compiled
         steps.flush()
+        samples_seen = history.get("samples", 0) + done * batch_size
+        history["samples"] = samples_seen
+        last_epoch = stopping is not None or epoch == spec.epoch_limit or bool(spec.max_steps and global_step >= spec.max_steps)
+        reached = 0.0
+        if validation is not None and validation.due(epoch, last_epoch):
+            quality = validation.score(model.generator, ctx)
+            history["train_s"] = time.perf_counter() - clock_t0  # validation counts as training time
+            metrics |= {f"val_{k}": v for k, v in quality.items() if math.isfinite(v)} | {"train_time_s": history["train_s"]}
+            if validation.reached(quality) and "target" not in history:
+                history["target"] = {"time_to_target_s": history["train_s"], "epochs_to_target": epoch, "samples_to_target": samples_seen}
+                metrics |= history["target"]
+                log.info("quality target reached after %.1f s, epoch %d, %d samples: vorticity within %.3g for %d steps",
+                         history["train_s"], epoch, samples_seen, spec.target_vorticity, spec.target_steps)
+                reached = float(spec.stop_at_target)
+        if ctx.world_size > 1:  # rank 0 judged the target: every rank stops with it
+            reached = ctx.mean_over_ranks(torch.full((1,), reached, device=ctx.device)).item()
+        if reached > 0 and stopping is None:
+            stopping = "target reached"
+        history["train_s"] = time.perf_counter() - clock_t0
+        metrics["train_time_s"] = history["train_s"]
         if ctx.is_main:
             run.log_metrics(metrics, step=epoch)
             save_checkpoint({"epoch": epoch, "global_step": global_step, "history": history,
                              "model": {"generator": _to_cpu(model.generator.state_dict()),
                                        "discriminator": _to_cpu(model.discriminator.state_dict())},
                              "optimizers": _to_cpu(model.optimizer_state())}, checkpoint)
-        log.info("epoch %d/%d: %.1f s, %.2f samples/s, L1 %.4f, D %.3f, data wait %.1f%%", epoch, spec.epochs, epoch_s,
-                 metrics["samples_per_s"], last["loss_l1"], last["loss_d"], 100 * metrics["data_wait_fraction"])
+        log.info("epoch %d: %.1f s, %.2f samples/s, L1 %.4f, D %.3f, data wait %.1f%%%s", epoch, epoch_s,
+                 metrics["samples_per_s"], last["loss_l1"], last["loss_d"], 100 * metrics["data_wait_fraction"],
+                 f", validation: vorticity horizon {metrics['val_horizon_vorticity']:.0f} steps" if "val_horizon_vorticity" in metrics else "")
         if spec.max_steps and global_step >= spec.max_steps:
+            break
+        if stopping is not None:
+            log.info("training stops after epoch %d: %s (%.1f s of training)", epoch, stopping, history["train_s"])
             break
     history["warmup_s"].append(warmup_s if warmup_s is not None else float("nan"))
     if not ctx.is_main:
         return None
     return _finish(spec, settings, run, run_dir, model, net, codec, train, manifest, split, history, global_step, last,
                    steps_per_epoch * batch_size, ctx, g_params, d_params)
+
+
+class Validation:
+    """Rollouts of the generator on the validation simulations during training, scored against them;
+    the quality target: vorticity relative L2 at most ``target_vorticity`` for the first
+    ``target_steps`` steps of every validation rollout."""
+
+    def __init__(self, spec: TrainSpec, dataset_dir: Path, manifest: dict, sim_ids: list[str], codec: StepCodec, net):
+        self.spec, self.codec, self.net = spec, codec, net
+        self.sims = [(load_frames(dataset_dir, s), SimulationSpec(**manifest["simulations"][s]["spec"])) for s in sim_ids]
+
+    def due(self, epoch: int, last: bool) -> bool:
+        every = self.spec.validate_every
+        return bool(self.sims) and every > 0 and (epoch % every == 0 or last)
+
+    @torch.no_grad()
+    def score(self, generator: torch.nn.Module, ctx: DeviceContext) -> dict[str, float]:
+        """The worst case over the validation simulations of each rollout score."""
+        if ctx.kind == "xla":  # a CPU copy: one-frame batches would not shard over the mesh
+            copy = build_generator(self.net)
+            copy.load_state_dict(_to_cpu(generator.state_dict()))
+            generator = copy
+        device = torch.device("cpu") if ctx.kind == "xla" else ctx.device
+        was_training = generator.training
+        generator.eval()
+        results = []
+        try:
+            for frames, sim in self.sims:
+                def predict(state: np.ndarray, cond: np.ndarray) -> np.ndarray:
+                    out = generator(torch.from_numpy(cond[None]).to(device)).float().cpu().numpy()[0]  # (3, H, W)
+                    return self.codec.next_state(state, out)
+
+                stride = self.spec.frame_stride
+                score = RolloutScore(step_time(sim, stride), threshold_vorticity=self.spec.target_vorticity)
+                for _ in roll(predict, self.codec, frames, sim, stride, rollout_steps(len(frames), 0, stride, self.spec.validate_steps), score):
+                    pass
+                results.append(score.summary())
+        finally:
+            generator.train(was_training)
+        worst = {}
+        for key in ("one_step_rel_l2_u", "one_step_rel_l2_vorticity", "strouhal_rel_error", "mean_rel_l2_vorticity", "energy_ratio_max_deviation"):
+            worst[key] = max(r[key] for r in results)
+        for key in ("horizon_u", "horizon_vorticity", "correlation_periods"):
+            worst[key] = min(r[key] for r in results)
+        return worst
+
+    def reached(self, quality: dict) -> bool:
+        return quality["horizon_vorticity"] >= self.spec.target_steps
 
 
 def _to_device(array: np.ndarray, ctx: DeviceContext, options: dict) -> torch.Tensor:
@@ -298,8 +383,11 @@ def _finish(spec, settings, run, run_dir, model, net, codec, train, manifest, sp
         "epochs": len(epochs), "steps": global_step, "warmup_s": float(np.nansum(history["warmup_s"])),
         "time_per_epoch_s": time_per_epoch, "samples_per_s": samples_per_epoch / time_per_epoch,
         "final_l1": last.get("loss_l1", float("nan")), "generator_params": g_params, "discriminator_params": d_params,
+        "train_time_s": history.get("train_s", float(np.sum(epochs))), "samples_seen": history.get("samples", 0),
+        "target_reached": float("target" in history), **history.get("target", {}),
     }
     run.log_metrics(summary)
+    run.set_tags({"karman.target": "reached" if "target" in history else "not reached"})
     return {**summary, "split": split, "device": ctx.description, "world_size": ctx.world_size, "strategy": ctx.strategy}
 
 
