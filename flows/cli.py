@@ -16,7 +16,7 @@ from pydantic import BaseModel, ValidationError
 
 from flows.bench import BENCH_COMMANDS, OneLineParser, add_bench_commands, run_bench
 from tasks.errors import UserError
-from tasks.specs import AggregateSpec, BenchmarkSpec, DemoSpec, GenerateSpec, InferSpec, TrainSpec, ValidateSpec
+from tasks.specs import AblationSpec, AggregateSpec, BenchmarkSpec, DemoSpec, GenerateSpec, InferSpec, TrainSpec, ValidateSpec
 
 EXIT_USAGE = 2
 
@@ -100,6 +100,7 @@ COMMANDS: dict[str, tuple[type[BaseModel] | None, str]] = {
     "infer": (InferSpec, "Roll a trained model out against the reference solver"),
     "aggregate": (AggregateSpec, "Write comparison tables, figures and a report from MLflow runs"),
     "validate-solver": (ValidateSpec, "Check the solver against the Schäfer-Turek cylinder benchmark"),
+    "ablate": (AblationSpec, "Train each recipe variant on the same data and budget and tabulate rollout quality"),
     "benchmark": (BenchmarkSpec, "Run the benchmark matrix: generate, train (devices x batch sizes), roll out (modes x workers), report"),
 }
 
@@ -146,6 +147,11 @@ def _preflight(command: str, spec: BaseModel) -> None:
             probed = run_child("probe", {"device": spec.device}, logging.getLogger("karman.cli"), env=device_env(spec.device, spec.world_size))
         world, _ = plan_world(spec, probed)
         check_training_input(settings, spec, batch_sizes, world)
+    if isinstance(spec, AblationSpec):
+        from tasks.train import check_training_input
+
+        for variant in spec.variants:
+            check_training_input(settings, spec.train_spec(variant), [spec.batch_size], 1)
     if isinstance(spec, InferSpec):
         from tasks.infer import check_rollout
 
@@ -169,6 +175,8 @@ def _summary(command: str, result: dict) -> dict:
         return {k: v for k, v in result.items() if k not in ("run_id", "checks")}
     if command == "benchmark":
         return {k: result[k] for k in ("dataset", "cells", "report", "aggregate_run_id", "failed")}
+    if command == "ablate":
+        return {"report": result["report"], "run_id": result["run_id"], "rows": result["rows"]}
     if command == "aggregate":
         return {"report": result["report"], "run_id": result["run_id"], "train_rows": len(result["train_rows"]), "infer_rows": len(result["infer_rows"])}
     return result

@@ -4,12 +4,12 @@ import time
 
 from prefect import flow, get_run_logger
 
-from tasks.aggregate import aggregate_runs
+from tasks.aggregate import ablation_row, aggregate_runs, write_ablation
 from tasks.cells import cell_error, cell_key, finished_cell, interrupted_cell, record_failed_cell
 from tasks.generate import run_sweep
 from tasks.infer import rollout
 from tasks.settings import Settings
-from tasks.specs import AggregateSpec, BenchmarkSpec, DemoSpec, GenerateSpec, InferSpec, TrainSpec, ValidateSpec
+from tasks.specs import AblationSpec, AggregateSpec, BenchmarkSpec, DemoSpec, GenerateSpec, InferSpec, TrainSpec, ValidateSpec
 from tasks.train import check_training_input, log_study_table, plan_world, probe_device, resume_plan, sweep_run, train_model
 from tasks.validation import validate_solver as run_validation
 
@@ -74,6 +74,30 @@ def aggregate(spec: AggregateSpec = AggregateSpec()) -> dict:
 def validate_solver(spec: ValidateSpec = ValidateSpec()) -> dict:
     """Check the solver against the Schäfer-Turek cylinder benchmark over a ladder of resolutions."""
     return run_validation(_settings(), spec)
+
+
+@flow(name="ablate")
+def ablate(spec: AblationSpec = AblationSpec()) -> dict:
+    """Train each recipe variant on the same data and budget, roll it out on the test simulation, and
+    tabulate one-step error, useful horizons, Strouhal error and training time."""
+    settings = _settings()
+    logger = get_run_logger()
+    rows, simulation = [], "?"
+    for variant in spec.variants:
+        try:
+            trained = train(spec.train_spec(variant))
+            rolled = infer(InferSpec(model_run=trained["run_id"], steps=spec.steps))
+        except Exception as exc:  # one failed variant does not stop the others; its row says so
+            logger.error("variant %s failed: %s", variant, exc)
+            rows.append(ablation_row(variant, {"run_id": "FAILED", "epochs": 0}, {}))
+            continue
+        simulation = rolled["simulation"]
+        rows.append(ablation_row(variant, trained, rolled))
+        logger.info("variant %s: vorticity horizon %d steps, one-step vorticity error %.3g", variant,
+                    rows[-1]["horizon_vorticity"], rows[-1]["one_step_rel_l2_vorticity"])
+    if all(r["train_run"] == "FAILED" for r in rows):
+        raise RuntimeError("every variant of the ablation failed; see the log")
+    return write_ablation(settings, spec.name, spec.model_dump(), rows, simulation)
 
 
 @flow(name="demo")

@@ -61,12 +61,12 @@ def kinetic_energy(u: np.ndarray, v: np.ndarray) -> float:
 
 
 def oscillation_amplitude(signal: np.ndarray) -> float:
-    """Standard deviation of a signal about its linear trend (0 for a settled, non-shedding wake)."""
+    """Half the peak-to-peak range of a signal (0 for a settled, non-shedding wake); over at least one
+    period it does not depend on where the window starts."""
     x = np.asarray(signal, np.float64)
-    if x.size < 3 or not np.all(np.isfinite(x)):
+    if x.size < 2 or not np.all(np.isfinite(x)):
         return float("nan")
-    t = np.arange(x.size)
-    return float(np.std(x - np.polyval(np.polyfit(t, x, 1), t)))
+    return float(0.5 * (x.max() - x.min()))
 
 
 @dataclass
@@ -130,7 +130,7 @@ class RolloutScore:
         ratio = np.array(self.energy_ratio)
         stable = horizon(np.abs(ratio - 1.0), 0.1)
         # The wake still sheds if the probe oscillates in the last period about as much as the reference's.
-        tail = max(3, int(np.ceil(period_steps)) if period_steps == period_steps else steps // 4)
+        tail = max(3, int(np.ceil(period_steps)) + 1 if period_steps == period_steps else steps // 4)
         amp_ref = oscillation_amplitude(ref[-tail:])
         amp_ratio = oscillation_amplitude(pred[-tail:]) / amp_ref if amp_ref > 0 else float("nan")
         return {

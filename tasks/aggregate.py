@@ -98,6 +98,37 @@ def markdown_table(rows: list[dict]) -> str:
     return "\n".join(lines) + "\n"
 
 
+ABLATION_COLUMNS = ("one_step_rel_l2_u", "one_step_rel_l2_vorticity", "one_step_skill_u", "horizon_u", "horizon_vorticity",
+                    "strouhal_rel_error", "correlation_periods", "energy_ratio_final")
+
+
+def ablation_row(variant: str, trained: dict, rolled: dict) -> dict:
+    """One row of the ablation table from a training result and its rollout's summary."""
+    nan = float("nan")
+    return {"variant": variant, "train_run": trained["run_id"][:8], "epochs": trained["epochs"],
+            "train_time_s": trained.get("train_time_s", nan), "time_to_target_s": trained.get("time_to_target_s", nan),
+            **{k: rolled.get(k, nan) for k in ABLATION_COLUMNS}}
+
+
+@task(name="write-ablation")
+def write_ablation(settings: Settings, name: str, params: dict, rows: list[dict], simulation: str) -> dict:
+    """``ablation.md`` and ``ablation.json`` under the report folder, logged to an MLflow run of stage ablation."""
+    import json
+
+    out = settings.report_dir(name)
+    out.mkdir(parents=True, exist_ok=True)
+    text = (f"# Training recipe ablation `{name}`\n\nEach variant trained for {params['time_budget']:g} s on dataset "
+            f"`{params['dataset']}` (ngf {params['ngf']}, batch {params['batch_size']}, seed {params['seed']}), then rolled out "
+            f"{params['steps']} steps on the held-out simulation `{simulation}`; horizons count steps with u error <= 0.1 "
+            f"and vorticity error <= 0.3 (relative L2).\n\n" + markdown_table(rows))
+    (out / "ablation.md").write_text(text)
+    (out / "ablation.json").write_text(json.dumps(rows, indent=2))
+    with mlflow_run(settings, "ablation", f"ablation-{name}", params=params) as run:
+        for path in (out / "ablation.md", out / "ablation.json"):
+            run.log_artifact(path, "ablation")
+        return {"report": str(out / "ablation.md"), "rows": rows, "run_id": run.run_id}
+
+
 def write_html(markdown_path: Path, title: str) -> Path:
     """``report.html`` beside ``report.md``: the same text, tables and figures, for a browser."""
     import html

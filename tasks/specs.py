@@ -66,8 +66,8 @@ class TrainSpec(Spec):
     target_steps: PositiveInt = Field(default=40, description="... for the first this many steps of every validation rollout")
     stop_at_target: bool = Field(default=False, description="End training at the validation that first reaches the quality target")
     frame_stride: PositiveInt = Field(default=1, description="k: predict frame t+k from frame t")
-    ngf: PositiveInt = Field(default=64, description="Generator base width")
-    ndf: PositiveInt = Field(default=64, description="Discriminator base width")
+    ngf: PositiveInt | None = Field(default=None, description="Generator base width; None = the recipe's (default 16, paper 64)")
+    ndf: PositiveInt | None = Field(default=None, description="Discriminator base width; None = the recipe's (default 16, paper 64)")
     depth: PositiveInt | None = Field(default=None, description="U-Net down-blocks; None = log2(crop, or min(height, width))")
     crop: PositiveInt | None = Field(default=None, description="Train on random crops of this side (a multiple of 2^depth), which suits tiled (map-reduce) inference with tiles of that side; None = whole frames")
     norm: Literal["batch", "instance"] = Field(default="batch", description="Normalisation layers")
@@ -115,7 +115,7 @@ class TrainSpec(Spec):
 
         return get_recipe(self.recipe).with_overrides(
             predict=self.predict, upsample=self.upsample, noise=self.noise, unroll=self.unroll,
-            gan_weight=self.gan_weight, lr=self.lr, l1_weight=self.l1_weight)
+            gan_weight=self.gan_weight, lr=self.lr, l1_weight=self.l1_weight, ngf=self.ngf, ndf=self.ndf)
 
 
 class InferSpec(Spec):
@@ -161,12 +161,53 @@ class ValidateSpec(Spec):
     max_time: PositiveFloat | None = Field(default=None, description="Seconds of flow at most; None = 60 (2D-1) or 20 (2D-2)")
 
 
+# Recipe elements taken back one at a time from the default (and the paper's whole recipe): the
+# TrainSpec fields each variant sets.
+ABLATIONS: dict[str, dict] = {
+    "default": {},
+    "paper": {"recipe": "paper"},
+    "next-frame": {"predict": "state"},
+    "transposed-conv": {"upsample": "transpose"},
+    "no-noise": {"noise": 0.0},
+    "one-step-loss": {"unroll": 1},
+    "with-gan": {"gan_weight": 1.0, "l1_weight": 100.0},
+    "width-32": {"ngf": 32, "ndf": 32},
+}
+Ablation = Literal["default", "paper", "next-frame", "transposed-conv", "no-noise", "one-step-loss", "with-gan", "width-32"]
+
+
+class AblationSpec(Spec):
+    """The training recipe's elements measured one at a time on the same data, split, widths, seed and
+    wall-clock budget: each variant is trained, rolled out on the test simulation and tabulated."""
+
+    dataset: str = DatasetName
+    variants: list[Ablation] = Field(default=list(ABLATIONS), min_length=1, description="Variants: default, the paper's recipe, and the default with one element taken back each")
+    time_budget: PositiveFloat = Field(default=120.0, description="Wall-clock seconds of training per variant")
+    ngf: PositiveInt = Field(default=16, description="Generator base width")
+    ndf: PositiveInt = Field(default=16, description="Discriminator base width (variants with a GAN term)")
+    batch_size: PositiveInt = Field(default=8, description="Batch size")
+    threads: PositiveInt | None = Field(default=None, description="CPU threads for torch; None = all cores")
+    seed: int = Field(default=0, description="Seed of weights, split and shuffling")
+    steps: PositiveInt = Field(default=60, description="Rollout steps on the test simulation")
+    name: str = Field(default="ablation", pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$", description="Report folder name under the data root's reports folder")
+
+    @field_validator("variants")
+    @classmethod
+    def _distinct(cls, values: list) -> list:
+        return once_each(values, "variant")
+
+    def train_spec(self, variant: str) -> TrainSpec:
+        values = {"dataset": self.dataset, "batch_sizes": [self.batch_size], "ngf": self.ngf, "ndf": self.ndf,
+                  "time_budget": self.time_budget, "threads": self.threads, "seed": self.seed}
+        return TrainSpec(**(values | ABLATIONS[variant]))
+
+
 class DemoSpec(Spec):
     """The quick CPU pipeline: a small sweep, a narrow Pix2Pix, a rollout and a report."""
 
     generate: GenerateSpec = Field(default_factory=GenerateSpec)
-    train: TrainSpec = Field(default_factory=lambda: TrainSpec(ngf=16, ndf=16, epochs=10, batch_sizes=[8]))
-    infer: InferSpec = Field(default_factory=lambda: InferSpec(steps=20))
+    train: TrainSpec = Field(default_factory=lambda: TrainSpec(time_budget=120, batch_sizes=[8]))
+    infer: InferSpec = Field(default_factory=lambda: InferSpec(steps=60))
     aggregate: AggregateSpec = Field(default_factory=lambda: AggregateSpec(name="demo"))
 
     @model_validator(mode="after")

@@ -157,7 +157,7 @@ def _train(spec: TrainSpec, settings: Settings, batch_size: int, resume: bool, r
     train = PairSource(dataset_dir, split["train"], spec.frame_stride, unroll=recipe.unroll)
     norm = Normalizer.fit(train)  # streamed over the training simulations' frames
     codec = StepCodec(norm, train.change_rms().tolist() if recipe.predict == "delta" else None)
-    net = training_net(train.height, train.width, spec.crop, spec.depth, ngf=spec.ngf, ndf=spec.ndf, norm=spec.norm,
+    net = training_net(train.height, train.width, spec.crop, spec.depth, ngf=recipe.ngf, ndf=recipe.ndf, norm=spec.norm,
                        dropout=recipe.dropout, upsample=recipe.upsample, output=recipe.output)
     steps_per_epoch = len(train) // batch_size
     if steps_per_epoch == 0:
@@ -188,7 +188,7 @@ def _train(spec: TrainSpec, settings: Settings, batch_size: int, resume: bool, r
             "image_height": train.height, "image_width": train.width, "generator_depth": net.generator_depth,
             "generator_params": g_params, "discriminator_params": d_params, "dataset_digest": manifest["digest"],
             "train_pairs": len(train), "split": json.dumps(split), "code_version": code_version(),
-            "speed": json.dumps(options), "host": socket.gethostname(), "recipe": recipe.name,
+            "speed": json.dumps(options), "host": socket.gethostname(), "recipe_label": recipe.name,
             **{f"recipe_{k}": v for k, v in dataclasses.asdict(recipe).items() if k != "name"},
         })
     log.info("training on %s: %d pairs from %d simulations, batch %d, %d steps/epoch, generator %.2fM params",

@@ -21,10 +21,11 @@ def test_demo_from_the_command_line_logs_where_told(tmp_path):
     runs = client.search_runs([exp.experiment_id])
     assert len(runs) >= 4 and all(r.info.status == "FINISHED" for r in runs)
     assert (tmp_path / "data" / "reports" / "demo" / "report.md").exists()
-    assert "epoch 10/10" in proc.stderr  # progress reached the terminal
+    assert "training stops after epoch" in proc.stderr and ": time budget" in proc.stderr  # progress reached the terminal
+    assert "validation: vorticity horizon" in proc.stderr
 
     # A second sweep with the same parameters reuses every simulation and keeps the digest.
     again = run_cli("generate", "--json", cwd=tmp_path, env=env)
     assert again.returncode == 0, again.stderr[-3000:]
     assert json.loads(again.stdout.strip().splitlines()[-1])["digest"] == summary["dataset"]["digest"]
-    assert "5 already complete, 0 to run" in again.stderr
+    assert "9 already complete, 0 to run" in again.stderr

@@ -121,9 +121,9 @@ def test_sweep_expands_over_every_combination_and_keeps_the_default_sweep():
         for shape in spec.shapes for re in spec.reynolds for size in spec.size for x in spec.x_position for y in spec.y_offset}
     assert [s.reynolds for s in sims[:2]] == [70.0, 90.0]  # Reynolds number varies fastest
 
-    # The default is the single-obstacle sweep of before, recorded in the manifest as it was.
+    # The default is a single-obstacle sweep of nine Reynolds numbers, recorded in the manifest as before.
     default = expand(GenerateSpec())
-    assert [(s.reynolds, s.size, s.cx, s.cy) for s in default] == [(re, 16.0, 24.0, 32.0) for re in (70.0, 90.0, 110.0, 130.0, 150.0)]
+    assert [(s.reynolds, s.size, s.cx, s.cy) for s in default] == [(re, 16.0, 24.0, 32.0) for re in (70.0, 80.0, 90.0, 100.0, 110.0, 120.0, 130.0, 140.0, 150.0)]
     key = _sweep_key(GenerateSpec())
     assert (key["size"], key["x_position"], key["y_offset"]) == (16.0, 0.375, 0.5)
     assert _sweep_key(GenerateSpec(size=[8.0, 12.0]))["size"] == [8.0, 12.0]

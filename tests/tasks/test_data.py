@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 from zarr.storage import LocalStore, WrapperStore
 
-from tasks.data import OUTPUTS, Normalizer, PairSource, load_frames, split_simulations
+from tasks.data import OUTPUTS, Normalizer, PairSource, StepCodec, load_frames, split_simulations
 from tasks.errors import UserError
 from tasks.simulate import run_simulation
 from tasks.store import STORE
@@ -246,3 +246,58 @@ def test_the_training_network_follows_the_crop_and_refuses_what_does_not_fit():
         training_net(64, 128, 96)
     with pytest.raises(UserError, match="crop 48: image size 48x48 does not fit a U-Net of depth 5"):
         training_net(64, 128, 48)
+
+
+def test_held_out_simulations_lie_inside_the_reynolds_range():
+    ids = [f"sim-{re}" for re in (70, 80, 90, 100, 110, 120, 130, 140, 150)]
+    reynolds = {s: float(s.split("-")[1]) for s in ids}
+    split = split_simulations(ids, n_val=1, n_test=1, seed=0, reynolds=reynolds)
+    assert split["test"] == ["sim-110"] and split["val"] == ["sim-120"]  # the middle, then the middle of the rest
+    assert {"sim-70", "sim-150"} <= set(split["train"]) and len(split["train"]) == 7
+    wide = split_simulations(ids, n_val=2, n_test=3, seed=0, reynolds=reynolds)
+    held = wide["test"] + wide["val"]
+    assert len(set(held)) == 5 and all(80 <= reynolds[s] <= 140 for s in held)
+    # Too few interior simulations: the seeded permutation, as without Reynolds numbers.
+    three = ids[:3]
+    assert split_simulations(three, 1, 1, 0, {s: reynolds[s] for s in three}) == split_simulations(three, 1, 1, 0)
+
+
+@pytest.mark.parametrize("stride,unroll", [(1, 2), (2, 2), (1, 3)])
+def test_unrolled_targets_are_the_next_states_one_after_another(dataset, eager, stride, unroll):
+    root, ids = dataset
+    frames = [eager[s] for s in ids]
+    source = PairSource(root, ids, stride, unroll=unroll)
+    pairs = [(i, t) for i, f in enumerate(frames) for t in range(len(f) - stride * unroll)]
+    assert len(source) == len(pairs)
+    picks = np.arange(len(source))[::2]
+    cond, target = source.physical(picks)
+    assert target.shape == (len(picks), 3 * unroll, *frames[0].shape[-2:])
+    for row, j in enumerate(picks):
+        i, t = pairs[j]
+        np.testing.assert_array_equal(cond[row], frames[i][t])
+        for n in range(1, unroll + 1):
+            np.testing.assert_array_equal(target[row, 3 * (n - 1) : 3 * n], frames[i][t + n * stride, :3])
+    norm = eager_normalizer(frames)
+    _, encoded = source.batch(picks, norm)
+    np.testing.assert_allclose(encoded[:, 3:6], norm.encode(target[:, 3:6]), rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("block_frames", [1, 3, 16])
+def test_change_rms_is_the_rms_of_every_pairs_change(dataset, eager, block_frames):
+    root, ids = dataset
+    for stride in (1, 2):
+        changes = np.concatenate([(eager[s][stride:, :3] - eager[s][:-stride, :3]).astype(np.float64) for s in ids])
+        expected = np.sqrt(np.mean(np.square(changes), axis=(0, 2, 3)))
+        np.testing.assert_allclose(PairSource(root, ids, stride).change_rms(block_frames), expected, rtol=1e-5)
+
+
+def test_step_codec_adds_the_decoded_change_to_the_state():
+    norm = Normalizer(center=[0.05, 0.0, 0.3], scale=[0.1, 0.05, 0.01])
+    codec = StepCodec(norm, delta_scale=[0.002, 0.004, 0.0001])
+    state = np.random.default_rng(0).normal(size=(4, 8, 8)).astype(np.float32)
+    out = np.ones((3, 8, 8), np.float32)
+    np.testing.assert_allclose(codec.next_state(state, out) - state[:3], np.broadcast_to(np.array([0.002, 0.004, 0.0001], np.float32)[:, None, None], (3, 8, 8)), rtol=0, atol=1e-6)
+    assert codec.delta_ratio == pytest.approx([0.02, 0.08, 0.01])
+    plain = StepCodec.from_meta({"normalizer": {"center": norm.center, "scale": norm.scale}})  # a model from before delta prediction
+    assert plain.delta_scale is None
+    np.testing.assert_allclose(plain.next_state(state, out), norm.decode(out))

@@ -17,7 +17,7 @@ import torch
 import zarr
 from mlflow.tracking import MlflowClient
 
-from tasks.data import epoch_order, split_simulations
+from tasks.data import epoch_order, split_of
 from tasks.simulate import run_simulation
 from tasks.store import STORE, Manifest, consolidate
 from tests.conftest import ROOT, run_cli
@@ -93,8 +93,9 @@ def assert_same_weights(a: dict, b: dict, atol: float = 0.0) -> None:
 
 
 def test_cpu_run_killed_mid_training_resumes_to_the_uninterrupted_result(trainable):
-    # ndf 16 makes D's stride-1 layer 64 -> 128 channels, wide enough for its Winograd path on CPU
-    args = ("--ngf", "8", "--ndf", "16", "--threads", "1", "--epochs", "12", "--batch-sizes", "4")
+    # The paper's recipe trains D; ndf 16 makes D's stride-1 layer 64 -> 128 channels, wide enough for its
+    # Winograd path on CPU
+    args = ("--recipe", "paper", "--ngf", "8", "--ndf", "16", "--threads", "1", "--epochs", "12", "--batch-sizes", "4")
     whole = train(trainable, *args)
     killed = kill_after_first_checkpoint(trainable, *args)
     assert client().get_run(killed).info.status == "RUNNING"  # SIGKILL left no chance to close it
@@ -150,9 +151,8 @@ def test_a_sweep_over_two_ddp_cpu_processes_builds_the_study_table(trainable):
 def test_a_loss_turning_nan_stops_the_run_and_keeps_the_last_good_checkpoint(trainable):
     # Corrupt one obstacle-mask frame that epoch 1 drops (the remainder after full batches) and epoch 2 uses.
     ds_dir = trainable / "data" / "datasets" / "tiny"
-    sims = json.loads((ds_dir / "manifest.json").read_text())["simulations"]
-    split = split_simulations(list(sims), 0, 1, 0)
-    pairs_per_sim, batch = 11, 4  # 12 frames, stride 1
+    split = split_of(json.loads((ds_dir / "manifest.json").read_text()), 0, 1, 0)
+    pairs_per_sim, batch = 11, 4  # 12 frames, stride 1, one-step loss
     n = pairs_per_sim * len(split["train"])
     dropped_1 = set(epoch_order(n, 0, 1)[(n // batch) * batch :])
     used_2 = set(epoch_order(n, 0, 2)[: (n // batch) * batch])
@@ -161,7 +161,8 @@ def test_a_loss_turning_nan_stops_the_run_and_keeps_the_last_good_checkpoint(tra
     group = zarr.open_group(str(ds_dir / STORE / sim), mode="r+")
     mask = group["mask"][t]
     group["mask"][t] = np.full_like(mask, np.nan)
-    proc = run_cli("train", "--dataset", "tiny", *NET, "--epochs", "3", "--batch-sizes", str(batch), cwd=trainable)
+    proc = run_cli("train", "--dataset", "tiny", *NET, "--epochs", "3", "--batch-sizes", str(batch), "--val-simulations", "0",
+                   "--unroll", "1", cwd=trainable)
     assert proc.returncode == 1
     last = next(line for line in proc.stderr.splitlines() if line.startswith("python -m flows train: failed:"))
     assert "loss became non-finite at epoch 2" in last and "last good checkpoint (epoch 1) is kept" in last
@@ -195,3 +196,40 @@ def test_a_dataset_without_simulations_is_refused(workdir):
     ds_dir.mkdir(parents=True)
     (ds_dir / "manifest.json").write_text('{"spec": {}, "simulations": {}, "digest": "x"}')
     assert_refused(run_cli("train", "--dataset", "empty", cwd=workdir), "dataset 'empty' has no completed simulations")
+
+
+def test_a_time_budget_ends_training_at_the_step_that_crosses_it_and_saves_that_model(trainable):
+    out = train(trainable, *NET, "--time-budget", "4", "--batch-sizes", "2", "--validate-every", "0")
+    assert 4.0 <= out["train_time_s"] < 4.0 + 10 * out["time_per_epoch_s"] + 2.0  # stopped within a step of the budget
+    assert 1 <= out["epochs"] < 10**9 and out["target_reached"] == 0.0
+    assert out["samples_seen"] == out["steps"] * 2
+    run = client().get_run(out["run_id"])
+    assert run.info.status == "FINISHED" and run.data.tags["karman.target"] == "not reached"
+    assert (trainable / "data" / "runs" / out["run_id"] / "model" / "generator.pt").exists()
+    state = torch.load(trainable / "data" / "runs" / out["run_id"] / "checkpoint.pt", weights_only=True)
+    assert_same_weights(state["model"]["generator"], generator_state(trainable, out["run_id"]))  # the model of that moment
+    assert state["global_step"] == out["steps"]
+
+
+def test_validation_rollouts_score_quality_over_training_time_and_record_time_to_target(trainable):
+    # A target every model meets (vorticity error <= 1e6 for 2 steps): reached at the first validation.
+    out = train(trainable, *NET, "--epochs", "6", "--batch-sizes", "4", "--validate-every", "2", "--validate-steps", "3",
+                "--target-vorticity", "1e6", "--target-steps", "2", "--stop-at-target")
+    assert out["target_reached"] == 1.0 and out["epochs"] == 2 and out["epochs_to_target"] == 2
+    assert out["samples_to_target"] == out["samples_seen"] == out["steps"] * 4
+    assert 0 < out["time_to_target_s"] <= out["train_time_s"]
+    history = client().get_metric_history(out["run_id"], "val_horizon_vorticity")
+    assert [(m.step, m.value) for m in history] == [(2, 3.0)]
+    wall = client().get_metric_history(out["run_id"], "train_time_s")
+    assert sorted(m.step for m in wall) == [1, 2] and wall[-1].value > 0
+    assert client().get_run(out["run_id"]).data.tags["karman.target"] == "reached"
+    # A target no model meets: every validation is logged, training runs all its epochs, "not reached".
+    missed = train(trainable, *NET, "--epochs", "3", "--batch-sizes", "4", "--validate-every", "2", "--validate-steps", "3",
+                   "--target-vorticity", "1e-9", "--target-steps", "1", "--stop-at-target")
+    assert missed["epochs"] == 3 and missed["target_reached"] == 0.0 and "time_to_target_s" not in missed
+    assert sorted(m.step for m in client().get_metric_history(missed["run_id"], "val_one_step_rel_l2_vorticity")) == [2, 3]
+
+
+def test_a_target_longer_than_the_validation_rollout_is_refused(trainable):
+    assert_refused(run_cli("train", "--dataset", "tiny", *NET, "--target-steps", "80", "--validate-steps", "60", cwd=trainable),
+                   "target_steps 80 exceeds validate_steps 60")

@@ -1,0 +1,77 @@
+"""Training recipes: the named recipes and their overrides, the delta target and the next state, the
+pushforward step, and upsampling that cannot paint a checkerboard."""
+
+import contextlib
+
+import pytest
+import torch
+
+from models.nets import NetConfig, build_generator
+from models.nets.trainer import OptimConfig, Pix2Pix
+from models.recipe import RECIPES, get_recipe
+
+
+def test_unknown_recipe_names_the_choices():
+    with pytest.raises(ValueError, match="unknown recipe 'fancy'; choose one of default, paper"):
+        get_recipe("fancy")
+
+
+def test_overrides_rename_the_recipe_only_when_they_change_it():
+    base = get_recipe("default")
+    assert base.with_overrides(noise=None, unroll=base.unroll) is base
+    changed = base.with_overrides(noise=0.0, unroll=1)
+    assert (changed.noise, changed.unroll, changed.name) == (0.0, 1, "default+noise=0.0,unroll=1")
+    with pytest.raises(ValueError, match="unroll 0 must be at least 1"):
+        base.with_overrides(unroll=0)
+    with pytest.raises(ValueError, match="neither an adversarial nor an L1 term"):
+        base.with_overrides(l1_weight=0.0)
+
+
+def test_the_paper_recipe_is_the_studys_pix2pix():
+    paper = RECIPES["paper"]
+    assert (paper.predict, paper.upsample, paper.output, paper.dropout) == ("state", "transpose", "tanh", 0.5)
+    assert (paper.gan_weight, paper.l1_weight, paper.lr, paper.beta1, paper.ngf) == (1.0, 100.0, 2e-4, 0.5, 64)
+
+
+def _model(recipe: str, **overrides) -> Pix2Pix:
+    r = get_recipe(recipe).with_overrides(**overrides)
+    net = NetConfig(in_channels=4, out_channels=3, size=16, ngf=4, ndf=4, dropout=r.dropout, upsample=r.upsample, output=r.output)
+    torch.manual_seed(0)
+    return Pix2Pix(net, OptimConfig.from_recipe(r, delta_ratio=[0.05, 0.1, 0.02]))
+
+
+def test_the_delta_target_decodes_back_to_the_target_state():
+    model = _model("default")
+    cond, target = torch.randn(2, 4, 16, 16), torch.randn(2, 3, 16, 16)
+    encoded = model.encode_target(cond, target)
+    torch.testing.assert_close(model.next_state(cond, encoded), target, rtol=0, atol=1e-6)
+    # the change is in units of its RMS: a change of one RMS in u is 0.05 state units
+    assert model.next_state(cond, torch.ones(2, 3, 16, 16))[:, 0].sub(cond[:, 0]).allclose(torch.full((2, 16, 16), 0.05))
+    state_model = _model("paper")
+    assert state_model.next_state(cond, target) is target
+
+
+def test_a_pushforward_step_scores_both_steps_and_leaves_the_discriminator_alone():
+    model = _model("default")
+    d_before = [p.detach().clone() for p in model.discriminator.parameters()]
+    g_before = [p.detach().clone() for p in model.generator.parameters()]
+    cond, target = torch.randn(4, 4, 16, 16), torch.randn(4, 6, 16, 16)  # two future states
+    losses = model.train_step(cond, target, contextlib.nullcontext)
+    assert set(losses) == {"loss_d", "loss_g_gan", "loss_l1", "loss_l1_step2"}
+    assert all(torch.isfinite(v) for v in losses.values()) and losses["loss_d"] == 0
+    assert any(not torch.equal(a, b) for a, b in zip(g_before, model.generator.parameters()))
+    assert all(torch.equal(a, b) for a, b in zip(d_before, model.discriminator.parameters()))
+
+
+def _checkerboard(upsample: str) -> float:
+    """Spread of the generator's output on a constant input, away from the borders."""
+    torch.manual_seed(0)
+    net = build_generator(NetConfig(in_channels=4, out_channels=3, size=64, depth=2, ngf=4, upsample=upsample, output="linear")).eval()
+    with torch.no_grad():
+        out = net(torch.full((1, 4, 64, 64), 0.3))
+    return float(out[0, 0, 16:48, 16:48].std())  # one channel: the channels differ in level
+
+
+def test_resize_upsampling_keeps_a_constant_input_constant_where_transposed_convolutions_paint_a_checkerboard():
+    assert _checkerboard("resize") < 1e-6
+    assert _checkerboard("transpose") > 1e-4
