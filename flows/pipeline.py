@@ -205,10 +205,11 @@ def benchmark(spec: BenchmarkSpec = BenchmarkSpec()) -> dict:
     for framework in spec.frameworks:
         for device in spec.devices:
             for batch in spec.batch_sizes:
-                cell = spec.train.model_copy(update={"device": device, "batch_sizes": [batch]})
-                cell = cell.model_copy(update={"cell": cell_key(f"train/{framework}", cell, data["digest"])})
-                cells.append({**_run_cell("train", cell, settings, deployment_for("train", device, spec.pools)),
-                              "framework": framework, "device": device, "batch_size": batch})
+                for seed in range(spec.train.seed, spec.train.seed + spec.repeats):
+                    cell = spec.train.model_copy(update={"device": device, "batch_sizes": [batch], "seed": seed})
+                    cell = cell.model_copy(update={"cell": cell_key(f"train/{framework}", cell, data["digest"])})
+                    cells.append({**_run_cell("train", cell, settings, deployment_for("train", device, spec.pools)),
+                                  "framework": framework, "device": device, "batch_size": batch, "seed": seed})
     model = next((c["run_id"] for c in cells if c["status"] != "FAILED"), None)
     if model is None:
         logger.error("no training cell finished; the rollout cells are skipped")

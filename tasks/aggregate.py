@@ -64,6 +64,33 @@ def training_table(runs) -> list[dict]:
     return study_table(results)
 
 
+def quality_table(runs) -> list[dict]:
+    """Time to the quality target per configuration (framework, device, batch size, recipe, target),
+    MLPerf-style over its repeated runs (seeds): the mean time-to-target with the fastest and slowest
+    dropped when at least three runs reached it, their spread, and how many runs never reached it."""
+    groups: dict[tuple, list] = {}
+    for r in runs:
+        p, m = r.data.params, r.data.metrics
+        if r.info.status != "FINISHED" or "train_time_s" not in m:
+            continue  # runs from before time-to-target was recorded have no place here
+        key = (p.get("framework", "torch"), p.get("device", "?"), int(p.get("world_size", 1)), int(p.get("batch_size", 0)),
+               p.get("recipe_label", "?"), f"vorticity <= {p.get('target_vorticity', '?')} for {p.get('target_steps', '?')} steps")
+        groups.setdefault(key, []).append(r)
+    rows = []
+    nan = float("nan")
+    for (framework, device, world, batch, recipe, target), members in sorted(groups.items()):
+        times = sorted(m.data.metrics["time_to_target_s"] for m in members if m.data.metrics.get("target_reached") == 1.0)
+        kept = times[1:-1] if len(times) >= 3 else times
+        missed = [m.info.run_id[:8] for m in members if m.data.metrics.get("target_reached") != 1.0]
+        rows.append({"framework": framework, "device": f"{device} x{world}", "batch_size": batch, "recipe": recipe, "target": target,
+                     "runs": len(members), "reached": len(times),
+                     "time_to_target_s": sum(kept) / len(kept) if kept else nan,
+                     "fastest_s": times[0] if times else nan, "slowest_s": times[-1] if times else nan,
+                     "time_per_epoch_s": sorted(m.data.metrics.get("time_per_epoch_s", nan) for m in members)[len(members) // 2],
+                     "not_reached": ", ".join(missed) or "-"})
+    return rows
+
+
 def inference_table(runs) -> list[dict]:
     """One row per finished rollout: mode x workers -> frames/s, latency split, accuracy, the solver."""
     rows = []
@@ -82,7 +109,7 @@ def inference_table(runs) -> list[dict]:
                      "horizon_u": int(m.get("horizon_u", 0)), "horizon_vorticity": int(m.get("horizon_vorticity", 0)),
                      "regime": p.get("regime", "?"),
                      "strouhal_pred": m.get("strouhal_pred", nan), "strouhal_ref": m.get("strouhal_ref", nan),
-                     "solver_frames_per_s": m.get("solver_frames_per_s", nan),
+                     "solver_frames_per_s": m.get("solver_frames_per_s", nan), "verdict": p.get("verdict", ""),
                      "surrogate_vs_solver": m.get("surrogate_vs_solver", nan)})
     rows.sort(key=lambda row: (row["device"], row["mode"], row["workers"]))
     return rows
@@ -161,7 +188,9 @@ def aggregate_runs(settings: Settings, spec: AggregateSpec, parent_run_id: str |
     logger = get_run_logger()
     client = client_for(settings)
     exp_id = experiment_id(client, settings)
-    train_rows = training_table(_rows(client, exp_id, "train"))
+    train_runs = _rows(client, exp_id, "train")
+    train_rows = training_table(train_runs)
+    quality_rows = quality_table(train_runs)
     infer_rows = inference_table(_rows(client, exp_id, "infer"))
     failed = [r for stage in ("generate", "train", "infer") for r in _rows(client, exp_id, stage) if r.info.status == "FAILED"]
     out = settings.report_dir(spec.name)
@@ -177,9 +206,15 @@ def aggregate_runs(settings: Settings, spec: AggregateSpec, parent_run_id: str |
     report = out / "report.md"
     text = [f"# Kármán Bench report `{spec.name}`\n", f"Experiment `{settings.experiment}` at `{settings.tracking_uri}`, "
             f"generated {dt.datetime.now(dt.timezone.utc).strftime('%Y-%m-%d %H:%M UTC')}.\n",
+            "## Time to quality\n", "Wall-clock seconds of training until the validation rollouts first meet the run's quality "
+            "target (the mean over repeated runs, without the fastest and slowest when three or more reached it; "
+            "fastest and slowest shown apart; runs that never reached it listed):\n", markdown_table(quality_rows),
             "## Training: device × batch size\n", "Time per epoch (speedup over the slowest configuration):\n",
             pivot_markdown(train_rows), "All training runs:\n", markdown_table(train_rows),
-            "## Inference: rollout speed and accuracy against the solver\n", markdown_table(infer_rows),
+            "## Inference: rollout speed and accuracy against the solver\n",
+            markdown_table([{k: v for k, v in r.items() if k != "verdict"} for r in infer_rows]),
+            "## Is the surrogate worth it?\n", "\n".join(f"- `{r['run']}` ({r['mode']} x{r['workers']}, {r['regime']}): {r['verdict']}"
+                                                        for r in infer_rows if r["verdict"]) or "_no rollout with a verdict_", "",
             f"## Failed runs\n\n{len(failed)} failed run(s)" + (": " + ", ".join(f"{r.info.run_name} ({r.info.run_id[:8]})" for r in failed) if failed else "") + "\n"]
     text += [f"![{f.stem}]({f.name})\n" for f in figures]
     report.write_text("\n".join(text))
@@ -190,4 +225,4 @@ def aggregate_runs(settings: Settings, spec: AggregateSpec, parent_run_id: str |
         for path in [report, html_report, *figures]:
             run.log_artifact(path, "report")
     logger.info("report with %d training and %d inference rows written to %s", len(train_rows), len(infer_rows), report)
-    return {"report": str(report), "run_id": run.run_id, "train_rows": train_rows, "infer_rows": infer_rows}
+    return {"report": str(report), "run_id": run.run_id, "train_rows": train_rows, "infer_rows": infer_rows, "quality_rows": quality_rows}

@@ -221,11 +221,14 @@ def _rollout(spec: InferSpec, settings: Settings, run: Run, setup: RolloutPlan, 
         **quality,
         "solver_frames_per_s": 1.0 / solver_s, "surrogate_vs_solver": solver_s / warm,
         "crossover_stride": float(np.ceil(warm / (solver_s / stride))),
+        # cost of one convective time unit D/U of simulated flow
+        "surrogate_s_per_time_unit": warm / score.dt, "solver_s_per_time_unit": solver_s / score.dt,
     }
     if seams:
         summary |= {"seam_rel_error": max(seams), "seam_rel_error_first": seams[0]}
     run.log_metrics({k: v for k, v in summary.items() if math.isfinite(v)})  # NaN (no frequency found) is left out
-    run.log_params({"solver_compared": solver_name})
+    verdict = surrogate_verdict(summary, score.dt, spec.threshold_vorticity, stride, setup.sim_spec)
+    run.log_params({"solver_compared": solver_name, "verdict": verdict[:500]})
 
     out_dir = settings.run_dir(job["run_id"])
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -239,6 +242,20 @@ def _rollout(spec: InferSpec, settings: Settings, run: Run, setup: RolloutPlan, 
     log.info("%s rollout of %d steps on %s (%d tiles, %d workers): %.2f frames/s warm, solver %.2f frames/s, "
              "final vorticity error %.3f", spec.mode, steps, sim, plan.count, spec.workers, summary["frames_per_s"],
              summary["solver_frames_per_s"], errors["vorticity"][-1])
-    return {**summary, "simulation": sim, "steps": steps, "mode": spec.mode, "workers": spec.workers,
+    log.info("verdict: %s", verdict)
+    return {**summary, "verdict": verdict, "simulation": sim, "steps": steps, "mode": spec.mode, "workers": spec.workers,
             "tiles": plan.count, "tile": list(plan.tile), "errors": errors, "seam_errors": seams,
             "vorticity_correlation": score.correlation, "energy_ratio": score.energy_ratio, **setup.regime}
+
+
+def surrogate_verdict(summary: dict, dt: float, threshold: float, stride: int, sim: SimulationSpec) -> str:
+    """One sentence: which is faster per unit of simulated time at this resolution, and the accuracy the
+    surrogate holds while it is (the vorticity horizon)."""
+    ratio = summary["solver_s_per_time_unit"] / summary["surrogate_s_per_time_unit"]
+    faster = f"the surrogate is {ratio:.2g}x faster than the solver" if ratio >= 1 else f"the solver is {1 / ratio:.2g}x faster than the surrogate"
+    horizon = int(summary["horizon_vorticity"])
+    periods = horizon * dt * summary["strouhal_ref"] if summary["strouhal_ref"] == summary["strouhal_ref"] else float("nan")
+    return (f"At {sim.ny}x{sim.nx} and stride k={stride} ({stride * sim.frame_every} solver steps per network step), {faster} "
+            f"per unit of simulated time, at an accuracy of vorticity relative L2 <= {threshold:g} for {horizon} steps "
+            f"({horizon * dt:.3g} D/U, {periods:.2g} shedding periods); the surrogate would break even at k >= "
+            f"{summary['crossover_stride']:.0f}.")

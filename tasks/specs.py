@@ -230,6 +230,7 @@ class BenchmarkSpec(Spec):
     frameworks: list[Literal["torch"]] = Field(default=["torch"], min_length=1, description="Training frameworks (the TensorFlow version is not built yet)")
     devices: list[Device] = Field(default=["cpu"], min_length=1, description="Training devices: cpu, cuda (a GPU pool), xla (a TPU pool)")
     batch_sizes: list[PositiveInt] = Field(default=[8, 16, 32, 64], min_length=1, description="Global batch sizes of the training matrix")
+    repeats: PositiveInt = Field(default=1, description="Training runs per cell, with seeds train.seed, train.seed + 1, ...: the report's time to quality is their mean, the fastest and slowest dropped from three on")
     train: TrainSpec = Field(default_factory=TrainSpec, description="Everything else of a training cell (device and batch size come from the matrix)")
     infer_devices: list[Device] = Field(default=["cpu"], min_length=1, description="Rollout devices")
     modes: list[Literal["full", "mapreduce"]] = Field(default=["full", "mapreduce"], min_length=1, description="Rollout modes")
