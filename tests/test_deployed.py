@@ -187,8 +187,8 @@ def test_quick_benchmark_deployed_on_real_servers_and_a_worker(tmp_path):
         assert done_cell.info.run_id in {r.info.run_id for r in finished}  # kept, not redone
         assert sum(r.data.tags.get("karman.stage") == "generate" and r.info.status == "FINISHED" for r in runs) == 2
         manifest = json.loads((tmp_path / "data" / "datasets" / "karman-demo" / "manifest.json").read_text())
-        assert len(manifest["simulations"]) == 5  # the data written before the kill is intact and was reused
-        assert "5 already complete, 0 to run" in worker_log.read_text()
+        assert len(manifest["simulations"]) == 9  # the data written before the kill is intact and was reused
+        assert "9 already complete, 0 to run" in worker_log.read_text()
         aggregate = next(r for r in runs if r.data.tags.get("karman.stage") == "aggregate")
         artifacts = {a.path for a in mlflow.list_artifacts(aggregate.info.run_id, "report")}
         assert {"report/report.md", "report/report.html"} <= artifacts

@@ -52,7 +52,7 @@ def test_rollout_feeds_predictions_back(demo_result, workdir):
     reference frames (what a rollout that did not feed back would score) do not."""
     import torch
 
-    from tasks.data import Normalizer, load_frames
+    from tasks.data import StepCodec, load_frames
     from tasks.rollout import load_model, relative_l2
     from tasks.settings import Settings
 
@@ -61,13 +61,13 @@ def test_rollout_feeds_predictions_back(demo_result, workdir):
     infer = client.get_run(demo_result["runs"]["infer"])
     logged = [m.value for m in sorted(client.get_metric_history(infer.info.run_id, "rel_l2_u"), key=lambda m: m.step)]
     generator, meta = load_model(settings, demo_result["runs"]["train"], "cpu")
-    norm, stride = Normalizer(**meta["normalizer"]), meta["frame_stride"]
+    codec, stride = StepCodec.from_meta(meta), meta["frame_stride"]
     frames = load_frames(settings.dataset_dir(meta["dataset"]), infer.data.params["rollout_simulation"])  # (T, 4, H, W)
     mask = frames[0, 3] > 0.5
 
     def predict(state):  # (4, H, W) physical -> (3, H, W) physical
         with torch.no_grad():
-            out = norm.decode(generator(torch.from_numpy(norm.encode(state[None])))[0].numpy())
+            out = codec.next_state(state, generator(torch.from_numpy(codec.norm.encode(state[None])))[0].numpy())
         out[:, mask] = 0.0
         return out
 

@@ -75,3 +75,10 @@ def _checkerboard(upsample: str) -> float:
 def test_resize_upsampling_keeps_a_constant_input_constant_where_transposed_convolutions_paint_a_checkerboard():
     assert _checkerboard("resize") < 1e-6
     assert _checkerboard("transpose") > 1e-4
+
+
+def test_nearest_doubling_equals_torchs_nearest_upsampling():
+    from models.nets.pix2pix import NearestDouble
+
+    x = torch.randn(2, 3, 5, 7)
+    torch.testing.assert_close(NearestDouble()(x), torch.nn.functional.interpolate(x, scale_factor=2, mode="nearest"), rtol=0, atol=0)
