@@ -2,6 +2,7 @@
 logging to an MLflow store named by MLFLOW_TRACKING_URI; then a rerun of the sweep reuses the data."""
 
 import json
+import os
 
 from mlflow.tracking import MlflowClient
 
@@ -21,6 +22,9 @@ def test_demo_from_the_command_line_logs_where_told(tmp_path):
     runs = client.search_runs([exp.experiment_id])
     assert len(runs) >= 4 and all(r.info.status == "FINISHED" for r in runs)
     assert (tmp_path / "data" / "reports" / "demo" / "report.md").exists()
+    # the sweep's Dask cluster left OMP_NUM_THREADS=1 in this process; training still used every core
+    train = client.get_run(summary["runs"]["train"])
+    assert train.data.params["device_name"] == f"cpu ({os.cpu_count()} threads)"
     assert "training stops after epoch" in proc.stderr and ": time budget" in proc.stderr  # progress reached the terminal
     assert "validation: vorticity horizon" in proc.stderr
 
