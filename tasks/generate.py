@@ -2,6 +2,7 @@
 
 import itertools
 import logging
+import os
 import shutil
 import time
 
@@ -92,7 +93,13 @@ def _run_on_dask(spec: GenerateSpec, dataset_dir, todo: list[SimulationSpec], ma
         workers = min(spec.workers, len(todo))
         # One process per worker, one thread each: numba parallelism inside a process would
         # oversubscribe the cores that the other workers use.
-        cluster = LocalCluster(n_workers=workers, threads_per_worker=1, processes=True, dashboard_address=None, host="127.0.0.1")
+        # LocalCluster sets OMP/MKL/OPENBLAS_NUM_THREADS=1 (and more) in this process and leaves them
+        # set: a training child started from here later would run on one thread. Put them back.
+        saved = dict(os.environ)
+        try:
+            cluster = LocalCluster(n_workers=workers, threads_per_worker=1, processes=True, dashboard_address=None, host="127.0.0.1")
+        finally:
+            _restore_environ(saved)
         client = Client(cluster)
     failures = []
     try:
@@ -114,3 +121,8 @@ def _run_on_dask(spec: GenerateSpec, dataset_dir, todo: list[SimulationSpec], ma
     return failures
 
 
+def _restore_environ(saved: dict[str, str]) -> None:
+    """Make os.environ equal to ``saved`` again (values changed, added or removed since)."""
+    for key in set(os.environ) - set(saved):
+        del os.environ[key]
+    os.environ.update(saved)

@@ -57,8 +57,9 @@ def check_training_input(settings: Settings, spec: TrainSpec, batch_sizes: list[
 def _child_env(spec: TrainSpec, world: int, procs: int) -> dict[str, str]:
     env = device_env(spec.device, world)
     if spec.device == "cpu":  # share the cores among the ranks; set always, so that a value this process
-        # inherited (Dask's LocalCluster sets OMP_NUM_THREADS=1 where it starts) cannot starve the run
-        env["OMP_NUM_THREADS"] = str(spec.threads or max(1, (os.cpu_count() or 1) // procs))
+        # inherited (Dask's LocalCluster sets them to 1 where it starts) cannot starve the run
+        threads = str(spec.threads or max(1, (os.cpu_count() or 1) // procs))
+        env |= {"OMP_NUM_THREADS": threads, "MKL_NUM_THREADS": threads}  # torch reads both; MKL's wins
     return env
 
 
