@@ -7,7 +7,7 @@ os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
 os.environ.setdefault("MLFLOW_LOGGING_LEVEL", "WARNING")
 
 if len(sys.argv) > 1 and sys.argv[1].startswith("bench-"):
-    from flows.bench import main  # noqa: E402  (no Prefect, MLflow or pydantic on this path)
+    from flows.bench import main  # noqa: E402  (no Prefect or MLflow on this path)
 else:
     from flows.cli import main  # noqa: E402
 

@@ -1,8 +1,10 @@
-"""``python -m flows bench-…``: benchmark commands. They import no Prefect, MLflow or pydantic, so they
-run as they are on a machine that has only the compute stack (numpy, numba, torch)."""
+"""``python -m flows bench-…``: benchmark commands. They import no Prefect or MLflow, so they run as they
+are on a machine that has only the compute stack (numpy, numba, torch); bench-quality also reads a stored
+dataset (zarr, xarray, pydantic)."""
 
 import argparse
 import json
+import math
 import sys
 import typing
 
@@ -10,6 +12,7 @@ BENCH_COMMANDS = {
     "bench-solver": "Time the solver's full production step (MLUPS)",
     "bench-train": "Time Pix2Pix training (samples/s) against a plain eager fp32 step, in one run",
     "bench-infer": "Time a rollout step (frames/s), full-frame or map-reduce over workers, against the solver",
+    "bench-quality": "Time to quality: train a recipe on a stored dataset until a rollout target holds, then score rollouts and compare with the solver",
 }
 
 
@@ -27,6 +30,30 @@ def positive_int(text: str) -> int:
         raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
     if value <= 0:
         raise argparse.ArgumentTypeError(f"{value} must be a positive integer")
+    return value
+
+
+def positive_float(text: str) -> float:
+    value = _float(text)
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"{value} must be a positive number")
+    return value
+
+
+def non_negative_float(text: str) -> float:
+    value = _float(text)
+    if not value >= 0:
+        raise argparse.ArgumentTypeError(f"{value} must be zero or more")
+    return value
+
+
+def _float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a finite number")
     return value
 
 
@@ -81,13 +108,67 @@ def add_bench_commands(sub) -> None:
     p.add_argument("--no-compare", dest="compare", action="store_false", help="Skip timing full-frame and map-reduce on one worker in the same run")
     p.add_argument("--json", action="store_true", help="Print a one-line JSON summary as the last line of stdout")
 
+    add_quality_command(sub)
+
+
+def add_quality_command(sub) -> None:
+    p = sub.add_parser("bench-quality", help=BENCH_COMMANDS["bench-quality"], description=BENCH_COMMANDS["bench-quality"])
+    p.add_argument("--dataset", default="karman-demo", help="Dataset under the data root (KARMAN_DATA_ROOT, default ./data) (default: karman-demo)")
+    p.add_argument("--device", choices=["cpu", "cuda"], default="cpu", help="Device kind (default: cpu)")
+    p.add_argument("--batch-size", type=positive_int, default=8, help="Batch size (default: 8)")
+    p.add_argument("--time-budget", type=positive_float, default=None, help="Wall-clock seconds of training, validation included")
+    p.add_argument("--epochs", type=positive_int, default=None, help="Epochs at most (with no time budget, the schedule runs over them)")
+    p.add_argument("--recipe", choices=["default", "paper"], default="default", help="Training recipe (default: default)")
+    p.add_argument("--predict", choices=["state", "delta"], default=None, help="Override: network output")
+    p.add_argument("--upsample", choices=["transpose", "resize"], default=None, help="Override: decoder upsampling")
+    p.add_argument("--schedule", choices=["constant", "cosine"], default=None, help="Override: learning-rate schedule")
+    p.add_argument("--noise", type=non_negative_float, default=None, help="Override: input noise std (network units)")
+    p.add_argument("--unroll", type=positive_int, default=None, help="Override: steps of the loss")
+    p.add_argument("--gan-weight", type=non_negative_float, default=None, help="Override: adversarial weight")
+    p.add_argument("--l1-weight", type=non_negative_float, default=None, help="Override: L1 weight")
+    p.add_argument("--lr", type=positive_float, default=None, help="Override: Adam learning rate")
+    p.add_argument("--ngf", type=positive_int, default=None, help="Override: generator base width")
+    p.add_argument("--ndf", type=positive_int, default=None, help="Override: discriminator base width")
+    p.add_argument("--seed", type=int, default=0, help="First seed (default: 0)")
+    p.add_argument("--repeats", type=positive_int, default=1, help="Runs, with seeds seed, seed+1, ... (default: 1)")
+    p.add_argument("--target-vorticity", type=positive_float, default=0.3, help="Target: vorticity relative L2 at most this ... (default: 0.3)")
+    p.add_argument("--target-steps", type=positive_int, default=40, help="... for this many steps of every validation rollout (default: 40)")
+    p.add_argument("--validate-every", type=positive_int, default=2, help="Epochs between validation rollouts (default: 2)")
+    p.add_argument("--validate-steps", type=positive_int, default=60, help="Steps of each validation rollout (default: 60)")
+    p.add_argument("--stop-at-target", action="store_true", help="End training at the validation that first meets the target")
+    p.add_argument("--test-steps", type=positive_int, default=60, help="Steps of the final rollout on the test simulation (default: 60)")
+    p.add_argument("--extra-dataset", action="append", default=[], help="Also roll out on every simulation of this dataset (repeatable)")
+    p.add_argument("--extra-steps", type=positive_int, default=600, help="Steps of those rollouts (default: 600)")
+    p.add_argument("--threads", type=positive_int, default=None, help="CPU threads for torch (default: all cores)")
+    p.add_argument("--compile", choices=["auto", "on", "off"], default="auto", help="torch.compile the networks; auto = on for cuda (default: auto)")
+    p.add_argument("--json", action="store_true", help="Print a one-line JSON summary as the last line of stdout")
+
+
+def _bench_quality(args: argparse.Namespace) -> dict:
+    from tasks.bench_quality import QualityTarget, bench_quality
+    from tasks.settings import Settings
+
+    settings = Settings.from_env()
+    folders = [settings.dataset_dir(name) for name in [args.dataset, *args.extra_dataset]]
+    for folder in folders:
+        if not (folder / "manifest.json").is_file():
+            raise ValueError(f"no dataset at {folder} (no manifest.json); make one with python -m flows generate --dataset {folder.name}")
+    overrides = {name: getattr(args, name) for name in ("predict", "upsample", "schedule", "noise", "unroll", "gan_weight",
+                                                         "l1_weight", "lr", "ngf", "ndf")}
+    return bench_quality(folders[0], args.device, args.batch_size, args.time_budget, args.epochs, args.recipe, overrides,
+                         tuple(range(args.seed, args.seed + args.repeats)), QualityTarget(args.target_vorticity, args.target_steps),
+                         args.validate_every, args.validate_steps, args.stop_at_target, args.test_steps,
+                         tuple((f, args.extra_steps) for f in folders[1:]), args.threads, args.compile)
+
 
 def run_bench(args: argparse.Namespace) -> int:
     """Run a parsed bench command; one line on stderr and exit 2 for bad input."""
     from tasks.bench import bench_infer, bench_solver, bench_train
 
     try:
-        if args.command == "bench-infer":
+        if args.command == "bench-quality":
+            result = _bench_quality(args)
+        elif args.command == "bench-infer":
             if args.halo < 0:
                 raise ValueError(f"--halo {args.halo} is negative; use 0 or more pixels")
             result = bench_infer(args.mode, args.workers, args.size, args.width, args.tile, args.halo, args.train_size,

@@ -182,6 +182,7 @@ class PairSource:
         if not sim_ids:
             raise UserError("no simulations to draw (t, t+k) pairs from")
         self.sim_ids, self.stride, self.unroll = list(sim_ids), stride, unroll
+        self.in_memory = False
         store = frame_store(dataset_dir) if store is None else store
         self._arrays = [open_frame_arrays(store, s, INPUTS) for s in self.sim_ids]
         shapes = {s: a["u"].shape for s, a in zip(self.sim_ids, self._arrays)}
@@ -198,6 +199,17 @@ class PairSource:
 
     def __len__(self) -> int:
         return int(self._ends[-1])
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of every frame of the source's simulations (u, v, p, mask) as float32."""
+        return sum(int(np.prod(a["u"].shape)) * len(INPUTS) * 4 for a in self._arrays)
+
+    def hold_in_memory(self) -> None:
+        """Read every frame of the source's simulations once and serve batches from memory from now on:
+        no chunk is decoded per batch (on a CPU that decoding competes with training for the cores)."""
+        self._arrays = [{name: np.asarray(a[name][...], np.float32) for name in INPUTS} for a in self._arrays]
+        self.in_memory = True
 
     def locate(self, indices) -> tuple[np.ndarray, np.ndarray]:
         """(simulation position, frame t) of each pair index."""
@@ -221,12 +233,12 @@ class PairSource:
             frames, where = np.unique(wanted, return_inverse=True)
             where = where.reshape(self.unroll + 1, len(rows))
             for c, name in enumerate(OUTPUTS):
-                block = arrays[name].oindex[frames]  # (F, H, W)
+                block = _frames(arrays[name], frames)  # (F, H, W)
                 cond[rows, c] = block[where[0]]
                 for j in range(1, self.unroll + 1):
                     target[rows, (j - 1) * n_out + c] = block[where[j]]
             mask_frames, mask_where = np.unique(t0, return_inverse=True)
-            cond[rows, 3] = arrays["mask"].oindex[mask_frames][mask_where]
+            cond[rows, 3] = _frames(arrays["mask"], mask_frames)[mask_where]
         return cond, target
 
     def batch(self, indices, norm: Normalizer) -> tuple[np.ndarray, np.ndarray]:
@@ -286,3 +298,8 @@ class PairSource:
                     lo[c] = np.minimum(lo[c], block.min())
                     hi[c] = np.maximum(hi[c], block.max())
         return lo, hi
+
+
+def _frames(array, frames: np.ndarray) -> np.ndarray:
+    """Frames (F, H, W) of a zarr array (one chunk read each) or of one held in memory."""
+    return array[frames] if isinstance(array, np.ndarray) else array.oindex[frames]

@@ -1,14 +1,16 @@
 """Autoregressive rollouts scored against a reference simulation: the loop shared by the rollout
-child (tasks.rollout) and the validation rollouts during training (tasks.training)."""
+child (tasks.rollout), the validation rollouts during training (tasks.training) and the time-to-quality
+benchmark (tasks.bench_quality)."""
 
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 
 from models.flow_metrics import RolloutScore
 from models.solver import vorticity
-from tasks.data import StepCodec
+from tasks.data import StepCodec, load_frames
 from tasks.simulate import SimulationSpec
 
 
@@ -60,3 +62,73 @@ def roll(predict: Callable[[np.ndarray, np.ndarray], np.ndarray], codec: StepCod
         w_pred, w_ref = vorticity(pred[0], pred[1], mask), vorticity(ref[0], ref[1], mask)
         metrics = score.add(pred, ref, first[:3], w_pred, w_ref, w_start, probe, fluid)
         yield Step(n, pred, ref, w_pred, w_ref, metrics)
+
+
+def score_generator(generator, device, codec: StepCodec, frames: np.ndarray, sim: SimulationSpec, stride: int, steps: int,
+                    threshold_u: float = 0.1, threshold_vorticity: float = 0.3) -> RolloutScore:
+    """Roll a torch generator (in eval mode, on ``device``) out for ``steps`` steps from the first frame
+    of ``frames`` (T, 4, H, W) and return its filled score."""
+    import torch
+
+    def predict(state: np.ndarray, cond: np.ndarray) -> np.ndarray:
+        with torch.no_grad():
+            out = generator(torch.from_numpy(cond[None]).to(device)).float().cpu().numpy()[0]  # (3, H, W)
+        return codec.next_state(state, out)
+
+    score = RolloutScore(step_time(sim, stride), threshold_u, threshold_vorticity)
+    for _ in roll(predict, codec, frames, sim, stride, rollout_steps(len(frames), 0, stride, steps), score):
+        pass
+    return score
+
+
+@dataclass
+class Validation:
+    """Rollouts of the generator on the validation simulations during training, scored against them;
+    the quality target: vorticity relative L2 at most ``target_vorticity`` for the first
+    ``target_steps`` steps of every validation rollout."""
+
+    sims: list  # [(frames (T, 4, H, W), SimulationSpec)]
+    codec: StepCodec
+    net: object  # the generator's NetConfig (for a CPU copy of an XLA generator)
+    stride: int
+    every: int
+    steps: int
+    target_vorticity: float
+    target_steps: int
+
+    @classmethod
+    def of(cls, dataset_dir: Path, manifest: dict, sim_ids: list[str], codec: StepCodec, net, stride: int, every: int,
+           steps: int, target_vorticity: float, target_steps: int) -> "Validation":
+        sims = [(load_frames(dataset_dir, s), SimulationSpec(**manifest["simulations"][s]["spec"])) for s in sim_ids]
+        return cls(sims, codec, net, stride, every, steps, target_vorticity, target_steps)
+
+    def due(self, epoch: int, last: bool) -> bool:
+        return bool(self.sims) and self.every > 0 and (epoch % self.every == 0 or last)
+
+    def score(self, generator, ctx) -> dict[str, float]:
+        """The worst case over the validation simulations of each rollout score."""
+        import torch
+
+        from models.nets import build_generator
+
+        if ctx.kind == "xla":  # a CPU copy: one-frame batches would not shard over the mesh
+            copy = build_generator(self.net)
+            copy.load_state_dict({k: v.detach().cpu() for k, v in generator.state_dict().items()})
+            generator = copy
+        device = torch.device("cpu") if ctx.kind == "xla" else ctx.device
+        was_training = generator.training
+        generator.eval()
+        try:
+            results = [score_generator(generator, device, self.codec, frames, sim, self.stride, self.steps,
+                                       threshold_vorticity=self.target_vorticity).summary() for frames, sim in self.sims]
+        finally:
+            generator.train(was_training)
+        worst = {}
+        for key in ("one_step_rel_l2_u", "one_step_rel_l2_vorticity", "strouhal_rel_error", "mean_rel_l2_vorticity", "energy_ratio_max_deviation"):
+            worst[key] = max(r[key] for r in results)
+        for key in ("horizon_u", "horizon_vorticity", "correlation_periods"):
+            worst[key] = min(r[key] for r in results)
+        return worst
+
+    def reached(self, quality: dict) -> bool:
+        return quality["horizon_vorticity"] >= self.target_steps

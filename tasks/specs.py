@@ -71,13 +71,14 @@ class TrainSpec(Spec):
     depth: PositiveInt | None = Field(default=None, description="U-Net down-blocks; None = log2(crop, or min(height, width))")
     crop: PositiveInt | None = Field(default=None, description="Train on random crops of this side (a multiple of 2^depth), which suits tiled (map-reduce) inference with tiles of that side; None = whole frames")
     norm: Literal["batch", "instance"] = Field(default="batch", description="Normalisation layers")
-    recipe: Literal["default", "paper"] = Field(default="default", description="Training recipe: default (the measured best: predicts the change of state, resize-convolutions, L1 only, input noise, two-step pushforward loss) or paper (the study's Pix2Pix: next frame, transposed convolutions, GAN + 100 L1, dropout); the fields below override single elements")
+    recipe: Literal["default", "paper"] = Field(default="default", description="Training recipe: default (the measured best: predicts the change of state, resize-convolutions, L1 only, input noise, three-step pushforward loss, cosine learning-rate decay) or paper (the study's Pix2Pix: next frame, transposed convolutions, GAN + 100 L1, dropout); the fields below override single elements")
     predict: Literal["state", "delta"] | None = Field(default=None, description="Network output: state (the next frame) or delta (its change from the current frame); None = the recipe's")
     upsample: Literal["transpose", "resize"] | None = Field(default=None, description="Decoder upsampling: transpose (4x4 stride-2 transposed convolutions) or resize (nearest doubling + 3x3 convolution); None = the recipe's")
     noise: float | None = Field(default=None, ge=0, description="Std of Gaussian noise on the input state (network units) during training; None = the recipe's")
     unroll: PositiveInt | None = Field(default=None, description="Steps of the loss: 1 = one-step, 2+ = pushforward terms from the network's own predictions; None = the recipe's")
     gan_weight: float | None = Field(default=None, ge=0, description="Weight of the adversarial term (0 = no discriminator training); None = the recipe's")
     lr: PositiveFloat | None = Field(default=None, description="Adam learning rate; None = the recipe's")
+    schedule: Literal["constant", "cosine"] | None = Field(default=None, description="Learning-rate schedule: constant, or cosine (half a cosine down to a hundredth of the rate over the time budget, else over the epoch limit); None = the recipe's")
     l1_weight: float | None = Field(default=None, ge=0, description="Weight of the L1 term; None = the recipe's")
     precision: Literal["fp32", "bf16"] = Field(default="fp32", description="fp32, or bf16 autocast")
     channels_last: Literal["auto", "on", "off"] = Field(default="auto", description="NHWC memory layout; auto = on for cuda only (slower on CPU)")
@@ -109,13 +110,22 @@ class TrainSpec(Spec):
         if self.epochs is not None:
             return self.epochs
         return 10**9 if self.time_budget is not None else 3
+
+    def progress(self, train_s: float, step: int, steps_per_epoch: int) -> float:
+        """How far the run is, 0 to 1, for the learning-rate schedule: training time over the time
+        budget when there is one, else optimiser steps over the epoch limit's."""
+        if self.time_budget is not None:
+            return train_s / self.time_budget
+        return step / (self.epoch_limit * steps_per_epoch)
+
     def resolved_recipe(self):
         """The models.recipe.Recipe this spec trains with: the named recipe and its overrides."""
         from models.recipe import get_recipe
 
         return get_recipe(self.recipe).with_overrides(
             predict=self.predict, upsample=self.upsample, noise=self.noise, unroll=self.unroll,
-            gan_weight=self.gan_weight, lr=self.lr, l1_weight=self.l1_weight, ngf=self.ngf, ndf=self.ndf)
+            gan_weight=self.gan_weight, lr=self.lr, l1_weight=self.l1_weight, ngf=self.ngf, ndf=self.ndf,
+            schedule=self.schedule)
 
 
 class InferSpec(Spec):
@@ -170,10 +180,13 @@ ABLATIONS: dict[str, dict] = {
     "transposed-conv": {"upsample": "transpose"},
     "no-noise": {"noise": 0.0},
     "one-step-loss": {"unroll": 1},
+    "two-step-loss": {"unroll": 2},
+    "constant-lr": {"schedule": "constant"},
     "with-gan": {"gan_weight": 1.0, "l1_weight": 100.0},
     "width-32": {"ngf": 32, "ndf": 32},
 }
-Ablation = Literal["default", "paper", "next-frame", "transposed-conv", "no-noise", "one-step-loss", "with-gan", "width-32"]
+Ablation = Literal["default", "paper", "next-frame", "transposed-conv", "no-noise", "one-step-loss", "two-step-loss", "constant-lr",
+                   "with-gan", "width-32"]
 
 
 class AblationSpec(Spec):

@@ -27,13 +27,12 @@ import torch
 from models.device import DeviceContext, keep_freed_memory, resolve_device
 from models.nets import build_generator
 from models.nets.trainer import NoClock, OptimConfig, PhaseClock, build_trainer, speed_options
-from models.flow_metrics import RolloutScore
+from models.recipe import lr_factor
 from models.solver import vorticity
-from tasks.data import INPUTS, OUTPUTS, Normalizer, PairSource, StepCodec, crop_offsets, crop_pairs, epoch_order, load_frames, split_of, training_net
+from tasks.data import INPUTS, OUTPUTS, Normalizer, PairSource, StepCodec, crop_offsets, crop_pairs, epoch_order, split_of, training_net
 from tasks.errors import RunFailed, UserError
 from tasks.plots import vorticity_panels
-from tasks.scoring import roll, rollout_steps, step_time
-from tasks.simulate import SimulationSpec
+from tasks.scoring import Validation
 from tasks.settings import Settings
 from tasks.specs import TrainSpec
 from tasks.store import load_manifest
@@ -44,6 +43,7 @@ WARMUP_STEPS = 2  # steps of each process timed apart: compilation, allocator an
 METRIC_FLUSH = 50  # per-step metrics go to MLflow in batches of this many steps
 CHECKPOINT = "checkpoint.pt"
 SYSTEM_METRICS_EVERY_S = 5
+IN_MEMORY_BYTES = 2 * 2**30  # training sets up to this size (per process) are held in memory
 
 
 def probe_device(job: dict) -> dict:
@@ -155,6 +155,8 @@ def _train(spec: TrainSpec, settings: Settings, batch_size: int, resume: bool, r
     split = split_of(manifest, spec.val_simulations, spec.test_simulations, spec.seed)
     recipe = spec.resolved_recipe()
     train = PairSource(dataset_dir, split["train"], spec.frame_stride, unroll=recipe.unroll)
+    if train.nbytes <= IN_MEMORY_BYTES:  # decoded once, not per batch on the cores that train
+        train.hold_in_memory()
     norm = Normalizer.fit(train)  # streamed over the training simulations' frames
     codec = StepCodec(norm, train.change_rms().tolist() if recipe.predict == "delta" else None)
     net = training_net(train.height, train.width, spec.crop, spec.depth, ngf=recipe.ngf, ndf=recipe.ndf, norm=spec.norm,
@@ -188,19 +190,22 @@ def _train(spec: TrainSpec, settings: Settings, batch_size: int, resume: bool, r
             "image_height": train.height, "image_width": train.width, "generator_depth": net.generator_depth,
             "generator_params": g_params, "discriminator_params": d_params, "dataset_digest": manifest["digest"],
             "train_pairs": len(train), "split": json.dumps(split), "code_version": code_version(),
-            "speed": json.dumps(options), "host": socket.gethostname(), "recipe_label": recipe.name,
+            "speed": json.dumps(options), "host": socket.gethostname(), "recipe_label": recipe.name, "data_in_memory": train.in_memory,
             **{f"recipe_{k}": v for k, v in dataclasses.asdict(recipe).items() if k != "name"},
         })
-    log.info("training on %s: %d pairs from %d simulations, batch %d, %d steps/epoch, generator %.2fM params",
-             ctx.description, len(train), len(split["train"]), batch_size, steps_per_epoch, g_params / 1e6)
+    log.info("training on %s: %d pairs from %d simulations (%s), batch %d, %d steps/epoch, generator %.2fM params",
+             ctx.description, len(train), len(split["train"]), "held in memory" if train.in_memory else "read per batch",
+             batch_size, steps_per_epoch, g_params / 1e6)
 
     steps = _StepLog(run)
     session_steps, warmup_t0, warmup_s = 0, time.perf_counter(), None
     last: dict[str, float] = {}
     compiled_before = _xla_compilations()[0] if ctx.kind == "xla" else 0
-    validation = Validation(spec, dataset_dir, manifest, split["val"], codec, net) if ctx.is_main else None
+    validation = (Validation.of(dataset_dir, manifest, split["val"], codec, net, spec.frame_stride, spec.validate_every,
+                                spec.validate_steps, spec.target_vorticity, spec.target_steps) if ctx.is_main else None)
     # Training time runs on across a resume: the clock starts where the checkpoint's left off.
     clock_t0 = time.perf_counter() - history.get("train_s", 0.0)
+    train_s = history.get("train_s", 0.0)  # the ranks' agreed training time, for the learning-rate schedule
     stopping = None  # why training ends before its epoch limit: "time budget" or "target reached"
     for epoch in range(start_epoch + 1, spec.epoch_limit + 1):
         model.train()
@@ -223,13 +228,18 @@ def _train(spec: TrainSpec, settings: Settings, batch_size: int, resume: bool, r
                 cond = ctx.shard(_to_device(cond, ctx, options))  # (B, 4, H, W)
                 target = ctx.shard(_to_device(target, ctx, options))  # (B, 3, H, W)
                 t1 = time.perf_counter()
+                if recipe.schedule != "constant":
+                    model.set_lr_factor(lr_factor(recipe.schedule, spec.progress(train_s, global_step, steps_per_epoch)))
                 losses = model.train_step(cond, target, ctx.autocast, clock)
                 ctx.step_end()
                 names = sorted(losses)
-                # Every rank must stop at the same step: the budget's verdict travels with the losses.
-                over = float(spec.time_budget is not None and time.perf_counter() - clock_t0 >= spec.time_budget)
-                reduced = ctx.mean_over_ranks(torch.stack([losses[k].float() for k in names] + [torch.full_like(losses[names[0]], over, dtype=torch.float32)])).tolist()
-                values = dict(zip(names, reduced[:-1]))
+                # Every rank must stop at the same step and use the same learning rate: the budget's
+                # verdict and the training time travel with the losses.
+                elapsed = time.perf_counter() - clock_t0
+                over = float(spec.time_budget is not None and elapsed >= spec.time_budget)
+                agreed = [torch.full_like(losses[names[0]], x, dtype=torch.float32) for x in (over, elapsed)]
+                reduced = ctx.mean_over_ranks(torch.stack([losses[k].float() for k in names] + agreed)).tolist()
+                values, train_s = dict(zip(names, reduced[:-2])), reduced[-1]
                 t2 = time.perf_counter()
                 data_s += t1 - t0
                 global_step, session_steps, done = global_step + 1, session_steps + 1, done + 1
@@ -245,7 +255,7 @@ def _train(spec: TrainSpec, settings: Settings, batch_size: int, resume: bool, r
                 steps.add(global_step, {f"step_{k}": v for k, v in values.items()} | {"step_time_s": t2 - t0})
                 if spec.max_steps and global_step >= spec.max_steps:
                     break
-                if reduced[-1] > 0:
+                if reduced[-2] > 0:
                     stopping = "time budget"
                     break
         finally:
@@ -255,7 +265,8 @@ def _train(spec: TrainSpec, settings: Settings, batch_size: int, resume: bool, r
         last = {k: v / done for k, v in sums.items()}
         metrics = {
             "epoch_time_s": epoch_s, "samples_per_s": done * batch_size / epoch_s, "data_wait_fraction": data_s / epoch_s,
-            "peak_memory_mb": _peak_memory_mb(ctx), **{f"epoch_{k}": v for k, v in last.items()},
+            "peak_memory_mb": _peak_memory_mb(ctx), "learning_rate": model.opt_g.param_groups[0]["lr"],
+            **{f"epoch_{k}": v for k, v in last.items()},
         }
         if ctx.kind != "xla":
             metrics |= {f"{k}_s": v for k, v in clock.totals.items()}
@@ -305,54 +316,6 @@ def _train(spec: TrainSpec, settings: Settings, batch_size: int, resume: bool, r
         return None
     return _finish(spec, settings, run, run_dir, model, net, codec, train, manifest, split, history, global_step, last,
                    steps_per_epoch * batch_size, ctx, g_params, d_params)
-
-
-class Validation:
-    """Rollouts of the generator on the validation simulations during training, scored against them;
-    the quality target: vorticity relative L2 at most ``target_vorticity`` for the first
-    ``target_steps`` steps of every validation rollout."""
-
-    def __init__(self, spec: TrainSpec, dataset_dir: Path, manifest: dict, sim_ids: list[str], codec: StepCodec, net):
-        self.spec, self.codec, self.net = spec, codec, net
-        self.sims = [(load_frames(dataset_dir, s), SimulationSpec(**manifest["simulations"][s]["spec"])) for s in sim_ids]
-
-    def due(self, epoch: int, last: bool) -> bool:
-        every = self.spec.validate_every
-        return bool(self.sims) and every > 0 and (epoch % every == 0 or last)
-
-    @torch.no_grad()
-    def score(self, generator: torch.nn.Module, ctx: DeviceContext) -> dict[str, float]:
-        """The worst case over the validation simulations of each rollout score."""
-        if ctx.kind == "xla":  # a CPU copy: one-frame batches would not shard over the mesh
-            copy = build_generator(self.net)
-            copy.load_state_dict(_to_cpu(generator.state_dict()))
-            generator = copy
-        device = torch.device("cpu") if ctx.kind == "xla" else ctx.device
-        was_training = generator.training
-        generator.eval()
-        results = []
-        try:
-            for frames, sim in self.sims:
-                def predict(state: np.ndarray, cond: np.ndarray) -> np.ndarray:
-                    out = generator(torch.from_numpy(cond[None]).to(device)).float().cpu().numpy()[0]  # (3, H, W)
-                    return self.codec.next_state(state, out)
-
-                stride = self.spec.frame_stride
-                score = RolloutScore(step_time(sim, stride), threshold_vorticity=self.spec.target_vorticity)
-                for _ in roll(predict, self.codec, frames, sim, stride, rollout_steps(len(frames), 0, stride, self.spec.validate_steps), score):
-                    pass
-                results.append(score.summary())
-        finally:
-            generator.train(was_training)
-        worst = {}
-        for key in ("one_step_rel_l2_u", "one_step_rel_l2_vorticity", "strouhal_rel_error", "mean_rel_l2_vorticity", "energy_ratio_max_deviation"):
-            worst[key] = max(r[key] for r in results)
-        for key in ("horizon_u", "horizon_vorticity", "correlation_periods"):
-            worst[key] = min(r[key] for r in results)
-        return worst
-
-    def reached(self, quality: dict) -> bool:
-        return quality["horizon_vorticity"] >= self.spec.target_steps
 
 
 def _to_device(array: np.ndarray, ctx: DeviceContext, options: dict) -> torch.Tensor:

@@ -92,6 +92,12 @@ class Pix2Pix(nn.Module):
         self.opt_g = torch.optim.Adam(self.generator.parameters(), **kwargs)
         self.opt_d = torch.optim.Adam(self.discriminator.parameters(), **kwargs)
 
+    def set_lr_factor(self, factor: float) -> None:
+        """Both optimisers' learning rate at ``factor`` times the configured one (a schedule's value)."""
+        for opt in (self.opt_g, self.opt_d):
+            for group in opt.param_groups:
+                group["lr"] = self.optim_config.lr * factor
+
     def distribute(self, wrap: Callable[[nn.Module], nn.Module]) -> None:
         """Run the networks through ``wrap`` (DistributedDataParallel, torch.compile, ...)."""
         self._runners = (wrap(self.generator), wrap(self.discriminator))
@@ -113,6 +119,8 @@ class Pix2Pix(nn.Module):
         o = self.optim_config
         clock = clock or NoClock()
         gen, disc = self._runners or (self.generator, self.discriminator)
+        if target.shape[1] != 3 * o.unroll:
+            raise ValueError(f"target has {target.shape[1]} channels; unroll {o.unroll} needs {3 * o.unroll} (u, v, p per step)")
         targets = target.chunk(o.unroll, dim=1)  # unroll × (B, 3, H, W)
         clock.start()
         if o.noise > 0:  # (B, 3, H, W) noise on u, v, p; the mask stays exact

@@ -8,7 +8,7 @@ import torch
 
 from models.nets import NetConfig, build_generator
 from models.nets.trainer import OptimConfig, Pix2Pix
-from models.recipe import RECIPES, get_recipe
+from models.recipe import LR_FLOOR, RECIPES, get_recipe, lr_factor
 
 
 def test_unknown_recipe_names_the_choices():
@@ -33,6 +33,28 @@ def test_the_paper_recipe_is_the_studys_pix2pix():
     assert (paper.gan_weight, paper.l1_weight, paper.lr, paper.beta1, paper.ngf) == (1.0, 100.0, 2e-4, 0.5, 64)
 
 
+def test_the_cosine_schedule_falls_from_the_rate_to_its_floor_along_half_a_cosine():
+    assert lr_factor("cosine", 0.0) == pytest.approx(1.0)
+    assert lr_factor("cosine", 0.5) == pytest.approx((1 + LR_FLOOR) / 2)
+    assert lr_factor("cosine", 1.0) == pytest.approx(LR_FLOOR)
+    assert lr_factor("cosine", 0.25) == pytest.approx(LR_FLOOR + (1 - LR_FLOOR) * (2 + 2**0.5) / 4)
+    assert lr_factor("cosine", -1.0) == lr_factor("cosine", 0.0) and lr_factor("cosine", 7.0) == lr_factor("cosine", 1.0)
+    values = [lr_factor("cosine", p / 10) for p in range(11)]
+    assert all(a > b for a, b in zip(values, values[1:]))
+    assert {lr_factor("constant", p) for p in (0.0, 0.3, 1.0, 2.0)} == {1.0}
+    with pytest.raises(ValueError, match="unknown learning-rate schedule 'step'; choose constant or cosine"):
+        lr_factor("step", 0.5)
+    with pytest.raises(ValueError, match="unknown learning-rate schedule 'step'"):
+        get_recipe("default").with_overrides(schedule="step")
+
+
+def test_a_schedule_sets_both_optimisers_rates_from_the_recipes():
+    model = _model("default", gan_weight=1.0)
+    model.set_lr_factor(0.25)
+    rates = {g["lr"] for opt in (model.opt_g, model.opt_d) for g in opt.param_groups}
+    assert rates == {0.25 * get_recipe("default").lr}
+
+
 def _model(recipe: str, **overrides) -> Pix2Pix:
     r = get_recipe(recipe).with_overrides(**overrides)
     net = NetConfig(in_channels=4, out_channels=3, size=16, ngf=4, ndf=4, dropout=r.dropout, upsample=r.upsample, output=r.output)
@@ -52,7 +74,7 @@ def test_the_delta_target_decodes_back_to_the_target_state():
 
 
 def test_a_pushforward_step_scores_both_steps_and_leaves_the_discriminator_alone():
-    model = _model("default")
+    model = _model("default", unroll=2)
     d_before = [p.detach().clone() for p in model.discriminator.parameters()]
     g_before = [p.detach().clone() for p in model.generator.parameters()]
     cond, target = torch.randn(4, 4, 16, 16), torch.randn(4, 6, 16, 16)  # two future states
@@ -61,6 +83,8 @@ def test_a_pushforward_step_scores_both_steps_and_leaves_the_discriminator_alone
     assert all(torch.isfinite(v) for v in losses.values()) and losses["loss_d"] == 0
     assert any(not torch.equal(a, b) for a, b in zip(g_before, model.generator.parameters()))
     assert all(torch.equal(a, b) for a, b in zip(d_before, model.discriminator.parameters()))
+    with pytest.raises(ValueError, match="target has 6 channels; unroll 3 needs 9"):
+        _model("default", unroll=3).train_step(cond, target, contextlib.nullcontext)
 
 
 def _checkerboard(upsample: str) -> float:

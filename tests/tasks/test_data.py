@@ -262,11 +262,20 @@ def test_held_out_simulations_lie_inside_the_reynolds_range():
     assert split_simulations(three, 1, 1, 0, {s: reynolds[s] for s in three}) == split_simulations(three, 1, 1, 0)
 
 
+@pytest.mark.parametrize("in_memory", [False, True], ids=["read-per-batch", "held-in-memory"])
 @pytest.mark.parametrize("stride,unroll", [(1, 2), (2, 2), (1, 3)])
-def test_unrolled_targets_are_the_next_states_one_after_another(dataset, eager, stride, unroll):
+def test_unrolled_targets_are_the_next_states_one_after_another(dataset, eager, stride, unroll, in_memory):
     root, ids = dataset
     frames = [eager[s] for s in ids]
     source = PairSource(root, ids, stride, unroll=unroll)
+    assert source.nbytes == sum(f.size for f in frames) * 4
+    if in_memory:
+        zarr_rms, zarr_range = source.change_rms(), source.channel_range()
+        source.hold_in_memory()
+        assert source.in_memory
+        np.testing.assert_array_equal(source.change_rms(), zarr_rms)
+        for a, b in zip(source.channel_range(), zarr_range):
+            np.testing.assert_array_equal(a, b)
     pairs = [(i, t) for i, f in enumerate(frames) for t in range(len(f) - stride * unroll)]
     assert len(source) == len(pairs)
     picks = np.arange(len(source))[::2]

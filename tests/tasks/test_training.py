@@ -17,6 +17,7 @@ import torch
 import zarr
 from mlflow.tracking import MlflowClient
 
+from models.recipe import lr_factor
 from tasks.data import epoch_order, split_of
 from tasks.simulate import run_simulation
 from tasks.store import STORE, Manifest, consolidate
@@ -227,9 +228,22 @@ def test_validation_rollouts_score_quality_over_training_time_and_record_time_to
     missed = train(trainable, *NET, "--epochs", "3", "--batch-sizes", "4", "--validate-every", "2", "--validate-steps", "3",
                    "--target-vorticity", "1e-9", "--target-steps", "1", "--stop-at-target")
     assert missed["epochs"] == 3 and missed["target_reached"] == 0.0 and "time_to_target_s" not in missed
+    # The default recipe's cosine schedule runs over the epoch limit: the rate of each epoch's last step.
+    steps_per_epoch = missed["steps"] // 3
+    rates = sorted((m.step, m.value) for m in client().get_metric_history(missed["run_id"], "learning_rate"))
+    expected = [1e-3 * lr_factor("cosine", (e * steps_per_epoch - 1) / (3 * steps_per_epoch)) for e in (1, 2, 3)]
+    assert [s for s, _ in rates] == [1, 2, 3] and [v for _, v in rates] == pytest.approx(expected, rel=1e-6)
     assert sorted(m.step for m in client().get_metric_history(missed["run_id"], "val_one_step_rel_l2_vorticity")) == [2, 3]
 
 
 def test_a_target_longer_than_the_validation_rollout_is_refused(trainable):
     assert_refused(run_cli("train", "--dataset", "tiny", *NET, "--target-steps", "80", "--validate-steps", "60", cwd=trainable),
                    "target_steps 80 exceeds validate_steps 60")
+
+
+def test_the_schedules_progress_runs_over_the_time_budget_else_over_the_epoch_limit():
+    from tasks.specs import TrainSpec
+
+    assert TrainSpec(time_budget=200.0).progress(50.0, 7, 10) == 0.25
+    assert TrainSpec(epochs=4).progress(999.0, 10, 10) == 0.25
+    assert TrainSpec().progress(0.0, 15, 10) == 0.5  # no budget, no epochs: the default 3 epochs
