@@ -164,6 +164,7 @@ def _bench_quality(args: argparse.Namespace) -> dict:
 def run_bench(args: argparse.Namespace) -> int:
     """Run a parsed bench command; one line on stderr and exit 2 for bad input."""
     from tasks.bench import bench_infer, bench_solver, bench_train
+    from tasks.errors import RunFailed
 
     try:
         if args.command == "bench-quality":
@@ -182,6 +183,9 @@ def run_bench(args: argparse.Namespace) -> int:
     except ValueError as exc:
         print(f"python -m flows {args.command}: error: {exc}", file=sys.stderr)
         return 2
+    except RunFailed as exc:  # a run that started and failed (a diverging loss)
+        print(f"python -m flows {args.command}: failed: {exc}", file=sys.stderr)
+        return 1
     except RuntimeError as exc:  # e.g. a torch device that is not there
         print(f"python -m flows {args.command}: error: {str(exc).splitlines()[0]}", file=sys.stderr)
         return 2

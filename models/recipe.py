@@ -41,6 +41,12 @@ def lr_factor(schedule: str, progress: float) -> float:
     raise ValueError(f"unknown learning-rate schedule {schedule!r}; choose {' or '.join(SCHEDULES)}")
 
 
+def schedule_progress(train_s: float, step: int, time_budget: float | None, total_steps: int | None) -> float:
+    """How far a run is, 0 to 1: training time over the time budget or optimiser steps over the run's
+    step limit, whichever is further (a run ends at the first limit it reaches)."""
+    return max(train_s / time_budget if time_budget else 0.0, step / total_steps if total_steps else 0.0)
+
+
 @dataclass(frozen=True)
 class Recipe:
     name: str

@@ -11,7 +11,6 @@ on a machine that has only the compute and data stack (numpy, numba, torch, zarr
 
 import dataclasses
 import math
-import os
 import statistics
 import time
 from pathlib import Path
@@ -21,10 +20,10 @@ import torch
 
 from models.device import keep_freed_memory, resolve_device
 from models.nets.trainer import OptimConfig, build_trainer, speed_options
-from models.recipe import get_recipe, lr_factor
-from tasks.data import Normalizer, PairSource, StepCodec, epoch_order, load_frames, split_of, training_net
-from tasks.scoring import Validation, score_generator
-from tasks.simulate import SimulationSpec
+from models.recipe import get_recipe, lr_factor, schedule_progress
+from tasks.data import IN_MEMORY_BYTES, Normalizer, PairSource, StepCodec, epoch_order, epoch_seed, split_of, training_net
+from tasks.errors import RunFailed
+from tasks.scoring import Validation, load_simulation, score_generator
 from tasks.store import load_manifest
 
 # Rollout scores reported for the test simulation and each extra one.
@@ -78,6 +77,11 @@ def _train_once(dataset_dir: Path, ctx, recipe, batch_size: int, time_budget: fl
     manifest = load_manifest(dataset_dir)
     split = split_of(manifest, 1, 1, seed)
     train = PairSource(dataset_dir, split["train"], 1, unroll=recipe.unroll)
+    if train.nbytes * (2 + recipe.unroll) > IN_MEMORY_BYTES:  # the frames, then every pair's cond and targets
+        raise ValueError(f"dataset {dataset_dir.name!r} is too large to train on from memory "
+                         f"({train.nbytes / 2**30:.1f} GiB of frames, {2 + recipe.unroll} times that with the pairs; at most "
+                         f"{IN_MEMORY_BYTES / 2**30:.0f} GiB): use python -m flows train, which reads batches from the store")
+    train.hold_in_memory()
     norm = Normalizer.fit(train)
     codec = StepCodec(norm, train.change_rms().tolist() if recipe.predict == "delta" else None)
     net = training_net(train.height, train.width, None, ngf=recipe.ngf, ndf=recipe.ndf, norm="batch", dropout=recipe.dropout,
@@ -85,30 +89,33 @@ def _train_once(dataset_dir: Path, ctx, recipe, batch_size: int, time_budget: fl
     steps_per_epoch = len(train) // batch_size
     if steps_per_epoch == 0:
         raise ValueError(f"batch size {batch_size} exceeds the {len(train)} training pairs")
-    cond_all, target_all = (torch.from_numpy(a).to(ctx.device) for a in train.batch(np.arange(len(train)), norm))  # (N, 4, H, W), (N, 3·unroll, H, W)
+    options = speed_options(ctx.kind, compile=compile)
+    layout = torch.channels_last if options["channels_last"] else torch.contiguous_format
+    # (N, 4, H, W), (N, 3·unroll, H, W) network units, on the device
+    cond_all, target_all = (torch.from_numpy(a).to(ctx.device).contiguous(memory_format=layout)
+                            for a in train.batch(np.arange(len(train)), norm))
     torch.manual_seed(seed)
-    model = build_trainer(net, OptimConfig.from_recipe(recipe, codec.delta_ratio), ctx,
-                          speed_options(ctx.kind, compile=compile))
+    model = build_trainer(net, OptimConfig.from_recipe(recipe, codec.delta_ratio), ctx, options)
     validation = Validation.of(dataset_dir, manifest, split["val"], codec, net, 1, validate_every, validate_steps,
                                target.vorticity, target.steps)
     limit = epochs or 10**9
-    progress = (lambda s, step: s / time_budget) if time_budget else (lambda s, step: step / (limit * steps_per_epoch))
     history, reached_at, step, epoch, stopping = [], None, 0, 0, None
     t0 = time.perf_counter()
     while stopping is None and epoch < limit:
         epoch += 1
         model.train()
-        torch.manual_seed(int(np.random.SeedSequence([seed, epoch]).generate_state(1)[0]))  # this epoch's noise
+        torch.manual_seed(epoch_seed(seed, epoch))  # this epoch's input noise, as in training
         order = torch.from_numpy(epoch_order(len(train), seed, epoch)).to(ctx.device)
         for s in range(steps_per_epoch):
             if recipe.schedule != "constant":
-                model.set_lr_factor(lr_factor(recipe.schedule, progress(time.perf_counter() - t0, step)))
+                progress = schedule_progress(time.perf_counter() - t0, step, time_budget, limit * steps_per_epoch)
+                model.set_lr_factor(lr_factor(recipe.schedule, progress))
             batch = order[s * batch_size : (s + 1) * batch_size]
             losses = model.train_step(cond_all[batch], target_all[batch], ctx.autocast)
-            loss = losses["loss_l1"].item()  # waits for the step: the clock below sees it done
+            values = torch.stack([v.float() for v in losses.values()]).tolist()  # waits for the step: the clock below sees it done
             step += 1
-            if not math.isfinite(loss):
-                raise RuntimeError(f"loss became non-finite at epoch {epoch}, step {step}")
+            if not all(math.isfinite(v) for v in values):
+                raise RunFailed(f"loss became non-finite at epoch {epoch}, step {step} (seed {seed}, recipe {recipe.name})")
             if time_budget and time.perf_counter() - t0 >= time_budget:
                 stopping = "time budget"
                 break
@@ -124,10 +131,10 @@ def _train_once(dataset_dir: Path, ctx, recipe, batch_size: int, time_budget: fl
                     stopping = "target reached"
     train_s = time.perf_counter() - t0
     model.generator.eval()
-    test_frames, test_sim = _simulation(dataset_dir, manifest, split["test"][0])
+    test_frames, test_sim = load_simulation(dataset_dir, manifest, split["test"][0])
     test = score_generator(model.generator, ctx.device, codec, test_frames, test_sim, 1, test_steps)
     surrogate_s = _surrogate_step_s(model.generator, ctx, codec, test_frames[0])
-    solver = _solver_cost(test_sim, ctx.kind)
+    solver = _solver_cost(test_sim, ctx.kind, torch.get_num_threads())
     result = {
         "seed": seed, "epochs": epoch, "steps": step, "train_s": train_s, "stopped_by": stopping or "epoch limit",
         "samples_per_s": step * batch_size / train_s, "time_to_target_s": None, "epochs_to_target": None, "samples_to_target": None,
@@ -141,18 +148,16 @@ def _train_once(dataset_dir: Path, ctx, recipe, batch_size: int, time_budget: fl
     for extra_dir, extra_steps in extra:
         extra_manifest = load_manifest(extra_dir)
         for sim_id in sorted(extra_manifest["simulations"]):
-            frames, sim = _simulation(extra_dir, extra_manifest, sim_id)
+            frames, sim = load_simulation(extra_dir, extra_manifest, sim_id)
             summary = score_generator(model.generator, ctx.device, codec, frames, sim, 1, extra_steps).summary()
             result.setdefault("extra", {})[f"{extra_dir.name}/{sim_id}"] = {"steps": extra_steps, **_scores(summary)}
     return result
 
 
-def _simulation(dataset_dir: Path, manifest: dict, sim_id: str) -> tuple[np.ndarray, SimulationSpec]:
-    return load_frames(dataset_dir, sim_id), SimulationSpec(**manifest["simulations"][sim_id]["spec"])
-
-
 def _scores(summary: dict) -> dict:
-    return {k: (round(v, 5) if isinstance(v, float) and math.isfinite(v) else v) for k, v in summary.items() if k in TEST_SCORES}
+    """The reported scores, rounded; a score that could not be measured (NaN) is None in the JSON."""
+    return {k: (round(v, 5) if math.isfinite(v) else None) if isinstance(v, float) else v
+            for k, v in summary.items() if k in TEST_SCORES}
 
 
 @torch.no_grad()
@@ -174,10 +179,9 @@ def _surrogate_step_s(generator, ctx, codec: StepCodec, frame: np.ndarray, repea
     return statistics.median(times)
 
 
-def _solver_cost(sim: SimulationSpec, kind: str) -> tuple[float, str]:
+def _solver_cost(sim, kind: str, threads: int) -> tuple[float, str]:
     """Seconds for the solver to advance one stored frame (frame_every steps) on this device: the torch
-    backend on a GPU, numba on every core otherwise."""
+    backend on a GPU, numba on the surrogate's ``threads`` cores otherwise."""
     from tasks.bench import time_solver
 
-    cores = len(os.sched_getaffinity(0))
-    return time_solver(sim.flow_config(), sim.frame_every, "cuda" if kind == "cuda" else "cpu", cores)
+    return time_solver(sim.flow_config(), sim.frame_every, "cuda" if kind == "cuda" else "cpu", threads)

@@ -1,9 +1,10 @@
 """(frame t, frame t+k) pairs from the zarr store, split by simulation, with saved normalisation.
 
-Training reads pairs lazily: ``PairSource`` holds only handles on each simulation's zarr arrays (one
-chunk per frame) and reads the frames a batch needs when the batch is asked for; ``prefetch`` reads
-the next batch on a background thread while the caller computes on the current one. Memory is a few
-batches, whatever the size of the dataset.
+``PairSource`` holds handles on each simulation's zarr arrays (one chunk per frame) and reads the
+frames a batch needs when the batch is asked for; ``prefetch`` reads the next batch on a background
+thread while the caller computes on the current one, so memory is a few batches whatever the size of
+the dataset. A training set of up to ``IN_MEMORY_BYTES`` can instead be decoded once and held in
+memory (``hold_in_memory``): batches are then slices of arrays, with no chunk decoded per batch.
 """
 
 from collections.abc import Iterable, Iterator
@@ -55,6 +56,14 @@ def split_of(manifest: dict, n_val: int, n_test: int, seed: int) -> dict[str, li
     """The train/val/test split of a dataset's manifest (interpolating in Reynolds number)."""
     sims = manifest["simulations"]
     return split_simulations(list(sims), n_val, n_test, seed, {s: float(v["spec"]["reynolds"]) for s, v in sims.items()})
+
+
+IN_MEMORY_BYTES = 2 * 2**30  # training sets up to this size (per process) are held in memory
+
+
+def epoch_seed(seed: int, epoch: int, rank: int = 0) -> int:
+    """The torch seed of one epoch on one rank (dropout, input noise), independent of what ran before."""
+    return int(np.random.SeedSequence([seed, epoch, rank]).generate_state(1)[0])
 
 
 def epoch_order(n_pairs: int, seed: int, epoch: int) -> np.ndarray:
@@ -171,7 +180,8 @@ def load_frames(dataset_dir: Path, sim_id: str) -> np.ndarray:
 
 
 class PairSource:
-    """(frame t, frame t+stride) pairs of the given simulations, read lazily from the zarr store.
+    """(frame t, frame t+stride) pairs of the given simulations, read from the zarr store as batches ask
+    for them, or from memory after ``hold_in_memory``.
 
     Construction reads array metadata only. Pair ``j`` is ``(simulation i, frame t)`` with the pairs of
     each simulation numbered consecutively in the order of ``sim_ids``. ``store`` is the zarr store

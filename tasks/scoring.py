@@ -64,6 +64,11 @@ def roll(predict: Callable[[np.ndarray, np.ndarray], np.ndarray], codec: StepCod
         yield Step(n, pred, ref, w_pred, w_ref, metrics)
 
 
+def load_simulation(dataset_dir: Path, manifest: dict, sim_id: str) -> tuple[np.ndarray, SimulationSpec]:
+    """A stored simulation's frames (T, 4, H, W) and its spec, from the dataset's manifest."""
+    return load_frames(dataset_dir, sim_id), SimulationSpec(**manifest["simulations"][sim_id]["spec"])
+
+
 def score_generator(generator, device, codec: StepCodec, frames: np.ndarray, sim: SimulationSpec, stride: int, steps: int,
                     threshold_u: float = 0.1, threshold_vorticity: float = 0.3) -> RolloutScore:
     """Roll a torch generator (in eval mode, on ``device``) out for ``steps`` steps from the first frame
@@ -99,7 +104,7 @@ class Validation:
     @classmethod
     def of(cls, dataset_dir: Path, manifest: dict, sim_ids: list[str], codec: StepCodec, net, stride: int, every: int,
            steps: int, target_vorticity: float, target_steps: int) -> "Validation":
-        sims = [(load_frames(dataset_dir, s), SimulationSpec(**manifest["simulations"][s]["spec"])) for s in sim_ids]
+        sims = [load_simulation(dataset_dir, manifest, s) for s in sim_ids]
         return cls(sims, codec, net, stride, every, steps, target_vorticity, target_steps)
 
     def due(self, epoch: int, last: bool) -> bool:

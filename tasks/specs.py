@@ -113,10 +113,11 @@ class TrainSpec(Spec):
 
     def progress(self, train_s: float, step: int, steps_per_epoch: int) -> float:
         """How far the run is, 0 to 1, for the learning-rate schedule: training time over the time
-        budget when there is one, else optimiser steps over the epoch limit's."""
-        if self.time_budget is not None:
-            return train_s / self.time_budget
-        return step / (self.epoch_limit * steps_per_epoch)
+        budget or optimiser steps over the step limit (epochs, ``max_steps``), whichever is further."""
+        from models.recipe import schedule_progress
+
+        total = self.epoch_limit * steps_per_epoch
+        return schedule_progress(train_s, step, self.time_budget, min(total, self.max_steps or total))
 
     def resolved_recipe(self):
         """The models.recipe.Recipe this spec trains with: the named recipe and its overrides."""
@@ -219,7 +220,7 @@ class DemoSpec(Spec):
     """The quick CPU pipeline: a small sweep, a narrow Pix2Pix, a rollout and a report."""
 
     generate: GenerateSpec = Field(default_factory=GenerateSpec)
-    train: TrainSpec = Field(default_factory=lambda: TrainSpec(time_budget=120, batch_sizes=[8]))
+    train: TrainSpec = Field(default_factory=lambda: TrainSpec(time_budget=180, batch_sizes=[8]))
     infer: InferSpec = Field(default_factory=lambda: InferSpec(steps=60))
     aggregate: AggregateSpec = Field(default_factory=lambda: AggregateSpec(name="demo"))
 

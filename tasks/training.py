@@ -29,7 +29,7 @@ from models.nets import build_generator
 from models.nets.trainer import NoClock, OptimConfig, PhaseClock, build_trainer, speed_options
 from models.recipe import lr_factor
 from models.solver import vorticity
-from tasks.data import INPUTS, OUTPUTS, Normalizer, PairSource, StepCodec, crop_offsets, crop_pairs, epoch_order, split_of, training_net
+from tasks.data import INPUTS, OUTPUTS, Normalizer, PairSource, StepCodec, crop_offsets, crop_pairs, epoch_order, epoch_seed, IN_MEMORY_BYTES, split_of, training_net
 from tasks.errors import RunFailed, UserError
 from tasks.plots import vorticity_panels
 from tasks.scoring import Validation
@@ -43,7 +43,6 @@ WARMUP_STEPS = 2  # steps of each process timed apart: compilation, allocator an
 METRIC_FLUSH = 50  # per-step metrics go to MLflow in batches of this many steps
 CHECKPOINT = "checkpoint.pt"
 SYSTEM_METRICS_EVERY_S = 5
-IN_MEMORY_BYTES = 2 * 2**30  # training sets up to this size (per process) are held in memory
 
 
 def probe_device(job: dict) -> dict:
@@ -87,7 +86,7 @@ def load_checkpoint(path: Path, mmap: bool = False) -> dict:
 
 def _seed_epoch(ctx: DeviceContext, seed: int, epoch: int) -> None:
     """Dropout randomness of one epoch on this rank, independent of what ran before."""
-    value = int(np.random.SeedSequence([seed, epoch, ctx.rank]).generate_state(1)[0])
+    value = epoch_seed(seed, epoch, ctx.rank)
     torch.manual_seed(value)
     if ctx.kind == "xla":
         import torch_xla.core.xla_model as xm
