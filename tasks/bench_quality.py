@@ -57,8 +57,13 @@ def bench_quality(dataset_dir: Path, device: str = "cpu", batch_size: int = 8, t
     ctx = resolve_device(device)
     if device == "cpu":
         keep_freed_memory()  # as the training child does
+    extra_sims = []  # (label, steps, frames, spec) of every extra simulation, read once for all seeds
+    for extra_dir, extra_steps in extra:
+        extra_manifest = load_manifest(extra_dir)
+        extra_sims += [(f"{extra_dir.name}/{sim_id}", extra_steps, *load_simulation(extra_dir, extra_manifest, sim_id))
+                       for sim_id in sorted(extra_manifest["simulations"])]
     runs = [_train_once(dataset_dir, ctx, chosen, batch_size, time_budget, epochs, seed, target, validate_every,
-                        validate_steps, stop_at_target, test_steps, extra, compile) for seed in seeds]
+                        validate_steps, stop_at_target, test_steps, extra_sims, compile) for seed in seeds]
     reached = [r["time_to_target_s"] for r in runs if r["time_to_target_s"] is not None]
     return {
         "device": ctx.description, "recipe": chosen.name, "batch_size": batch_size, "time_budget_s": time_budget,
@@ -73,7 +78,7 @@ def bench_quality(dataset_dir: Path, device: str = "cpu", batch_size: int = 8, t
 
 def _train_once(dataset_dir: Path, ctx, recipe, batch_size: int, time_budget: float | None, epochs: int | None, seed: int,
                 target: QualityTarget, validate_every: int, validate_steps: int, stop_at_target: bool, test_steps: int,
-                extra: tuple[tuple[Path, int], ...], compile: str) -> dict:
+                extra_sims: list, compile: str) -> dict:
     manifest = load_manifest(dataset_dir)
     split = split_of(manifest, 1, 1, seed)
     train = PairSource(dataset_dir, split["train"], 1, unroll=recipe.unroll)
@@ -145,12 +150,9 @@ def _train_once(dataset_dir: Path, ctx, recipe, batch_size: int, time_budget: fl
         "surrogate_s_per_time_unit": surrogate_s / test.dt, "solver_s_per_time_unit": solver[0] / test.dt,
         "surrogate_speedup": solver[0] / surrogate_s,
     }
-    for extra_dir, extra_steps in extra:
-        extra_manifest = load_manifest(extra_dir)
-        for sim_id in sorted(extra_manifest["simulations"]):
-            frames, sim = load_simulation(extra_dir, extra_manifest, sim_id)
-            summary = score_generator(model.generator, ctx.device, codec, frames, sim, 1, extra_steps).summary()
-            result.setdefault("extra", {})[f"{extra_dir.name}/{sim_id}"] = {"steps": extra_steps, **_scores(summary)}
+    for label, extra_steps, frames, sim in extra_sims:
+        summary = score_generator(model.generator, ctx.device, codec, frames, sim, 1, extra_steps).summary()
+        result.setdefault("extra", {})[label] = {"steps": extra_steps, **_scores(summary)}
     return result
 
 
