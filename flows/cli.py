@@ -174,7 +174,7 @@ def _summary(command: str, result: dict) -> dict:
     if command == "validate-solver":  # the benchmark's figures; the checks and the run id are in MLflow
         return {k: v for k, v in result.items() if k not in ("run_id", "checks")}
     if command == "benchmark":
-        return {k: result[k] for k in ("dataset", "cells", "report", "aggregate_run_id", "failed")}
+        return {k: result[k] for k in ("dataset", "cells", "report", "benchmark_run_id", "aggregate_run_id", "failed")}
     if command == "ablate":
         return {"report": result["report"], "run_id": result["run_id"], "rows": result["rows"]}
     if command == "aggregate":

@@ -1,33 +1,88 @@
-"""The pipeline's Prefect flows: generate, train, infer, aggregate, and the demo that chains them."""
+"""The pipeline's Prefect flows: generate, train, infer, aggregate, the demo that chains them and the
+benchmark matrix. Every flow run is named and tagged from its parameters (``train cpu b8``; stage,
+device, batch size, mode), so the Prefect UI's runs list tells them apart and filters them."""
 
 import time
+from pathlib import Path
 
 from prefect import flow, get_run_logger
 
-from tasks.aggregate import ablation_row, aggregate_runs, write_ablation
+from tasks.aggregate import ablation_row, aggregate_runs, publish_artifacts, write_ablation
 from tasks.cells import cell_error, cell_key, finished_cell, interrupted_cell, record_failed_cell
 from tasks.generate import run_sweep
 from tasks.infer import rollout
+from tasks.progress import Progress
 from tasks.settings import Settings
 from tasks.specs import AblationSpec, AggregateSpec, BenchmarkSpec, DemoSpec, GenerateSpec, InferSpec, TrainSpec, ValidateSpec
+from tasks.tracking import mlflow_run, run_url
 from tasks.train import check_training_input, log_study_table, plan_world, probe_device, resume_plan, sweep_run, train_model
 from tasks.validation import validate_solver as run_validation
+
+PARENT_RUN = "MLflow run id to file this flow's run under as a child; set by the benchmark and the demo"
 
 
 def _settings() -> Settings:
     return Settings.from_env().require_writable()
 
 
-@flow(name="generate", log_prints=False)
-def generate(spec: GenerateSpec = GenerateSpec()) -> dict:
+def _flow_spec(model):
+    """The running flow's ``spec`` parameter as a ``model``, or None where it does not validate."""
+    from prefect.context import FlowRunContext
+
+    ctx = FlowRunContext.get()
+    value = (ctx.parameters or {}).get("spec") if ctx else None
+    if isinstance(value, model):
+        return value
+    try:
+        return model.model_validate(value or {})
+    except Exception:
+        return None
+
+
+def _named(model, name_of):
+    """A flow_run_name callable: the name ``name_of(spec)`` gives the run's spec."""
+    def name() -> str:
+        spec = _flow_spec(model)
+        return name_of(spec) if spec is not None else f"{model.__name__.removesuffix('Spec').lower()} (invalid parameters)"
+
+    return name
+
+
+def _train_name(spec: TrainSpec) -> str:
+    return (f"train {spec.device} b{','.join(map(str, spec.batch_sizes))}" + (f" seed {spec.seed}" if spec.seed else "")
+            + (" (resume)" if spec.resume else ""))
+
+
+def _tag_run(*tags: str) -> None:
+    """Add ``tags`` to the running flow run (whether started here, as a subflow or from a deployment),
+    so the Prefect UI's runs list filters on them."""
+    from prefect.client.orchestration import get_client
+    from prefect.context import FlowRunContext
+
+    ctx = FlowRunContext.get()
+    if ctx is None or ctx.flow_run is None:
+        return
+    wanted = sorted(set(ctx.flow_run.tags) | set(tags))
+    if wanted != sorted(ctx.flow_run.tags):
+        try:
+            with get_client(sync_client=True) as client:
+                client.update_flow_run(ctx.flow_run.id, tags=wanted)
+        except Exception as exc:  # a missing tag is no reason to fail a run
+            get_run_logger().warning("flow run tags not set: %s", exc)
+
+
+@flow(name="generate", log_prints=False, flow_run_name=_named(GenerateSpec, lambda s: f"generate {s.dataset}"))
+def generate(spec: GenerateSpec = GenerateSpec(), parent_run: str | None = None) -> dict:
     """Simulate a parameter sweep of channel flows into a zarr dataset (skips finished simulations)."""
-    return run_sweep(_settings(), spec)
+    _tag_run("stage:generate", f"dataset:{spec.dataset}")
+    return run_sweep(_settings(), spec, parent_run_id=parent_run)
 
 
-@flow(name="train")
-def train(spec: TrainSpec = TrainSpec()) -> dict:
+@flow(name="train", flow_run_name=_named(TrainSpec, _train_name))
+def train(spec: TrainSpec = TrainSpec(), parent_run: str | None = None) -> dict:
     """Train Pix2Pix on a dataset on the chosen device: one run per batch size (several make a sweep,
     whose runs are children of one parent run holding the study's table), or resume an interrupted run."""
+    _tag_run("stage:train", f"device:{spec.device}", *(f"batch:{b}" for b in spec.batch_sizes), f"dataset:{spec.dataset}")
     settings = _settings()
     resume_id = spec.resume
     if resume_id:
@@ -39,11 +94,11 @@ def train(spec: TrainSpec = TrainSpec()) -> dict:
     world, procs = plan_world(spec, probed)
     check_training_input(settings, spec, batch_sizes, world)
     if len(batch_sizes) == 1:
-        result = train_model(settings, spec, batch_sizes[0], world, procs, resume_run_id=resume_id)
+        result = train_model(settings, spec, batch_sizes[0], world, procs, parent_run_id=parent_run, resume_run_id=resume_id)
         return {**result, "device_kind": spec.device}
     logger = get_run_logger()
     results = []
-    with sweep_run(settings, spec) as parent:
+    with sweep_run(settings, spec, parent_run) as parent:
         for b in batch_sizes:
             state = train_model(settings, spec, b, world, procs, parent_run_id=parent.run_id, return_state=True)
             if state.is_completed():
@@ -58,25 +113,27 @@ def train(spec: TrainSpec = TrainSpec()) -> dict:
             "run_id": next(r["run_id"] for r in reversed(results) if r["status"] == "FINISHED")}
 
 
-@flow(name="infer")
-def infer(spec: InferSpec = InferSpec()) -> dict:
+@flow(name="infer", flow_run_name=_named(InferSpec, lambda s: f"infer {s.mode} {s.device} ×{s.workers}"))
+def infer(spec: InferSpec = InferSpec(), parent_run: str | None = None) -> dict:
     """Roll a trained generator out on a held-out simulation and score it against the solver."""
-    return rollout(_settings(), spec)
+    _tag_run("stage:infer", f"device:{spec.device}", f"mode:{spec.mode}", f"workers:{spec.workers}")
+    return rollout(_settings(), spec, parent_run_id=parent_run)
 
 
-@flow(name="aggregate")
-def aggregate(spec: AggregateSpec = AggregateSpec()) -> dict:
-    """Build comparison tables, figures and a report from the experiment's runs."""
-    return aggregate_runs(_settings(), spec)
+@flow(name="aggregate", flow_run_name=_named(AggregateSpec, lambda s: f"aggregate {s.name}"))
+def aggregate(spec: AggregateSpec = AggregateSpec(), parent_run: str | None = None) -> dict:
+    """Build comparison tables, figures and a report over one benchmark's or demo's runs (or all)."""
+    _tag_run("stage:aggregate", f"report:{spec.name}")
+    return aggregate_runs(_settings(), spec, parent_run_id=parent_run)
 
 
-@flow(name="validate-solver")
+@flow(name="validate-solver", flow_run_name=_named(ValidateSpec, lambda s: f"validate solver {s.case} {s.backend}"))
 def validate_solver(spec: ValidateSpec = ValidateSpec()) -> dict:
     """Check the solver against the Schäfer-Turek cylinder benchmark over a ladder of resolutions."""
     return run_validation(_settings(), spec)
 
 
-@flow(name="ablate")
+@flow(name="ablate", flow_run_name=_named(AblationSpec, lambda s: f"ablate {s.name} ({len(s.variants)} variants)"))
 def ablate(spec: AblationSpec = AblationSpec()) -> dict:
     """Train each recipe variant on the same data and budget, roll it out on the test simulation, and
     tabulate one-step error, useful horizons, Strouhal error and training time."""
@@ -100,18 +157,28 @@ def ablate(spec: AblationSpec = AblationSpec()) -> dict:
     return write_ablation(settings, spec.name, spec.model_dump(), rows, simulation)
 
 
-@flow(name="demo")
+@flow(name="demo", flow_run_name="demo")
 def demo(spec: DemoSpec = DemoSpec()) -> dict:
-    """The quick CPU pipeline: simulate, train, roll out, report; every stage logged to MLflow."""
+    """The quick CPU pipeline: simulate, train, roll out, report; every stage a child of one MLflow run."""
+    _tag_run("stage:demo")
     settings = _settings()
-    data = generate(spec.generate)
-    trained = train(spec.train)
-    inferred = infer(spec.infer.model_copy(update={"model_run": trained["run_id"]}))
-    report = aggregate(spec.aggregate)
+    logger = get_run_logger()
+    description = (f"The demo pipeline: simulate dataset `{spec.generate.dataset}`, train Pix2Pix on CPU (batch "
+                   f"{spec.train.batch_sizes[0]}, {spec.train.time_budget or spec.train.epoch_limit:g} {'s' if spec.train.time_budget else 'epochs'}), "
+                   f"roll it out {spec.infer.steps} steps against the solver, report `{spec.aggregate.name}`; each stage is a child run.")
+    with mlflow_run(settings, "demo", "demo", params={"dataset": spec.generate.dataset}, description=description) as parent:
+        data = generate(spec.generate, parent_run=parent.run_id)
+        trained = train(spec.train, parent_run=parent.run_id)
+        inferred = infer(spec.infer.model_copy(update={"model_run": trained["run_id"]}), parent_run=parent.run_id)
+        parent.client.log_dict(parent.run_id, {"runs": [trained["run_id"], inferred["run_id"]]}, "runs.json")
+        report = aggregate(spec.aggregate.model_copy(update={"runs": parent.run_id}), parent_run=parent.run_id)
+        for path in (report["report"], report["html"], *report["figures"]):
+            parent.log_artifact(Path(path), "report")
+    logger.info("report: %s; runs: %s", report["report"], run_url(settings, parent.run_id))
     return {
         "tracking_uri": settings.tracking_uri,
         "experiment": settings.experiment,
-        "runs": {"generate": data["run_id"], "train": trained["run_id"], "infer": inferred["run_id"], "aggregate": report["run_id"]},
+        "runs": {"demo": parent.run_id, "generate": data["run_id"], "train": trained["run_id"], "infer": inferred["run_id"], "aggregate": report["run_id"]},
         "dataset": {"name": data["dataset"], "digest": data["digest"], "path": data["path"], "simulations": len(data["simulations"])},
         "report": report["report"],
     }
@@ -151,15 +218,21 @@ def check_deployments(spec: BenchmarkSpec) -> None:
                         "or map the device to 'local' in pools")
 
 
-def _run_cell(kind: str, spec, settings: Settings, deployment: str | None) -> dict:
-    """Run one cell as its own flow run unless MLflow already holds its finished run; never raises for
-    a failed cell (the benchmark goes on and the report shows it)."""
+def _cell_label(kind: str, spec) -> str:
+    if kind == "train":
+        return f"train {spec.device} b{spec.batch_sizes[0]}" + (f" seed {spec.seed}" if spec.seed else "")
+    return f"infer {spec.mode} {spec.device} ×{spec.workers}"
+
+
+def _run_cell(kind: str, spec, settings: Settings, deployment: str | None, parent_run: str) -> dict:
+    """Run one cell as its own flow run (a child of the benchmark's MLflow run ``parent_run``) unless
+    MLflow already holds its finished run; never raises for a failed cell (the benchmark goes on and
+    the report shows it)."""
     logger = get_run_logger()
+    label = f"{_cell_label(kind, spec)} [cell {spec.cell}]"
     done = finished_cell(settings, spec.cell)
-    label = f"{kind} cell {spec.cell}"
     if done:
-        logger.info("%s: finished run %s found, skipped", label, done)
-        return {"cell": spec.cell, "kind": kind, "status": "SKIPPED", "run_id": done}
+        return {"cell": spec.cell, "kind": kind, "label": label, "status": "SKIPPED", "run_id": done, "note": "finished earlier, reused"}
     if kind == "train" and (stale := interrupted_cell(settings, spec.cell)):
         from tasks.errors import UserError
 
@@ -169,60 +242,97 @@ def _run_cell(kind: str, spec, settings: Settings, deployment: str | None) -> di
             logger.info("%s: resuming interrupted run %s from its last checkpoint", label, stale)
         except UserError as exc:
             logger.info("%s: earlier run %s cannot be resumed (%s); starting afresh", label, stale, exc)
-    params = {"spec": spec.model_dump(mode="json")}
+    params = {"spec": spec.model_dump(mode="json"), "parent_run": parent_run}
     started_ms = int(time.time() * 1000)
     if deployment:
         from prefect.deployments import run_deployment
 
         logger.info("%s: running on deployment %s", label, deployment)
-        flow_run = run_deployment(deployment, parameters=params, as_subflow=True, flow_run_name=f"{kind}-{spec.cell}")
+        flow_run = run_deployment(deployment, parameters=params, as_subflow=True, flow_run_name=_cell_label(kind, spec),
+                                  tags=[f"stage:{kind}", f"device:{spec.device}"])
         ok, message = flow_run.state.is_completed(), flow_run.state.message
     else:
-        state = (train if kind == "train" else infer)(spec, return_state=True)
+        state = (train if kind == "train" else infer)(spec, parent_run=parent_run, return_state=True)
         ok, message = state.is_completed(), state.message
     done = finished_cell(settings, spec.cell) if ok else None
     if done is None:
-        error = cell_error(settings, spec.cell, started_ms)
-        if error is None:  # it failed before opening its own run: record one so the report shows it
+        found = cell_error(settings, spec.cell, started_ms)
+        if found is None:  # it failed before opening its own run: record one so the report shows it
             error = message or "no finished run was recorded"
             shown = ({"device": spec.device, "batch_size": spec.batch_sizes[0]} if kind == "train"
                      else {"device": spec.device, "mode": spec.mode, "workers": spec.workers})
-            record_failed_cell(settings, kind, f"{kind}-{spec.device}-cell-{spec.cell}", spec.cell, error, shown)
-        logger.error("%s failed: %s", label, error)
-        return {"cell": spec.cell, "kind": kind, "status": "FAILED", "error": error}
-    return {"cell": spec.cell, "kind": kind, "status": "FINISHED", "run_id": done}
+            run_id = record_failed_cell(settings, kind, f"{kind}-{spec.device}-cell-{spec.cell}", spec.cell, error, shown, parent_run)
+        else:
+            run_id, error = found
+        return {"cell": spec.cell, "kind": kind, "label": label, "status": "FAILED", "run_id": run_id, "error": error}
+    return {"cell": spec.cell, "kind": kind, "label": label, "status": "FINISHED", "run_id": done}
 
 
-@flow(name="benchmark")
+def _benchmark_description(spec: BenchmarkSpec) -> str:
+    budget = f"{spec.train.time_budget:g} s" if spec.train.time_budget else f"{spec.train.epochs or 3} epochs"
+    return (f"Benchmark `{spec.aggregate.name}`: Pix2Pix ({'/'.join(spec.frameworks)}) trained on {', '.join(spec.devices)} at global batch sizes "
+            f"{', '.join(map(str, spec.batch_sizes))} ({spec.repeats} seed(s) each, {budget}, recipe {spec.train.recipe}) on dataset "
+            f"`{spec.generate.dataset}`; the first trained model rolled out {spec.infer.steps} steps "
+            f"({', '.join(f'{m} x{w}' for _, m, w in spec.infer_cells())}) on {', '.join(spec.infer_devices)}. "
+            "New cells are child runs; cells that finished in an earlier benchmark are reused (runs.json lists every run the report covers). "
+            "The report compares rows only within one setting.")
+
+
+@flow(name="benchmark", flow_run_name=_named(BenchmarkSpec, lambda s: f"benchmark {s.aggregate.name}"))
 def benchmark(spec: BenchmarkSpec = BenchmarkSpec()) -> dict:
     """The benchmark matrix: generate, train every (framework, device, batch size) cell, roll the first
-    trained model out in every (device, mode, workers) cell, and aggregate; finished cells are skipped."""
+    trained model out in every (device, mode, workers) cell, and aggregate; finished cells are skipped.
+    One MLflow run holds it all: the cells are its children, the report its artifacts."""
+    name = spec.aggregate.name
+    _tag_run("stage:benchmark", f"benchmark:{name}", *(f"device:{d}" for d in spec.devices))
     settings = _settings()
     logger = get_run_logger()
     check_deployments(spec)
-    data = generate(spec.generate)
-    cells = []
-    for framework in spec.frameworks:
-        for device in spec.devices:
-            for batch in spec.batch_sizes:
-                for seed in range(spec.train.seed, spec.train.seed + spec.repeats):
-                    cell = spec.train.model_copy(update={"device": device, "batch_sizes": [batch], "seed": seed})
-                    cell = cell.model_copy(update={"cell": cell_key(f"train/{framework}", cell, data["digest"])})
-                    cells.append({**_run_cell("train", cell, settings, deployment_for("train", device, spec.pools)),
-                                  "framework": framework, "device": device, "batch_size": batch, "seed": seed})
-    model = next((c["run_id"] for c in cells if c["status"] != "FAILED"), None)
-    if model is None:
-        logger.error("no training cell finished; the rollout cells are skipped")
-    else:
-        for device, mode, workers in spec.infer_cells():
-            cell = spec.infer.model_copy(update={"model_run": model, "device": device, "mode": mode, "workers": workers})
-            cell = cell.model_copy(update={"cell": cell_key("infer", cell, data["digest"])})
-            cells.append({**_run_cell("infer", cell, settings, deployment_for("infer", device, spec.pools)),
-                          "device": device, "mode": mode, "workers": workers})
-    report = aggregate(spec.aggregate)
-    failed = [c for c in cells if c["status"] == "FAILED"]
-    logger.info("benchmark: %d cells, %d run, %d skipped as finished, %d failed", len(cells),
-                sum(c["status"] == "FINISHED" for c in cells), sum(c["status"] == "SKIPPED" for c in cells), len(failed))
-    return {"dataset": {"name": data["dataset"], "digest": data["digest"]}, "cells": cells, "report": report["report"],
-            "aggregate_run_id": report["run_id"], "failed": len(failed)}
+    total = len(spec.frameworks) * len(spec.devices) * len(spec.batch_sizes) * spec.repeats + len(spec.infer_cells())
+    with mlflow_run(settings, "benchmark", f"benchmark-{name}", params=spec.model_dump(), description=_benchmark_description(spec),
+                    tags={"karman.benchmark": name, "karman.devices": ",".join(spec.devices)}) as bench:
+        logger.info("benchmark %s: %d cells; MLflow: %s", name, total, run_url(settings, bench.run_id))
+        data = generate(spec.generate, parent_run=bench.run_id)
+        cells: list[dict] = []
+        progress = Progress(f"cells of benchmark {name} done")
 
+        def record(cell: dict, started: float) -> None:
+            cells.append(cell)
+            left = progress.update(len(cells) / total)
+            where = run_url(settings, cell["run_id"]) if cell.get("run_id") else "no run"
+            extra = f": {cell['error']}" if cell["status"] == "FAILED" else f" ({cell['note']})" if cell.get("note") else ""
+            logger.info("cell %d/%d %s: %s in %.0f s%s; %s%s", len(cells), total, cell["label"], cell["status"],
+                        time.monotonic() - started, extra, where, f"; {left}" if left else "")
+
+        for framework in spec.frameworks:
+            for device in spec.devices:
+                for batch in spec.batch_sizes:
+                    for seed in range(spec.train.seed, spec.train.seed + spec.repeats):
+                        cell = spec.train_cell(device, batch, seed)
+                        cell = cell.model_copy(update={"cell": cell_key(f"train/{framework}", cell, data["digest"])})
+                        started = time.monotonic()
+                        record({**_run_cell("train", cell, settings, deployment_for("train", device, spec.pools), bench.run_id),
+                                "framework": framework, "device": device, "batch_size": batch, "seed": seed}, started)
+        model = next((c["run_id"] for c in cells if c["status"] != "FAILED"), None)
+        if model is None:
+            logger.error("no training cell finished; the rollout cells are skipped")
+        else:
+            for device, mode, workers in spec.infer_cells():
+                cell = spec.infer_cell(model, device, mode, workers)
+                cell = cell.model_copy(update={"cell": cell_key("infer", cell, data["digest"])})
+                started = time.monotonic()
+                record({**_run_cell("infer", cell, settings, deployment_for("infer", device, spec.pools), bench.run_id),
+                        "device": device, "mode": mode, "workers": workers}, started)
+        bench.client.log_dict(bench.run_id, {"runs": [c["run_id"] for c in cells if c.get("run_id")], "cells": cells}, "runs.json")
+        report = aggregate(spec.aggregate.model_copy(update={"runs": bench.run_id}), parent_run=bench.run_id)
+        # The report on the benchmark's own runs: its Prefect artifacts and its MLflow run's artifacts.
+        publish_artifacts(name, report["markdown"], report["train_rows"], report["infer_rows"])
+        for path in (report["report"], report["html"], *report["figures"]):
+            bench.log_artifact(Path(path), "report")
+        failed = [c for c in cells if c["status"] == "FAILED"]
+        counts = {s: sum(c["status"] == s for c in cells) for s in ("FINISHED", "SKIPPED", "FAILED")}
+        bench.set_tags({"karman.cells": f"{len(cells)}: {counts['FINISHED']} run, {counts['SKIPPED']} reused, {counts['FAILED']} failed"})
+    logger.info("benchmark %s: %d cells, %d run, %d skipped as finished, %d failed; report %s; MLflow: %s", name, len(cells),
+                counts["FINISHED"], counts["SKIPPED"], len(failed), report["report"], run_url(settings, bench.run_id))
+    return {"dataset": {"name": data["dataset"], "digest": data["digest"]}, "cells": cells, "report": report["report"],
+            "benchmark_run_id": bench.run_id, "aggregate_run_id": report["run_id"], "failed": len(failed)}

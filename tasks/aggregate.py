@@ -37,33 +37,6 @@ def study_table(results: list[dict]) -> list[dict]:
     return sorted(rows, key=lambda r: (r["device"], r["batch_size"], r["run"]))
 
 
-def pivot_markdown(rows: list[dict]) -> str:
-    """Batch size down, device across: time per epoch [s] (speedup over the slowest)."""
-    finished = [r for r in rows if r["status"] == "FINISHED"]
-    if not finished:
-        return "_no finished training runs_\n"
-    devices = sorted({f"{r['device']} x{r['world_size']}" for r in finished})
-    cells: dict[tuple[int, str], str] = {}
-    for r in finished:  # the newest run of a cell wins (rows are sorted by run id within a cell)
-        cells[(r["batch_size"], f"{r['device']} x{r['world_size']}")] = f"{r['time_per_epoch_s']:.3g} s ({r['speedup']:.2f}x)"
-    lines = ["| batch size | " + " | ".join(devices) + " |", "|---|" + "---|" * len(devices)]
-    for b in sorted({r["batch_size"] for r in finished}):
-        lines.append(f"| {b} | " + " | ".join(cells.get((b, d), "") for d in devices) + " |")
-    return "\n".join(lines) + "\n"
-
-
-def training_table(runs) -> list[dict]:
-    """The study's table over MLflow training runs (finished and failed)."""
-    results = []
-    for r in runs:
-        if r.info.status not in ("FINISHED", "FAILED"):
-            continue
-        p, m = r.data.params, r.data.metrics
-        results.append({"run_id": r.info.run_id, "device": p.get("device", "?"), "batch_size": p.get("batch_size", 0),
-                        "world_size": p.get("world_size", 1), "status": r.info.status, **m})
-    return study_table(results)
-
-
 def quality_table(runs) -> list[dict]:
     """Time to the quality target per configuration (framework, device, batch size, recipe, target),
     MLPerf-style over its repeated runs (seeds): the mean time-to-target with the fastest and slowest
@@ -88,30 +61,6 @@ def quality_table(runs) -> list[dict]:
                      "fastest_s": times[0] if times else nan, "slowest_s": times[-1] if times else nan,
                      "time_per_epoch_s": sorted(m.data.metrics.get("time_per_epoch_s", nan) for m in members)[len(members) // 2],
                      "not_reached": ", ".join(missed) or "-"})
-    return rows
-
-
-def inference_table(runs) -> list[dict]:
-    """One row per finished rollout: mode x workers -> frames/s, latency split, accuracy, the solver."""
-    rows = []
-    nan = float("nan")
-    for r in runs:
-        if r.info.status != "FINISHED" or "frames_per_s" not in r.data.metrics:
-            continue
-        p, m = r.data.params, r.data.metrics
-        rows.append({"run": r.info.run_id[:8], "mode": p.get("mode", "?"), "device": p.get("device", "?"),
-                     "workers": int(p.get("workers", 1)), "tiles": int(p.get("tiles", 1)),
-                     "frames_per_s": m["frames_per_s"], "cold_step_s": m.get("cold_step_s", nan),
-                     "compute_s": m.get("latency_compute_s", nan), "split_merge_s": m.get("latency_split_s", nan) + m.get("latency_merge_s", nan),
-                     "transfer_s": m.get("latency_transfer_s", nan), "seam_rel_error": m.get("seam_rel_error", nan),
-                     "final_rel_l2_u": m.get("final_rel_l2_u", nan),
-                     "final_rel_l2_vorticity": m.get("final_rel_l2_vorticity", nan),
-                     "horizon_u": int(m.get("horizon_u", 0)), "horizon_vorticity": int(m.get("horizon_vorticity", 0)),
-                     "regime": p.get("regime", "?"),
-                     "strouhal_pred": m.get("strouhal_pred", nan), "strouhal_ref": m.get("strouhal_ref", nan),
-                     "solver_frames_per_s": m.get("solver_frames_per_s", nan), "verdict": p.get("verdict", ""),
-                     "surrogate_vs_solver": m.get("surrogate_vs_solver", nan)})
-    rows.sort(key=lambda row: (row["device"], row["mode"], row["workers"]))
     return rows
 
 
@@ -157,12 +106,13 @@ def write_ablation(settings: Settings, name: str, params: dict, rows: list[dict]
 
 
 def write_html(markdown_path: Path, title: str) -> Path:
-    """``report.html`` beside ``report.md``: the same text, tables and figures, for a browser."""
+    """``report.html`` beside ``report.md``: the same text, tables and figures (inline, so that it
+    reads alone, in a browser or in MLflow's artifact preview)."""
     import html
 
     import markdown
 
-    body = markdown.markdown(markdown_path.read_text(), extensions=["tables"])
+    body = markdown.markdown(_embed(markdown_path.read_text(), markdown_path.parent), extensions=["tables"])
     style = "body{font-family:sans-serif;max-width:70em;margin:2em auto}table{border-collapse:collapse}td,th{border:1px solid #bbb;padding:2px 6px}"
     out = markdown_path.with_suffix(".html")
     out.write_text(f"<!doctype html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title>"
@@ -170,59 +120,290 @@ def write_html(markdown_path: Path, title: str) -> Path:
     return out
 
 
-def publish_artifacts(name: str, markdown: str, train_rows: list[dict], infer_rows: list[dict]) -> None:
-    """The report and its tables as Prefect artifacts of the running flow (keys from the report name)."""
+def fmt(value) -> str:
+    """A table cell: '–' for nothing or NaN, integers as they are, other numbers to about three
+    significant digits (no exponent below a million)."""
+    if value is None or (isinstance(value, float) and value != value):
+        return "–"
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return str(value)
+    if isinstance(value, int) or float(value).is_integer() and abs(value) >= 100:
+        return f"{int(value):,}" if abs(value) >= 10_000 else str(int(value))
+    magnitude = abs(value)
+    if magnitude >= 1e6:
+        return f"{value:.3g}"
+    if magnitude >= 100:
+        return f"{value:,.0f}"
+    return f"{value:.3g}"
+
+
+def run_link(settings: Settings, exp_id: str, run_id: str) -> str:
+    """The run's first 8 hex digits, linked to its page where the tracking store is an MLflow server."""
+    if not run_id or run_id == "FAILED":
+        return run_id or "–"
+    if settings.tracking_uri.startswith(("http://", "https://")):
+        return f"[{run_id[:8]}]({settings.tracking_uri.rstrip('/')}/#/experiments/{exp_id}/runs/{run_id})"
+    return f"`{run_id[:8]}`"
+
+
+def table_markdown(rows: list[dict], columns: dict[str, str], links=None) -> str:
+    """A Markdown table of ``rows`` with ``columns`` (key -> header); ``links`` turns a run id into a cell."""
+    if not rows:
+        return "_none_\n"
+    cell = lambda key, value: links(value) if links and key.endswith("run") else fmt(value)  # noqa: E731
+    lines = ["| " + " | ".join(columns.values()) + " |", "|" + "---|" * len(columns)]
+    lines += ["| " + " | ".join(cell(k, r.get(k)) for k in columns) + " |" for r in rows]
+    return "\n".join(lines) + "\n"
+
+
+def _threads(params: dict) -> int | None:
+    found = re.search(r"\((\d+) threads\)", params.get("device_name", ""))
+    return int(found.group(1)) if found else None
+
+
+def _budget(params: dict) -> str:
+    if params.get("time_budget", "None") != "None":
+        return f"{float(params['time_budget']):g} s"
+    if params.get("max_steps", "None") != "None":
+        return f"{params['max_steps']} steps"
+    return f"{params['epochs']} epochs" if params.get("epochs", "None") != "None" else "3 epochs"
+
+
+def setting_label(params: dict) -> str:
+    """What a training run's setting is, in words: framework, precision, recipe, widths, budget, threads."""
+    threads = _threads(params)
+    parts = [params.get("framework", "torch"), params.get("precision", "fp32"), f"recipe {params.get('recipe_label', '?')}",
+             f"ngf {params.get('recipe_ngf', params.get('ngf', '?'))}", f"budget {_budget(params)}"]
+    if params.get("crop", "None") != "None":
+        parts.append(f"crop {params['crop']}")
+    if threads:
+        parts.append(f"{threads} CPU threads")
+    if params.get("dataset_digest"):
+        parts.append(f"data {params['dataset_digest'][:8]}")
+    return ", ".join(parts)
+
+
+def train_rows(runs) -> list[dict]:
+    """One row per training run (finished or failed) with the settings that define it."""
+    rows = []
+    nan = float("nan")
+    for r in runs:
+        if r.info.status not in ("FINISHED", "FAILED"):
+            continue
+        p, m = r.data.params, r.data.metrics
+        finished = r.info.status == "FINISHED" and "time_per_epoch_s" in m
+        rows.append({"run": r.info.run_id, "setting": setting_label(p), "framework": p.get("framework", "torch"),
+                     "device": f"{p.get('device', '?')} x{p.get('world_size', 1)}", "batch_size": int(p.get("batch_size", 0) or 0),
+                     "threads": _threads(p), "precision": p.get("precision", "fp32"), "recipe": p.get("recipe_label", "?"),
+                     "budget": _budget(p), "epochs": int(m["epochs"]) if "epochs" in m else None, "seed": p.get("seed", "?"),
+                     "status": "FINISHED" if finished else "FAILED",
+                     "time_per_epoch_s": m.get("time_per_epoch_s", nan) if finished else nan,
+                     "samples_per_s": m.get("samples_per_s", nan) if finished else nan,
+                     "final_l1": m.get("final_l1", nan) if finished else nan,
+                     "time_to_target_s": m.get("time_to_target_s", nan) if finished else nan,
+                     "error": r.data.tags.get("karman.error", "")[:120] if not finished else ""})
+    return sorted(rows, key=lambda row: (row["setting"], row["device"], row["batch_size"], str(row["seed"])))
+
+
+def comparison(rows: list[dict]) -> dict[str, list[dict]]:
+    """Per setting, one row per batch size with each device's median time per epoch and samples/s over
+    its runs (seeds), and each device's speedup over the slowest device at that batch size. Nothing is
+    compared across settings."""
+    import statistics
+
+    out: dict[str, list[dict]] = {}
+    for setting in sorted({r["setting"] for r in rows if r["status"] == "FINISHED"}):
+        finished = [r for r in rows if r["setting"] == setting and r["status"] == "FINISHED"]
+        table = []
+        for b in sorted({r["batch_size"] for r in finished}):
+            per_device = {}
+            for d in sorted({r["device"] for r in finished if r["batch_size"] == b}):
+                members = [r for r in finished if r["batch_size"] == b and r["device"] == d]
+                per_device[d] = {"time_per_epoch_s": statistics.median(r["time_per_epoch_s"] for r in members),
+                                 "samples_per_s": statistics.median(r["samples_per_s"] for r in members), "runs": len(members)}
+            slowest = max(v["time_per_epoch_s"] for v in per_device.values())
+            for d, v in per_device.items():
+                table.append({"batch_size": b, "device": d, **v,
+                              "speedup": slowest / v["time_per_epoch_s"] if len(per_device) > 1 else float("nan")})
+        out[setting] = table
+    return out
+
+
+def infer_rows(runs) -> list[dict]:
+    """One row per finished rollout: the setting (model, steps, tiling), mode x workers -> frames/s,
+    latency split, accuracy, the solver; frames/s against the full-frame rollout of the same setting."""
+    rows = []
+    nan = float("nan")
+    for r in runs:
+        if r.info.status != "FINISHED" or "frames_per_s" not in r.data.metrics:
+            continue
+        p, m = r.data.params, r.data.metrics
+        mode = p.get("mode", "?")
+        rows.append({"run": r.info.run_id, "model_run": r.data.tags.get("karman.model_run", ""), "device": p.get("device", "?"),
+                     "mode": mode, "workers": int(p.get("workers", 1)), "tiles": int(p.get("tiles", 1)), "steps": int(p.get("steps", 0)),
+                     "frames_per_s": m["frames_per_s"], "cold_step_s": m.get("cold_step_s", nan),
+                     "compute_s": m.get("latency_compute_s", nan), "split_merge_s": m.get("latency_split_s", nan) + m.get("latency_merge_s", nan),
+                     "transfer_s": m.get("latency_transfer_s", nan),
+                     "seam_rel_error": m.get("seam_rel_error", nan) if mode == "mapreduce" else None,
+                     "final_rel_l2_u": m.get("final_rel_l2_u", nan), "final_rel_l2_vorticity": m.get("final_rel_l2_vorticity", nan),
+                     "horizon_u": int(m.get("horizon_u", 0)), "horizon_vorticity": int(m.get("horizon_vorticity", 0)),
+                     "regime": p.get("regime", "?"), "strouhal_pred": m.get("strouhal_pred", nan), "strouhal_ref": m.get("strouhal_ref", nan),
+                     "solver_frames_per_s": m.get("solver_frames_per_s", nan), "verdict": p.get("verdict", ""),
+                     "surrogate_vs_solver": m.get("surrogate_vs_solver", nan),
+                     "setting": (r.data.tags.get("karman.model_run", ""), p.get("steps"), p.get("simulation"), p.get("tile"), p.get("halo"), p.get("dataset"))})
+    for r in rows:  # frames/s over the full-frame rollout on the same device, model and setting
+        full = [f["frames_per_s"] for f in rows if f["setting"] == r["setting"] and f["device"] == r["device"] and f["mode"] == "full"]
+        r["vs_full"] = r["frames_per_s"] / full[0] if full else nan
+    rows.sort(key=lambda row: (row["device"], row["mode"], row["workers"]))
+    return rows
+
+
+TRAIN_COLUMNS = {"run": "run", "device": "device", "batch_size": "batch", "threads": "threads", "precision": "precision",
+                 "recipe": "recipe", "budget": "budget", "epochs": "epochs", "seed": "seed", "status": "status",
+                 "time_per_epoch_s": "s/epoch", "samples_per_s": "samples/s", "final_l1": "final L1", "time_to_target_s": "to target [s]"}
+COMPARE_COLUMNS = {"batch_size": "batch", "device": "device", "runs": "runs", "time_per_epoch_s": "s/epoch",
+                   "samples_per_s": "samples/s", "speedup": "× slowest device"}
+QUALITY_COLUMNS = {"framework": "framework", "device": "device", "batch_size": "batch", "recipe": "recipe", "target": "target",
+                   "runs": "runs", "reached": "reached", "time_to_target_s": "to target [s]", "fastest_s": "fastest [s]",
+                   "slowest_s": "slowest [s]", "time_per_epoch_s": "s/epoch", "not_reached": "not reached"}
+INFER_COLUMNS = {"run": "run", "model_run": "model run", "device": "device", "mode": "mode", "workers": "workers", "tiles": "tiles",
+                 "steps": "steps", "frames_per_s": "frames/s", "vs_full": "× full-frame", "cold_step_s": "cold step [s]",
+                 "compute_s": "compute [s]", "split_merge_s": "split+merge [s]", "transfer_s": "transfer [s]",
+                 "seam_rel_error": "seam error", "horizon_u": "u horizon", "horizon_vorticity": "ω horizon",
+                 "strouhal_pred": "St", "strouhal_ref": "St solver", "surrogate_vs_solver": "× solver"}
+
+
+def covered_runs(settings: Settings, client, exp_id: str, source: str, run_ids: list[str] | None = None) -> tuple[str, list]:
+    """(what the report covers, in words; the runs): the given ``run_ids``; or those a benchmark or demo
+    run recorded in its runs.json ('latest' = the newest such run, or its id); or 'all' of the experiment."""
+    import json
+    import tempfile
+
+    from tasks.errors import UserError
+
+    if run_ids is None and source == "all":
+        runs = [r for stage in ("train", "infer") for r in _rows(client, exp_id, stage)]
+        return f"every training and rollout run of experiment `{settings.experiment}`", runs
+    if run_ids is None:
+        if source == "latest":
+            found = client.search_runs([exp_id], f"tags.`{STAGE_TAG}` IN ('benchmark', 'demo')", order_by=["attributes.start_time DESC"], max_results=1)
+            if not found:
+                raise UserError(f"no benchmark or demo run in experiment {settings.experiment!r} to report on; run one, or use --runs all")
+            owner = found[0]
+        else:
+            try:
+                owner = client.get_run(source)
+            except Exception:
+                raise UserError(f"unknown run {source!r} in the tracking store {settings.tracking_uri}") from None
+            if owner.data.tags.get(STAGE_TAG) not in ("benchmark", "demo"):
+                raise UserError(f"run {source!r} is not a benchmark or demo run (stage {owner.data.tags.get(STAGE_TAG)!r}); give one, latest or all")
+        with tempfile.TemporaryDirectory() as tmp:
+            try:
+                run_ids = json.loads(Path(client.download_artifacts(owner.info.run_id, "runs.json", tmp)).read_text())["runs"]
+            except Exception:
+                raise UserError(f"run {owner.info.run_id} lists no runs (runs.json); it did not get to its cells") from None
+        scope = f"the runs of {owner.data.tags.get(STAGE_TAG)} run {owner.info.run_name} ({owner.info.run_id})"
+    else:
+        scope = f"{len(run_ids)} runs given"
+    runs = []
+    for rid in dict.fromkeys(run_ids):
+        try:
+            runs.append(client.get_run(rid))
+        except Exception:
+            pass  # a run deleted since is no longer reported
+    return scope, runs
+
+
+def _embed(markdown: str, folder: Path) -> str:
+    """The Markdown with each local figure ![x](name.png) as a data URI, for viewers without the files."""
+    import base64
+
+    def inline(match) -> str:
+        data = base64.b64encode((folder / match.group(2)).read_bytes()).decode()
+        return f"![{match.group(1)}](data:image/png;base64,{data})"
+
+    return re.sub(r"!\[([^\]]*)\]\(([^)/:]+\.png)\)", inline, markdown)
+
+
+def publish_artifacts(name: str, markdown: str, train_table: list[dict], infer_table: list[dict]) -> None:
+    """The report (figures inline) and its tables as Prefect artifacts of the running flow (keys from the report name)."""
     from prefect.artifacts import create_markdown_artifact, create_table_artifact
 
     key = re.sub(r"[^a-z0-9-]+", "-", name.lower()).strip("-") or "report"
-    clean = lambda rows: [{k: (None if isinstance(v, float) and v != v else v) for k, v in r.items()} for r in rows]  # noqa: E731
+    clean = lambda rows: [{k: fmt(v) for k, v in r.items() if k != "setting"} for r in rows]  # noqa: E731
     create_markdown_artifact(markdown=markdown, key=f"{key}-report", description=f"Kármán Bench report {name}")
-    create_table_artifact(table=clean(train_rows) or [{"status": "no training runs"}], key=f"{key}-training",
-                          description="Training runs: device, batch size, time per epoch, speedup")
-    create_table_artifact(table=clean(infer_rows) or [{"status": "no rollouts"}], key=f"{key}-inference",
+    create_table_artifact(table=clean(train_table) or [{"status": "no training runs"}], key=f"{key}-training",
+                          description="Training runs: setting, device, batch size, time per epoch")
+    create_table_artifact(table=clean(infer_table) or [{"status": "no rollouts"}], key=f"{key}-inference",
                           description="Rollouts: mode x workers -> frames/s, accuracy, solver comparison")
 
 
-@task(name="aggregate-runs")
-def aggregate_runs(settings: Settings, spec: AggregateSpec, parent_run_id: str | None = None) -> dict:
+def build_report(settings: Settings, name: str, scope: str, runs, exp_id: str, out: Path) -> tuple[str, list[Path], dict]:
+    """report.md's text and figures (written to ``out``) over ``runs``; returns the text, the figures and the tables."""
+    trains = train_rows([r for r in runs if r.data.tags.get(STAGE_TAG) == "train"])
+    quality = quality_table([r for r in runs if r.data.tags.get(STAGE_TAG) == "train"])
+    rollouts = infer_rows([r for r in runs if r.data.tags.get(STAGE_TAG) == "infer"])
+    failed = [r for r in runs if r.info.status == "FAILED"]
+    link = lambda rid: run_link(settings, exp_id, rid)  # noqa: E731
+    compared = comparison(trains)
+    figures: list[Path] = []
+    finished = [r for r in trains if r["status"] == "FINISHED"]
+    if finished:
+        labels = [f"{r['device']} b{r['batch_size']} s{r['seed']}" + (f" [{i + 1}]" if len(compared) > 1 else "")
+                  for r in finished for i in [list(compared).index(r["setting"])]]
+        figures.append(bar_chart(labels, [r["samples_per_s"] for r in finished], "samples/s", out / "train_samples_per_s.png",
+                                 "training throughput" + (" (settings [1], [2], ... as in the report)" if len(compared) > 1 else "")))
+    if rollouts:
+        labels = [f"{r['mode']} {r['device']} x{r['workers']}" for r in rollouts]
+        figures.append(bar_chart(labels, [r["frames_per_s"] for r in rollouts], "frames/s", out / "infer_frames_per_s.png", "rollout throughput"))
+    text = [f"# Kármán Bench report `{name}`\n",
+            f"Covers {scope}: {len(trains)} training and {len(rollouts)} rollout runs. Experiment `{settings.experiment}` at "
+            f"`{settings.tracking_uri}`, written {dt.datetime.now(dt.timezone.utc).strftime('%Y-%m-%d %H:%M UTC')}. "
+            "Rows are compared only within one setting (framework, precision, recipe, widths, budget, threads, dataset); "
+            "a speedup is one device over the slowest device at the same batch size and setting.\n",
+            "## Training: device × batch size\n"]
+    for i, (setting, table) in enumerate(compared.items(), 1):
+        text += [f"**Setting [{i}]**: {setting}\n", table_markdown(table, COMPARE_COLUMNS)]
+    if not compared:
+        text.append("_no finished training runs_\n")
+    text += ["### Every training run\n", "s/epoch is the median epoch time without the first epoch (which carries the warm-up).\n",
+             table_markdown(trains, TRAIN_COLUMNS, link),
+             "## Time to quality\n", "Wall-clock seconds of training until the validation rollouts first meet the run's quality "
+             "target (the mean over repeated runs, without the fastest and slowest when three or more reached it):\n",
+             table_markdown(quality, QUALITY_COLUMNS),
+             "## Inference: rollout speed and accuracy against the solver\n",
+             "× full-frame: frames/s over the full-frame rollout of the same model, device and steps; seam error applies to map-reduce only.\n",
+             table_markdown(rollouts, INFER_COLUMNS, link),
+             "## Is the surrogate worth it?\n",
+             "\n".join(f"- {link(r['run'])} ({r['mode']} x{r['workers']}, {r['regime']}): {r['verdict']}" for r in rollouts if r["verdict"])
+             or "_no rollout with a verdict_", "",
+             f"## Failed runs\n\n{len(failed)} failed run(s)" + (": " + ", ".join(f"{r.info.run_name} ({link(r.info.run_id)})" for r in failed) if failed else "") + "\n"]
+    text += [f"![{f.stem}]({f.name})\n" for f in figures]
+    return "\n".join(text), figures, {"train_rows": trains, "infer_rows": rollouts, "quality_rows": quality}
+
+
+@task(name="aggregate-runs", task_run_name="report {spec.name}")
+def aggregate_runs(settings: Settings, spec: AggregateSpec, parent_run_id: str | None = None, run_ids: list[str] | None = None) -> dict:
+    """report.md, report.html and figures under the report folder, over the runs the spec (or the
+    caller's ``run_ids``) names, logged to an aggregate MLflow run and published as Prefect artifacts."""
     logger = get_run_logger()
     client = client_for(settings)
     exp_id = experiment_id(client, settings)
-    train_runs = _rows(client, exp_id, "train")
-    train_rows = training_table(train_runs)
-    quality_rows = quality_table(train_runs)
-    infer_rows = inference_table(_rows(client, exp_id, "infer"))
-    failed = [r for stage in ("generate", "train", "infer") for r in _rows(client, exp_id, stage) if r.info.status == "FAILED"]
+    scope, runs = covered_runs(settings, client, exp_id, spec.runs, run_ids)
     out = settings.report_dir(spec.name)
     out.mkdir(parents=True, exist_ok=True)
-    figures: list[Path] = []
-    finished = [r for r in train_rows if r["status"] == "FINISHED"]
-    if finished:
-        labels = [f"{r['device']} x{r['world_size']} b{r['batch_size']} ({r['run']})" for r in finished]
-        figures.append(bar_chart(labels, [r["time_per_epoch_s"] for r in finished], "time per epoch [s]", out / "train_time_per_epoch.png", "training time per epoch"))
-    if infer_rows:
-        labels = [f"{r['mode']} {r['device']} x{r['workers']} ({r['run']})" for r in infer_rows]
-        figures.append(bar_chart(labels, [r["frames_per_s"] for r in infer_rows], "frames/s", out / "infer_frames_per_s.png", "rollout throughput"))
+    text, figures, tables = build_report(settings, spec.name, scope, runs, exp_id, out)
     report = out / "report.md"
-    text = [f"# Kármán Bench report `{spec.name}`\n", f"Experiment `{settings.experiment}` at `{settings.tracking_uri}`, "
-            f"generated {dt.datetime.now(dt.timezone.utc).strftime('%Y-%m-%d %H:%M UTC')}.\n",
-            "## Time to quality\n", "Wall-clock seconds of training until the validation rollouts first meet the run's quality "
-            "target (the mean over repeated runs, without the fastest and slowest when three or more reached it; "
-            "fastest and slowest shown apart; runs that never reached it listed):\n", markdown_table(quality_rows),
-            "## Training: device × batch size\n", "Time per epoch (speedup over the slowest configuration):\n",
-            pivot_markdown(train_rows), "All training runs:\n", markdown_table(train_rows),
-            "## Inference: rollout speed and accuracy against the solver\n",
-            markdown_table([{k: v for k, v in r.items() if k != "verdict"} for r in infer_rows]),
-            "## Is the surrogate worth it?\n", "\n".join(f"- `{r['run']}` ({r['mode']} x{r['workers']}, {r['regime']}): {r['verdict']}"
-                                                        for r in infer_rows if r["verdict"]) or "_no rollout with a verdict_", "",
-            f"## Failed runs\n\n{len(failed)} failed run(s)" + (": " + ", ".join(f"{r.info.run_name} ({r.info.run_id[:8]})" for r in failed) if failed else "") + "\n"]
-    text += [f"![{f.stem}]({f.name})\n" for f in figures]
-    report.write_text("\n".join(text))
+    report.write_text(text)
     html_report = write_html(report, f"Kármán Bench report {spec.name}")
-    publish_artifacts(spec.name, "\n".join(text), train_rows, infer_rows)
-    with mlflow_run(settings, "aggregate", f"aggregate-{spec.name}", params=spec.model_dump(), parent_run_id=parent_run_id) as run:
-        run.log_metrics({"train_runs": len(train_rows), "infer_runs": len(infer_rows), "failed_runs": len(failed)})
+    embedded = _embed(text, out)
+    publish_artifacts(spec.name, embedded, tables["train_rows"], tables["infer_rows"])
+    with mlflow_run(settings, "aggregate", f"aggregate-{spec.name}", params=spec.model_dump(), parent_run_id=parent_run_id,
+                    description=f"Report `{spec.name}` over {scope}.") as run:
+        run.log_metrics({"train_runs": len(tables["train_rows"]), "infer_runs": len(tables["infer_rows"])})
         for path in [report, html_report, *figures]:
             run.log_artifact(path, "report")
-    logger.info("report with %d training and %d inference rows written to %s", len(train_rows), len(infer_rows), report)
-    return {"report": str(report), "run_id": run.run_id, "train_rows": train_rows, "infer_rows": infer_rows, "quality_rows": quality_rows}
+    logger.info("report over %s: %d training and %d rollout rows, written to %s", scope, len(tables["train_rows"]),
+                len(tables["infer_rows"]), report)
+    return {"report": str(report), "html": str(html_report), "markdown": embedded, "figures": [str(f) for f in figures],
+            "run_id": run.run_id, "scope": scope, **tables}

@@ -28,7 +28,7 @@ def device_env(device: str, world_size: int | None = None) -> dict[str, str]:
     return env
 
 
-def run_child(kind: str, job: dict, log, env: dict[str, str] | None = None, procs: int = 1) -> dict:
+def run_child(kind: str, job: dict, log, env: dict[str, str] | None = None, procs: int = 1, on_line=None) -> dict:
     """Run ``tasks.worker kind`` on ``job`` in a fresh interpreter (``procs`` > 1: that many under
     torchrun, one per device); return its (rank 0's) result dictionary.
 
@@ -53,6 +53,8 @@ def run_child(kind: str, job: dict, log, env: dict[str, str] | None = None, proc
                 if line:
                     tail.append(line)
                     log.info("[%s] %s", kind, line)
+                    if on_line is not None:
+                        on_line(line)
             rc = proc.wait()
         if rc != 0:
             # Under torchrun the exit code is the launcher's; the rank's own line says what happened.

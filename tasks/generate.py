@@ -9,6 +9,7 @@ import time
 from prefect import get_run_logger, task
 
 from tasks.errors import UserError
+from tasks.progress import Progress
 from tasks.settings import Settings
 from tasks.simulate import SimulationSpec, run_simulation
 from tasks.specs import GenerateSpec
@@ -49,8 +50,8 @@ def _sweep_key(spec: GenerateSpec) -> dict:
     return key
 
 
-@task(name="simulate-sweep", retries=0)
-def run_sweep(settings: Settings, spec: GenerateSpec) -> dict:
+@task(name="simulate-sweep", task_run_name="simulate {spec.dataset}", retries=0)
+def run_sweep(settings: Settings, spec: GenerateSpec, parent_run_id: str | None = None) -> dict:
     """Simulate every missing member of the sweep in parallel on Dask; returns the dataset summary."""
     logger = get_run_logger()
     sims = expand(spec)
@@ -64,7 +65,9 @@ def run_sweep(settings: Settings, spec: GenerateSpec) -> dict:
         logger.info("removed %d partial simulation group(s) left by an interrupted run: %s", len(removed), ", ".join(removed))
     logger.info("dataset %s: %d simulations, %d already complete, %d to run", spec.dataset, len(sims), len(sims) - len(todo), len(todo))
     params = {**spec.model_dump(), "simulations": len(sims)}
-    with mlflow_run(settings, "generate", f"generate-{spec.dataset}", params=params) as run:
+    description = (f"Lattice-Boltzmann sweep into zarr dataset `{spec.dataset}`: {len(sims)} simulations ({len(todo)} run now, the rest "
+                   f"were complete), {spec.nx}x{spec.ny} cells, {spec.frames} frames every {spec.frame_every} steps.")
+    with mlflow_run(settings, "generate", f"generate-{spec.dataset}", params=params, parent_run_id=parent_run_id, description=description) as run:
         t0 = time.perf_counter()
         failures = []
         if todo:
@@ -75,6 +78,7 @@ def run_sweep(settings: Settings, spec: GenerateSpec) -> dict:
         mlups = [manifest.simulations[s.sim_id]["mlups"] for s in todo if s.sim_id in manifest.simulations]
         run.log_metrics({"wall_s": wall, "simulations": len(done), "simulated_now": len(todo) - len(failures), **({"mlups_mean": sum(mlups) / len(mlups)} if mlups else {})})
         run.set_tags({"karman.dataset": spec.dataset, "karman.dataset_digest": manifest.digest()})
+        run.log_dataset(spec.dataset, manifest.digest(), dataset_dir, "generated", {"simulations": len(done)})
         if failures:
             raise RuntimeError(f"{len(failures)} of {len(todo)} simulations failed: " + "; ".join(failures))
     return {"dataset": spec.dataset, "path": str(dataset_dir), "digest": manifest.digest(), "simulations": done, "run_id": run.run_id}
@@ -102,6 +106,7 @@ def _run_on_dask(spec: GenerateSpec, dataset_dir, todo: list[SimulationSpec], ma
             _restore_environ(saved)
         client = Client(cluster)
     failures = []
+    progress = Progress(f"simulations of dataset {spec.dataset} done")
     try:
         futures = {client.submit(run_simulation, str(dataset_dir), s.model_copy(update={"threads": threads}), pure=False): s for s in todo}
         for i, fut in enumerate(as_completed(futures), 1):
@@ -113,7 +118,9 @@ def _run_on_dask(spec: GenerateSpec, dataset_dir, todo: list[SimulationSpec], ma
                 logger.error("simulation %s failed: %s", sim.sim_id, exc)
                 continue
             manifest.add(sim.sim_id, {k: record[k] for k in ("digest", "frames", "wall_s", "mlups", "steps", "spec")})
-            logger.info("[%d/%d] %s done: %d steps at %.0f MLUPS in %.1f s", i, len(todo), sim.sim_id, record["steps"], record["mlups"], record["wall_s"])
+            left = progress.update(i / len(todo))
+            logger.info("[%d/%d] %s done: %d steps at %.0f MLUPS in %.1f s%s", i, len(todo), sim.sim_id, record["steps"], record["mlups"],
+                        record["wall_s"], f"; {left}" if left else "")
     finally:
         client.close()
         if cluster is not None:

@@ -8,7 +8,7 @@ from pydantic import BaseModel, ConfigDict, Field, PositiveFloat, PositiveInt, f
 DatasetName = Field(
     default="karman-demo",
     pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$",
-    description="Dataset name (folder under <data root>/datasets)",
+    description="Dataset name: a folder in the data root's datasets folder",
 )
 
 
@@ -158,7 +158,8 @@ class InferSpec(Spec):
 class AggregateSpec(Spec):
     """Comparison tables, figures and a report over the experiment's runs."""
 
-    name: str = Field(default="latest", pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$", description="Report folder name under <data root>/reports")
+    name: str = Field(default="latest", pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$", description="Report folder name in the data root's reports folder")
+    runs: str = Field(default="latest", pattern=r"^(latest|all|[0-9a-f]{32})$", description="Which runs the report covers: latest (the newest benchmark or demo run's), the MLflow run id of a benchmark or demo run, or all (every run of the experiment)")
 
 
 class ValidateSpec(Spec):
@@ -234,24 +235,40 @@ class DemoSpec(Spec):
 Device = Literal["cpu", "cuda", "xla"]
 
 
+def options_of(model: type[Spec], matrix: set[str], doc: str) -> type[Spec]:
+    """``model`` without the fields in ``matrix``: the settings a benchmark holds fixed for every cell
+    (the matrix, the model to roll out and the fields the benchmark sets itself come from elsewhere)."""
+    from pydantic import create_model
+
+    fields = {name: (field.annotation, field) for name, field in model.model_fields.items() if name not in matrix}
+    return create_model(model.__name__.replace("Spec", "Options"), __base__=Spec, __doc__=doc, **fields)
+
+
+# What a benchmark's train and infer sections offer: every field but the matrix's and the internal ones.
+TrainOptions = options_of(TrainSpec, {"device", "batch_sizes", "resume", "cell"},
+                          "Everything of a training cell but its device and batch size, which come from the matrix")
+InferOptions = options_of(InferSpec, {"model_run", "device", "mode", "workers", "cell"},
+                          "Everything of a rollout cell but its device, mode and workers (the matrix) and its model (the first trained cell)")
+
+
 class BenchmarkSpec(Spec):
     """The benchmark matrix: generate, then train (frameworks x devices x batch sizes), then roll out
     (devices x modes x workers) the first trained model, then aggregate. Each cell is its own flow
     run, tagged in MLflow with a key of its inputs and the dataset digest, so a rerun skips the cells
     that finished."""
 
-    generate: GenerateSpec = Field(default_factory=GenerateSpec, description="The dataset to simulate (skipped if it exists)")
     frameworks: list[Literal["torch"]] = Field(default=["torch"], min_length=1, description="Training frameworks (the TensorFlow version is not built yet)")
     devices: list[Device] = Field(default=["cpu"], min_length=1, description="Training devices: cpu, cuda (a GPU pool), xla (a TPU pool)")
     batch_sizes: list[PositiveInt] = Field(default=[8, 16, 32, 64], min_length=1, description="Global batch sizes of the training matrix")
     repeats: PositiveInt = Field(default=1, description="Training runs per cell, with seeds train.seed, train.seed + 1, ...: the report's time to quality is their mean, the fastest and slowest dropped from three on")
-    train: TrainSpec = Field(default_factory=TrainSpec, description="Everything else of a training cell (device and batch size come from the matrix)")
     infer_devices: list[Device] = Field(default=["cpu"], min_length=1, description="Rollout devices")
-    modes: list[Literal["full", "mapreduce"]] = Field(default=["full", "mapreduce"], min_length=1, description="Rollout modes")
+    modes: list[Literal["full", "mapreduce"]] = Field(default=["full", "mapreduce"], min_length=1, description="Rollout modes: full (the whole frame on one worker) and mapreduce (tiles spread over the workers)")
     workers: list[PositiveInt] = Field(default=[1, 2], min_length=1, description="Workers of map-reduce rollouts (full-frame always uses 1)")
-    infer: InferSpec = Field(default_factory=InferSpec, description="Everything else of a rollout cell (model, device, mode and workers come from the matrix)")
-    aggregate: AggregateSpec = Field(default_factory=lambda: AggregateSpec(name="benchmark"))
-    pools: dict[Device, str] = Field(default={"cuda": "gpu", "xla": "tpu"}, description="Work pool of each device's cells: the cell runs deployment '<train|infer>/<pool>'; a device not listed (or 'local') runs in this flow's process")
+    train: TrainOptions = Field(default_factory=TrainOptions, description="Settings every training cell shares")
+    infer: InferOptions = Field(default_factory=InferOptions, description="Settings every rollout cell shares")
+    generate: GenerateSpec = Field(default_factory=GenerateSpec, description="The dataset to simulate (skipped if it exists)")
+    aggregate: AggregateSpec = Field(default_factory=lambda: AggregateSpec(name="benchmark"), description="The report")
+    pools: dict[Device, str] = Field(default={"cuda": "gpu", "xla": "tpu"}, description="Work pool of each device's cells: a cell on device D runs deployment train/POOL or infer/POOL of D's pool; a device not listed (or mapped to local) runs in this flow's process")
 
     @field_validator("devices", "batch_sizes", "infer_devices", "modes", "workers", "frameworks")
     @classmethod
@@ -274,7 +291,22 @@ class BenchmarkSpec(Spec):
             raise ValueError(f"train.dataset {self.train.dataset!r} must equal generate.dataset {self.generate.dataset!r}")
         if not self.infer_cells():
             raise ValueError(f"the rollout matrix has no cells: modes {self.modes} with workers {self.workers} (full-frame runs on 1 worker); add 1 to workers or mapreduce to modes")
+        from pydantic import ValidationError
+
+        try:  # the checks of a whole training spec (recipe, target) hold for the shared settings
+            self.train_cell(self.devices[0], self.batch_sizes[0], self.train.seed)
+        except ValidationError as exc:
+            err = exc.errors()[0]
+            raise ValueError(f"train: {err.get('ctx', {}).get('error', err['msg'])}") from None
         return self
+
+    def train_cell(self, device: str, batch_size: int, seed: int) -> TrainSpec:
+        """The training spec of the cell (device, batch size, seed)."""
+        return TrainSpec(**(self.train.model_dump() | {"device": device, "batch_sizes": [batch_size], "seed": seed}))
+
+    def infer_cell(self, model_run: str, device: str, mode: str, workers: int) -> InferSpec:
+        """The rollout spec of the cell (device, mode, workers) for the trained model ``model_run``."""
+        return InferSpec(**(self.infer.model_dump() | {"model_run": model_run, "device": device, "mode": mode, "workers": workers}))
 
     def infer_cells(self) -> list[tuple[str, str, int]]:
         """(device, mode, workers) of every rollout cell; full-frame only at one worker."""
@@ -284,6 +316,6 @@ class BenchmarkSpec(Spec):
     def quick(cls) -> "BenchmarkSpec":
         """The demo matrix on CPU: a small sweep, a narrow Pix2Pix at two batch sizes, rollouts full-frame
         and map-reduce on one and two workers."""
-        return cls(train=TrainSpec(ngf=16, ndf=16, epochs=3), batch_sizes=[4, 8],
-                   infer=InferSpec(steps=10), workers=[1, 2], aggregate=AggregateSpec(name="quick"))
+        return cls(train=TrainOptions(ngf=16, ndf=16, epochs=3), batch_sizes=[4, 8],
+                   infer=InferOptions(steps=10), workers=[1, 2], aggregate=AggregateSpec(name="quick"))
 

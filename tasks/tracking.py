@@ -13,6 +13,7 @@ from tasks.settings import Settings
 log = logging.getLogger(__name__)
 STAGE_TAG = "karman.stage"
 CELL_TAG = "karman.cell"  # the benchmark cell a run belongs to (a key of its inputs and dataset digest)
+DESCRIPTION_TAG = "mlflow.note.content"  # the run's description in the MLflow UI
 
 
 def _flatten(params: dict[str, Any], prefix: str = "") -> dict[str, str]:
@@ -26,15 +27,35 @@ def _flatten(params: dict[str, Any], prefix: str = "") -> dict[str, str]:
     return out
 
 
+# MLflow's UI opens an experiment in the view its kind names; without the tag it guesses, and an
+# experiment with no runs yet opens in the GenAI (traces) view.
+EXPERIMENT_KIND = {"mlflow.experimentKind": "custom_model_development",
+                   "mlflow.note.content": "Kármán Bench: neural surrogates of a vortex street, trained and rolled out "
+                                          "across devices, frameworks and batch sizes, against a lattice-Boltzmann solver."}
+
+
 def experiment_id(client: MlflowClient, settings: Settings) -> str:
-    """The experiment's id, creating it (artifacts under the artifact root for local stores) if needed."""
+    """The experiment's id, creating it (artifacts under the artifact root for local stores) if needed;
+    it is marked as a model-training experiment, so the MLflow UI opens on its runs."""
     exp = client.get_experiment_by_name(settings.experiment)
     if exp is not None:
+        if "mlflow.experimentKind" not in exp.tags:
+            for key, value in EXPERIMENT_KIND.items():
+                client.set_experiment_tag(exp.experiment_id, key, value)
         return exp.experiment_id
     location = None
     if not settings.tracking_uri.startswith(("http://", "https://", "databricks")):
         location = settings.artifact_root.as_uri()
-    return client.create_experiment(settings.experiment, artifact_location=location)
+    return client.create_experiment(settings.experiment, artifact_location=location, tags=EXPERIMENT_KIND)
+
+
+def run_url(settings: Settings, run_id: str, exp_id: str | None = None) -> str:
+    """Where a user finds the run: its page on an MLflow server, else its id in the local store."""
+    if settings.tracking_uri.startswith(("http://", "https://")):
+        if exp_id is None:
+            exp_id = client_for(settings).get_run(run_id).info.experiment_id
+        return f"{settings.tracking_uri.rstrip('/')}/#/experiments/{exp_id}/runs/{run_id}"
+    return f"run {run_id} in {settings.tracking_uri}"
 
 
 class Run:
@@ -62,6 +83,17 @@ class Run:
 
     def set_tags(self, tags: dict[str, Any]) -> None:
         self.client.log_batch(self.run_id, tags=[RunTag(k, str(v)) for k, v in tags.items()])
+
+    def log_dataset(self, name: str, digest: str, source: Path, context: str, profile: dict | None = None) -> None:
+        """The zarr dataset as one of the run's MLflow dataset inputs (the runs table's Dataset column):
+        its name, digest and folder, ``context`` 'training' or 'evaluation'."""
+        import json
+
+        from mlflow.entities import Dataset, DatasetInput, InputTag
+
+        dataset = Dataset(name=name, digest=digest[:36], source_type="local", source=json.dumps({"uri": Path(source).resolve().as_uri()}),
+                          profile=json.dumps(profile) if profile else None)
+        self.client.log_inputs(self.run_id, datasets=[DatasetInput(dataset, tags=[InputTag("mlflow.data.context", context)])])
 
     def log_artifact(self, path: Path, artifact_path: str | None = None) -> None:
         if Path(path).is_dir():
@@ -118,10 +150,13 @@ def mlflow_run(
     tags: dict[str, Any] | None = None,
     parent_run_id: str | None = None,
     reopen: str | None = None,
+    description: str | None = None,
 ) -> Iterator[Run]:
     """Open a run of ``stage`` in the settings' experiment (or ``reopen`` an existing one, to resume
-    it); it ends FINISHED, or FAILED on any exception."""
+    it), with ``description`` as its note in the MLflow UI; it ends FINISHED, or FAILED on any exception."""
     client = client_for(settings)
+    if description:
+        tags = {**(tags or {}), DESCRIPTION_TAG: description}
     if reopen:
         client.update_run(reopen, status="RUNNING")
         handle = Run(client, reopen)

@@ -3,6 +3,7 @@ batch-size sweep as a parent run with the study's table; resuming an interrupted
 
 import json
 import os
+import re
 import socket
 
 from prefect import get_run_logger, task
@@ -10,10 +11,11 @@ from prefect import get_run_logger, task
 from tasks.aggregate import markdown_table, study_table
 from tasks.child import device_env, run_child
 from tasks.errors import UserError
+from tasks.progress import Progress
 from tasks.settings import Settings
 from tasks.specs import TrainSpec
 from tasks.store import load_manifest, write_json_atomic
-from tasks.tracking import CELL_TAG, client_for, mlflow_run, training_run
+from tasks.tracking import CELL_TAG, client_for, mlflow_run, run_url, training_run
 
 JOB_FILE = "job.json"  # the run's configuration, kept with its checkpoint for --resume
 OWNER_FILE = "owner.json"  # host and pid of the process driving the run
@@ -86,19 +88,44 @@ def _alive(pid: int) -> bool:
     return True
 
 
-@task(name="train-model")
-def train_model(settings: Settings, spec: TrainSpec, batch_size: int, world: int, procs: int,
-                parent_run_id: str | None = None, resume_run_id: str | None = None) -> dict:
-    """Train Pix2Pix at one batch size in child process(es) for the spec's device; returns its summary."""
-    logger = get_run_logger()
-    digest = load_manifest(settings.dataset_dir(spec.dataset))["digest"]
-    name = f"train-{spec.device}-b{batch_size}"
-    tags = {"karman.device": spec.device, "karman.dataset": spec.dataset, "karman.dataset_digest": digest}
+def _budget_words(spec: TrainSpec) -> str:
+    if spec.time_budget is not None:
+        return f"{spec.time_budget:g} s of training" + (f" (at most {spec.epochs} epochs)" if spec.epochs else "")
+    return f"{spec.epoch_limit} epochs" + (f" (at most {spec.max_steps} steps)" if spec.max_steps else "")
+
+
+def training_tags(spec: TrainSpec, batch_size: int, digest: str) -> dict[str, str]:
+    """The MLflow tags users filter training runs on."""
+    tags = {"karman.framework": "torch", "karman.device": spec.device, "karman.batch_size": str(batch_size),
+            "karman.recipe": spec.resolved_recipe().name, "karman.dataset": spec.dataset, "karman.dataset_digest": digest}
     if spec.cell:
         tags[CELL_TAG] = spec.cell
+    return tags
+
+
+EPOCH_LINE = re.compile(r"^epoch \d+: .*; (\d+)% done")
+
+
+@task(name="train-model", task_run_name="train {spec.device} b{batch_size}")
+def train_model(settings: Settings, spec: TrainSpec, batch_size: int, world: int, procs: int,
+                parent_run_id: str | None = None, resume_run_id: str | None = None) -> dict:
+    """Train Pix2Pix at one batch size in child process(es) for the spec's device; returns its summary.
+    The run's progress (the child's epoch lines) is a Prefect progress artifact of this task run."""
+    logger = get_run_logger()
+    dataset_dir = settings.dataset_dir(spec.dataset)
+    manifest = load_manifest(dataset_dir)
+    digest = manifest["digest"]
+    name = f"train-{spec.device}-b{batch_size}"
+    description = (f"Pix2Pix, recipe {spec.resolved_recipe().name}, trained on dataset `{spec.dataset}` ({len(manifest['simulations'])} "
+                   f"simulations) on {spec.device} x{world}, global batch {batch_size}, {spec.precision}, for {_budget_words(spec)}, seed {spec.seed}. "
+                   "Metrics: epoch_time_s per epoch; time_per_epoch_s is their median without the first epoch (warm-up); "
+                   "val_* are validation rollouts, logged against epochs; the generator is under Models.")
     # batch_size and world_size are logged by the run itself, as they resolved
     params = None if resume_run_id else spec.model_dump(exclude={"batch_sizes", "resume", "world_size", "cell"})
-    with mlflow_run(settings, "train", name, params=params, tags=tags, parent_run_id=parent_run_id, reopen=resume_run_id) as run:
+    with mlflow_run(settings, "train", name, params=params, tags=training_tags(spec, batch_size, digest), parent_run_id=parent_run_id,
+                    reopen=resume_run_id, description=description) as run:
+        if not resume_run_id:
+            run.log_dataset(spec.dataset, digest, dataset_dir, "training", {"simulations": len(manifest["simulations"])})
         run_dir = settings.run_dir(run.run_id)
         run_dir.mkdir(parents=True, exist_ok=True)
         _claim(run_dir, run.run_id)
@@ -106,7 +133,15 @@ def train_model(settings: Settings, spec: TrainSpec, batch_size: int, world: int
                "batch_size": batch_size, "resume": bool(resume_run_id)}
         if not resume_run_id:
             write_json_atomic(run_dir / JOB_FILE, {"spec": job["spec"], "batch_size": batch_size})
-        result = run_child("train", job, logger, env=_child_env(spec, world, procs), procs=procs)
+        logger.info("training run %s: %s", run.run_id, run_url(settings, run.run_id))
+        progress = Progress(f"training {name}: share of the epochs or time budget done")
+
+        def on_line(line: str) -> None:
+            if found := EPOCH_LINE.match(line):
+                progress.update(int(found.group(1)) / 100)
+
+        result = run_child("train", job, logger, env=_child_env(spec, world, procs), procs=procs, on_line=on_line)
+        progress.update(1.0)
     return {**result, "run_id": run.run_id, "batch_size": batch_size}
 
 
@@ -147,12 +182,15 @@ def log_study_table(settings: Settings, parent_run_id: str, results: list[dict])
     return rows
 
 
-def sweep_run(settings: Settings, spec: TrainSpec):
+def sweep_run(settings: Settings, spec: TrainSpec, parent_run_id: str | None = None):
     """The parent MLflow run of a batch-size sweep (a context manager; see tasks.tracking.mlflow_run)."""
     digest = load_manifest(settings.dataset_dir(spec.dataset))["digest"]
     sizes = ",".join(map(str, spec.batch_sizes))
     return mlflow_run(settings, "train-sweep", f"train-sweep-{spec.device}-b{sizes}", params=spec.model_dump(exclude={"resume"}),
-                      tags={"karman.device": spec.device, "karman.dataset": spec.dataset, "karman.dataset_digest": digest})
+                      tags={"karman.device": spec.device, "karman.dataset": spec.dataset, "karman.dataset_digest": digest},
+                      parent_run_id=parent_run_id,
+                      description=f"Batch-size sweep ({sizes}) on {spec.device}: one child run per batch size; study_table.md compares them "
+                                  "(the same settings apart from the batch size).")
 
 
 @task(name="probe-device")

@@ -32,6 +32,7 @@ from models.solver import vorticity
 from tasks.data import INPUTS, OUTPUTS, Normalizer, PairSource, StepCodec, crop_offsets, crop_pairs, epoch_order, epoch_seed, IN_MEMORY_BYTES, split_of, training_net
 from tasks.errors import RunFailed, UserError
 from tasks.plots import vorticity_panels
+from tasks.progress import time_left
 from tasks.scoring import Validation
 from tasks.settings import Settings
 from tasks.specs import TrainSpec
@@ -302,9 +303,13 @@ def _train(spec: TrainSpec, settings: Settings, batch_size: int, resume: bool, r
                              "model": {"generator": _to_cpu(model.generator.state_dict()),
                                        "discriminator": _to_cpu(model.discriminator.state_dict())},
                              "optimizers": _to_cpu(model.optimizer_state())}, checkpoint)
-        log.info("epoch %d: %.1f s, %.2f samples/s, L1 %.4f, D %.3f, data wait %.1f%%%s", epoch, epoch_s,
+        ends = stopping is not None or last_epoch
+        done_fraction = 1.0 if ends else spec.progress(history["train_s"], global_step, steps_per_epoch)
+        left = time_left(history["train_s"], done_fraction)
+        log.info("epoch %d: %.1f s, %.2f samples/s, L1 %.4f, D %.3f, data wait %.1f%%%s; %.0f%% done%s", epoch, epoch_s,
                  metrics["samples_per_s"], last["loss_l1"], last["loss_d"], 100 * metrics["data_wait_fraction"],
-                 f", validation: vorticity horizon {metrics['val_horizon_vorticity']:.0f} steps" if "val_horizon_vorticity" in metrics else "")
+                 f", validation: vorticity horizon {metrics['val_horizon_vorticity']:.0f} steps" if "val_horizon_vorticity" in metrics else "",
+                 100 * done_fraction, f", {left}" if left else "")
         if spec.max_steps and global_step >= spec.max_steps:
             break
         if stopping is not None:
@@ -338,19 +343,49 @@ def _finish(spec, settings, run, run_dir, model, net, codec, train, manifest, sp
     cpu_generator = build_generator(net)
     cpu_generator.load_state_dict(generator_state)
     run.log_artifact(_sample_figure(cpu_generator, train, codec, run_dir / "sample_predictions.png", 2**net.generator_depth))
+    log_surrogate(settings, run, cpu_generator, codec, train, meta, 2**net.generator_depth)
     epochs = history["epoch_s"]
     steady = epochs[1:] or epochs  # the first epoch carries the warm-up
     time_per_epoch = float(np.median(steady))
     summary = {
         "epochs": len(epochs), "steps": global_step, "warmup_s": float(np.nansum(history["warmup_s"])),
         "time_per_epoch_s": time_per_epoch, "samples_per_s": samples_per_epoch / time_per_epoch,
-        "final_l1": last.get("loss_l1", float("nan")), "generator_params": g_params, "discriminator_params": d_params,
+        "final_l1": last.get("loss_l1", float("nan")),
         "train_time_s": history.get("train_s", float(np.sum(epochs))), "samples_seen": history.get("samples", 0),
         "target_reached": float("target" in history), **history.get("target", {}),
     }
     run.log_metrics(summary)
     run.set_tags({"karman.target": "reached" if "target" in history else "not reached"})
     return {**summary, "split": split, "device": ctx.description, "world_size": ctx.world_size, "strategy": ctx.strategy}
+
+
+def log_surrogate(settings: Settings, run: Run, generator: torch.nn.Module, codec: StepCodec, source: PairSource, meta: dict, unit: int) -> str:
+    """The generator with its normalisation (models.nets.surrogate.Surrogate) as the run's MLflow model
+    'generator': listed under the run's Models, loadable with mlflow.pytorch.load_model, registrable.
+    Its signature is one physical state (u, v, p, mask) of the training frames' size -> the next (u, v,
+    p); the model's code travels with it. Returns the model's URI."""
+    import mlflow
+    import mlflow.pytorch
+    from mlflow.models import infer_signature
+
+    from models.nets.surrogate import Surrogate
+
+    model = Surrogate(generator.eval(), codec.norm.center, codec.norm.scale, codec.delta_scale).eval()
+    cond, _ = source.physical([0])  # (1, 4, H, W)
+    h, w = cond.shape[-2] - cond.shape[-2] % unit, cond.shape[-1] - cond.shape[-1] % unit
+    example = np.ascontiguousarray(cond[..., :h, :w], dtype=np.float32)
+    with torch.no_grad():
+        out = model(torch.from_numpy(example)).numpy()
+    mlflow.set_tracking_uri(settings.tracking_uri)
+    mlflow.set_experiment(experiment_id=run.client.get_run(run.run_id).info.experiment_id)
+    root = Path(__file__).resolve().parent.parent
+    info = mlflow.pytorch.log_model(
+        model, name="generator", run_id=run.run_id, signature=infer_signature(example, out), serialization_format="pickle",
+        code_paths=[str(root / "models")], pip_requirements=[f"torch=={torch.__version__.split('+')[0]}", "numpy"],
+        metadata={"inputs": list(INPUTS), "outputs": list(OUTPUTS), "recipe": meta["recipe"], "dataset": meta["dataset"],
+                  "dataset_digest": meta["dataset_digest"], "frame_stride": meta["frame_stride"]})
+    run.set_tags({"karman.model_uri": info.model_uri})
+    return info.model_uri
 
 
 @torch.no_grad()

@@ -6,16 +6,16 @@ import pytest
 from mlflow.tracking import MlflowClient
 from pydantic import ValidationError
 
-from tasks.specs import AggregateSpec, BenchmarkSpec, GenerateSpec, InferSpec, TrainSpec
+from tasks.specs import AggregateSpec, BenchmarkSpec, GenerateSpec, InferOptions, TrainOptions
 from tests.conftest import run_cli
 from tests.flows.test_cli import assert_refused
 
 TINY = BenchmarkSpec(
     generate=GenerateSpec(dataset="tiny", reynolds=[40.0, 50.0, 60.0], nx=64, ny=32, size=[6.0], warmup_steps=1500,
                           frames=10, frame_every=40, workers=2),
-    train=TrainSpec(dataset="tiny", ngf=8, ndf=8, epochs=1, threads=1),
+    train=TrainOptions(dataset="tiny", ngf=8, ndf=8, epochs=1, threads=1),
     batch_sizes=[4, 500],  # 500 is more than the training pairs: that cell fails, the others go on
-    infer=InferSpec(steps=3, halo=4),
+    infer=InferOptions(steps=3, halo=4),
     modes=["full", "mapreduce"], workers=[1, 2],
     aggregate=AggregateSpec(name="tiny-bench"),
 )
@@ -33,7 +33,7 @@ def test_benchmark_runs_every_cell_then_skips_the_finished_ones(workdir, prefect
     failed = next(c for c in first["cells"] if c["status"] == "FAILED")
     assert "batch size 500" in failed["error"]
     report = (workdir / "data" / "reports" / "tiny-bench" / "report.md").read_text()
-    assert "FAILED" in report and "| mapreduce | cpu | 2 |" in report
+    assert "FAILED" in report and "| cpu | mapreduce | 2 |" in report
     from prefect.client.orchestration import get_client
     from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey
 
@@ -53,7 +53,7 @@ def test_benchmark_runs_every_cell_then_skips_the_finished_ones(workdir, prefect
         k: "FINISHED" for k, v in again_status.items() if v == "SKIPPED"}
     new_runs = [client.get_run(r) for r in {r.info.run_id for r in client.search_runs([experiment])} - runs_before]
     # only the failed cell is tried again (and fails again), plus the new report's run
-    assert sorted(r.data.tags["karman.stage"] for r in new_runs) == ["aggregate", "generate", "train"]
+    assert sorted(r.data.tags["karman.stage"] for r in new_runs) == ["aggregate", "benchmark", "generate", "train"]
     finished_ids = {c["run_id"] for c in first["cells"] if c["status"] == "FINISHED"}
     assert finished_ids == {c["run_id"] for c in again["cells"] if c["status"] == "SKIPPED"}
 
@@ -89,7 +89,7 @@ def test_a_training_cell_killed_mid_run_is_resumed_by_the_next_benchmark(workdir
     spec = TINY.model_copy(update={"train": TINY.train.model_copy(update={"epochs": 3}), "batch_sizes": [4],
                                    "modes": ["full"], "workers": [1]})
     digest = pipeline.generate(spec.generate)["digest"]
-    cell = spec.train.model_copy(update={"device": "cpu", "batch_sizes": [4]})
+    cell = spec.train_cell("cpu", 4, spec.train.seed)
     key = cell_key("train/torch", cell, digest)
     killed = kill_after_first_checkpoint(workdir, "--ngf", "8", "--ndf", "8", "--epochs", "3", "--threads", "1",
                                          "--batch-sizes", "4", "--cell", key)

@@ -29,7 +29,10 @@ def test_demo_flow_logs_every_stage_and_writes_a_report(demo_result, workdir):
     client = MlflowClient(tracking_uri=demo_result["tracking_uri"])
     runs = {stage: client.get_run(run_id) for stage, run_id in demo_result["runs"].items()}
     assert {r.info.status for r in runs.values()} == {"FINISHED"}
-    assert {r.data.tags["karman.stage"] for r in runs.values()} == {"generate", "train", "infer", "aggregate"}
+    assert {r.data.tags["karman.stage"] for r in runs.values()} == {"demo", "generate", "train", "infer", "aggregate"}
+    # every stage is a child of the demo's run, and the report covers the demo's own runs
+    assert {runs[s].data.tags.get("mlflow.parentRunId") for s in ("generate", "train", "infer", "aggregate")} == {demo_result["runs"]["demo"]}
+    assert all(r.data.tags.get("mlflow.note.content") for r in runs.values())
     train, infer = runs["train"], runs["infer"]
     assert train.data.params["dataset_digest"] == demo_result["dataset"]["digest"]
     # the network trained: per-step L1 history exists and is finite
@@ -41,7 +44,8 @@ def test_demo_flow_logs_every_stage_and_writes_a_report(demo_result, workdir):
     errors = client.get_metric_history(infer.info.run_id, "rel_l2_u")
     assert [m.step for m in errors] == [1, 2, 3, 4]
     report = (workdir / "data" / "reports" / "tiny" / "report.md").read_text()
-    assert "| cpu | 4 |" in report and "| full | cpu |" in report
+    assert "| 4 | cpu x1 | 1 |" in report and "| cpu | full | 1 |" in report
+    assert f"the runs of demo run demo ({demo_result['runs']['demo']})" in report
     page = (workdir / "data" / "reports" / "tiny" / "report.html").read_text()
     assert page.startswith("<!doctype html>") and "<table>" in page and "<img" in page
 
@@ -77,6 +81,20 @@ def test_rollout_feeds_predictions_back(demo_result, workdir):
         state = np.concatenate([pred, frames[0, 3:4]])
         fed_back.append(relative_l2(pred[0], frames[n * stride, 0]))
         one_step.append(relative_l2(predict(frames[(n - 1) * stride])[0], frames[n * stride, 0]))
+    # the generator logged as an MLflow model, normalisation inside, makes the same first step from
+    # physical units (before the obstacle's cells are zeroed)
+    import mlflow.pytorch
+
+    train = client.get_run(demo_result["runs"]["train"])
+    surrogate = mlflow.pytorch.load_model(train.data.tags["karman.model_uri"])
+    with torch.no_grad():
+        step = surrogate(torch.from_numpy(frames[:1].astype(np.float32)))[0].numpy()
+    expected = codec.next_state(frames[0], generator(torch.from_numpy(codec.norm.encode(frames[:1])))[0].detach().numpy())
+    np.testing.assert_allclose(step, expected, rtol=1e-5, atol=1e-5 * np.abs(expected).max())
+    logged_models = client.search_logged_models([train.info.experiment_id], filter_string=f"source_run_id = '{train.info.run_id}'")
+    assert [m.name for m in logged_models] == ["generator"]
+    assert {d.dataset.name for d in train.inputs.dataset_inputs} == {"tiny"}
+
     replay_gap = np.abs(np.subtract(fed_back, logged)).max()
     assert replay_gap <= 1e-4 * max(logged)
     assert one_step[0] == pytest.approx(logged[0], rel=1e-4)

@@ -1,0 +1,31 @@
+"""The trained generator as one self-contained model: physical state in, physical next state out.
+
+The normalisation (centre and scale of u, v, p; the mask's {0, 1} -> {-1, 1}) and, for models that
+predict the change of state, its per-channel scale travel with the weights as buffers, so whoever
+loads the model (``mlflow.pytorch.load_model``) steps a flow without this project's data code.
+"""
+
+import torch
+from torch import nn
+
+
+class Surrogate(nn.Module):
+    """``forward(state)``: state (B, 4, H, W) = u, v, p and the obstacle mask (1 inside) at time t, in
+    lattice units -> (B, 3, H, W) = u, v, p at t + k. H and W must suit the U-Net (multiples of
+    2^depth)."""
+
+    def __init__(self, generator: nn.Module, center: list[float], scale: list[float], delta_scale: list[float] | None):
+        super().__init__()
+        self.generator = generator
+        self.register_buffer("center", torch.tensor(center, dtype=torch.float32).view(1, 3, 1, 1))
+        self.register_buffer("scale", torch.tensor(scale, dtype=torch.float32).view(1, 3, 1, 1))
+        self.predicts_change = delta_scale is not None
+        self.register_buffer("delta_scale", torch.tensor(delta_scale or [1.0, 1.0, 1.0], dtype=torch.float32).view(1, 3, 1, 1))
+
+    def forward(self, state: torch.Tensor) -> torch.Tensor:
+        fields, mask = state[:, :3], state[:, 3:4]
+        encoded = torch.cat([(fields - self.center) / self.scale, 2 * mask - 1], dim=1)
+        out = self.generator(encoded).float()
+        if self.predicts_change:
+            return fields + out * self.delta_scale
+        return out * self.scale + self.center
