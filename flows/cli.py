@@ -7,6 +7,7 @@ child processes validate the same fields. Bad input ends with one line on stderr
 import argparse
 import json
 import logging
+import os
 import sys
 import types
 import typing
@@ -118,6 +119,7 @@ def build_parser() -> argparse.ArgumentParser:
         if model is BenchmarkSpec:
             p.add_argument("--quick", action="store_true", help="Start from the quick CPU matrix (the demo's sizes) instead of the full one")
         p.add_argument("--json", action="store_true", help="Print a one-line JSON summary as the last line of stdout")
+        p.add_argument("--verbose", action="store_true", help="Show other libraries' warnings and logs and Prefect's lifecycle lines")
     add_bench_commands(sub)
     return parser
 
@@ -162,6 +164,10 @@ def _preflight(command: str, spec: BaseModel) -> None:
 
         expand(spec.generate)
         check_deployments(spec)
+    if isinstance(spec, AggregateSpec):
+        from tasks.aggregate import check_report_source
+
+        check_report_source(settings, spec)
     if isinstance(spec, ValidateSpec):
         from tasks.validation import setups
 
@@ -185,6 +191,11 @@ def _summary(command: str, result: dict) -> dict:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     command = args.command
+    from tasks.quiet import VERBOSE_ENV, quiet_libraries, quiet_prefect_console
+
+    if getattr(args, "verbose", False):
+        os.environ[VERBOSE_ENV] = "1"  # child processes inherit it
+    quiet_libraries()
     if command in BENCH_COMMANDS:
         return run_bench(args)
     model = COMMANDS[command][0]
@@ -209,6 +220,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from flows import pipeline
 
+    quiet_prefect_console()
     try:
         result = getattr(pipeline, command.replace("-", "_"))(spec)
     except UserError as exc:

@@ -62,13 +62,13 @@ def _tag_run(*tags: str) -> None:
     ctx = FlowRunContext.get()
     if ctx is None or ctx.flow_run is None:
         return
-    wanted = sorted(set(ctx.flow_run.tags) | set(tags))
-    if wanted != sorted(ctx.flow_run.tags):
-        try:
-            with get_client(sync_client=True) as client:
-                client.update_flow_run(ctx.flow_run.id, tags=wanted)
-        except Exception as exc:  # a missing tag is no reason to fail a run
-            get_run_logger().warning("flow run tags not set: %s", exc)
+    try:
+        with get_client(sync_client=True) as client:
+            present = set(client.read_flow_run(ctx.flow_run.id).tags)  # the API replaces the list: merge here
+            if not set(tags) <= present:
+                client.update_flow_run(ctx.flow_run.id, tags=sorted(present | set(tags)))
+    except Exception as exc:  # a missing tag is no reason to fail a run
+        get_run_logger().warning("flow run tags not set: %s", exc)
 
 
 @flow(name="generate", log_prints=False, flow_run_name=_named(GenerateSpec, lambda s: f"generate {s.dataset}"))

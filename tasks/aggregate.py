@@ -172,12 +172,15 @@ def _budget(params: dict) -> str:
 def setting_label(params: dict) -> str:
     """What a training run's setting is, in words: framework, precision, recipe, widths, budget, threads."""
     threads = _threads(params)
-    parts = [params.get("framework", "torch"), params.get("precision", "fp32"), f"recipe {params.get('recipe_label', '?')}",
-             f"ngf {params.get('recipe_ngf', params.get('ngf', '?'))}", f"budget {_budget(params)}"]
+    recipe = params.get("recipe_label", "?")
+    parts = [params.get("framework", "torch"), params.get("precision", "fp32"), f"recipe {recipe}"]
+    if "ngf=" not in recipe:
+        parts.append(f"ngf {params.get('recipe_ngf', params.get('ngf', '?'))}")
+    parts.append(f"budget {_budget(params)}")
     if params.get("crop", "None") != "None":
         parts.append(f"crop {params['crop']}")
     if threads:
-        parts.append(f"{threads} CPU threads")
+        parts.append(f"{threads} CPU thread{'s' if threads > 1 else ''}")
     if params.get("dataset_digest"):
         parts.append(f"data {params['dataset_digest'][:8]}")
     return ", ".join(parts)
@@ -312,6 +315,17 @@ def covered_runs(settings: Settings, client, exp_id: str, source: str, run_ids: 
         except Exception:
             pass  # a run deleted since is no longer reported
     return scope, runs
+
+
+def check_report_source(settings: Settings, spec: AggregateSpec) -> None:
+    """UserError, before any run or file is written, when the runs the report should cover cannot be found."""
+    from tasks.errors import UserError
+
+    client = client_for(settings)
+    exp = client.get_experiment_by_name(settings.experiment)
+    if exp is None:
+        raise UserError(f"experiment {settings.experiment!r} does not exist in the tracking store {settings.tracking_uri}; run a benchmark or the demo first")
+    covered_runs(settings, client, exp.experiment_id, spec.runs)
 
 
 def _embed(markdown: str, folder: Path) -> str:

@@ -59,7 +59,7 @@ def rollout(settings: Settings, spec: InferSpec, parent_run_id: str | None = Non
             run.log_dataset(dataset, load_manifest(dataset_dir)["digest"], dataset_dir, "evaluation")
         except Exception as exc:  # the child names a missing dataset in its own words
             logger.debug("no dataset input logged: %s", exc)
-        logger.info("rollout run %s: %s", run.run_id, run_url(settings, run.run_id))
+        logger.info("MLflow run: %s", run_url(settings, run.run_id))
         job = {"spec": spec.model_dump(), "settings": settings.model_dump(mode="json"), "run_id": run.run_id, "model_run_id": model_run_id}
         result = run_child("rollout", job, logger, env=device_env(spec.device, spec.workers))
     return {**result, "run_id": run.run_id, "model_run_id": model_run_id}

@@ -12,6 +12,8 @@ def time_left(elapsed_s: float, fraction: float) -> str:
     if fraction <= 0 or fraction >= 1:
         return ""
     left = elapsed_s * (1 - fraction) / fraction
+    if left < 1:
+        return ""
     return f"about {left:.0f} s left" if left < 120 else f"about {left / 60:.0f} min left"
 
 

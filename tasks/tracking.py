@@ -55,7 +55,7 @@ def run_url(settings: Settings, run_id: str, exp_id: str | None = None) -> str:
         if exp_id is None:
             exp_id = client_for(settings).get_run(run_id).info.experiment_id
         return f"{settings.tracking_uri.rstrip('/')}/#/experiments/{exp_id}/runs/{run_id}"
-    return f"run {run_id} in {settings.tracking_uri}"
+    return f"{run_id} in {settings.tracking_uri}"
 
 
 class Run:

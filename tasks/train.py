@@ -133,7 +133,7 @@ def train_model(settings: Settings, spec: TrainSpec, batch_size: int, world: int
                "batch_size": batch_size, "resume": bool(resume_run_id)}
         if not resume_run_id:
             write_json_atomic(run_dir / JOB_FILE, {"spec": job["spec"], "batch_size": batch_size})
-        logger.info("training run %s: %s", run.run_id, run_url(settings, run.run_id))
+        logger.info("MLflow run: %s", run_url(settings, run.run_id))
         progress = Progress(f"training {name}: share of the epochs or time budget done")
 
         def on_line(line: str) -> None:

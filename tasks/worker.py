@@ -20,6 +20,9 @@ RUN_FAILED = 4
 
 def main(argv: list[str]) -> int:
     logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr)
+    from tasks.quiet import quiet_libraries
+
+    quiet_libraries()
     if len(argv) != 3 or argv[0] not in ("train", "rollout", "probe"):
         print("error: usage: python -m tasks.worker {train,rollout,probe} JOB.json RESULT.json", file=sys.stderr)
         return 2

@@ -175,6 +175,25 @@ def test_quick_benchmark_deployed_on_real_servers_and_a_worker(tmp_path):
             assert f"finished run {done_cell.info.run_id} found, skipped" in worker_log.read_text()
             children = client.read_flow_runs()
             names = sorted({client.read_flow(r.flow_id).name for r in children})
+            # what the Prefect UI shows: runs named and tagged by their parameters, the report (figures
+            # inline) on the benchmark's own run, progress artifacts of the training runs
+            run_names = {r.name for r in children}
+            assert {"benchmark quick", "generate karman-demo", "train cpu b4", "train cpu b8", "infer full cpu ×1",
+                    "infer mapreduce cpu ×2", "aggregate quick"} <= run_names, run_names
+            tagged = {r.name: set(r.tags) for r in children if r.parent_task_run_id or r.name.startswith(("train", "infer"))}
+            assert {"stage:train", "device:cpu", "batch:8"} <= tagged["train cpu b8"]
+            assert {"stage:infer", "mode:mapreduce", "workers:2"} <= tagged["infer mapreduce cpu ×2"]
+            from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterFlowRunId, ArtifactFilterType
+
+            own = client.read_artifacts(artifact_filter=ArtifactFilter(flow_run_id=ArtifactFilterFlowRunId(any_=[second.id])))
+            report_artifact = next(a for a in own if a.type == "markdown")
+            assert "![train_samples_per_s](data:image/png;base64," in report_artifact.data
+            assert f"http://127.0.0.1:{mlflow_port}/#/experiments/" in report_artifact.data  # run ids link to MLflow
+            assert any(a.type == "progress" and a.data == 100 for a in own)  # the cells' progress
+            train_runs = [r.id for r in children if r.name.startswith("train cpu") and r.state.is_completed()]
+            progress = client.read_artifacts(artifact_filter=ArtifactFilter(type=ArtifactFilterType(any_=["progress"]),
+                                                                            flow_run_id=ArtifactFilterFlowRunId(any_=train_runs)))
+            assert progress and all(a.data == 100 for a in progress)
         assert {"benchmark", "generate", "train", "infer", "aggregate"} <= set(names)
 
         mlflow = MlflowClient(tracking_uri=uri)
@@ -193,7 +212,39 @@ def test_quick_benchmark_deployed_on_real_servers_and_a_worker(tmp_path):
         artifacts = {a.path for a in mlflow.list_artifacts(aggregate.info.run_id, "report")}
         assert {"report/report.md", "report/report.html"} <= artifacts
         report = Path(mlflow.download_artifacts(aggregate.info.run_id, "report/report.md", str(tmp_path / "dl"))).read_text()
-        assert "| mapreduce | cpu | 2 |" in report and "Training: device × batch size" in report
+        assert "| cpu | mapreduce | 2 |" in report and "Training: device × batch size" in report
+
+        # What the MLflow UI shows: a model-training experiment; the second benchmark's run holds the
+        # report and lists its five cells, the new ones its children; descriptions and tags; the dataset
+        # as an input; the generator as a logged model that loads with MLflow's own API.
+        assert experiment.tags["mlflow.experimentKind"] == "custom_model_development"
+        benchmarks = [r for r in runs if r.data.tags.get("karman.stage") == "benchmark"]
+        bench = next(r for r in benchmarks if r.info.status == "FINISHED")
+        assert {"report/report.md", "report/report.html"} <= {a.path for a in mlflow.list_artifacts(bench.info.run_id, "report")}
+        listed = json.loads(Path(mlflow.download_artifacts(bench.info.run_id, "runs.json", str(tmp_path / "dl"))).read_text())
+        assert sorted(c["status"] for c in listed["cells"]) == ["FINISHED"] * 4 + ["SKIPPED"]
+        assert set(listed["runs"]) == {r.info.run_id for r in finished if "karman.cell" in r.data.tags}
+        parents = {r.data.tags.get("mlflow.parentRunId") for r in finished if r.data.tags.get("karman.stage") in ("train", "infer", "aggregate")}
+        assert parents <= {b.info.run_id for b in benchmarks} and bench.info.run_id in parents
+        assert bench.info.run_id in report  # the report says which benchmark it covers
+        assert all(r.data.tags.get("mlflow.note.content") for r in finished)
+        trained = next(r for r in finished if r.data.tags.get("karman.stage") == "train")
+        assert trained.data.tags["karman.batch_size"] in ("4", "8") and trained.data.tags["karman.framework"] == "torch"
+        assert [d.dataset.name for d in trained.inputs.dataset_inputs] == ["karman-demo"]
+        models = mlflow.search_logged_models([experiment.experiment_id])
+        assert {m.source_run_id for m in models} >= {r.info.run_id for r in finished if r.data.tags.get("karman.stage") == "train"}
+        import mlflow as mlflow_api
+        import mlflow.pytorch
+        import numpy as np
+        import torch
+
+        mlflow_api.set_tracking_uri(uri)
+        surrogate = mlflow.pytorch.load_model(trained.data.tags["karman.model_uri"])
+        with torch.no_grad():
+            out = surrogate(torch.zeros(1, 4, 64, 128))
+        assert out.shape == (1, 3, 64, 128) and np.isfinite(out.numpy()).all()
+        version = mlflow_api.register_model(trained.data.tags["karman.model_uri"], "karman-generator")
+        assert version.version == "1"
     finally:
         services.stop()
     assert all(p.poll() is not None for p in services.procs)

@@ -76,3 +76,14 @@ def test_cuda_without_a_gpu_fails_fast(workdir):
 
 def test_rollout_of_an_unknown_model_run(workdir):
     assert_refused(run_cli("infer", "--model-run", "0123abcd", cwd=workdir), "unknown model run '0123abcd'")
+
+
+def test_a_report_over_runs_that_cannot_be_found_is_refused_before_anything_is_written(workdir):
+    assert_refused(run_cli("aggregate", "--runs", "yesterday", cwd=workdir), "--runs", "yesterday")
+    assert_refused(run_cli("aggregate", cwd=workdir), "experiment 'test' does not exist")
+    assert not (workdir / "data" / "reports").exists()
+    from mlflow.tracking import MlflowClient
+
+    MlflowClient().create_experiment("test", artifact_location=str(workdir / "mlartifacts"))
+    assert_refused(run_cli("aggregate", "--runs", "latest", cwd=workdir), "no benchmark or demo run in experiment 'test'")
+    assert_refused(run_cli("aggregate", "--runs", "0" * 32, cwd=workdir), f"unknown run '{'0' * 32}'")

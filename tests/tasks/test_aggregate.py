@@ -47,3 +47,44 @@ def test_a_configuration_that_never_reached_the_target_has_no_time(workdir):
     _run(client, exp, 8, 0, False, 0.0)
     (row,) = quality_table(client.search_runs([exp], "tags.`karman.stage` = 'train'"))
     assert row["reached"] == 0 and math.isnan(row["time_to_target_s"]) and row["not_reached"] != "-"
+
+
+def _timed_run(client, exp, device: str, batch: int, threads: int, epochs: int, time_per_epoch: float, seed: int = 0):
+    run = client.create_run(exp, tags={"karman.stage": "train"})
+    rid = run.info.run_id
+    for k, v in {"framework": "torch", "device": device, "world_size": 1, "batch_size": batch, "seed": seed, "epochs": epochs,
+                 "time_budget": None, "max_steps": None, "crop": None, "precision": "fp32", "recipe_label": "default",
+                 "recipe_ngf": 16, "dataset_digest": "abcdef0123456789", "device_name": f"{device} ({threads} threads)"}.items():
+        client.log_param(rid, k, v)
+    for k, v in {"time_per_epoch_s": time_per_epoch, "samples_per_s": 400 / time_per_epoch, "epochs": epochs}.items():
+        client.log_metric(rid, k, v)
+    client.set_terminated(rid, "FINISHED")
+    return rid
+
+
+def test_rows_are_compared_only_within_one_setting(workdir):
+    """The demo's batch-8 run (10 epochs, 1 thread) and a benchmark's (3 epochs, 2 threads) are two
+    settings: never one table, never a speedup between them; devices within a setting are compared
+    at the same batch size over the median of their seeds."""
+    from tasks.aggregate import comparison, fmt, table_markdown, train_rows
+
+    client = MlflowClient(tracking_uri=f"sqlite:///{workdir / 'q.db'}")
+    exp = client.create_experiment("q", artifact_location=str(workdir / "art"))
+    _timed_run(client, exp, "cpu", 8, 1, 10, 40.0)
+    _timed_run(client, exp, "cpu", 8, 2, 3, 10.0)
+    _timed_run(client, exp, "cpu", 4, 2, 3, 12.0)
+    for seed, t in enumerate((2.0, 3.0, 100.0)):  # the median of three seeds, not their mean
+        _timed_run(client, exp, "cuda", 8, 2, 3, t, seed)
+    rows = train_rows(client.search_runs([exp], "tags.`karman.stage` = 'train'"))
+    assert {(r["threads"], r["budget"], r["epochs"]) for r in rows} == {(1, "10 epochs", 10), (2, "3 epochs", 3)}
+    tables = comparison(rows)
+    assert len(tables) == 2
+    one_thread = next(t for s, t in tables.items() if "1 CPU thread," in s)
+    assert [(r["batch_size"], r["device"]) for r in one_thread] == [(8, "cpu x1")] and math.isnan(one_thread[0]["speedup"])
+    two = {(r["batch_size"], r["device"]): r for r in next(t for s, t in tables.items() if "2 CPU threads" in s)}
+    assert two[(8, "cuda x1")]["time_per_epoch_s"] == 3.0 and two[(8, "cuda x1")]["runs"] == 3
+    assert two[(8, "cuda x1")]["speedup"] == 10.0 / 3.0 and two[(8, "cpu x1")]["speedup"] == 1.0
+    assert math.isnan(two[(4, "cpu x1")]["speedup"])  # batch 4 against batch 8 is no speedup
+    assert [fmt(v) for v in (7.969613040500008, 0.012345, 1234.5, 12, float("nan"), None)] == ["7.97", "0.0123", "1,234", "12", "–", "–"]
+    text = table_markdown(rows, {"run": "run", "threads": "threads"}, links=lambda rid: f"<{rid[:4]}>")
+    assert text.count("<") == len(rows) and "| threads |" in text
