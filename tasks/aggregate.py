@@ -289,7 +289,9 @@ def covered_runs(settings: Settings, client, exp_id: str, source: str, run_ids: 
         return f"every training and rollout run of experiment `{settings.experiment}`", runs
     if run_ids is None:
         if source == "latest":
-            found = client.search_runs([exp_id], f"tags.`{STAGE_TAG}` IN ('benchmark', 'demo')", order_by=["attributes.start_time DESC"], max_results=1)
+            found = sorted((r for stage in ("benchmark", "demo") for r in client.search_runs(
+                [exp_id], f"tags.`{STAGE_TAG}` = '{stage}'", order_by=["attributes.start_time DESC"], max_results=1)),
+                key=lambda r: r.info.start_time, reverse=True)
             if not found:
                 raise UserError(f"no benchmark or demo run in experiment {settings.experiment!r} to report on; run one, or use --runs all")
             owner = found[0]
