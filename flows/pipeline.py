@@ -113,7 +113,7 @@ def train(spec: TrainSpec = TrainSpec(), parent_run: str | None = None) -> dict:
             "run_id": next(r["run_id"] for r in reversed(results) if r["status"] == "FINISHED")}
 
 
-@flow(name="infer", flow_run_name=_named(InferSpec, lambda s: f"infer {s.mode} {s.device} ×{s.workers}"))
+@flow(name="infer", flow_run_name=_named(InferSpec, lambda s: f"infer {s.mode} {s.device} x{s.workers}"))
 def infer(spec: InferSpec = InferSpec(), parent_run: str | None = None) -> dict:
     """Roll a trained generator out on a held-out simulation and score it against the solver."""
     _tag_run("stage:infer", f"device:{spec.device}", f"mode:{spec.mode}", f"workers:{spec.workers}")
@@ -221,7 +221,7 @@ def check_deployments(spec: BenchmarkSpec) -> None:
 def _cell_label(kind: str, spec) -> str:
     if kind == "train":
         return f"train {spec.device} b{spec.batch_sizes[0]}" + (f" seed {spec.seed}" if spec.seed else "")
-    return f"infer {spec.mode} {spec.device} ×{spec.workers}"
+    return f"infer {spec.mode} {spec.device} x{spec.workers}"
 
 
 def _run_cell(kind: str, spec, settings: Settings, deployment: str | None, parent_run: str) -> dict:
@@ -293,6 +293,7 @@ def benchmark(spec: BenchmarkSpec = BenchmarkSpec()) -> dict:
                     tags={"karman.benchmark": name, "karman.devices": ",".join(spec.devices)}) as bench:
         logger.info("benchmark %s: %d cells; MLflow: %s", name, total, run_url(settings, bench.run_id))
         data = generate(spec.generate, parent_run=bench.run_id)
+        bench.log_dataset(data["dataset"], data["digest"], Path(data["path"]), "training", {"simulations": len(data["simulations"])})
         cells: list[dict] = []
         progress = Progress(f"cells of benchmark {name} done")
 
@@ -301,8 +302,8 @@ def benchmark(spec: BenchmarkSpec = BenchmarkSpec()) -> dict:
             left = progress.update(len(cells) / total)
             where = run_url(settings, cell["run_id"]) if cell.get("run_id") else "no run"
             extra = f": {cell['error']}" if cell["status"] == "FAILED" else f" ({cell['note']})" if cell.get("note") else ""
-            logger.info("cell %d/%d %s: %s in %.0f s%s; %s%s", len(cells), total, cell["label"], cell["status"],
-                        time.monotonic() - started, extra, where, f"; {left}" if left else "")
+            logger.info("cell %d/%d %s: %s in %.0f s%s%s; MLflow: %s", len(cells), total, cell["label"], cell["status"],
+                        time.monotonic() - started, extra, f" ({left})" if left else "", where)
 
         for framework in spec.frameworks:
             for device in spec.devices:

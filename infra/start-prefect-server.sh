@@ -5,4 +5,9 @@ cd "$(dirname "$0")/.."
 HOST=${HOST:-127.0.0.1}
 PORT=${PORT:-4200}
 export PREFECT_SERVER_ANALYTICS_ENABLED=${PREFECT_SERVER_ANALYTICS_ENABLED:-false}
+# The UI in the browser calls the API at this address; Prefect's default names port 4200 whatever the
+# port. Behind another name (HOST=0.0.0.0 on a shared host), set PREFECT_UI_API_URL to that name.
+if [ "$HOST" != "0.0.0.0" ]; then
+  export PREFECT_UI_API_URL=${PREFECT_UI_API_URL:-http://$HOST:$PORT/api}
+fi
 exec .venv/bin/prefect server start --host "$HOST" --port "$PORT"

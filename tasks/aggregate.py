@@ -9,7 +9,7 @@ from prefect import get_run_logger, task
 from tasks.plots import bar_chart
 from tasks.settings import Settings
 from tasks.specs import AggregateSpec
-from tasks.tracking import STAGE_TAG, client_for, experiment_id, mlflow_run
+from tasks.tracking import STAGE_TAG, client_for, experiment_id, mlflow_run, run_url
 
 
 def _rows(client, exp_id: str, stage: str) -> list:
@@ -142,7 +142,7 @@ def run_link(settings: Settings, exp_id: str, run_id: str) -> str:
     if not run_id or run_id == "FAILED":
         return run_id or "–"
     if settings.tracking_uri.startswith(("http://", "https://")):
-        return f"[{run_id[:8]}]({settings.tracking_uri.rstrip('/')}/#/experiments/{exp_id}/runs/{run_id})"
+        return f"[{run_id[:8]}]({run_url(settings, run_id, exp_id)})"
     return f"`{run_id[:8]}`"
 
 
@@ -261,19 +261,23 @@ def infer_rows(runs) -> list[dict]:
     return rows
 
 
-TRAIN_COLUMNS = {"run": "run", "device": "device", "batch_size": "batch", "threads": "threads", "precision": "precision",
-                 "recipe": "recipe", "budget": "budget", "epochs": "epochs", "seed": "seed", "status": "status",
-                 "time_per_epoch_s": "s/epoch", "samples_per_s": "samples/s", "final_l1": "final L1", "time_to_target_s": "to target [s]"}
+# Tables narrow enough to read in the Prefect UI: a run's settings and its results side by side would
+# run off the right edge, so each is a table of its own, keyed by the run.
+TRAIN_SETTINGS_COLUMNS = {"run": "run", "device": "device", "batch_size": "batch", "threads": "threads", "precision": "precision",
+                          "recipe": "recipe", "budget": "budget", "seed": "seed", "status": "status"}
+TRAIN_RESULT_COLUMNS = {"run": "run", "epochs": "epochs", "time_per_epoch_s": "s/epoch", "samples_per_s": "samples/s",
+                        "final_l1": "final L1", "time_to_target_s": "to target [s]"}
 COMPARE_COLUMNS = {"batch_size": "batch", "device": "device", "runs": "runs", "time_per_epoch_s": "s/epoch",
                    "samples_per_s": "samples/s", "speedup": "× slowest device"}
-QUALITY_COLUMNS = {"framework": "framework", "device": "device", "batch_size": "batch", "recipe": "recipe", "target": "target",
-                   "runs": "runs", "reached": "reached", "time_to_target_s": "to target [s]", "fastest_s": "fastest [s]",
-                   "slowest_s": "slowest [s]", "time_per_epoch_s": "s/epoch", "not_reached": "not reached"}
-INFER_COLUMNS = {"run": "run", "model_run": "model run", "device": "device", "mode": "mode", "workers": "workers", "tiles": "tiles",
-                 "steps": "steps", "frames_per_s": "frames/s", "vs_full": "× full-frame", "cold_step_s": "cold step [s]",
-                 "compute_s": "compute [s]", "split_merge_s": "split+merge [s]", "transfer_s": "transfer [s]",
-                 "seam_rel_error": "seam error", "horizon_u": "u horizon", "horizon_vorticity": "ω horizon",
-                 "strouhal_pred": "St", "strouhal_ref": "St solver", "surrogate_vs_solver": "× solver"}
+QUALITY_COLUMNS = {"device": "device", "batch_size": "batch", "recipe": "recipe", "target": "target", "runs": "runs",
+                   "reached": "reached", "time_to_target_s": "to target [s]", "fastest_s": "fastest [s]", "slowest_s": "slowest [s]",
+                   "not_reached": "not reached"}
+INFER_SPEED_COLUMNS = {"run": "run", "model_run": "model", "device": "device", "mode": "mode", "workers": "workers", "tiles": "tiles",
+                       "frames_per_s": "frames/s", "vs_full": "× full-frame", "cold_step_s": "cold step [s]", "compute_s": "compute [s]",
+                       "split_merge_s": "split+merge [s]", "transfer_s": "transfer [s]"}
+INFER_QUALITY_COLUMNS = {"run": "run", "mode": "mode", "workers": "workers", "steps": "steps", "seam_rel_error": "seam error",
+                         "horizon_u": "u horizon", "horizon_vorticity": "ω horizon", "strouhal_pred": "St",
+                         "strouhal_ref": "St solver", "surrogate_vs_solver": "× solver"}
 
 
 def covered_runs(settings: Settings, client, exp_id: str, source: str, run_ids: list[str] | None = None) -> tuple[str, list]:
@@ -383,13 +387,14 @@ def build_report(settings: Settings, name: str, scope: str, runs, exp_id: str, o
     if not compared:
         text.append("_no finished training runs_\n")
     text += ["### Every training run\n", "s/epoch is the median epoch time without the first epoch (which carries the warm-up).\n",
-             table_markdown(trains, TRAIN_COLUMNS, link),
+             table_markdown(trains, TRAIN_SETTINGS_COLUMNS, link), "Their results:\n", table_markdown(trains, TRAIN_RESULT_COLUMNS, link),
              "## Time to quality\n", "Wall-clock seconds of training until the validation rollouts first meet the run's quality "
              "target (the mean over repeated runs, without the fastest and slowest when three or more reached it):\n",
              table_markdown(quality, QUALITY_COLUMNS),
              "## Inference: rollout speed and accuracy against the solver\n",
              "× full-frame: frames/s over the full-frame rollout of the same model, device and steps; seam error applies to map-reduce only.\n",
-             table_markdown(rollouts, INFER_COLUMNS, link),
+             table_markdown(rollouts, INFER_SPEED_COLUMNS, link), "Accuracy against the solver:\n",
+             table_markdown(rollouts, INFER_QUALITY_COLUMNS, link),
              "## Is the surrogate worth it?\n",
              "\n".join(f"- {link(r['run'])} ({r['mode']} x{r['workers']}, {r['regime']}): {r['verdict']}" for r in rollouts if r["verdict"])
              or "_no rollout with a verdict_", "",

@@ -35,7 +35,7 @@ def check_rollout(settings: Settings, spec: InferSpec, log) -> str:
     return model_run_id
 
 
-@task(name="rollout", task_run_name="infer {spec.mode} {spec.device} ×{spec.workers}")
+@task(name="rollout", task_run_name="infer {spec.mode} {spec.device} x{spec.workers}")
 def rollout(settings: Settings, spec: InferSpec, parent_run_id: str | None = None) -> dict:
     logger = get_run_logger()
     model_run_id = check_rollout(settings, spec, logger)

@@ -54,7 +54,8 @@ def run_url(settings: Settings, run_id: str, exp_id: str | None = None) -> str:
     if settings.tracking_uri.startswith(("http://", "https://")):
         if exp_id is None:
             exp_id = client_for(settings).get_run(run_id).info.experiment_id
-        return f"{settings.tracking_uri.rstrip('/')}/#/experiments/{exp_id}/runs/{run_id}"
+        # MLflow 3's UI opens in its GenAI view unless told (or until the browser has chosen otherwise)
+        return f"{settings.tracking_uri.rstrip('/')}/#/experiments/{exp_id}/runs/{run_id}?workflowType=machine_learning"
     return f"{run_id} in {settings.tracking_uri}"
 
 

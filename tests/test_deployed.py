@@ -180,11 +180,11 @@ def test_quick_benchmark_deployed_on_real_servers_and_a_worker(tmp_path):
             # what the Prefect UI shows: runs named and tagged by their parameters, the report (figures
             # inline) on the benchmark's own run, progress artifacts of the training runs
             run_names = {r.name for r in children}
-            assert {"benchmark quick", "generate karman-demo", "train cpu b4", "train cpu b8", "infer full cpu ×1",
-                    "infer mapreduce cpu ×2", "aggregate quick"} <= run_names, run_names
+            assert {"benchmark quick", "generate karman-demo", "train cpu b4", "train cpu b8", "infer full cpu x1",
+                    "infer mapreduce cpu x2", "aggregate quick"} <= run_names, run_names
             tagged = {r.name: set(r.tags) for r in children if r.parent_task_run_id or r.name.startswith(("train", "infer"))}
             assert {"stage:train", "device:cpu", "batch:8"} <= tagged["train cpu b8"]
-            assert {"stage:infer", "mode:mapreduce", "workers:2"} <= tagged["infer mapreduce cpu ×2"]
+            assert {"stage:infer", "mode:mapreduce", "workers:2"} <= tagged["infer mapreduce cpu x2"]
             from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterFlowRunId, ArtifactFilterType
 
             own = client.read_artifacts(artifact_filter=ArtifactFilter(flow_run_id=ArtifactFilterFlowRunId(any_=[second.id])))
