@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: all setup demo test clean
+.PHONY: all setup demo test test-fast clean
 
 all: setup
 
@@ -20,6 +20,10 @@ demo: $(STAMP)
 
 test: $(STAMP)
 	$(PY) -m pytest
+
+# The fast tier: unit and small integration tests, no servers (a few minutes on 2 cores).
+test-fast: $(STAMP)
+	$(PY) -m pytest -m "not full"
 
 clean:
 	rm -rf data mlartifacts mlflow.db

@@ -18,11 +18,17 @@ TINY = DemoSpec(
 )
 
 
-@pytest.fixture
-def demo_result(workdir, prefect_harness):
+@pytest.fixture(scope="module")
+def demo_result(module_workdir, prefect_harness):
+    """One demo run for the module's tests (they read it, and add runs of their own beside it)."""
     from flows import pipeline
 
     return pipeline.demo(TINY)
+
+
+@pytest.fixture
+def workdir(module_workdir):
+    return module_workdir
 
 
 def test_demo_flow_logs_every_stage_and_writes_a_report(demo_result, workdir):
