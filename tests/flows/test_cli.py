@@ -78,6 +78,7 @@ def test_rollout_of_an_unknown_model_run(workdir):
     assert_refused(run_cli("infer", "--model-run", "0123abcd", cwd=workdir), "unknown model run '0123abcd'")
 
 
+@pytest.mark.full  # one of the slowest of its module: the full tier runs it
 def test_a_report_over_runs_that_cannot_be_found_is_refused_before_anything_is_written(workdir):
     assert_refused(run_cli("aggregate", "--runs", "yesterday", cwd=workdir), "--runs", "yesterday")
     assert_refused(run_cli("aggregate", cwd=workdir), "experiment 'test' does not exist")

@@ -42,6 +42,7 @@ def test_periods_finds_the_frequency_of_a_sine():
     assert np.diff(up).mean() == pytest.approx(123.4, rel=1e-3)
 
 
+@pytest.mark.full  # one of the slowest of its module: the full tier runs it
 def test_steady_case_2d1_at_coarse_resolution():
     quantities, history, stats = run(Setup("2D-1", 20))
     assert stats["converged"]

@@ -80,12 +80,14 @@ def test_full_and_mapreduce_rollouts_on_cpu_are_scored_and_logged(trained, cpu_f
     assert gif.read_bytes()[:6] == b"GIF89a"
 
 
+@pytest.mark.full  # one of the slowest of its module: the full tier runs it
 def test_mapreduce_with_the_whole_frame_as_tile_reproduces_full_frame(trained, cpu_full):
     whole = infer(trained, "--mode", "mapreduce", "--workers", "2", "--tile", "32,64", "--halo", "4")
     assert whole["tiles"] == 1 and whole["seam_rel_error"] == 0.0
     np.testing.assert_allclose(whole["final_rel_l2_u"], cpu_full["final_rel_l2_u"], rtol=1e-6)
 
 
+@pytest.mark.full  # minutes of XLA compilation or training
 def test_rollouts_on_two_virtual_xla_devices_match_cpu(trained, cpu_full):
     full = infer(trained, "--device", "xla", "--mode", "full", env=XLA_ENV)
     sharded = infer(trained, "--device", "xla", "--mode", "mapreduce", "--workers", "2", "--tile", "32,64", env=XLA_ENV)
@@ -139,6 +141,7 @@ def test_unknown_model_runs_and_models_with_other_channels_are_refused(trained):
                    f"model run {other} maps 3 channels (u, v, p)", "dataset 'tiny' gives 4 (u, v, p, mask)")
 
 
+@pytest.mark.full  # minutes of XLA compilation or training
 def test_a_model_trained_on_crops_tiles_at_its_crop_side_by_default(trained):
     """--crop 32 trains a depth-5 U-Net on random 32 x 32 crops of the 32 x 64 frames; its map-reduce
     rollout takes tiles of the trained side without being told, and full-frame still works."""
