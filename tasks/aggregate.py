@@ -280,40 +280,37 @@ INFER_QUALITY_COLUMNS = {"run": "run", "mode": "mode", "workers": "workers", "st
                          "strouhal_ref": "St solver", "surrogate_vs_solver": "× solver"}
 
 
-def covered_runs(settings: Settings, client, exp_id: str, source: str, run_ids: list[str] | None = None) -> tuple[str, list]:
-    """(what the report covers, in words; the runs): the given ``run_ids``; or those a benchmark or demo
-    run recorded in its runs.json ('latest' = the newest such run, or its id); or 'all' of the experiment."""
+def covered_runs(settings: Settings, client, exp_id: str, source: str) -> tuple[str, list]:
+    """(what the report covers, in words; the runs): those a benchmark or demo run recorded in its
+    runs.json ('latest' = the newest such run, or its id); or 'all' of the experiment."""
     import json
     import tempfile
 
     from tasks.errors import UserError
 
-    if run_ids is None and source == "all":
+    if source == "all":
         runs = [r for stage in ("train", "infer") for r in _rows(client, exp_id, stage)]
         return f"every training and rollout run of experiment `{settings.experiment}`", runs
-    if run_ids is None:
-        if source == "latest":
-            found = sorted((r for stage in ("benchmark", "demo") for r in client.search_runs(
-                [exp_id], f"tags.`{STAGE_TAG}` = '{stage}'", order_by=["attributes.start_time DESC"], max_results=1)),
-                key=lambda r: r.info.start_time, reverse=True)
-            if not found:
-                raise UserError(f"no benchmark or demo run in experiment {settings.experiment!r} to report on; run one, or use --runs all")
-            owner = found[0]
-        else:
-            try:
-                owner = client.get_run(source)
-            except Exception:
-                raise UserError(f"unknown run {source!r} in the tracking store {settings.tracking_uri}") from None
-            if owner.data.tags.get(STAGE_TAG) not in ("benchmark", "demo"):
-                raise UserError(f"run {source!r} is not a benchmark or demo run (stage {owner.data.tags.get(STAGE_TAG)!r}); give one, latest or all")
-        with tempfile.TemporaryDirectory() as tmp:
-            try:
-                run_ids = json.loads(Path(client.download_artifacts(owner.info.run_id, "runs.json", tmp)).read_text())["runs"]
-            except Exception:
-                raise UserError(f"run {owner.info.run_id} lists no runs (runs.json); it did not get to its cells") from None
-        scope = f"the runs of {owner.data.tags.get(STAGE_TAG)} run {owner.info.run_name} ({owner.info.run_id})"
+    if source == "latest":
+        found = sorted((r for stage in ("benchmark", "demo") for r in client.search_runs(
+            [exp_id], f"tags.`{STAGE_TAG}` = '{stage}'", order_by=["attributes.start_time DESC"], max_results=1)),
+            key=lambda r: r.info.start_time, reverse=True)
+        if not found:
+            raise UserError(f"no benchmark or demo run in experiment {settings.experiment!r} to report on; run one, or use --runs all")
+        owner = found[0]
     else:
-        scope = f"{len(run_ids)} runs given"
+        try:
+            owner = client.get_run(source)
+        except Exception:
+            raise UserError(f"unknown run {source!r} in the tracking store {settings.tracking_uri}") from None
+        if owner.data.tags.get(STAGE_TAG) not in ("benchmark", "demo"):
+            raise UserError(f"run {source!r} is not a benchmark or demo run (stage {owner.data.tags.get(STAGE_TAG)!r}); give one, latest or all")
+    with tempfile.TemporaryDirectory() as tmp:
+        try:
+            run_ids = json.loads(Path(client.download_artifacts(owner.info.run_id, "runs.json", tmp)).read_text())["runs"]
+        except Exception:
+            raise UserError(f"run {owner.info.run_id} lists no runs (runs.json); it did not get to its cells") from None
+    scope = f"the runs of {owner.data.tags.get(STAGE_TAG)} run {owner.info.run_name} ({owner.info.run_id})"
     runs = []
     for rid in dict.fromkeys(run_ids):
         try:
@@ -404,13 +401,13 @@ def build_report(settings: Settings, name: str, scope: str, runs, exp_id: str, o
 
 
 @task(name="aggregate-runs", task_run_name="report {spec.name}")
-def aggregate_runs(settings: Settings, spec: AggregateSpec, parent_run_id: str | None = None, run_ids: list[str] | None = None) -> dict:
-    """report.md, report.html and figures under the report folder, over the runs the spec (or the
-    caller's ``run_ids``) names, logged to an aggregate MLflow run and published as Prefect artifacts."""
+def aggregate_runs(settings: Settings, spec: AggregateSpec, parent_run_id: str | None = None) -> dict:
+    """report.md, report.html and figures under the report folder, over the runs the spec names,
+    logged to an aggregate MLflow run and published as Prefect artifacts."""
     logger = get_run_logger()
     client = client_for(settings)
     exp_id = experiment_id(client, settings)
-    scope, runs = covered_runs(settings, client, exp_id, spec.runs, run_ids)
+    scope, runs = covered_runs(settings, client, exp_id, spec.runs)
     out = settings.report_dir(spec.name)
     out.mkdir(parents=True, exist_ok=True)
     text, figures, tables = build_report(settings, spec.name, scope, runs, exp_id, out)

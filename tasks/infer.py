@@ -9,37 +9,36 @@ from tasks.specs import InferSpec
 from tasks.tracking import CELL_TAG, STAGE_TAG, client_for, experiment_id, mlflow_run, run_url, training_run
 
 
-def resolve_model_run(settings: Settings, model_run: str) -> str:
-    """The id of a finished training run: ``model_run`` itself, or the newest one for 'latest'."""
+def resolve_model_run(settings: Settings, model_run: str):
+    """The MLflow run of a finished training run: ``model_run`` itself, or the newest one for 'latest'."""
     client = client_for(settings)
     if model_run == "latest":
         runs = client.search_runs([experiment_id(client, settings)], f"tags.`{STAGE_TAG}` = 'train' and attributes.status = 'FINISHED'",
                                   order_by=["attributes.start_time DESC"], max_results=1)
         if not runs:
             raise UserError(f"no finished training run in experiment {settings.experiment!r}; run 'python -m flows train' first")
-        return runs[0].info.run_id
-    training_run(settings, model_run, "model run")
-    return model_run
+        return runs[0]
+    return training_run(settings, model_run, "model run")
 
 
-def check_rollout(settings: Settings, spec: InferSpec, log) -> str:
+def check_rollout(settings: Settings, spec: InferSpec, log):
     """Every check of a rollout request that can run before any work: the model run, its channels
     against the dataset, the tiling against the frame, the workers against the cores or devices (a
-    probe child for cuda and xla). Returns the model run id; UserError names what is wrong."""
+    probe child for cuda and xla). Returns the model's MLflow run; UserError names what is wrong."""
     from tasks.rollout import check_workers, plan_rollout
 
-    model_run_id = resolve_model_run(settings, spec.model_run)
-    plan_rollout(settings, spec, model_run_id)
+    model = resolve_model_run(settings, spec.model_run)
+    plan_rollout(settings, spec, model.info.run_id)
     if spec.device != "cpu":
         check_workers(spec, run_child("probe", {"device": spec.device}, log, env=device_env(spec.device, spec.workers)))
-    return model_run_id
+    return model
 
 
 @task(name="rollout", task_run_name="infer {spec.mode} {spec.device} x{spec.workers}")
 def rollout(settings: Settings, spec: InferSpec, parent_run_id: str | None = None) -> dict:
     logger = get_run_logger()
-    model_run_id = check_rollout(settings, spec, logger)
-    model = client_for(settings).get_run(model_run_id)
+    model = check_rollout(settings, spec, logger)
+    model_run_id = model.info.run_id
     dataset = spec.dataset or model.data.params.get("dataset", "?")
     tags = {"karman.device": spec.device, "karman.mode": spec.mode, "karman.workers": str(spec.workers), "karman.model_run": model_run_id,
             "karman.dataset": dataset, "karman.framework": model.data.params.get("framework", "torch")}

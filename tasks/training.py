@@ -359,6 +359,12 @@ def _finish(spec, settings, run, run_dir, model, net, codec, train, manifest, sp
     return {**summary, "split": split, "device": ctx.description, "world_size": ctx.world_size, "strategy": ctx.strategy}
 
 
+def _largest_corner(x: np.ndarray, unit: int) -> np.ndarray:
+    """The largest top-left corner of (..., H, W) whose sides are multiples of ``unit`` (what a U-Net
+    trained on crops takes)."""
+    return x[..., : x.shape[-2] - x.shape[-2] % unit, : x.shape[-1] - x.shape[-1] % unit]
+
+
 def log_surrogate(settings: Settings, run: Run, generator: torch.nn.Module, codec: StepCodec, source: PairSource, meta: dict, unit: int) -> str:
     """The generator with its normalisation (models.nets.surrogate.Surrogate) as the run's MLflow model
     'generator': listed under the run's Models, loadable with mlflow.pytorch.load_model, registrable.
@@ -371,9 +377,7 @@ def log_surrogate(settings: Settings, run: Run, generator: torch.nn.Module, code
     from models.nets.surrogate import Surrogate
 
     model = Surrogate(generator.eval(), codec.norm.center, codec.norm.scale, codec.delta_scale).eval()
-    cond, _ = source.physical([0])  # (1, 4, H, W)
-    h, w = cond.shape[-2] - cond.shape[-2] % unit, cond.shape[-1] - cond.shape[-1] % unit
-    example = np.ascontiguousarray(cond[..., :h, :w], dtype=np.float32)
+    example = np.ascontiguousarray(_largest_corner(source.physical([0])[0], unit), dtype=np.float32)  # (1, 4, H, W)
     with torch.no_grad():
         out = model(torch.from_numpy(example)).numpy()
     mlflow.set_tracking_uri(settings.tracking_uri)
@@ -395,8 +399,7 @@ def _sample_figure(generator, source: PairSource, codec: StepCodec, path: Path, 
     picks = np.linspace(0, len(source) - 1, 3).astype(int)
     cond, ref = source.physical(picks)  # (3, 4, H, W), (3, 3, H, W)
     # A model trained on crops may not take whole frames: show the largest corner it takes.
-    h, w = cond.shape[-2] - cond.shape[-2] % unit, cond.shape[-1] - cond.shape[-1] % unit
-    cond, ref = cond[..., :h, :w], ref[:, :3, :h, :w]  # the first step's target
+    cond, ref = _largest_corner(cond, unit), _largest_corner(ref[:, :3], unit)  # the first step's target
     pred = codec.next_state(cond, generator(torch.from_numpy(codec.norm.encode(cond))).float().numpy())  # (3, 3, H, W)
     mask = cond[:, 3] > 0.5
     w_pred = vorticity(pred[:, 0], pred[:, 1], mask)
