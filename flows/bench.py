@@ -8,6 +8,8 @@ import math
 import sys
 import typing
 
+from models.tiling import DEFAULT_HALO
+
 BENCH_COMMANDS = {
     "bench-solver": "Time the solver's full production step (MLUPS)",
     "bench-train": "Time Pix2Pix training (samples/s) against a plain eager fp32 step, in one run",
@@ -30,6 +32,16 @@ def positive_int(text: str) -> int:
         raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
     if value <= 0:
         raise argparse.ArgumentTypeError(f"{value} must be a positive integer")
+    return value
+
+
+def non_negative_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{value} is negative; use 0 or more")
     return value
 
 
@@ -58,95 +70,110 @@ def _float(text: str) -> float:
 
 
 def tile_shape(text: str) -> tuple[int, int]:
-    """'S' or 'HxW' -> (H, W) positive ints."""
-    parts = text.lower().split("x")
-    if len(parts) not in (1, 2):
-        raise argparse.ArgumentTypeError(f"{text!r} is not a tile size; write S or HxW, e.g. 64 or 256x576")
+    """'S' or 'H,W' (the syntax of ``infer --tile``) -> (H, W) positive ints."""
+    parts = text.split(",")
+    if len(parts) not in (1, 2) or not all(p.strip().isdigit() for p in parts):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a tile size; write S or H,W, e.g. 64 or 256,576")
     sides = tuple(positive_int(p) for p in parts)
     return (sides[0], sides[-1])
 
 
+DEVICES = ("cpu", "cuda", "xla")
+JSON_HELP = "Print a one-line JSON summary as the last line of stdout"
+# One row per option: (flag, type or choices or action, default, help). A tuple of strings is a choice;
+# "on" and "off" are flags (store_true; store_false into the name after "no-"); "many" may repeat.
+# The help gets "(default: …)" appended when the default is not None.
+BENCH_OPTIONS: dict[str, list[tuple]] = {
+    "bench-solver": [
+        ("--nx", positive_int, 1024, "Channel length in nodes"),
+        ("--ny", positive_int, 256, "Channel height in nodes"),
+        ("--steps", positive_int, 200, "Steps per timed run"),
+        ("--repeats", positive_int, 5, "Timed runs; the median is reported"),
+        ("--backend", ("numba", "numpy", "torch"), "numba", "Solver backend"),
+        ("--dtype", ("float32", "float64"), "float32", "Precision"),
+        ("--device", str, "cpu", "torch device for --backend torch, e.g. cuda"),
+    ],
+    "bench-train": [
+        ("--device", DEVICES, "cpu", "Device kind"),
+        ("--size", positive_int, 256, "Image side; sets the U-Net depth to log2(size)"),
+        ("--batch-size", positive_int, 1, "Batch size"),
+        ("--steps", positive_int, 3, "Training steps per timed block"),
+        ("--repeats", positive_int, 3, "Timed blocks per side; medians are reported"),
+        ("--precision", ("fp32", "bf16"), "fp32", "fp32, or bf16 autocast"),
+        ("--no-baseline", "off", None, "Skip the plain eager fp32 comparison"),
+        ("--peak-tflops", positive_float, None, "Peak of the device in TFLOP/s for the model FLOP utilization (default: known GPUs only)"),
+    ],
+    "bench-infer": [
+        ("--mode", ("full", "mapreduce"), "mapreduce", "full: the whole frame on one worker; mapreduce: tiles over the workers"),
+        ("--workers", positive_int, 1, "Compute units: CPU cores (one thread each), GPUs or XLA devices"),
+        ("--device", DEVICES, "cpu", "Device kind"),
+        ("--size", positive_int, 256, "Frame height in cells"),
+        ("--width", positive_int, None, "Frame width in cells (default: 4 x size)"),
+        ("--tile", tile_shape, None, "Tile side S, or H,W; multiples of 2^depth (default: frame height x half the width plus the halo, rounded up)"),
+        ("--halo", non_negative_int, DEFAULT_HALO, "Pixels each tile reaches into its neighbours (the overlap is twice this)"),
+        ("--group", positive_int, None, "Tiles per batch (default: tiles / workers, rounded up)"),
+        ("--train-size", positive_int, 64, "Side the generator was trained on; sets its depth log2(S)"),
+        ("--ngf", positive_int, 64, "Generator base width (the paper's 64)"),
+        ("--frames", positive_int, 3, "Autoregressive steps per timed block"),
+        ("--repeats", positive_int, 3, "Timed blocks per configuration; medians are reported"),
+        ("--frame-stride", positive_int, 1, "k: the network advances k stored frames per step"),
+        ("--frame-every", positive_int, None, "Solver steps between stored frames (default: 50 x size / 64)"),
+        ("--no-compare", "off", None, "Skip timing full-frame and map-reduce on one worker in the same run"),
+    ],
+    "bench-quality": [
+        ("--dataset", str, "karman-demo", "Dataset under the data root (KARMAN_DATA_ROOT, default ./data)"),
+        ("--device", ("cpu", "cuda"), "cpu", "Device kind"),
+        ("--batch-size", positive_int, 8, "Batch size"),
+        ("--time-budget", positive_float, None, "Wall-clock seconds of training, validation included"),
+        ("--epochs", positive_int, None, "Epochs at most (with no time budget, the schedule runs over them)"),
+        ("--recipe", ("default", "paper"), "default", "Training recipe"),
+        ("--predict", ("state", "delta"), None, "Override: network output"),
+        ("--upsample", ("transpose", "resize"), None, "Override: decoder upsampling"),
+        ("--schedule", ("constant", "cosine"), None, "Override: learning-rate schedule"),
+        ("--noise", non_negative_float, None, "Override: input noise std (network units)"),
+        ("--unroll", positive_int, None, "Override: steps of the loss"),
+        ("--gan-weight", non_negative_float, None, "Override: adversarial weight"),
+        ("--l1-weight", non_negative_float, None, "Override: L1 weight"),
+        ("--lr", positive_float, None, "Override: Adam learning rate"),
+        ("--ngf", positive_int, None, "Override: generator base width"),
+        ("--ndf", positive_int, None, "Override: discriminator base width"),
+        ("--seed", non_negative_int, 0, "First seed"),
+        ("--repeats", positive_int, 1, "Runs, with seeds seed, seed+1, ..."),
+        ("--target-vorticity", positive_float, 0.3, "Target: vorticity relative L2 at most this ..."),
+        ("--target-steps", positive_int, 40, "... for this many steps of every validation rollout"),
+        ("--validate-every", positive_int, 2, "Epochs between validation rollouts"),
+        ("--validate-steps", positive_int, 60, "Steps of each validation rollout"),
+        ("--stop-at-target", "on", None, "End training at the validation that first meets the target"),
+        ("--test-steps", positive_int, 60, "Steps of the final rollout on the test simulation"),
+        ("--extra-dataset", "many", [], "Also roll out on every simulation of this dataset (repeatable)"),
+        ("--extra-steps", positive_int, 600, "Steps of those rollouts"),
+        ("--threads", positive_int, None, "CPU threads for torch (default: all cores)"),
+        ("--compile", ("auto", "on", "off"), "auto", "torch.compile the networks; auto = on for cuda"),
+    ],
+}
+
+
 def add_bench_commands(sub) -> None:
-    """Add the bench subcommands to an argparse subparsers object."""
-    p = sub.add_parser("bench-solver", help=BENCH_COMMANDS["bench-solver"], description=BENCH_COMMANDS["bench-solver"])
-    p.add_argument("--nx", type=positive_int, default=1024, help="Channel length in nodes (default: 1024)")
-    p.add_argument("--ny", type=positive_int, default=256, help="Channel height in nodes (default: 256)")
-    p.add_argument("--steps", type=positive_int, default=200, help="Steps per timed run (default: 200)")
-    p.add_argument("--repeats", type=positive_int, default=5, help="Timed runs; the median is reported (default: 5)")
-    p.add_argument("--backend", choices=["numba", "numpy", "torch"], default="numba", help="Solver backend (default: numba)")
-    p.add_argument("--dtype", choices=["float32", "float64"], default="float32", help="Precision (default: float32)")
-    p.add_argument("--device", default="cpu", help="torch device for --backend torch, e.g. cuda (default: cpu)")
-    p.add_argument("--json", action="store_true", help="Print a one-line JSON summary as the last line of stdout")
-
-    p = sub.add_parser("bench-train", help=BENCH_COMMANDS["bench-train"], description=BENCH_COMMANDS["bench-train"])
-    p.add_argument("--device", choices=["cpu", "cuda", "xla"], default="cpu", help="Device kind (default: cpu)")
-    p.add_argument("--size", type=positive_int, default=256, help="Image side; sets the U-Net depth to log2(size) (default: 256)")
-    p.add_argument("--batch-size", type=positive_int, default=1, help="Batch size (default: 1)")
-    p.add_argument("--steps", type=positive_int, default=3, help="Training steps per timed block (default: 3)")
-    p.add_argument("--repeats", type=positive_int, default=3, help="Timed blocks per side; medians are reported (default: 3)")
-    p.add_argument("--precision", choices=["fp32", "bf16"], default="fp32", help="fp32, or bf16 autocast (default: fp32)")
-    p.add_argument("--no-baseline", dest="baseline", action="store_false", help="Skip the plain eager fp32 comparison")
-    p.add_argument("--peak-tflops", type=float, default=None, help="Peak of the device in TFLOP/s for the model FLOP utilization (default: known GPUs only)")
-    p.add_argument("--json", action="store_true", help="Print a one-line JSON summary as the last line of stdout")
-
-
-    p = sub.add_parser("bench-infer", help=BENCH_COMMANDS["bench-infer"], description=BENCH_COMMANDS["bench-infer"])
-    p.add_argument("--mode", choices=["full", "mapreduce"], default="mapreduce", help="full: the whole frame on one worker; mapreduce: tiles over the workers (default: mapreduce)")
-    p.add_argument("--workers", type=positive_int, default=1, help="Compute units: CPU cores (one thread each), GPUs or XLA devices (default: 1)")
-    p.add_argument("--device", choices=["cpu", "cuda", "xla"], default="cpu", help="Device kind (default: cpu)")
-    p.add_argument("--size", type=positive_int, default=256, help="Frame height in cells (default: 256)")
-    p.add_argument("--width", type=positive_int, default=None, help="Frame width in cells (default: 4 x size)")
-    p.add_argument("--tile", type=tile_shape, default=None, help="Tile S or HxW, multiples of 2^depth (default: frame height x half the width plus the halo, rounded up)")
-    p.add_argument("--halo", type=int, default=16, help="Pixels each tile reaches into its neighbours (default: 16)")
-    p.add_argument("--group", type=positive_int, default=None, help="Tiles per batch (default: tiles / workers, rounded up)")
-    p.add_argument("--train-size", type=positive_int, default=64, help="Side the generator was trained on; sets its depth log2(S) (default: 64)")
-    p.add_argument("--ngf", type=positive_int, default=64, help="Generator base width (default: 64, the paper's)")
-    p.add_argument("--frames", type=positive_int, default=3, help="Autoregressive steps per timed block (default: 3)")
-    p.add_argument("--repeats", type=positive_int, default=3, help="Timed blocks per configuration; medians are reported (default: 3)")
-    p.add_argument("--frame-stride", type=positive_int, default=1, help="k: the network advances k stored frames per step (default: 1)")
-    p.add_argument("--frame-every", type=positive_int, default=None, help="Solver steps between stored frames (default: 50 x size / 64)")
-    p.add_argument("--no-compare", dest="compare", action="store_false", help="Skip timing full-frame and map-reduce on one worker in the same run")
-    p.add_argument("--json", action="store_true", help="Print a one-line JSON summary as the last line of stdout")
-
-    add_quality_command(sub)
-
-
-def add_quality_command(sub) -> None:
-    p = sub.add_parser("bench-quality", help=BENCH_COMMANDS["bench-quality"], description=BENCH_COMMANDS["bench-quality"])
-    p.add_argument("--dataset", default="karman-demo", help="Dataset under the data root (KARMAN_DATA_ROOT, default ./data) (default: karman-demo)")
-    p.add_argument("--device", choices=["cpu", "cuda"], default="cpu", help="Device kind (default: cpu)")
-    p.add_argument("--batch-size", type=positive_int, default=8, help="Batch size (default: 8)")
-    p.add_argument("--time-budget", type=positive_float, default=None, help="Wall-clock seconds of training, validation included")
-    p.add_argument("--epochs", type=positive_int, default=None, help="Epochs at most (with no time budget, the schedule runs over them)")
-    p.add_argument("--recipe", choices=["default", "paper"], default="default", help="Training recipe (default: default)")
-    p.add_argument("--predict", choices=["state", "delta"], default=None, help="Override: network output")
-    p.add_argument("--upsample", choices=["transpose", "resize"], default=None, help="Override: decoder upsampling")
-    p.add_argument("--schedule", choices=["constant", "cosine"], default=None, help="Override: learning-rate schedule")
-    p.add_argument("--noise", type=non_negative_float, default=None, help="Override: input noise std (network units)")
-    p.add_argument("--unroll", type=positive_int, default=None, help="Override: steps of the loss")
-    p.add_argument("--gan-weight", type=non_negative_float, default=None, help="Override: adversarial weight")
-    p.add_argument("--l1-weight", type=non_negative_float, default=None, help="Override: L1 weight")
-    p.add_argument("--lr", type=positive_float, default=None, help="Override: Adam learning rate")
-    p.add_argument("--ngf", type=positive_int, default=None, help="Override: generator base width")
-    p.add_argument("--ndf", type=positive_int, default=None, help="Override: discriminator base width")
-    p.add_argument("--seed", type=int, default=0, help="First seed (default: 0)")
-    p.add_argument("--repeats", type=positive_int, default=1, help="Runs, with seeds seed, seed+1, ... (default: 1)")
-    p.add_argument("--target-vorticity", type=positive_float, default=0.3, help="Target: vorticity relative L2 at most this ... (default: 0.3)")
-    p.add_argument("--target-steps", type=positive_int, default=40, help="... for this many steps of every validation rollout (default: 40)")
-    p.add_argument("--validate-every", type=positive_int, default=2, help="Epochs between validation rollouts (default: 2)")
-    p.add_argument("--validate-steps", type=positive_int, default=60, help="Steps of each validation rollout (default: 60)")
-    p.add_argument("--stop-at-target", action="store_true", help="End training at the validation that first meets the target")
-    p.add_argument("--test-steps", type=positive_int, default=60, help="Steps of the final rollout on the test simulation (default: 60)")
-    p.add_argument("--extra-dataset", action="append", default=[], help="Also roll out on every simulation of this dataset (repeatable)")
-    p.add_argument("--extra-steps", type=positive_int, default=600, help="Steps of those rollouts (default: 600)")
-    p.add_argument("--threads", type=positive_int, default=None, help="CPU threads for torch (default: all cores)")
-    p.add_argument("--compile", choices=["auto", "on", "off"], default="auto", help="torch.compile the networks; auto = on for cuda (default: auto)")
-    p.add_argument("--json", action="store_true", help="Print a one-line JSON summary as the last line of stdout")
+    """Add the bench subcommands, from BENCH_OPTIONS, to an argparse subparsers object."""
+    for command, options in BENCH_OPTIONS.items():
+        p = sub.add_parser(command, help=BENCH_COMMANDS[command], description=BENCH_COMMANDS[command])
+        for flag, kind, default, text in options:
+            if kind == "on":
+                p.add_argument(flag, action="store_true", help=text)
+            elif kind == "off":
+                p.add_argument(flag, dest=flag.removeprefix("--no-").replace("-", "_"), action="store_false", help=text)
+            elif kind == "many":
+                p.add_argument(flag, action="append", default=list(default), help=text)
+            else:
+                shown = text if default is None or "(default:" in text else f"{text} (default: {default})"
+                choice = {"choices": list(kind)} if isinstance(kind, tuple) else {"type": kind}
+                p.add_argument(flag, default=default, help=shown, **choice)
+        p.add_argument("--json", action="store_true", help=JSON_HELP)
 
 
 def _bench_quality(args: argparse.Namespace) -> dict:
-    from tasks.bench_quality import QualityTarget, bench_quality
-    from tasks.settings import Settings
+    from tasks.bench.quality import QualityTarget, bench_quality
+    from tasks.common.settings import Settings
 
     settings = Settings.from_env()
     folders = [settings.dataset_dir(name) for name in [args.dataset, *args.extra_dataset]]
@@ -163,15 +190,15 @@ def _bench_quality(args: argparse.Namespace) -> dict:
 
 def run_bench(args: argparse.Namespace) -> int:
     """Run a parsed bench command; one line on stderr and exit 2 for bad input."""
-    from tasks.bench import bench_infer, bench_solver, bench_train
-    from tasks.errors import RunFailed
+    from tasks.bench.infer import bench_infer
+    from tasks.bench.solver import bench_solver
+    from tasks.bench.train import bench_train
+    from tasks.common.errors import RunFailed
 
     try:
         if args.command == "bench-quality":
             result = _bench_quality(args)
         elif args.command == "bench-infer":
-            if args.halo < 0:
-                raise ValueError(f"--halo {args.halo} is negative; use 0 or more pixels")
             result = bench_infer(args.mode, args.workers, args.size, args.width, args.tile, args.halo, args.train_size,
                                  args.ngf, args.group, args.frames, args.repeats, args.frame_stride, args.frame_every,
                                  args.device, args.compare)

@@ -16,8 +16,8 @@ from typing import Any, Callable
 from pydantic import BaseModel, ValidationError
 
 from flows.bench import BENCH_COMMANDS, OneLineParser, add_bench_commands, run_bench
-from tasks.errors import UserError
-from tasks.specs import AblationSpec, AggregateSpec, BenchmarkSpec, DemoSpec, GenerateSpec, InferSpec, TrainSpec, ValidateSpec
+from tasks.common.errors import UserError
+from tasks.common.specs import AblationSpec, AggregateSpec, BenchmarkSpec, DemoSpec, GenerateSpec, InferSpec, TrainSpec, ValidateSpec
 
 EXIT_USAGE = 2
 
@@ -126,50 +126,40 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _preflight(command: str, spec: BaseModel) -> None:
     """Checks that must fail before any flow starts, with one clear line."""
-    from tasks.settings import Settings
+    from tasks.common.settings import Settings
 
     settings = Settings.from_env().require_writable()
     if isinstance(spec, (GenerateSpec, DemoSpec)):
-        from tasks.generate import expand
+        from tasks.generate.task import expand
 
         expand(spec if isinstance(spec, GenerateSpec) else spec.generate)
     if isinstance(spec, TrainSpec):
-        from tasks.store import load_manifest
-        from tasks.train import check_training_input, plan_world, resume_plan
+        from tasks.common import plans
+        from tasks.train.plan import plan_training
 
-        batch_sizes = spec.batch_sizes
-        if spec.resume:
-            spec, batch = resume_plan(settings, spec)
-            batch_sizes = [batch]
-        load_manifest(settings.dataset_dir(spec.dataset))
-        probed = None
-        if spec.device != "cpu":
-            from tasks.child import device_env, run_child
-
-            probed = run_child("probe", {"device": spec.device}, logging.getLogger("karman.cli"), env=device_env(spec.device, spec.world_size))
-        world, _ = plan_world(spec, probed)
-        check_training_input(settings, spec, batch_sizes, world)
+        plans.hand_over("train", spec, plan_training(settings, spec, logging.getLogger("karman.cli")))
     if isinstance(spec, AblationSpec):
-        from tasks.train import check_training_input
+        from tasks.train.plan import check_training_input
 
         for variant in spec.variants:
             check_training_input(settings, spec.train_spec(variant), [spec.batch_size], 1)
     if isinstance(spec, InferSpec):
-        from tasks.infer import check_rollout
+        from tasks.common import plans
+        from tasks.infer.plan import plan_rollout
 
-        check_rollout(settings, spec, logging.getLogger("karman.cli"))
+        plans.hand_over("infer", spec, plan_rollout(settings, spec, logging.getLogger("karman.cli")))
     if isinstance(spec, BenchmarkSpec):
         from flows.pipeline import check_deployments
-        from tasks.generate import expand
+        from tasks.generate.task import expand
 
         expand(spec.generate)
         check_deployments(spec)
     if isinstance(spec, AggregateSpec):
-        from tasks.aggregate import check_report_source
+        from tasks.report.task import check_report_source
 
         check_report_source(settings, spec)
     if isinstance(spec, ValidateSpec):
-        from tasks.validation import setups
+        from tasks.validate.task import setups
 
         setups(spec)
 
@@ -191,7 +181,7 @@ def _summary(command: str, result: dict) -> dict:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     command = args.command
-    from tasks.quiet import VERBOSE_ENV, quiet_libraries, quiet_prefect_console
+    from tasks.common.quiet import VERBOSE_ENV, quiet_libraries, quiet_prefect_console
 
     if getattr(args, "verbose", False):
         os.environ[VERBOSE_ENV] = "1"  # child processes inherit it

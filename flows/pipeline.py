@@ -7,16 +7,17 @@ from pathlib import Path
 
 from prefect import flow, get_run_logger
 
-from tasks.aggregate import ablation_row, aggregate_runs, publish_artifacts, write_ablation
-from tasks.cells import cell_error, cell_key, finished_cell, interrupted_cell, record_failed_cell
-from tasks.generate import run_sweep
-from tasks.infer import rollout
-from tasks.progress import Progress
-from tasks.settings import Settings
-from tasks.specs import AblationSpec, AggregateSpec, BenchmarkSpec, DemoSpec, GenerateSpec, InferSpec, TrainSpec, ValidateSpec
-from tasks.tracking import mlflow_run, run_url
-from tasks.train import check_training_input, log_study_table, plan_world, probe_device, resume_plan, sweep_run, train_model
-from tasks.validation import validate_solver as run_validation
+from tasks.report.task import ablation_row, aggregate_runs, publish_artifacts, write_ablation
+from tasks.common.cells import cell_error, cell_key, finished_cell, interrupted_cell, record_failed_cell
+from tasks.generate.task import run_sweep
+from tasks.infer.task import rollout
+from tasks.common.progress import Progress
+from tasks.common.settings import Settings
+from tasks.common.specs import AblationSpec, AggregateSpec, BenchmarkSpec, DemoSpec, GenerateSpec, InferSpec, TrainSpec, ValidateSpec
+from tasks.common.tracking import mlflow_run, run_url
+from tasks.train.plan import plan_training, resume_plan
+from tasks.train.task import log_study_table, sweep_run, train_model
+from tasks.validate.task import validate_solver as run_validation
 
 PARENT_RUN = "MLflow run id to file this flow's run under as a child; set by the benchmark and the demo"
 
@@ -84,23 +85,16 @@ def train(spec: TrainSpec = TrainSpec(), parent_run: str | None = None) -> dict:
     whose runs are children of one parent run holding the study's table), or resume an interrupted run."""
     _tag_run("stage:train", f"device:{spec.device}", *(f"batch:{b}" for b in spec.batch_sizes), f"dataset:{spec.dataset}")
     settings = _settings()
-    resume_id = spec.resume
-    if resume_id:
-        spec, batch_sizes = resume_plan(settings, spec)
-        batch_sizes = [batch_sizes]
-    else:
-        batch_sizes = spec.batch_sizes
-    probed = probe_device(spec.device, spec.world_size) if spec.device != "cpu" else None
-    world, procs = plan_world(spec, probed)
-    check_training_input(settings, spec, batch_sizes, world)
-    if len(batch_sizes) == 1:
-        result = train_model(settings, spec, batch_sizes[0], world, procs, parent_run_id=parent_run, resume_run_id=resume_id)
-        return {**result, "device_kind": spec.device}
     logger = get_run_logger()
+    plan = plan_training(settings, spec, logger)
+    spec, world = plan.spec, plan.world
+    if len(plan.batch_sizes) == 1:
+        result = train_model(settings, plan, plan.batch_sizes[0], parent_run_id=parent_run)
+        return {**result, "device_kind": spec.device}
     results = []
     with sweep_run(settings, spec, parent_run) as parent:
-        for b in batch_sizes:
-            state = train_model(settings, spec, b, world, procs, parent_run_id=parent.run_id, return_state=True)
+        for b in plan.batch_sizes:
+            state = train_model(settings, plan, b, parent_run_id=parent.run_id, return_state=True)
             if state.is_completed():
                 results.append({**state.result(), "device_kind": spec.device, "status": "FINISHED"})
             else:  # one failed configuration (too large a batch, ...) does not stop the sweep
@@ -195,7 +189,7 @@ def check_deployments(spec: BenchmarkSpec) -> None:
     from prefect.client.orchestration import get_client
     from prefect.exceptions import ObjectNotFound
 
-    from tasks.errors import UserError
+    from tasks.common.errors import UserError
 
     needed = sorted({d for kind, devices in (("train", spec.devices), ("infer", spec.infer_devices)) for device in devices
                      if (d := deployment_for(kind, device, spec.pools))})
@@ -234,7 +228,7 @@ def _run_cell(kind: str, spec, settings: Settings, deployment: str | None, paren
     if done:
         return {"cell": spec.cell, "kind": kind, "label": label, "status": "SKIPPED", "run_id": done, "note": "finished earlier, reused"}
     if kind == "train" and (stale := interrupted_cell(settings, spec.cell)):
-        from tasks.errors import UserError
+        from tasks.common.errors import UserError
 
         try:  # continue from its last checkpoint if it left one here
             resume_plan(settings, spec.model_copy(update={"resume": stale}))

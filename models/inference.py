@@ -12,7 +12,6 @@ does not depend on which tiles share its batch.
 
 import copy
 import math
-import os
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -21,6 +20,7 @@ import numpy as np
 import torch
 
 from models.device import DeviceContext
+from models.host import cpu_cores
 from models.tiling import TilePlan, TilingError, pack_groups, unpack_groups
 
 
@@ -39,11 +39,6 @@ class StepTimes:
 
     def __add__(self, other: "StepTimes") -> "StepTimes":
         return StepTimes(self.split + other.split, self.transfer + other.transfer, self.compute + other.compute, self.merge + other.merge)
-
-
-def cpu_cores() -> int:
-    """CPU cores this process may run on."""
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
 
 
 class ThreadRunner:

@@ -20,6 +20,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+DEFAULT_HALO = 8  # pixels a tile reaches into its neighbours, unless asked otherwise (infer and bench-infer)
+
 
 class TilingError(ValueError):
     """A tiling that cannot cover the frame (tile larger than the frame, halo too wide, ...)."""

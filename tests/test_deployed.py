@@ -98,7 +98,7 @@ def wait_for_finished_train_cell(uri: str, worker: subprocess.Popen, log: Path, 
 
 
 def test_quick_prefect_yaml_parameters_are_the_quick_matrix():
-    from tasks.specs import BenchmarkSpec
+    from tasks.common.specs import BenchmarkSpec
 
     deployments = yaml.safe_load((Path(ROOT) / "prefect.yaml").read_text())["deployments"]
     quick = next(d for d in deployments if d["entrypoint"].endswith(":benchmark") and d["name"] == "quick")

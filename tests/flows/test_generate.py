@@ -11,10 +11,10 @@ import numpy as np
 import psutil
 import pytest
 
-from tasks.errors import UserError
-from tasks.generate import _sweep_key, expand
-from tasks.specs import GenerateSpec
-from tasks.store import MANIFEST, STORE, VARIABLES, content_digest, open_simulation
+from tasks.common.errors import UserError
+from tasks.generate.task import _sweep_key, expand
+from tasks.common.specs import GenerateSpec
+from tasks.common.store import MANIFEST, STORE, VARIABLES, content_digest, open_simulation
 from tests.conftest import ROOT, run_cli
 from tests.flows.test_cli import assert_refused
 

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 from mlflow.tracking import MlflowClient
 
-from tasks.specs import AggregateSpec, DemoSpec, GenerateSpec, InferSpec, TrainSpec
+from tasks.common.specs import AggregateSpec, DemoSpec, GenerateSpec, InferSpec, TrainSpec
 
 TINY = DemoSpec(
     generate=GenerateSpec(dataset="tiny", reynolds=[40.0, 50.0, 60.0], nx=64, ny=32, size=[6.0], warmup_steps=1500,
@@ -68,9 +68,9 @@ def test_rollout_feeds_predictions_back(demo_result, workdir):
     reference frames (what a rollout that did not feed back would score) do not."""
     import torch
 
-    from tasks.data import StepCodec, load_frames
-    from tasks.rollout import load_model, relative_l2
-    from tasks.settings import Settings
+    from tasks.common.data import StepCodec, load_frames
+    from tasks.infer.job import load_model, relative_l2
+    from tasks.common.settings import Settings
 
     settings = Settings.from_env()
     client = MlflowClient(tracking_uri=demo_result["tracking_uri"])

@@ -85,7 +85,7 @@ def test_bench_train_refuses_an_image_the_unet_cannot_take(workdir):
 
 def test_bench_infer_times_mapreduce_against_full_frame_and_the_solver_in_one_run(workdir):
     proc = run_cli("bench-infer", "--mode", "mapreduce", "--workers", "2", "--size", "32", "--width", "128", "--train-size", "32",
-                   "--ngf", "8", "--tile", "32x64", "--halo", "8", "--frames", "2", "--repeats", "2", "--json", cwd=workdir)
+                   "--ngf", "8", "--tile", "32,64", "--halo", "8", "--frames", "2", "--repeats", "2", "--json", cwd=workdir)
     assert proc.returncode == 0, proc.stderr
     out = json.loads(proc.stdout.strip().splitlines()[-1])
     assert {"frames_per_s", "workers", "mode", "seam_rel_error", "compile_s", "solver_frames_per_s"} <= set(out)

@@ -2,7 +2,8 @@ import pytest
 import torch
 
 from models.device import DeviceUnavailable, resolve_device
-from models.nets import NetConfig, build_discriminator, build_generator
+from models.nets.config import NetConfig
+from models.nets.pix2pix import build_discriminator, build_generator
 from models.nets.trainer import OptimConfig, Pix2Pix
 
 
@@ -91,7 +92,7 @@ def test_small_map_matrix_products_equal_the_convolutions(side):
 
 
 def test_generator_with_small_map_products_is_the_same_network():
-    from models.nets import use_gemm_for_small_maps
+    from models.nets.pix2pix import use_gemm_for_small_maps
 
     torch.manual_seed(0)
     cfg = NetConfig(in_channels=4, out_channels=3, size=64, ngf=4, ndf=4)

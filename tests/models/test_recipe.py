@@ -6,7 +6,8 @@ import contextlib
 import pytest
 import torch
 
-from models.nets import NetConfig, build_generator
+from models.nets.config import NetConfig
+from models.nets.pix2pix import build_generator
 from models.nets.trainer import OptimConfig, Pix2Pix
 from models.recipe import LR_FLOOR, RECIPES, get_recipe, lr_factor
 

@@ -5,7 +5,8 @@ from torch import nn
 
 from models.device import resolve_device
 from models.inference import Predictor, make_runner
-from models.nets import NetConfig, build_generator
+from models.nets.config import NetConfig
+from models.nets.pix2pix import build_generator
 from models.tiling import TilePlan, TilingError, pack_groups, unpack_groups
 
 PLANS = [

@@ -5,7 +5,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from models.nets import NetConfig, build_discriminator, use_winograd
+from models.nets.config import NetConfig
+from models.nets.pix2pix import build_discriminator, use_winograd
 from models.nets.pix2pix import Conv
 from models.nets.winograd import KernelCache, conv4x4, supports
 

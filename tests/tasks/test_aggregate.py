@@ -4,7 +4,7 @@ import math
 
 from mlflow.tracking import MlflowClient
 
-from tasks.aggregate import quality_table
+from tasks.report.task import quality_table
 
 
 def _run(client, exp, batch: int, seed: int, reached: bool, time_to_target: float, status: str = "FINISHED"):
@@ -66,7 +66,7 @@ def test_rows_are_compared_only_within_one_setting(workdir):
     """The demo's batch-8 run (10 epochs, 1 thread) and a benchmark's (3 epochs, 2 threads) are two
     settings: never one table, never a speedup between them; devices within a setting are compared
     at the same batch size over the median of their seeds."""
-    from tasks.aggregate import comparison, fmt, table_markdown, train_rows
+    from tasks.report.task import comparison, fmt, table_markdown, train_rows
 
     client = MlflowClient(tracking_uri=f"sqlite:///{workdir / 'q.db'}")
     exp = client.create_experiment("q", artifact_location=str(workdir / "art"))

@@ -7,10 +7,10 @@ import numpy as np
 import pytest
 from zarr.storage import LocalStore, WrapperStore
 
-from tasks.data import OUTPUTS, Normalizer, PairSource, StepCodec, load_frames, split_simulations
-from tasks.errors import UserError
-from tasks.simulate import run_simulation
-from tasks.store import STORE
+from tasks.common.data import OUTPUTS, Normalizer, PairSource, StepCodec, load_frames, split_simulations
+from tasks.common.errors import UserError
+from tasks.generate.simulation import run_simulation
+from tasks.common.store import STORE
 from tests.tasks.test_store import tiny_spec
 
 # Uneven frame counts, so that pair numbering across simulations is exercised.
@@ -213,7 +213,7 @@ def test_bad_sources_are_clear_errors(dataset):
 
 
 def test_crops_are_the_slices_at_their_corners():
-    from tasks.data import crop_pairs
+    from tasks.common.data import crop_pairs
 
     rng = np.random.default_rng(0)
     cond, target = rng.normal(size=(3, 4, 10, 14)).astype(np.float32), rng.normal(size=(3, 3, 10, 14)).astype(np.float32)
@@ -226,7 +226,7 @@ def test_crops_are_the_slices_at_their_corners():
 
 
 def test_crop_corners_depend_on_seed_epoch_and_step_only_and_cover_the_frame():
-    from tasks.data import crop_offsets
+    from tasks.common.data import crop_offsets
 
     a = crop_offsets(8, 32, 64, 16, seed=3, epoch=2, step=5)
     np.testing.assert_array_equal(a, crop_offsets(8, 32, 64, 16, seed=3, epoch=2, step=5))
@@ -237,7 +237,7 @@ def test_crop_corners_depend_on_seed_epoch_and_step_only_and_cover_the_frame():
 
 
 def test_the_training_network_follows_the_crop_and_refuses_what_does_not_fit():
-    from tasks.data import training_net
+    from tasks.common.data import training_net
 
     assert training_net(32, 64, None).size == 32 and training_net(32, 64, None).generator_depth == 5
     net = training_net(64, 128, 32, ngf=8, ndf=8)

@@ -5,6 +5,8 @@ A real zarr dataset, a real training run in a real MLflow store, real child proc
 import json
 import os
 import shutil
+import subprocess
+import sys
 import tempfile
 from pathlib import Path
 
@@ -12,8 +14,8 @@ import numpy as np
 import pytest
 from mlflow.tracking import MlflowClient
 
-from tasks.simulate import run_simulation
-from tasks.store import Manifest, consolidate
+from tasks.generate.simulation import run_simulation
+from tasks.common.store import Manifest, consolidate
 from tests.conftest import run_cli
 from tests.flows.test_cli import assert_refused
 from tests.tasks.test_store import tiny_spec
@@ -160,3 +162,46 @@ def test_a_model_trained_on_crops_tiles_at_its_crop_side_by_default(trained):
     assert_refused(run_cli("train", "--dataset", "tiny", "--crop", "16", "--depth", "5", cwd=root, env=env),
                    "crop 16: image size 16x16 does not fit a U-Net of depth 5")
     assert_refused(run_cli("train", "--dataset", "tiny", "--crop", "64", cwd=root, env=env), "crop 64 does not fit the 32x64 frames; use at most 32")
+
+
+FRAMEWORKS = ("torch", "torch_xla", "tensorflow", "keras", "jax")
+
+
+def test_the_flow_process_plans_training_and_rollouts_without_importing_a_framework(trained):
+    """The flows, the CLI and the parent-side planning of train and infer (dataset, devices, model run,
+    channels, tiling, workers) run in a process that imports no ML framework: those live in the children."""
+    root, env, run_id = trained
+    script = f"""
+import sys
+import flows.cli, flows.pipeline
+from tasks.common.settings import Settings
+from tasks.common.specs import InferSpec, TrainSpec
+from tasks.infer.plan import plan_rollout
+from tasks.train.plan import plan_training
+import logging
+log = logging.getLogger("test")
+settings = Settings.from_env()
+train = plan_training(settings, TrainSpec(dataset="tiny", batch_sizes=[2, 4], ngf=8, ndf=8), log)
+infer = plan_rollout(settings, InferSpec(model_run={run_id!r}, mode="mapreduce", workers=2, tile=[32], halo=8), log)
+assert train.batch_sizes == [2, 4] and train.world == 1 and train.threads >= 1, train
+assert infer.tiles.count == 3 and infer.full_frame is not None and infer.framework == "torch", infer
+print(sorted(m for m in {FRAMEWORKS!r} if m in sys.modules))
+"""
+    proc = subprocess.run([sys.executable, "-c", script], cwd=Path(__file__).resolve().parents[2], capture_output=True, text=True,
+                          env={**os.environ, **env}, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.strip().splitlines()[-1] == "[]"
+
+
+def test_a_rollout_plan_travels_to_the_job_as_json_unchanged(trained, monkeypatch):
+    from tasks.common.settings import Settings
+    from tasks.common.specs import InferSpec
+    from tasks.infer.plan import RolloutPlan, plan_rollout
+
+    root, env, run_id = trained
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    plan = plan_rollout(Settings.from_env(), InferSpec(model_run=run_id, mode="mapreduce", workers=2, tile=[32, 32], halo=8), None)
+    again = RolloutPlan.from_json(json.loads(json.dumps(plan.to_json())))
+    assert again.to_json() == plan.to_json()
+    assert again.tiles.offsets() == plan.tiles.offsets() and again.sim_spec == plan.sim_spec

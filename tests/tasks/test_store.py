@@ -2,9 +2,9 @@ import json
 
 import pytest
 
-from tasks.errors import UserError
-from tasks.simulate import SimulationSpec, run_simulation
-from tasks.store import Manifest, consolidate, content_digest, load_manifest, open_simulation, remove_stale_groups
+from tasks.common.errors import UserError
+from tasks.generate.simulation import SimulationSpec, run_simulation
+from tasks.common.store import Manifest, consolidate, content_digest, load_manifest, open_simulation, remove_stale_groups
 
 
 def tiny_spec(**kw):

@@ -18,9 +18,9 @@ import zarr
 from mlflow.tracking import MlflowClient
 
 from models.recipe import lr_factor
-from tasks.data import epoch_order, split_of
-from tasks.simulate import run_simulation
-from tasks.store import STORE, Manifest, consolidate
+from tasks.common.data import epoch_order, split_of
+from tasks.generate.simulation import run_simulation
+from tasks.common.store import STORE, Manifest, consolidate
 from tests.conftest import ROOT, run_cli
 from tests.flows.test_cli import assert_refused
 from tests.tasks.test_store import tiny_spec
@@ -242,7 +242,7 @@ def test_a_target_longer_than_the_validation_rollout_is_refused(trainable):
 
 
 def test_the_schedules_progress_runs_over_the_time_budget_else_over_the_epoch_limit():
-    from tasks.specs import TrainSpec
+    from tasks.common.specs import TrainSpec
 
     assert TrainSpec(time_budget=200.0).progress(50.0, 7, 10) == 0.25
     assert TrainSpec(epochs=4).progress(999.0, 10, 10) == 0.25

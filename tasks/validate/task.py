@@ -8,11 +8,11 @@ import numpy as np
 from prefect import get_run_logger, task
 
 from models.solver.benchmark import REFERENCE, Setup, run, within
-from tasks.errors import UserError
-from tasks.plots import coefficient_history
-from tasks.settings import Settings
-from tasks.specs import ValidateSpec
-from tasks.tracking import mlflow_run
+from tasks.common.errors import UserError
+from tasks.common.plots import coefficient_history
+from tasks.common.settings import Settings
+from tasks.common.specs import ValidateSpec
+from tasks.common.tracking import mlflow_run
 
 TOLERANCE = 0.02  # every quantity within 2% of its reference interval
 # Default resolutions: the coarsest at which every quantity met that bar here (2D-2 at 40 nodes left

@@ -12,7 +12,7 @@ import xarray as xr
 from pydantic import BaseModel, Field
 
 from models.solver import SOLVER_VERSION, ChannelSolver, FlowConfig, Obstacle
-from tasks.store import VARIABLES, content_digest, write_simulation
+from tasks.common.store import VARIABLES, content_digest, write_simulation
 
 log = logging.getLogger("karman.simulate")
 

@@ -6,10 +6,10 @@ from pathlib import Path
 
 from prefect import get_run_logger, task
 
-from tasks.plots import bar_chart
-from tasks.settings import Settings
-from tasks.specs import AggregateSpec
-from tasks.tracking import STAGE_TAG, client_for, experiment_id, mlflow_run, run_url
+from tasks.common.plots import bar_chart
+from tasks.common.settings import Settings
+from tasks.common.specs import AggregateSpec
+from tasks.common.tracking import STAGE_TAG, client_for, experiment_id, mlflow_run, run_url
 
 
 def _rows(client, exp_id: str, stage: str) -> list:
@@ -286,7 +286,7 @@ def covered_runs(settings: Settings, client, exp_id: str, source: str) -> tuple[
     import json
     import tempfile
 
-    from tasks.errors import UserError
+    from tasks.common.errors import UserError
 
     if source == "all":
         runs = [r for stage in ("train", "infer") for r in _rows(client, exp_id, stage)]
@@ -322,7 +322,7 @@ def covered_runs(settings: Settings, client, exp_id: str, source: str) -> tuple[
 
 def check_report_source(settings: Settings, spec: AggregateSpec) -> None:
     """UserError, before any run or file is written, when the runs the report should cover cannot be found."""
-    from tasks.errors import UserError
+    from tasks.common.errors import UserError
 
     client = client_for(settings)
     exp = client.get_experiment_by_name(settings.experiment)

@@ -15,8 +15,8 @@ from pathlib import Path
 import numpy as np
 from zarr.abc.store import Store
 
-from tasks.errors import UserError
-from tasks.store import frame_store, open_frame_arrays, open_simulation
+from tasks.common.errors import UserError
+from tasks.common.store import frame_store, open_frame_arrays, open_simulation
 
 INPUTS = ("u", "v", "p", "mask")
 OUTPUTS = ("u", "v", "p")
@@ -145,7 +145,7 @@ def training_net(height: int, width: int, crop: int | None, depth: int | None = 
     """The NetConfig a training run uses on frames of height × width: its size is the crop side, or
     the frames' shorter side when training on whole frames. UserError when the frames or the crop do
     not fit the U-Net. ``widths``: ngf, ndf, norm, and the recipe's dropout, upsample and output."""
-    from models.nets import NetConfig
+    from models.nets.config import NetConfig
 
     side = crop or min(height, width)
     if crop and crop > min(height, width):

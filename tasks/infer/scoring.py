@@ -1,6 +1,6 @@
 """Autoregressive rollouts scored against a reference simulation: the loop shared by the rollout
-child (tasks.rollout), the validation rollouts during training (tasks.training) and the time-to-quality
-benchmark (tasks.bench_quality)."""
+child (tasks.infer.job), the validation rollouts during training (tasks.train.job) and the time-to-quality
+benchmark (tasks.bench.quality)."""
 
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -10,8 +10,8 @@ import numpy as np
 
 from models.flow_metrics import RolloutScore
 from models.solver import vorticity
-from tasks.data import StepCodec, load_frames
-from tasks.simulate import SimulationSpec
+from tasks.common.data import StepCodec, load_frames
+from tasks.generate.simulation import SimulationSpec
 
 
 def probe_point(sim: SimulationSpec) -> tuple[int, int]:
@@ -114,7 +114,7 @@ class Validation:
         """The worst case over the validation simulations of each rollout score."""
         import torch
 
-        from models.nets import build_generator
+        from models.nets.pix2pix import build_generator
 
         if ctx.kind == "xla":  # a CPU copy: one-frame batches would not shard over the mesh
             copy = build_generator(self.net)

@@ -1,4 +1,4 @@
-"""Child-process entry: ``python -m tasks.worker {train,rollout,probe} JOB.json RESULT.json``.
+"""Child-process entry: ``python -m tasks.common.job_main {train,rollout,probe} JOB.json RESULT.json``.
 
 Every training or inference run executes here, in a fresh process for its framework and device:
 device environment (PJRT_DEVICE, CUDA_VISIBLE_DEVICES, ...) is set by the parent before any
@@ -18,27 +18,41 @@ USER_ERROR = 3
 RUN_FAILED = 4
 
 
+def _torch_jobs() -> dict:
+    from tasks.infer.job import run_rollout
+    from tasks.train.job import probe_device, run_training
+
+    return {"train": run_training, "rollout": run_rollout, "probe": probe_device}
+
+
+# The framework seam: each framework's job bodies (train, rollout, probe), imported only in its own child.
+FRAMEWORKS = {"torch": _torch_jobs}
+
+
+def job_body(framework: str, kind: str):
+    """The function that runs a ``kind`` job of ``framework``; UserError listing the valid names otherwise."""
+    from tasks.common.errors import UserError
+
+    if framework not in FRAMEWORKS:
+        raise UserError(f"unknown framework {framework!r}; choose one of {', '.join(FRAMEWORKS)}")
+    return FRAMEWORKS[framework]()[kind]
+
+
 def main(argv: list[str]) -> int:
     logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr)
-    from tasks.quiet import quiet_libraries
+    from tasks.common.quiet import quiet_libraries
 
     quiet_libraries()
     if len(argv) != 3 or argv[0] not in ("train", "rollout", "probe"):
-        print("error: usage: python -m tasks.worker {train,rollout,probe} JOB.json RESULT.json", file=sys.stderr)
+        print("error: usage: python -m tasks.common.job_main {train,rollout,probe} JOB.json RESULT.json", file=sys.stderr)
         return 2
     kind, job_path, result_path = argv[0], Path(argv[1]), Path(argv[2])
     job = json.loads(job_path.read_text())
     from models.device import DeviceUnavailable
-    from tasks.errors import RunFailed, UserError
+    from tasks.common.errors import RunFailed, UserError
 
     try:
-        if kind == "train":
-            from tasks.training import run_training as run
-        elif kind == "rollout":
-            from tasks.rollout import run_rollout as run
-        else:
-            from tasks.training import probe_device as run
-        result = run(job)
+        result = job_body(job.get("framework", "torch"), kind)(job)
     except (UserError, DeviceUnavailable) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return USER_ERROR

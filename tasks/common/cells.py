@@ -9,8 +9,8 @@ import time
 from prefect import task
 from pydantic import BaseModel
 
-from tasks.settings import Settings
-from tasks.tracking import CELL_TAG, DESCRIPTION_TAG, STAGE_TAG, client_for, experiment_id
+from tasks.common.settings import Settings
+from tasks.common.tracking import CELL_TAG, DESCRIPTION_TAG, STAGE_TAG, client_for, experiment_id
 
 log = logging.getLogger(__name__)
 

@@ -8,9 +8,9 @@ import tempfile
 from collections import deque
 from pathlib import Path
 
-from tasks.errors import RunFailed, UserError
+from tasks.common.errors import RunFailed, UserError
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 class ChildFailed(RuntimeError):
@@ -28,8 +28,9 @@ def device_env(device: str, world_size: int | None = None) -> dict[str, str]:
     return env
 
 
-def run_child(kind: str, job: dict, log, env: dict[str, str] | None = None, procs: int = 1, on_line=None) -> dict:
-    """Run ``tasks.worker kind`` on ``job`` in a fresh interpreter (``procs`` > 1: that many under
+def run_child(kind: str, job: dict, log, env: dict[str, str] | None = None, procs: int = 1, on_line=None,
+              framework: str = "torch") -> dict:
+    """Run ``tasks.common.job_main kind`` on ``job`` with ``framework``'s job body in a fresh interpreter (``procs`` > 1: that many under
     torchrun, one per device); return its (rank 0's) result dictionary.
 
     Raises UserError with the child's one-line message for bad input or a missing device, RunFailed
@@ -38,10 +39,10 @@ def run_child(kind: str, job: dict, log, env: dict[str, str] | None = None, proc
     """
     with tempfile.TemporaryDirectory(prefix="karman-job-") as tmp:
         job_path, result_path = Path(tmp) / "job.json", Path(tmp) / "result.json"
-        job_path.write_text(json.dumps(job))
+        job_path.write_text(json.dumps({**job, "framework": framework}))
         child_env = {**os.environ, **(env or {}), "PYTHONUNBUFFERED": "1"}
         child_env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), child_env.get("PYTHONPATH")]))
-        cmd = [sys.executable, "-m", "tasks.worker", kind, str(job_path), str(result_path)]
+        cmd = [sys.executable, "-m", "tasks.common.job_main", kind, str(job_path), str(result_path)]
         if procs > 1:
             launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={procs}"]
             cmd = launcher + cmd[1:]

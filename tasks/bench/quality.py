@@ -21,10 +21,10 @@ import torch
 from models.device import keep_freed_memory, resolve_device
 from models.nets.trainer import OptimConfig, build_trainer, speed_options
 from models.recipe import get_recipe, lr_factor, schedule_progress
-from tasks.data import IN_MEMORY_BYTES, Normalizer, PairSource, StepCodec, epoch_order, epoch_seed, split_of, training_net
-from tasks.errors import RunFailed
-from tasks.scoring import Validation, load_simulation, score_generator
-from tasks.store import load_manifest
+from tasks.common.data import IN_MEMORY_BYTES, Normalizer, PairSource, StepCodec, epoch_order, epoch_seed, split_of, training_net
+from tasks.common.errors import RunFailed
+from tasks.infer.scoring import Validation, load_simulation, score_generator
+from tasks.common.store import load_manifest
 
 # Rollout scores reported for the test simulation and each extra one.
 TEST_SCORES = ("one_step_rel_l2_u", "one_step_rel_l2_vorticity", "one_step_skill_u", "one_step_skill_vorticity",
@@ -184,6 +184,6 @@ def _surrogate_step_s(generator, ctx, codec: StepCodec, frame: np.ndarray, repea
 def _solver_cost(sim, kind: str, threads: int) -> tuple[float, str]:
     """Seconds for the solver to advance one stored frame (frame_every steps) on this device: the torch
     backend on a GPU, numba on the surrogate's ``threads`` cores otherwise."""
-    from tasks.bench import time_solver
+    from tasks.bench.solver import time_solver
 
     return time_solver(sim.flow_config(), sim.frame_every, "cuda" if kind == "cuda" else "cpu", threads)

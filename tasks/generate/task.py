@@ -8,13 +8,13 @@ import time
 
 from prefect import get_run_logger, task
 
-from tasks.errors import UserError
-from tasks.progress import Progress
-from tasks.settings import Settings
-from tasks.simulate import SimulationSpec, run_simulation
-from tasks.specs import GenerateSpec
-from tasks.store import Manifest, consolidate, remove_stale_groups
-from tasks.tracking import mlflow_run
+from tasks.common.errors import UserError
+from tasks.common.progress import Progress
+from tasks.common.settings import Settings
+from tasks.generate.simulation import SimulationSpec, run_simulation
+from tasks.common.specs import GenerateSpec
+from tasks.common.store import Manifest, consolidate, remove_stale_groups
+from tasks.common.tracking import mlflow_run
 
 
 def expand(spec: GenerateSpec) -> list[SimulationSpec]:

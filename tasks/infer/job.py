@@ -1,10 +1,4 @@
-"""Autoregressive rollout of a trained generator, full-frame or map-reduce tiled over workers, scored
-against the reference solver; executed inside the child process (tasks.worker).
-
-``plan_rollout`` reads only small things (the model's meta.json, the dataset's manifest) and checks
-the request — channels, tiling, workers — so the CLI can refuse bad input before any work starts;
-the child runs the same checks again before loading anything heavy.
-"""
+"""The rollout job (child process): a RolloutPlan carried out, full-frame or map-reduce tiled over workers, and scored against the reference solver."""
 
 import json
 import logging
@@ -12,49 +6,35 @@ import math
 import statistics
 import tempfile
 import time
-from dataclasses import dataclass
-from pathlib import Path
 
 import numpy as np
 import torch
 
 from models.device import resolve_device
 from models.flow_metrics import RolloutScore, relative_l2
-from models.inference import Predictor, StepTimes, cpu_cores, make_runner
-from models.nets import NetConfig, build_generator
-from models.tiling import TilePlan, TilingError
-from tasks.data import INPUTS, OUTPUTS, StepCodec, load_frames
-from tasks.errors import UserError
-from tasks.scoring import roll, rollout_steps, step_time
-from tasks.plots import error_curves, rollout_animation, vorticity_panels
-from tasks.settings import Settings
-from tasks.simulate import SimulationSpec
-from tasks.specs import InferSpec
-from tasks.store import load_manifest
-from tasks.tracking import Run, client_for
+from models.inference import Predictor, StepTimes, make_runner
+from models.nets.config import NetConfig
+from models.nets.pix2pix import build_generator
+from models.tiling import TilingError
+from tasks.common.data import OUTPUTS, StepCodec, load_frames
+from tasks.common.errors import UserError
+from tasks.common.plots import error_curves, rollout_animation, vorticity_panels
+from tasks.common.settings import Settings
+from tasks.common.specs import InferSpec
+from tasks.common.tracking import Run, client_for
+from tasks.generate.simulation import SimulationSpec
+from tasks.infer.plan import RolloutPlan, download
+from tasks.infer.scoring import roll, rollout_steps, step_time
 
 log = logging.getLogger("karman.infer")
 FIELDS = ("u", "v", "p", "vorticity")
 PHASES = ("split", "transfer", "compute", "merge")
 
 
-def _download(settings: Settings, model_run: str, path: str, tmp: str) -> Path:
-    try:
-        return Path(client_for(settings).download_artifacts(model_run, path, tmp))
-    except Exception as exc:
-        raise UserError(f"training run {model_run!r} has no {path} artifact ({type(exc).__name__})") from None
-
-
-def model_meta(settings: Settings, model_run: str) -> dict:
-    """The metadata of a training run's model (network, normaliser, channels, dataset, split)."""
-    with tempfile.TemporaryDirectory() as tmp:
-        return json.loads(_download(settings, model_run, "model/meta.json", tmp).read_text())
-
-
 def load_model(settings: Settings, model_run: str, device) -> tuple[torch.nn.Module, dict]:
     """Generator (eval mode) and its metadata from a training run's 'model' artifact."""
     with tempfile.TemporaryDirectory() as tmp:
-        local = _download(settings, model_run, "model", tmp)
+        local = download(settings, model_run, "model", tmp)
         meta = json.loads((local / "meta.json").read_text())
         state = torch.load(local / "generator.pt", map_location="cpu", weights_only=True)
     generator = build_generator(NetConfig(**meta["net"]))
@@ -62,98 +42,12 @@ def load_model(settings: Settings, model_run: str, device) -> tuple[torch.nn.Mod
     return generator.to(device).eval(), meta
 
 
-@dataclass
-class RolloutPlan:
-    """What a rollout request resolves to, checked: the reference simulation and the tiling."""
-
-    meta: dict
-    dataset: str
-    simulation: str
-    sim_spec: SimulationSpec
-    tiles: TilePlan  # the request's tiling (one tile, the whole frame, in full mode)
-    full_frame: TilePlan | None  # the full-frame plan for the seam error, None if the U-Net can't take the frame
-
-    @property
-    def frame_stride(self) -> int:
-        return int(self.meta["frame_stride"])
-
-    @property
-    def regime(self) -> dict:
-        """Where the reference lies against the training data: a training simulation, interpolation
-        (a Reynolds number inside the training range the model never saw) or extrapolation."""
-        re, seen = float(self.sim_spec.reynolds), self.meta.get("train_reynolds")
-        if not seen:
-            return {"reynolds": re, "regime": "unknown"}
-        lo, hi = min(seen), max(seen)
-        if self.dataset == self.meta["dataset"] and self.simulation in self.meta["split"]["train"]:
-            regime = "training simulation"
-        elif lo <= re <= hi:
-            regime = "interpolation"
-        else:
-            regime = "extrapolation"
-        return {"reynolds": re, "train_reynolds_min": lo, "train_reynolds_max": hi, "regime": regime}
-
-
-def plan_rollout(settings: Settings, spec: InferSpec, model_run_id: str, meta: dict | None = None) -> RolloutPlan:
-    """Resolve and check a rollout request; UserError naming the value and what is allowed."""
-    meta = meta or model_meta(settings, model_run_id)
-    net = NetConfig(**meta["net"])
-    dataset = spec.dataset or meta["dataset"]
-    if net.in_channels != len(INPUTS) or net.out_channels != len(OUTPUTS) or list(meta.get("inputs", INPUTS)) != list(INPUTS):
-        raise UserError(f"model run {model_run_id} maps {net.in_channels} channels ({', '.join(meta.get('inputs', []))}) to "
-                        f"{net.out_channels}, but dataset {dataset!r} gives {len(INPUTS)} ({', '.join(INPUTS)}) -> "
-                        f"{len(OUTPUTS)} ({', '.join(OUTPUTS)}); roll it out on data with the model's channels")
-    manifest = load_manifest(settings.dataset_dir(dataset))
-    sims = manifest["simulations"]
-    if spec.simulation:
-        simulation = spec.simulation
-    elif dataset == meta["dataset"]:
-        simulation = (meta["split"]["test"] or meta["split"]["train"])[0]
-    else:
-        simulation = sorted(sims)[0]
-    if simulation not in sims:
-        raise UserError(f"simulation {simulation!r} is not in dataset {dataset!r}; choose one of {', '.join(sorted(sims))}")
-    sim_spec = SimulationSpec(**sims[simulation]["spec"])
-    height, width = sim_spec.ny, sim_spec.nx
-    unit = 2**net.generator_depth
-    full_fits = height % unit == 0 and width % unit == 0
-    if spec.mode == "full":
-        if not full_fits:
-            raise UserError(f"frame {height}x{width} of {simulation} does not fit the model's U-Net (depth {net.generator_depth}: "
-                            f"sides must be multiples of {unit}); use --mode mapreduce with tiles of a multiple of {unit}")
-        tiles = TilePlan(height, width, (height, width), 0, unit)
-    else:
-        tile = tuple(spec.tile) if spec.tile else (net.size, net.size)
-        try:
-            tiles = TilePlan(height, width, (tile[0], tile[-1]), spec.halo, unit)
-        except TilingError as exc:
-            raise UserError(f"tiling of the {height}x{width} frame of {simulation}: {exc}") from None
-    if spec.device == "cpu" and spec.workers > cpu_cores():
-        raise UserError(f"{spec.workers} workers requested but this host has {cpu_cores()} CPU cores; use at most {cpu_cores()}")
-    steps = rollout_steps(sim_spec.frames, spec.start_frame, int(meta["frame_stride"]), spec.steps)
-    if steps < 1:
-        raise UserError(f"simulation {simulation} has {sim_spec.frames} frames: no rollout step fits after start frame "
-                        f"{spec.start_frame} with frame stride {meta['frame_stride']}")
-    full_frame = TilePlan(height, width, (height, width), 0, unit) if full_fits else None
-    return RolloutPlan(meta, dataset, simulation, sim_spec, tiles, full_frame)
-
-
-def check_workers(spec: InferSpec, probed: dict | None) -> None:
-    """Workers against the devices a probe found (cuda, xla); UserError if there are not that many."""
-    if spec.device == "cpu" or probed is None:
-        return
-    available = int(probed["world_size"])
-    if spec.workers > available:
-        raise UserError(f"{spec.workers} workers requested but {probed['device']} has {available} {spec.device} device(s); use at most {available}")
-    if spec.device == "xla" and spec.workers not in (1, available):
-        raise UserError(f"xla map-reduce shards each batch over all {available} devices; use --workers 1 or {available}")
-
-
 def run_rollout(job: dict) -> dict:
-    spec, settings = InferSpec(**job["spec"]), Settings(**job["settings"])
+    """The rollout job: the plan the parent made (``job['plan']``), carried out and scored."""
+    setup, settings = RolloutPlan.from_json(job["plan"]), Settings(**job["settings"])
+    spec = setup.spec
     run = Run(client_for(settings), job["run_id"])
-    generator, meta = load_model(settings, job["model_run_id"], "cpu")
-    setup = plan_rollout(settings, spec, job["model_run_id"], meta)  # the parent checked it; this resolves it
+    generator, _ = load_model(settings, setup.model_run_id, "cpu")
     ctx = resolve_device(spec.device, data_parallel=spec.device == "xla" and spec.workers > 1)
     try:
         predictor = Predictor(setup.tiles, make_runner(generator, ctx, spec.workers), spec.group)
@@ -178,7 +72,7 @@ def _rollout(spec: InferSpec, settings: Settings, run: Run, setup: RolloutPlan, 
     steps = rollout_steps(len(frames), spec.start_frame, stride, spec.steps)
     plan = setup.tiles
     run.log_params({"rollout_simulation": sim, "rollout_steps": steps, "frame_stride": stride, "device_name": ctx.description,
-                    "rollout_dataset": setup.dataset, "dataset_digest": meta["dataset_digest"], "model_run_id": job["model_run_id"],
+                    "rollout_dataset": setup.dataset, "dataset_digest": meta["dataset_digest"], "model_run_id": setup.model_run_id,
                     "tile_shape": f"{plan.tile[0]}x{plan.tile[1]}", "tiles": plan.count, "tile_overhead": round(plan.overhead, 4),
                     "group_size": predictor.group, "frame": f"{plan.height}x{plan.width}", **setup.regime})
 
@@ -210,7 +104,7 @@ def _rollout(spec: InferSpec, settings: Settings, run: Run, setup: RolloutPlan, 
     warm = statistics.median(latencies[1:]) if steps > 1 else latencies[0]
     warm_phases = phases[1:] or phases
     errors = score.errors
-    from tasks.bench import time_solver
+    from tasks.bench.solver import time_solver
 
     solver_s, solver_name = time_solver(setup.sim_spec.flow_config(), stride * setup.sim_spec.frame_every, spec.device, spec.workers)
     quality = score.summary()

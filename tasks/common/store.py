@@ -21,7 +21,7 @@ import xarray as xr
 import zarr
 from zarr.abc.store import Store
 
-from tasks.errors import UserError
+from tasks.common.errors import UserError
 
 VARIABLES = ("u", "v", "p", "vorticity", "mask")
 MANIFEST = "manifest.json"

@@ -8,7 +8,7 @@ from typing import Any, Iterator
 from mlflow.entities import Metric, Param, RunTag
 from mlflow.tracking import MlflowClient
 
-from tasks.settings import Settings
+from tasks.common.settings import Settings
 
 log = logging.getLogger(__name__)
 STAGE_TAG = "karman.stage"
@@ -109,7 +109,7 @@ def code_version() -> str:
     import hashlib
     import subprocess
 
-    root = Path(__file__).resolve().parent.parent
+    root = Path(__file__).resolve().parents[2]
     digest = hashlib.sha256()
     for path in sorted(p for folder in ("models", "tasks", "flows") for p in (root / folder).rglob("*.py")):
         digest.update(str(path.relative_to(root)).encode())
@@ -127,7 +127,7 @@ def code_version() -> str:
 
 def training_run(settings: Settings, run_id: str, label: str = "run"):
     """The MLflow run ``run_id``; UserError if the store does not know it or it is not a training run."""
-    from tasks.errors import UserError
+    from tasks.common.errors import UserError
 
     try:
         run = client_for(settings).get_run(run_id)

@@ -5,6 +5,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, PositiveFloat, PositiveInt, field_validator, model_validator
 
+from models.tiling import DEFAULT_HALO
+
 DatasetName = Field(
     default="karman-demo",
     pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$",
@@ -138,7 +140,7 @@ class InferSpec(Spec):
     mode: Literal["full", "mapreduce"] = Field(default="full", description="full: the whole frame on one worker; mapreduce: tiles with a halo, grouped, mapped over the workers, blended back")
     workers: PositiveInt = Field(default=1, description="Compute units: CPU cores (one thread each), GPUs, or XLA devices (1 or all); full mode uses 1")
     tile: list[PositiveInt] | None = Field(default=None, min_length=1, max_length=2, description="Tile side, or height,width; multiples of the U-Net's 2^depth; None = the model's training size")
-    halo: int = Field(default=8, ge=0, description="Pixels each tile reaches into its neighbours (the overlap is twice this)")
+    halo: int = Field(default=DEFAULT_HALO, ge=0, description="Pixels each tile reaches into its neighbours (the overlap is twice this)")
     group: PositiveInt | None = Field(default=None, description="Tiles per batch; None = tiles / workers, rounded up (one batch per worker and frame)")
     dataset: str | None = Field(default=None, pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$", description="Dataset of the reference simulation; None = the model's training dataset")
     steps: PositiveInt = Field(default=20, description="Rollout steps (each advances k frames)")

@@ -1,4 +1,4 @@
-"""One Pix2Pix training run, executed inside the child process (see tasks.worker).
+"""The training job (child process): one Pix2Pix training run of a TrainPlan, on any device.
 
 One code path for every device: ``cpu`` and ``cuda`` run one process per device under torchrun
 (DistributedDataParallel) when the run asks for more than one, ``xla`` runs one process over all
@@ -25,24 +25,24 @@ import numpy as np
 import torch
 
 from models.device import DeviceContext, keep_freed_memory, resolve_device
-from models.nets import build_generator
+from models.nets.pix2pix import build_generator
 from models.nets.trainer import NoClock, OptimConfig, PhaseClock, build_trainer, speed_options
 from models.recipe import lr_factor
 from models.solver import vorticity
-from tasks.data import INPUTS, OUTPUTS, Normalizer, PairSource, StepCodec, crop_offsets, crop_pairs, epoch_order, epoch_seed, IN_MEMORY_BYTES, split_of, training_net
-from tasks.errors import RunFailed, UserError
-from tasks.plots import vorticity_panels
-from tasks.progress import time_left
-from tasks.scoring import Validation
-from tasks.settings import Settings
-from tasks.specs import TrainSpec
-from tasks.store import load_manifest
-from tasks.tracking import Run, client_for, code_version, system_metrics
+from tasks.common.data import INPUTS, OUTPUTS, Normalizer, PairSource, StepCodec, crop_offsets, crop_pairs, epoch_order, epoch_seed, IN_MEMORY_BYTES, split_of, training_net
+from tasks.common.errors import RunFailed, UserError
+from tasks.common.plots import vorticity_panels
+from tasks.common.progress import time_left
+from tasks.infer.scoring import Validation
+from tasks.common.settings import Settings
+from tasks.common.specs import TrainSpec
+from tasks.common.store import load_manifest
+from tasks.common.tracking import Run, client_for, code_version, system_metrics
+from tasks.train.plan import CHECKPOINT, TrainPlan
 
 log = logging.getLogger("karman.train")
 WARMUP_STEPS = 2  # steps of each process timed apart: compilation, allocator and cache warm-up
 METRIC_FLUSH = 50  # per-step metrics go to MLflow in batches of this many steps
-CHECKPOINT = "checkpoint.pt"
 SYSTEM_METRICS_EVERY_S = 5
 
 
@@ -70,13 +70,11 @@ def save_checkpoint(state: dict, path: Path) -> None:
     os.replace(tmp, path)
 
 
-def load_checkpoint(path: Path, mmap: bool = False) -> dict:
-    """The checkpoint's contents (``mmap``: mapped, not read: a cheap check of its structure);
-    UserError naming the file if it is missing, truncated or not ours."""
-    if not path.is_file():
-        raise UserError(f"no checkpoint at {path}: the run stopped before its first epoch ended; start it afresh")
+def load_checkpoint(path: Path) -> dict:
+    """The checkpoint's contents; UserError naming the file if its tensors do not load or it is not ours
+    (the plan checked that it exists and is whole)."""
     try:
-        state = torch.load(path, map_location="cpu", weights_only=True, mmap=mmap)
+        state = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as exc:
         raise UserError(f"checkpoint {path} is corrupt or truncated ({type(exc).__name__}); start the run afresh") from None
     missing = {"epoch", "global_step", "model", "optimizers"} - set(state) if isinstance(state, dict) else {"everything"}
@@ -129,10 +127,10 @@ class _StepLog:
 
 def run_training(job: dict) -> dict | None:
     """Train one configuration; rank 0 returns the summary, other ranks None."""
-    spec, settings = TrainSpec(**job["spec"]), Settings(**job["settings"])
-    batch_size, resume = int(job["batch_size"]), bool(job.get("resume"))
-    if spec.threads:
-        torch.set_num_threads(spec.threads)
+    plan, settings = TrainPlan(**job["plan"]), Settings(**job["settings"])
+    spec, batch_size, resume = plan.spec, int(job["batch_size"]), plan.resume is not None
+    if plan.threads:
+        torch.set_num_threads(plan.threads)
     ctx = resolve_device(spec.device, spec.precision, data_parallel=True)
     if not ctx.is_main:  # one voice per run: rank 0 reports
         log.setLevel(logging.WARNING)
@@ -146,8 +144,6 @@ def run_training(job: dict) -> dict | None:
 
 def _train(spec: TrainSpec, settings: Settings, batch_size: int, resume: bool, run_id: str, ctx: DeviceContext) -> dict | None:
     run = Run(client_for(settings), run_id) if ctx.is_main else None
-    if batch_size % ctx.world_size:
-        raise UserError(f"batch size {batch_size} does not split evenly over {ctx.world_size} devices; use a multiple of {ctx.world_size}")
     local_batch = batch_size // ctx.world_size if ctx.strategy == "ddp" else batch_size
 
     dataset_dir = settings.dataset_dir(spec.dataset)
@@ -161,9 +157,7 @@ def _train(spec: TrainSpec, settings: Settings, batch_size: int, resume: bool, r
     codec = StepCodec(norm, train.change_rms().tolist() if recipe.predict == "delta" else None)
     net = training_net(train.height, train.width, spec.crop, spec.depth, ngf=recipe.ngf, ndf=recipe.ndf, norm=spec.norm,
                        dropout=recipe.dropout, upsample=recipe.upsample, output=recipe.output)
-    steps_per_epoch = len(train) // batch_size
-    if steps_per_epoch == 0:
-        raise UserError(f"batch size {batch_size} exceeds the {len(train)} training pairs of dataset {spec.dataset!r}")
+    steps_per_epoch = len(train) // batch_size  # at least 1: the plan checked the batch against the pairs
 
     # A training child runs one job: its heap may keep freed memory (no per-step page faults).
     options = speed_options(spec.device, spec.precision, spec.channels_last, spec.compile, spec.winograd) | {"keep_freed_memory": keep_freed_memory()}
@@ -382,7 +376,7 @@ def log_surrogate(settings: Settings, run: Run, generator: torch.nn.Module, code
         out = model(torch.from_numpy(example)).numpy()
     mlflow.set_tracking_uri(settings.tracking_uri)
     mlflow.set_experiment(experiment_id=run.client.get_run(run.run_id).info.experiment_id)
-    root = Path(__file__).resolve().parent.parent
+    root = Path(__file__).resolve().parents[2]
     info = mlflow.pytorch.log_model(
         model, name="generator", run_id=run.run_id, signature=infer_signature(example, out), serialization_format="pickle",
         code_paths=[str(root / "models")], pip_requirements=[f"torch=={torch.__version__.split('+')[0]}", "numpy"],

@@ -1,0 +1,8 @@
+"""What this host offers the computation (CPU cores), framework-free."""
+
+import os
+
+
+def cpu_cores() -> int:
+    """CPU cores this process may run on."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)

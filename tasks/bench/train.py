@@ -1,0 +1,234 @@
+"""bench-train: Pix2Pix training in samples/s against a plain eager fp32 step, in one run; imports no Prefect or MLflow."""
+
+import contextlib
+import json
+import statistics
+import time
+from pathlib import Path
+
+
+# Dense bf16 tensor-core peaks (TFLOP/s) of GPUs we know, by a substring of the device name.
+GPU_PEAK_BF16_TFLOPS = {"H200": 989.4, "H100 SXM": 989.4, "H100 80GB HBM3": 989.4, "H100 PCIe": 756.0, "H100 NVL": 835.0,
+                        "A100": 312.0, "A6000": 154.8, "L40S": 362.0, "L4": 121.0}
+
+
+def _plain_step(gen, disc, opt_g, opt_d, cond, target, l1_weight: float) -> None:
+    """The textbook eager float32 Pix2Pix step the trainer is compared with: same networks, losses
+    and update order, default (multi-tensor) Adam, and D's weight gradients computed during the
+    generator's update too (then discarded), as a plain implementation does."""
+    import torch
+    import torch.nn.functional as F
+
+    fake = gen(cond)
+    opt_d.zero_grad()
+    real, fake_d = disc(cond, target), disc(cond, fake.detach())
+    loss_d = 0.5 * (F.binary_cross_entropy_with_logits(real, torch.ones_like(real))
+                    + F.binary_cross_entropy_with_logits(fake_d, torch.zeros_like(fake_d)))
+    loss_d.backward()
+    opt_d.step()
+    opt_g.zero_grad()
+    fake_g = disc(cond, fake)
+    loss_g = F.binary_cross_entropy_with_logits(fake_g, torch.ones_like(fake_g)) + l1_weight * (fake - target).abs().mean()
+    loss_g.backward()
+    opt_g.step()
+
+
+def _synthetic_batch(batch_size: int, size: int, seed: int):
+    """(cond (B, 4, S, S) with an obstacle mask in channel 3, target (B, 3, S, S)) in network units."""
+    import torch
+
+    gen_cpu = torch.Generator().manual_seed(seed)
+    cond = torch.rand(batch_size, 4, size, size, generator=gen_cpu) * 2 - 1
+    cond[:, 3] = torch.where(cond[:, 3] > 0.8, 1.0, -1.0)
+    target = torch.tanh(torch.randn(batch_size, 3, size, size, generator=gen_cpu))
+    return cond, target
+
+
+class _PlainTrainer:
+    """The plain step's networks, optimisers and batch; ``run(n)`` times n steps in seconds."""
+
+    def __init__(self, size: int, batch_size: int, seed: int, ctx):
+        import torch
+
+        from models.nets.config import NetConfig
+        from models.nets.pix2pix import build_discriminator, build_generator
+
+        net = NetConfig(in_channels=4, out_channels=3, size=size)
+        torch.manual_seed(seed)
+        self.gen, self.disc = build_generator(net).to(ctx.device), build_discriminator(net).to(ctx.device)
+        self.opt_g = torch.optim.Adam(self.gen.parameters(), lr=2e-4, betas=(0.5, 0.999))
+        self.opt_d = torch.optim.Adam(self.disc.parameters(), lr=2e-4, betas=(0.5, 0.999))
+        self.cond, self.target = (t.to(ctx.device) for t in _synthetic_batch(batch_size, size, seed))
+        self.ctx = ctx
+
+    def run(self, n: int) -> float:
+        return _timed_steps(self.ctx, n, lambda: _plain_step(self.gen, self.disc, self.opt_g, self.opt_d, self.cond, self.target, 100.0))
+
+
+def _timed_steps(ctx, n: int, step) -> float:
+    """Seconds for n calls of ``step``, each ending the device's step, the device synchronised at both ends."""
+    ctx.sync()
+    t0 = time.perf_counter()
+    for _ in range(n):
+        step()
+        ctx.step_end()
+    ctx.sync()
+    return time.perf_counter() - t0
+
+
+def plain_step_server() -> None:
+    """Child side of ``_PlainProcess``: a CPU process left with its default settings. Reads one JSON
+    line (size, batch_size, seed, threads), warms up, answers "ready", then for each line holding a
+    step count runs that many plain steps and answers the seconds taken."""
+    import sys
+
+    import torch
+
+    from models.device import resolve_device
+
+    config = json.loads(sys.stdin.readline())
+    torch.set_num_threads(config["threads"])
+    plain = _PlainTrainer(config["size"], config["batch_size"], config["seed"], resolve_device("cpu"))
+    plain.run(2)
+    print("ready", flush=True)
+    for line in sys.stdin:
+        print(repr(plain.run(int(line))), flush=True)
+
+
+class _PlainProcess:
+    """The plain step in a separate CPU process with default settings (its C heap untouched by
+    ``keep_freed_memory``), driven block by block from the benchmark process."""
+
+    def __init__(self, size: int, batch_size: int, seed: int):
+        import subprocess
+        import sys
+
+        import torch
+
+        self.proc = subprocess.Popen(
+            [sys.executable, "-c", "from tasks.bench.train import plain_step_server; plain_step_server()"],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, cwd=Path(__file__).resolve().parents[2])
+        self._send(json.dumps({"size": size, "batch_size": batch_size, "seed": seed, "threads": torch.get_num_threads()}))
+        if self._answer() != "ready":
+            raise RuntimeError("the plain-step process did not start")
+
+    def _send(self, line: str) -> None:
+        self.proc.stdin.write(line + "\n")
+        self.proc.stdin.flush()
+
+    def _answer(self) -> str:
+        line = self.proc.stdout.readline().strip()
+        if not line:
+            raise RuntimeError(f"the plain-step process exited with status {self.proc.wait()}")
+        return line
+
+    def run(self, n: int) -> float:
+        self._send(str(n))
+        return float(self._answer())
+
+    def close(self) -> None:
+        self.proc.stdin.close()
+        if self.proc.wait(timeout=60) != 0:
+            raise RuntimeError(f"the plain-step process exited with status {self.proc.returncode}")
+
+
+def bench_train(device: str = "cpu", size: int = 256, batch_size: int = 1, steps: int = 3, repeats: int = 3,
+                precision: str = "fp32", baseline: bool = True, peak_tflops: float | None = None, seed: int = 0) -> dict:
+    """Training samples/s of the default Pix2Pix networks on synthetic (B, 4, size, size) -> (B, 3, ...)
+    pairs with the trainer's speed options, against the plain eager fp32 step.
+
+    On CPU the trainer's process keeps freed memory (as a training child does, see
+    ``keep_freed_memory``); the plain step runs twice: in a separate process with default settings
+    (``baseline_samples_per_s``, ``speedup``: what a plain script gets) and in the benchmark's own
+    process (``same_process_baseline_samples_per_s``, ``speedup_same_process``: the code's share
+    alone). On GPUs and XLA only the latter, reported as the baseline. Timed blocks of ``steps``
+    steps alternate between the sides (``repeats`` each) so drifts of the machine hit all alike;
+    each side reports its median block. ``compile_s`` is the trainer's first step (warm-up,
+    compilation)."""
+    import torch
+
+    from models.device import keep_freed_memory, resolve_device
+    from models.nets.config import NetConfig
+    from models.nets.trainer import OptimConfig, build_trainer, speed_options
+
+    net = NetConfig(in_channels=4, out_channels=3, size=size)
+    net.check_image(size, size)
+    ctx = resolve_device(device, precision)
+    options = speed_options(device, precision) | {"keep_freed_memory": device == "cpu" and keep_freed_memory()}
+    torch.manual_seed(seed)
+    model = build_trainer(net, OptimConfig(), ctx, options)
+    cond, target = (t.to(ctx.device) for t in _synthetic_batch(batch_size, size, seed))
+    if options["channels_last"]:
+        cond, target = cond.contiguous(memory_format=torch.channels_last), target.contiguous(memory_format=torch.channels_last)
+
+    def run_fast(n: int) -> float:
+        return _timed_steps(ctx, n, lambda: model.train_step(cond, target, ctx.autocast))
+
+    compile_s = run_fast(1)
+    run_fast(1)
+    sides = {"fast": run_fast}
+    with contextlib.ExitStack() as stack:
+        if baseline:
+            same = _PlainTrainer(size, batch_size, seed, ctx)
+            same.run(2)
+            sides["same"] = same.run
+            if device == "cpu":
+                child = _PlainProcess(size, batch_size, seed)
+                stack.callback(child.close)
+                sides["child"] = child.run
+        times = {key: [] for key in sides}
+        for _ in range(repeats):
+            for key, run in sides.items():
+                times[key].append(run(steps))
+
+    def rate(key: str) -> float:
+        return batch_size * steps / statistics.median(times[key])
+
+    def runs(key: str) -> list[float]:
+        return [round(batch_size * steps / t, 4) for t in times[key]]
+
+    flops = _flops_per_sample(net)
+    result = {
+        "samples_per_s": rate("fast"), "in_channels": net.in_channels, "out_channels": net.out_channels,
+        "generator_params": sum(p.numel() for p in model.generator.parameters()),
+        "discriminator_params": sum(p.numel() for p in model.discriminator.parameters()),
+        "compile_s": compile_s, "device": device, "device_name": ctx.description, "size": size, "batch_size": batch_size,
+        "steps": steps, "repeats": repeats, "precision": precision, "options": options,
+        "samples_per_s_runs": runs("fast"),
+        "flops_per_sample": flops,
+        "achieved_tflops": flops * rate("fast") / 1e12 if flops else None,
+    }
+    if baseline:
+        base = "child" if "child" in times else "same"
+        result |= {"baseline_samples_per_s": rate(base), "speedup": rate("fast") / rate(base),
+                   "baseline_samples_per_s_runs": runs(base), "baseline_process": "separate" if base == "child" else "same"}
+        if base == "child":
+            result |= {"same_process_baseline_samples_per_s": rate("same"), "speedup_same_process": rate("fast") / rate("same"),
+                       "same_process_baseline_samples_per_s_runs": runs("same")}
+    peak = peak_tflops or _known_peak(ctx, precision)
+    result["peak_tflops"] = peak
+    result["mfu"] = flops * rate("fast") / (peak * 1e12) if (flops and peak) else None
+    return result
+
+
+def _flops_per_sample(net) -> float:
+    """Model FLOPs of one training step of the trainer (D frozen during G's update) per sample,
+    counted by torch on the CPU for a batch of one: the count depends on neither device nor batch."""
+    import torch
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from models.nets.trainer import OptimConfig, Pix2Pix
+
+    model = Pix2Pix(net, OptimConfig())
+    cond = torch.zeros(1, net.in_channels, net.size, net.size)
+    target = torch.zeros(1, net.out_channels, net.size, net.size)
+    with FlopCounterMode(display=False) as counter:
+        model.train_step(cond, target, contextlib.nullcontext)
+    return float(counter.get_total_flops())
+
+
+def _known_peak(ctx, precision: str) -> float | None:
+    if ctx.kind != "cuda" or precision != "bf16":
+        return None
+    name = ctx.description
+    return next((v for k, v in GPU_PEAK_BF16_TFLOPS.items() if k in name), None)

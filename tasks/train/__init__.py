@@ -1,0 +1,1 @@
+"""Stage train: the Prefect task and its planning (task.py, flow process, no framework imported) and the training job (job.py, child process)."""

@@ -1,0 +1,129 @@
+"""A training request turned into one checked TrainPlan, in the flow process (no framework imported); the training job receives it as JSON."""
+
+import json
+import zipfile
+
+from pydantic import BaseModel, Field
+
+from models.host import cpu_cores
+from tasks.common import plans
+from tasks.common.data import PairSource, split_of, training_net
+from tasks.common.errors import UserError
+from tasks.common.launch import device_env, run_child
+from tasks.common.settings import Settings
+from tasks.common.specs import TrainSpec
+from tasks.common.store import load_manifest
+from tasks.common.tracking import training_run
+
+JOB_FILE = "job.json"  # the run's configuration, kept with its checkpoint for --resume
+CHECKPOINT = "checkpoint.pt"  # written by the training job after every epoch
+
+
+class TrainPlan(BaseModel):
+    """What a training request resolves to, checked once: the configuration (a resumed run's own),
+    the batch sizes, and how the run spreads over this host."""
+
+    spec: TrainSpec = Field(description="The configuration; for a resumed run, the one it was started with")
+    batch_sizes: list[int] = Field(description="Global batch sizes, one run each; each splits evenly over the world and fits the training pairs")
+    world: int = Field(description="Devices the batch is spread over")
+    procs: int = Field(description="Processes launched: one per device for cpu and cuda DDP, one for xla SPMD")
+    threads: int | None = Field(description="CPU threads per process (cpu); None elsewhere")
+    resume: str | None = Field(description="The run being resumed, or None")
+    framework: str = Field(default="torch", description="Selects the training job's framework")
+
+    def child_env(self) -> dict[str, str]:
+        """The training child's environment, set from the plan, never inherited (Dask's LocalCluster sets
+        OMP_NUM_THREADS=1 in the process that starts it)."""
+        env = device_env(self.spec.device, self.world)
+        if self.threads:
+            env |= {"OMP_NUM_THREADS": str(self.threads), "MKL_NUM_THREADS": str(self.threads)}  # torch reads both; MKL's wins
+        return env
+
+
+def plan_world(spec: TrainSpec, probed: dict | None) -> tuple[int, int]:
+    """(world size, processes to launch) for the spec on this host; UserError if the host lacks them.
+    ``probed`` is the device probe's answer (None for cpu)."""
+    if spec.device == "cpu":
+        world = spec.world_size or 1
+        cores = cpu_cores()
+        if world > cores:
+            raise UserError(f"world size {world} exceeds the {cores} CPU cores of this host")
+        return world, world
+    available = int(probed["world_size"]) if probed else 1
+    world = spec.world_size or available
+    if world > available:
+        raise UserError(f"world size {world} exceeds the {available} {spec.device} devices of this host ({probed['device']})")
+    if spec.device == "xla" and world != available:
+        raise UserError(f"xla trains over all {available} devices of the host with SPMD; leave out --world-size or set it to {available}")
+    return world, (world if spec.device == "cuda" else 1)
+
+
+def check_training_input(settings: Settings, spec: TrainSpec, batch_sizes: list[int], world: int) -> None:
+    """What can be refused before any run starts (reads the dataset's metadata only): the frames must
+    fit the U-Net, and each batch must split over the devices and fit in the training pairs."""
+    dataset_dir = settings.dataset_dir(spec.dataset)
+    manifest = load_manifest(dataset_dir)
+    split = split_of(manifest, spec.val_simulations, spec.test_simulations, spec.seed)
+    source = PairSource(dataset_dir, split["train"], spec.frame_stride, unroll=spec.resolved_recipe().unroll)
+    training_net(source.height, source.width, spec.crop, spec.depth)
+    for b in batch_sizes:
+        if b % world:
+            raise UserError(f"batch size {b} does not split evenly over {world} devices; use a multiple of {world}")
+        if b > len(source):
+            raise UserError(f"batch size {b} exceeds the {len(source)} training pairs of dataset {spec.dataset!r}")
+
+
+def check_checkpoint(path) -> None:
+    """UserError naming the file if the checkpoint is missing or truncated (its zip directory is read,
+    not its tensors; the job loads them)."""
+    if not path.is_file():
+        raise UserError(f"no checkpoint at {path}: the run stopped before its first epoch ended; start it afresh")
+    try:
+        with zipfile.ZipFile(path) as archive:
+            if not any(name.endswith("/data.pkl") for name in archive.namelist()):
+                raise zipfile.BadZipFile("no data.pkl")
+    except (zipfile.BadZipFile, OSError) as exc:
+        raise UserError(f"checkpoint {path} is corrupt or truncated ({type(exc).__name__}); start the run afresh") from None
+
+
+def resume_plan(settings: Settings, spec: TrainSpec) -> tuple[TrainSpec, int]:
+    """The stored configuration and batch size of the run ``spec.resume``; UserError if it cannot be
+    resumed (unknown, finished, not a training run, no job file, no sound checkpoint) or the spec
+    contradicts it."""
+    run_id = spec.resume
+    run = training_run(settings, run_id)
+    if run.info.status == "FINISHED":
+        raise UserError(f"run {run_id} already finished; there is nothing to resume")
+    job_file = settings.run_dir(run_id) / JOB_FILE
+    if not job_file.is_file():
+        raise UserError(f"run {run_id} has no {JOB_FILE} under {job_file.parent}; it cannot be resumed")
+    check_checkpoint(settings.run_dir(run_id) / CHECKPOINT)
+    stored = json.loads(job_file.read_text())
+    stored_spec = TrainSpec(**stored["spec"])
+    for name in sorted(spec.model_fields_set - {"resume"}):
+        mine, theirs = getattr(spec, name), getattr(stored_spec, name)
+        if mine != theirs:
+            raise UserError(f"--{name.replace('_', '-')} {mine} differs from the run being resumed ({theirs}); leave it out to use the run's value")
+    return stored_spec, int(stored["batch_size"])
+
+
+def plan_training(settings: Settings, spec: TrainSpec, log) -> TrainPlan:
+    """Every check of a training request, once, before any run starts: the run to resume, the dataset,
+    the devices (a probe child for cuda and xla), the batch sizes against the devices and the data.
+    A plan the CLI made for the same spec is taken instead. UserError names the value and what is allowed."""
+    handed = plans.take("train", spec)
+    if handed is not None:
+        return handed
+    resume = spec.resume
+    batch_sizes = list(spec.batch_sizes)
+    if resume:
+        spec, batch = resume_plan(settings, spec)
+        batch_sizes = [batch]
+    load_manifest(settings.dataset_dir(spec.dataset))
+    probed = None
+    if spec.device != "cpu":
+        probed = run_child("probe", {"device": spec.device}, log, env=device_env(spec.device, spec.world_size))
+    world, procs = plan_world(spec, probed)
+    check_training_input(settings, spec, batch_sizes, world)
+    threads = (spec.threads or max(1, cpu_cores() // procs)) if spec.device == "cpu" else spec.threads
+    return TrainPlan(spec=spec, batch_sizes=batch_sizes, world=world, procs=procs, threads=threads, resume=resume)

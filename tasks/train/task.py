@@ -1,0 +1,125 @@
+"""Prefect tasks (flow process): one planned training run in its own child process(es), tracked as one MLflow run; a batch-size sweep as a parent run with the study's table."""
+
+import json
+import os
+import re
+import socket
+
+from prefect import get_run_logger, task
+
+from tasks.report.task import markdown_table, study_table
+from tasks.common.launch import run_child
+from tasks.common.errors import UserError
+from tasks.common.progress import Progress
+from tasks.common.settings import Settings
+from tasks.common.specs import TrainSpec
+from tasks.common.store import load_manifest, write_json_atomic
+from tasks.common.tracking import CELL_TAG, client_for, mlflow_run, run_url
+from tasks.train.plan import JOB_FILE, TrainPlan
+
+OWNER_FILE = "owner.json"  # host and pid of the process driving the run
+
+
+def _claim(run_dir, run_id: str) -> None:
+    """Record this process as the run's driver; refuse if another live process on this host drives it."""
+    owner = run_dir / OWNER_FILE
+    if owner.exists():
+        try:
+            prev = json.loads(owner.read_text())
+        except (OSError, ValueError):
+            prev = {}
+        if prev.get("host") == socket.gethostname() and prev.get("pid") not in (None, os.getpid()) and _alive(prev["pid"]):
+            raise UserError(f"run {run_id} is being trained by process {prev['pid']} on this host; stop it before resuming")
+    write_json_atomic(owner, {"host": socket.gethostname(), "pid": os.getpid()})
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _budget_words(spec: TrainSpec) -> str:
+    if spec.time_budget is not None:
+        return f"{spec.time_budget:g} s of training" + (f" (at most {spec.epochs} epochs)" if spec.epochs else "")
+    return f"{spec.epoch_limit} epochs" + (f" (at most {spec.max_steps} steps)" if spec.max_steps else "")
+
+
+def training_tags(spec: TrainSpec, batch_size: int, digest: str) -> dict[str, str]:
+    """The MLflow tags users filter training runs on."""
+    tags = {"karman.framework": "torch", "karman.device": spec.device, "karman.batch_size": str(batch_size),
+            "karman.recipe": spec.resolved_recipe().name, "karman.dataset": spec.dataset, "karman.dataset_digest": digest}
+    if spec.cell:
+        tags[CELL_TAG] = spec.cell
+    return tags
+
+
+EPOCH_LINE = re.compile(r"^epoch \d+: .*; (\d+)% done")
+
+
+@task(name="train-model", task_run_name="train {plan.spec.device} b{batch_size}")
+def train_model(settings: Settings, plan: TrainPlan, batch_size: int, parent_run_id: str | None = None) -> dict:
+    """Train Pix2Pix at one batch size of the plan in child process(es); returns its summary.
+    The run's progress (the child's epoch lines) is a Prefect progress artifact of this task run."""
+    logger = get_run_logger()
+    spec, world, resume_run_id = plan.spec, plan.world, plan.resume
+    dataset_dir = settings.dataset_dir(spec.dataset)
+    manifest = load_manifest(dataset_dir)
+    digest = manifest["digest"]
+    name = f"train-{spec.device}-b{batch_size}"
+    description = (f"Pix2Pix, recipe {spec.resolved_recipe().name}, trained on dataset `{spec.dataset}` ({len(manifest['simulations'])} "
+                   f"simulations) on {spec.device} x{world}, global batch {batch_size}, {spec.precision}, for {_budget_words(spec)}, seed {spec.seed}. "
+                   "Metrics: epoch_time_s per epoch; time_per_epoch_s is their median without the first epoch (warm-up); "
+                   "val_* are validation rollouts, logged against epochs; the generator is under Models.")
+    # batch_size and world_size are logged by the run itself, as they resolved
+    params = None if resume_run_id else spec.model_dump(exclude={"batch_sizes", "resume", "world_size", "cell"})
+    with mlflow_run(settings, "train", name, params=params, tags=training_tags(spec, batch_size, digest), parent_run_id=parent_run_id,
+                    reopen=resume_run_id, description=description) as run:
+        if not resume_run_id:
+            run.log_dataset(spec.dataset, digest, dataset_dir, "training", {"simulations": len(manifest["simulations"])})
+        run_dir = settings.run_dir(run.run_id)
+        run_dir.mkdir(parents=True, exist_ok=True)
+        _claim(run_dir, run.run_id)
+        job = {"plan": plan.model_dump(mode="json"), "settings": settings.model_dump(mode="json"), "run_id": run.run_id, "batch_size": batch_size}
+        if not resume_run_id:
+            write_json_atomic(run_dir / JOB_FILE, {"spec": spec.model_dump(mode="json"), "batch_size": batch_size})
+        logger.info("MLflow run: %s", run_url(settings, run.run_id))
+        progress = Progress(f"training {name}: share of the epochs or time budget done")
+
+        def on_line(line: str) -> None:
+            if found := EPOCH_LINE.match(line):
+                progress.update(int(found.group(1)) / 100)
+
+        result = run_child("train", job, logger, env=plan.child_env(), procs=plan.procs, on_line=on_line, framework=plan.framework)
+        progress.update(1.0)
+    return {**result, "run_id": run.run_id, "batch_size": batch_size}
+
+
+@task(name="log-study-table")
+def log_study_table(settings: Settings, parent_run_id: str, results: list[dict]) -> list[dict]:
+    """The sweep's table (batch size x device -> time per epoch, samples/s, speedup) in the parent run."""
+    rows = study_table(results)
+    client = client_for(settings)
+    client.log_text(parent_run_id, markdown_table(rows), "study_table.md")
+    client.log_dict(parent_run_id, rows, "study_table.json")
+    for r in rows:
+        if r["status"] == "FINISHED":
+            b = r["batch_size"]
+            client.log_metric(parent_run_id, f"time_per_epoch_s_b{b}", r["time_per_epoch_s"])
+            client.log_metric(parent_run_id, f"samples_per_s_b{b}", r["samples_per_s"])
+    return rows
+
+
+def sweep_run(settings: Settings, spec: TrainSpec, parent_run_id: str | None = None):
+    """The parent MLflow run of a batch-size sweep (a context manager; see tasks.common.tracking.mlflow_run)."""
+    digest = load_manifest(settings.dataset_dir(spec.dataset))["digest"]
+    sizes = ",".join(map(str, spec.batch_sizes))
+    return mlflow_run(settings, "train-sweep", f"train-sweep-{spec.device}-b{sizes}", params=spec.model_dump(exclude={"resume"}),
+                      tags={"karman.device": spec.device, "karman.dataset": spec.dataset, "karman.dataset_digest": digest},
+                      parent_run_id=parent_run_id,
+                      description=f"Batch-size sweep ({sizes}) on {spec.device}: one child run per batch size; study_table.md compares them "
+                                  "(the same settings apart from the batch size).")

@@ -1,0 +1,1 @@
+"""Stage validate: the solver against the Schäfer–Turek benchmark (task.py, flow process)."""
