@@ -108,10 +108,11 @@ def test_bench_infer_full_frame_has_no_seam(workdir):
 @pytest.mark.parametrize("args, message", [
     (("--tile", "48"), "tile height 48 is not a positive multiple of 64"),
     (("--tile", "512"), "tile height 512 is larger than the frame's height 256"),
-    (("--halo", "-1"), "--halo -1 is negative"),
+    (("--halo", "-1"), "argument --halo: -1 is negative; use 0 or more"),
     (("--workers", "4096"), "4096 workers requested but this host has"),
     (("--mode", "full", "--workers", "2"), "full-frame runs on one worker"),
     (("--tile", "64x"), "argument --tile"),
+    (("--tile", "64x128"), "'64x128' is not a tile size; write S or H,W"),
 ])
 def test_bench_infer_refuses_bad_input_with_one_line(workdir, args, message):
     proc = run_cli("bench-infer", "--ngf", "8", *args, cwd=workdir)
