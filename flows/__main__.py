@@ -1,3 +1,5 @@
+"""Entry of ``python -m flows``: the bench-… commands load only the compute stack, the others the pipeline's CLI."""
+
 import os
 import sys
 

@@ -1,6 +1,8 @@
-"""``python -m flows bench-…``: benchmark commands. They import no Prefect or MLflow, so they run as they
-are on a machine that has only the compute stack (numpy, numba, torch); bench-quality also reads a stored
-dataset (zarr, xarray, pydantic)."""
+"""The bench-… commands' command line, from one option table; imports no Prefect or MLflow.
+
+They run as they are on a machine that has only the compute stack (numpy, numba, torch);
+bench-quality also reads a stored dataset (zarr, xarray, pydantic).
+"""
 
 import argparse
 import json

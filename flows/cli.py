@@ -11,6 +11,7 @@ import os
 import sys
 import types
 import typing
+from dataclasses import dataclass
 from typing import Any, Callable
 
 from pydantic import BaseModel, ValidationError
@@ -94,15 +95,110 @@ def _validation_message(exc: ValidationError) -> str:
     return f"{flag}: {err['msg'].rstrip('.')} (got {err.get('input')!r})"
 
 
-COMMANDS: dict[str, tuple[type[BaseModel] | None, str]] = {
-    "demo": (None, "Run the quick CPU pipeline: simulate, train, roll out, report"),
-    "generate": (GenerateSpec, "Simulate a parameter sweep into a zarr dataset"),
-    "train": (TrainSpec, "Train Pix2Pix on a dataset"),
-    "infer": (InferSpec, "Roll a trained model out against the reference solver"),
-    "aggregate": (AggregateSpec, "Write comparison tables, figures and a report from MLflow runs"),
-    "validate-solver": (ValidateSpec, "Check the solver against the Schäfer-Turek cylinder benchmark"),
-    "ablate": (AblationSpec, "Train each recipe variant on the same data and budget and tabulate rollout quality"),
-    "benchmark": (BenchmarkSpec, "Run the benchmark matrix: generate, train (devices x batch sizes), roll out (modes x workers), report"),
+def _log() -> logging.Logger:
+    return logging.getLogger("karman.cli")
+
+
+# Checks that must fail before any flow starts, with one clear line; a stage that plans hands its
+# plan to the flow, which takes it instead of planning again.
+
+def _check_generate(settings, spec: GenerateSpec) -> None:
+    from tasks.generate.task import expand
+
+    expand(spec)
+
+
+def _check_demo(settings, spec: DemoSpec) -> None:
+    _check_generate(settings, spec.generate)
+
+
+def _check_train(settings, spec: TrainSpec) -> None:
+    from tasks.common import plans
+    from tasks.train.plan import plan_training
+
+    plans.hand_over("train", spec, plan_training(settings, spec, _log()))
+
+
+def _check_ablation(settings, spec: AblationSpec) -> None:
+    from tasks.train.plan import check_training_input
+
+    for variant in spec.variants:
+        check_training_input(settings, spec.train_spec(variant), [spec.batch_size], 1)
+
+
+def _check_infer(settings, spec: InferSpec) -> None:
+    from tasks.common import plans
+    from tasks.infer.plan import plan_rollout
+
+    plans.hand_over("infer", spec, plan_rollout(settings, spec, _log()))
+
+
+def _check_benchmark(settings, spec: BenchmarkSpec) -> None:
+    from flows.pipeline import check_deployments
+
+    _check_generate(settings, spec.generate)
+    check_deployments(spec)
+
+
+def _check_aggregate(settings, spec: AggregateSpec) -> None:
+    from tasks.report.task import check_report_source
+
+    check_report_source(settings, spec)
+
+
+def _check_validation(settings, spec: ValidateSpec) -> None:
+    from tasks.validate.task import setups
+
+    setups(spec)
+
+
+def _without(*keys: str) -> Callable[[dict], dict]:
+    return lambda result: {k: v for k, v in result.items() if k not in keys}
+
+
+def _only(*keys: str) -> Callable[[dict], dict]:
+    return lambda result: {k: result[k] for k in keys}
+
+
+def _flow(name: str) -> Callable[[], Callable]:
+    """The pipeline's flow ``name``, imported when the command runs (Prefect loads only then)."""
+    def load() -> Callable:
+        from flows import pipeline
+
+        return {"demo": pipeline.demo, "generate": pipeline.generate, "train": pipeline.train, "infer": pipeline.infer,
+                "aggregate": pipeline.aggregate, "validate_solver": pipeline.validate_solver, "ablate": pipeline.ablate,
+                "benchmark": pipeline.benchmark}[name]
+    return load
+
+
+@dataclass(frozen=True)
+class Command:
+    """One pipeline command: its spec (options and help from the spec's fields), its flow, the checks
+    before the flow starts, and what its JSON summary keeps."""
+
+    spec: type[BaseModel]
+    help: str
+    flow: Callable[[], Callable]
+    check: Callable[[Any, Any], None]
+    summary: Callable[[dict], dict] = lambda result: result
+
+
+COMMANDS: dict[str, Command] = {
+    "demo": Command(DemoSpec, "Run the quick CPU pipeline: simulate, train, roll out, report", _flow("demo"), _check_demo),
+    "generate": Command(GenerateSpec, "Simulate a parameter sweep into a zarr dataset", _flow("generate"), _check_generate),
+    "train": Command(TrainSpec, "Train Pix2Pix on a dataset", _flow("train"), _check_train),
+    # the per-step errors stay (u, v, p, vorticity), the other per-step lists are in MLflow
+    "infer": Command(InferSpec, "Roll a trained model out against the reference solver", _flow("infer"), _check_infer,
+                     _without("seam_errors", "vorticity_correlation", "energy_ratio")),
+    "aggregate": Command(AggregateSpec, "Write comparison tables, figures and a report from MLflow runs", _flow("aggregate"), _check_aggregate,
+                         lambda r: {"report": r["report"], "run_id": r["run_id"], "train_rows": len(r["train_rows"]), "infer_rows": len(r["infer_rows"])}),
+    # the benchmark's figures; the checks and the run id are in MLflow
+    "validate-solver": Command(ValidateSpec, "Check the solver against the Schäfer-Turek cylinder benchmark", _flow("validate_solver"),
+                               _check_validation, _without("run_id", "checks")),
+    "ablate": Command(AblationSpec, "Train each recipe variant on the same data and budget and tabulate rollout quality", _flow("ablate"),
+                      _check_ablation, _only("report", "run_id", "rows")),
+    "benchmark": Command(BenchmarkSpec, "Run the benchmark matrix: generate, train (devices x batch sizes), roll out (modes x workers), report",
+                         _flow("benchmark"), _check_benchmark, _only("dataset", "cells", "report", "benchmark_run_id", "aggregate_run_id", "failed")),
 }
 
 
@@ -110,13 +206,13 @@ def build_parser() -> argparse.ArgumentParser:
     parser = OneLineParser(prog="python -m flows", description="Kármán Bench: neural surrogates of a vortex street, benchmarked across devices.")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=OneLineParser)
     sub.required = True
-    for name, (model, help_text) in COMMANDS.items():
-        p = sub.add_parser(name, help=help_text, description=help_text)
-        if model is not None:
-            _add_spec_options(p, model)
-        else:
+    for name, command in COMMANDS.items():
+        p = sub.add_parser(name, help=command.help, description=command.help)
+        if command.spec is DemoSpec:
             p.add_argument("--dataset", dest="dataset", default=None, help="Dataset name (default: karman-demo)")
-        if model is BenchmarkSpec:
+        else:
+            _add_spec_options(p, command.spec)
+        if command.spec is BenchmarkSpec:
             p.add_argument("--quick", action="store_true", help="Start from the quick CPU matrix (the demo's sizes) instead of the full one")
         p.add_argument("--json", action="store_true", help="Print a one-line JSON summary as the last line of stdout")
         p.add_argument("--verbose", action="store_true", help="Show other libraries' warnings and logs and Prefect's lifecycle lines")
@@ -124,58 +220,13 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _preflight(command: str, spec: BaseModel) -> None:
-    """Checks that must fail before any flow starts, with one clear line."""
-    from tasks.common.settings import Settings
-
-    settings = Settings.from_env().require_writable()
-    if isinstance(spec, (GenerateSpec, DemoSpec)):
-        from tasks.generate.task import expand
-
-        expand(spec if isinstance(spec, GenerateSpec) else spec.generate)
-    if isinstance(spec, TrainSpec):
-        from tasks.common import plans
-        from tasks.train.plan import plan_training
-
-        plans.hand_over("train", spec, plan_training(settings, spec, logging.getLogger("karman.cli")))
-    if isinstance(spec, AblationSpec):
-        from tasks.train.plan import check_training_input
-
-        for variant in spec.variants:
-            check_training_input(settings, spec.train_spec(variant), [spec.batch_size], 1)
-    if isinstance(spec, InferSpec):
-        from tasks.common import plans
-        from tasks.infer.plan import plan_rollout
-
-        plans.hand_over("infer", spec, plan_rollout(settings, spec, logging.getLogger("karman.cli")))
-    if isinstance(spec, BenchmarkSpec):
-        from flows.pipeline import check_deployments
-        from tasks.generate.task import expand
-
-        expand(spec.generate)
-        check_deployments(spec)
-    if isinstance(spec, AggregateSpec):
-        from tasks.report.task import check_report_source
-
-        check_report_source(settings, spec)
-    if isinstance(spec, ValidateSpec):
-        from tasks.validate.task import setups
-
-        setups(spec)
-
-
-def _summary(command: str, result: dict) -> dict:
-    if command == "infer":  # the per-step errors stay (u, v, p, vorticity), the other per-step lists are in MLflow
-        return {k: v for k, v in result.items() if k not in ("seam_errors", "vorticity_correlation", "energy_ratio")}
-    if command == "validate-solver":  # the benchmark's figures; the checks and the run id are in MLflow
-        return {k: v for k, v in result.items() if k not in ("run_id", "checks")}
-    if command == "benchmark":
-        return {k: result[k] for k in ("dataset", "cells", "report", "benchmark_run_id", "aggregate_run_id", "failed")}
-    if command == "ablate":
-        return {"report": result["report"], "run_id": result["run_id"], "rows": result["rows"]}
-    if command == "aggregate":
-        return {"report": result["report"], "run_id": result["run_id"], "train_rows": len(result["train_rows"]), "infer_rows": len(result["infer_rows"])}
-    return result
+def _demo_spec(args: argparse.Namespace) -> DemoSpec:
+    demo = DemoSpec()
+    if args.dataset:
+        demo = DemoSpec(generate=demo.generate.model_copy(update={"dataset": args.dataset}),
+                        train=demo.train.model_copy(update={"dataset": args.dataset}))
+        DemoSpec.model_validate(demo.model_dump())
+    return demo
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -188,19 +239,16 @@ def main(argv: list[str] | None = None) -> int:
     quiet_libraries()
     if command in BENCH_COMMANDS:
         return run_bench(args)
-    model = COMMANDS[command][0]
+    cmd = COMMANDS[command]
     try:
-        if model is None:
-            demo = DemoSpec()
-            if args.dataset:
-                demo = DemoSpec(generate=demo.generate.model_copy(update={"dataset": args.dataset}),
-                                train=demo.train.model_copy(update={"dataset": args.dataset}))
-                DemoSpec.model_validate(demo.model_dump())
-            spec: BaseModel = demo
+        if cmd.spec is DemoSpec:
+            spec: BaseModel = _demo_spec(args)
         else:
             base = BenchmarkSpec.quick() if getattr(args, "quick", False) else None
-            spec = _spec_from_args(model, args, base)
-        _preflight(command, spec)
+            spec = _spec_from_args(cmd.spec, args, base)
+        from tasks.common.settings import Settings
+
+        cmd.check(Settings.from_env().require_writable(), spec)
     except ValidationError as exc:
         print(f"python -m flows {command}: error: {_validation_message(exc)}", file=sys.stderr)
         return EXIT_USAGE
@@ -208,19 +256,15 @@ def main(argv: list[str] | None = None) -> int:
         print(f"python -m flows {command}: error: {exc}", file=sys.stderr)
         return EXIT_USAGE
 
-    from flows import pipeline
-
     quiet_prefect_console()
     try:
-        result = getattr(pipeline, command.replace("-", "_"))(spec)
+        result = cmd.flow()(spec)
     except UserError as exc:
         print(f"python -m flows {command}: error: {exc}", file=sys.stderr)
         return EXIT_USAGE
     except Exception as exc:
         print(f"python -m flows {command}: failed: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}", file=sys.stderr)
         return 1
-    if args.json:
-        print(json.dumps(_summary(command, result), default=str))
-    else:
-        print(json.dumps(_summary(command, result), indent=2, default=str))
+    summary = cmd.summary(result)
+    print(json.dumps(summary, default=str) if args.json else json.dumps(summary, indent=2, default=str))
     return 0

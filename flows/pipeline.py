@@ -1,6 +1,8 @@
-"""The pipeline's Prefect flows: generate, train, infer, aggregate, the demo that chains them and the
-benchmark matrix. Every flow run is named and tagged from its parameters (``train cpu b8``; stage,
-device, batch size, mode), so the Prefect UI's runs list tells them apart and filters them."""
+"""The pipeline's Prefect flows: generate, train, infer, aggregate, validate-solver, ablate, the demo and the benchmark matrix.
+
+Every flow run is named and tagged from its parameters (``train cpu b8``; stage,
+device, batch size, mode), so the Prefect UI's runs list tells them apart and filters them.
+"""
 
 import time
 from pathlib import Path

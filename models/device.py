@@ -1,5 +1,6 @@
-"""The one device helper: resolves a device kind to a torch device, an autocast context, a sync and,
-for data-parallel runs, how the model and the batch are spread over the devices.
+"""The one device helper: a device kind resolved to a torch device, autocast context, sync and data-parallel layout.
+
+For data-parallel runs it says how the model and the batch are spread over the devices.
 
 Data parallelism per kind: ``cpu`` and ``cuda`` run one process per device under torchrun
 (DistributedDataParallel over gloo or NCCL; the helper joins the process group torchrun describes in

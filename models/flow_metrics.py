@@ -1,5 +1,8 @@
-"""Scores of a predicted flow against a reference: relative L2 error, wake frequency (Strouhal),
-useful horizon, skill against persistence, vorticity correlation, kinetic energy, shedding."""
+"""Scores of a predicted flow against a reference: errors, horizons, wake frequency, skill, correlation, energy.
+
+Relative L2 error, wake frequency (Strouhal), useful horizon, skill against persistence, vorticity
+correlation, kinetic energy, shedding.
+"""
 
 from dataclasses import dataclass, field
 

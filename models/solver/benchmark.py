@@ -1,5 +1,6 @@
-"""The "flow around a cylinder" benchmark of Schäfer & Turek (1996), cases 2D-1 (steady, Re 20) and
-2D-2 (periodic, Re 100), in the benchmark's geometry, inflow and definitions.
+"""The Schäfer & Turek (1996) flow around a cylinder, cases 2D-1 and 2D-2, for validating the solver.
+
+2D-1 is steady (Re 20), 2D-2 periodic (Re 100); the benchmark's geometry, inflow and definitions.
 
 Channel 2.2 x 0.41, cylinder of diameter D = 0.1 centred at (0.2, 0.2), parabolic inflow of peak U_m,
 no-slip walls, kinematic viscosity 1e-3, density 1. Coefficients use the mean inflow U = 2/3 U_m:

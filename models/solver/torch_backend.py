@@ -1,6 +1,8 @@
-"""The step in torch, for CUDA GPUs and XLA devices: the operators of ``models.solver.operators`` as
-whole-array tensor operations (streaming by shifted views, the obstacle by gathers and a scatter).
-Semantics match ``numpy_backend.step``; tests hold them equal on the CPU."""
+"""The solver's step in torch (CUDA GPUs, XLA devices), whole-array operations equal to the NumPy reference.
+
+The operators of ``models.solver.operators`` as whole-array tensor operations (streaming by shifted views, the obstacle by gathers and a scatter).
+Semantics match ``numpy_backend.step``; tests hold them equal on the CPU.
+"""
 
 import numpy as np
 import torch

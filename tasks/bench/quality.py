@@ -1,6 +1,7 @@
-"""Time to quality on one device (``python -m flows bench-quality``): train a recipe on a stored dataset
-held in the device's memory, score validation rollouts as it goes, and report when the quality target
-was first met, the test rollout's scores, and the surrogate's cost per simulated time unit against the
+"""bench-quality: time to quality of a recipe on one device, its rollout scores and its cost against the solver's.
+
+Trains a recipe on a stored dataset held in the device's memory, scores validation rollouts as it
+goes, and reports when the quality target was first met, the test rollout's scores, and the surrogate's cost per simulated time unit against the
 solver's on the same device.
 
 It is the training run of ``python -m flows train`` without its bookkeeping: the same split, normaliser,

@@ -1,5 +1,7 @@
-"""Benchmark cells: a key per cell from its inputs and the dataset digest, and the lookup of a cell's
-finished MLflow run, so that a rerun of the benchmark skips what is done."""
+"""The benchmark matrix's cells: a key per cell, and the lookup of its finished MLflow run so that a rerun skips it.
+
+A cell's key comes from its inputs and the dataset digest.
+"""
 
 import hashlib
 import json

@@ -1,4 +1,4 @@
-"""Child-process entry: ``python -m tasks.common.job_main {train,rollout,probe} JOB.json RESULT.json``.
+"""Child side of every job: the entry `python -m tasks.common.job_main {train,rollout,probe} JOB.json RESULT.json`.
 
 Every training or inference run executes here, in a fresh process for its framework and device:
 device environment (PJRT_DEVICE, CUDA_VISIBLE_DEVICES, ...) is set by the parent before any

@@ -1,4 +1,4 @@
-"""Parent side of the per-run child process: launch, relay its progress, read its result."""
+"""Parent side of a child job (flow process): launch it, relay its progress, read its result."""
 
 import json
 import os

@@ -1,5 +1,7 @@
-"""Progress of long work where users look for it: a Prefect progress artifact on the running flow or
-task run, and an estimate of the time left for the log line of each unit done."""
+"""Progress of long work: a Prefect progress artifact on the running flow or task run, and the time left.
+
+Shown where users look for it: the Prefect UI, and the log line of each unit done.
+"""
 
 import logging
 import time

@@ -1,7 +1,9 @@
-"""Other libraries' chatter kept off the terminal unless asked for (``--verbose``, which sets
-KARMAN_VERBOSE=1 for the command and its child processes): their warnings, their INFO logs, and
-Prefect's lifecycle lines for runs that completed. Errors, failed states and this project's own lines
-always show."""
+"""Other libraries' chatter kept off the terminal unless asked for (--verbose).
+
+``--verbose`` sets KARMAN_VERBOSE=1 for the command and its child processes. Kept off otherwise:
+their warnings, their INFO logs, and Prefect's lifecycle lines for runs that completed. Errors, failed states and this project's own lines
+always show.
+"""
 
 import logging
 import os

@@ -1,5 +1,7 @@
-"""Typed configuration of each unit of work. Flows take these as parameters, so the Prefect UI's
-run form, the CLI's options and the child processes all read one validated object."""
+"""Typed, validated configuration of each unit of work: the flows' parameters, the CLI's options, the plans' input.
+
+Flows take these as parameters, so the Prefect UI's run form, the CLI's options and the child processes all read one validated object.
+"""
 
 from typing import Literal
 

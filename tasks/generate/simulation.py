@@ -1,4 +1,4 @@
-"""Run one reference simulation and store its snapshots as an xarray Dataset in the zarr store."""
+"""One reference simulation (on a Dask worker), its snapshots stored as an xarray Dataset in the zarr store."""
 
 import hashlib
 import json

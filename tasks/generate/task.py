@@ -1,4 +1,4 @@
-"""The sweep: expand a GenerateSpec into simulations, run the missing ones on Dask, record them."""
+"""Prefect task (flow process): the sweep — a GenerateSpec expanded into simulations, the missing ones run on Dask, recorded."""
 
 import itertools
 import logging

@@ -1,6 +1,7 @@
-"""Autoregressive rollouts scored against a reference simulation: the loop shared by the rollout
-child (tasks.infer.job), the validation rollouts during training (tasks.train.job) and the time-to-quality
-benchmark (tasks.bench.quality)."""
+"""The scored autoregressive rollout loop shared by the rollout job, training's validation and bench-quality.
+
+Users: tasks.infer.job, tasks.train.job (validation rollouts) and tasks.bench.quality.
+"""
 
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass

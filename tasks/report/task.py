@@ -1,4 +1,4 @@
-"""Prefect task: comparison tables, figures and a Markdown report over the experiment's runs."""
+"""Prefect task (flow process): comparison tables, figures and a Markdown/HTML report over one benchmark's runs."""
 
 import datetime as dt
 import re

@@ -1,5 +1,7 @@
-"""Prefect task: the solver against the Schäfer-Turek cylinder benchmark, over a ladder of resolutions,
-tracked as one MLflow run with a convergence table and the drag/lift history."""
+"""Prefect task (flow process): the solver against the Schäfer–Turek benchmark over a ladder of resolutions, as one MLflow run.
+
+The run holds a convergence table and the drag/lift history.
+"""
 
 import json
 from pathlib import Path
