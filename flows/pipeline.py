@@ -9,14 +9,15 @@ from pathlib import Path
 
 from prefect import flow, get_run_logger
 
-from tasks.report.task import ablation_row, aggregate_runs, publish_artifacts, write_ablation
 from tasks.common.cells import cell_error, cell_key, finished_cell, interrupted_cell, record_failed_cell
-from tasks.generate.task import run_sweep
-from tasks.infer.task import rollout
+from tasks.common.names import Tag
 from tasks.common.progress import Progress
 from tasks.common.settings import Settings
 from tasks.common.specs import AblationSpec, AggregateSpec, BenchmarkSpec, DemoSpec, GenerateSpec, InferSpec, TrainSpec, ValidateSpec
 from tasks.common.tracking import mlflow_run, run_url
+from tasks.generate.task import run_sweep
+from tasks.infer.task import rollout
+from tasks.report.task import ablation_row, aggregate_runs, publish_artifacts, write_ablation
 from tasks.train.plan import plan_training, resume_plan
 from tasks.train.task import log_study_table, sweep_run, train_model
 from tasks.validate.task import validate_solver as run_validation
@@ -286,7 +287,7 @@ def benchmark(spec: BenchmarkSpec = BenchmarkSpec()) -> dict:
     check_deployments(spec)
     total = len(spec.frameworks) * len(spec.devices) * len(spec.batch_sizes) * spec.repeats + len(spec.infer_cells())
     with mlflow_run(settings, "benchmark", f"benchmark-{name}", params=spec.model_dump(), description=_benchmark_description(spec),
-                    tags={"karman.benchmark": name, "karman.devices": ",".join(spec.devices)}) as bench:
+                    tags={Tag.BENCHMARK: name, Tag.DEVICES: ",".join(spec.devices)}) as bench:
         logger.info("benchmark %s: %d cells; MLflow: %s", name, total, run_url(settings, bench.run_id))
         data = generate(spec.generate, parent_run=bench.run_id)
         bench.log_dataset(data["dataset"], data["digest"], Path(data["path"]), "training", {"simulations": len(data["simulations"])})
@@ -328,7 +329,7 @@ def benchmark(spec: BenchmarkSpec = BenchmarkSpec()) -> dict:
             bench.log_artifact(Path(path), "report")
         failed = [c for c in cells if c["status"] == "FAILED"]
         counts = {s: sum(c["status"] == s for c in cells) for s in ("FINISHED", "SKIPPED", "FAILED")}
-        bench.set_tags({"karman.cells": f"{len(cells)}: {counts['FINISHED']} run, {counts['SKIPPED']} reused, {counts['FAILED']} failed"})
+        bench.set_tags({Tag.CELLS: f"{len(cells)}: {counts['FINISHED']} run, {counts['SKIPPED']} reused, {counts['FAILED']} failed"})
     logger.info("benchmark %s: %d cells, %d run, %d skipped as finished, %d failed; report %s; MLflow: %s", name, len(cells),
                 counts["FINISHED"], counts["SKIPPED"], len(failed), report["report"], run_url(settings, bench.run_id))
     return {"dataset": {"name": data["dataset"], "digest": data["digest"]}, "cells": cells, "report": report["report"],

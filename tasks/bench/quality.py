@@ -24,8 +24,8 @@ from models.nets.trainer import OptimConfig, build_trainer, speed_options
 from models.recipe import get_recipe, lr_factor, schedule_progress
 from tasks.common.data import IN_MEMORY_BYTES, Normalizer, PairSource, StepCodec, epoch_order, epoch_seed, split_of, training_net
 from tasks.common.errors import RunFailed
-from tasks.infer.scoring import Validation, load_simulation, score_generator
 from tasks.common.store import load_manifest
+from tasks.infer.scoring import Validation, load_simulation, score_generator
 
 # Rollout scores reported for the test simulation and each extra one.
 TEST_SCORES = ("one_step_rel_l2_u", "one_step_rel_l2_vorticity", "one_step_skill_u", "one_step_skill_vorticity",

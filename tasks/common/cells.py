@@ -11,8 +11,9 @@ import time
 from prefect import task
 from pydantic import BaseModel
 
+from tasks.common.names import Tag
 from tasks.common.settings import Settings
-from tasks.common.tracking import CELL_TAG, DESCRIPTION_TAG, STAGE_TAG, client_for, experiment_id
+from tasks.common.tracking import client_for, experiment_id
 
 log = logging.getLogger(__name__)
 
@@ -33,7 +34,7 @@ def _newest_run(settings: Settings, key: str, condition: str):
     for delay in (*RETRY_DELAYS_S, None):
         try:
             client = client_for(settings)
-            runs = client.search_runs([experiment_id(client, settings)], f"tags.`{CELL_TAG}` = '{key}' and {condition}",
+            runs = client.search_runs([experiment_id(client, settings)], f"tags.`{Tag.CELL}` = '{key}' and {condition}",
                                       order_by=["attributes.start_time DESC"], max_results=1)
             return runs[0] if runs else None
         except Exception as exc:
@@ -52,7 +53,7 @@ def finished_cell(settings: Settings, key: str) -> str | None:
 def cell_error(settings: Settings, key: str, since_ms: int) -> tuple[str, str] | None:
     """(run id, error tag) of the newest run of cell ``key`` started at or after ``since_ms`` (epoch ms), if any."""
     run = _newest_run(settings, key, f"attributes.start_time >= {since_ms}")
-    return (run.info.run_id, run.data.tags.get("karman.error") or f"run ended {run.info.status}") if run else None
+    return (run.info.run_id, run.data.tags.get(Tag.ERROR) or f"run ended {run.info.status}") if run else None
 
 
 def interrupted_cell(settings: Settings, key: str) -> str | None:
@@ -66,7 +67,7 @@ def record_failed_cell(settings: Settings, stage: str, name: str, key: str, erro
     """A FAILED MLflow run for a cell that failed before opening its own run (refused input, a lost
     worker), so the report lists it; returns its id."""
     client = client_for(settings)
-    tags = {STAGE_TAG: stage, CELL_TAG: key, "karman.error": error[:5000], DESCRIPTION_TAG: f"A {stage} cell that failed before it opened a run of its own: {error[:500]}"}
+    tags = {Tag.STAGE: stage, Tag.CELL: key, Tag.ERROR: error[:5000], Tag.DESCRIPTION: f"A {stage} cell that failed before it opened a run of its own: {error[:500]}"}
     if parent_run_id:
         tags["mlflow.parentRunId"] = parent_run_id
     run = client.create_run(experiment_id(client, settings), run_name=name, tags=tags)

@@ -8,12 +8,10 @@ from typing import Any, Iterator
 from mlflow.entities import Metric, Param, RunTag
 from mlflow.tracking import MlflowClient
 
+from tasks.common.names import Tag
 from tasks.common.settings import Settings
 
 log = logging.getLogger(__name__)
-STAGE_TAG = "karman.stage"
-CELL_TAG = "karman.cell"  # the benchmark cell a run belongs to (a key of its inputs and dataset digest)
-DESCRIPTION_TAG = "mlflow.note.content"  # the run's description in the MLflow UI
 
 
 def _flatten(params: dict[str, Any], prefix: str = "") -> dict[str, str]:
@@ -30,7 +28,7 @@ def _flatten(params: dict[str, Any], prefix: str = "") -> dict[str, str]:
 # MLflow's UI opens an experiment in the view its kind names; without the tag it guesses, and an
 # experiment with no runs yet opens in the GenAI (traces) view.
 EXPERIMENT_KIND = {"mlflow.experimentKind": "custom_model_development",
-                   "mlflow.note.content": "Kármán Bench: neural surrogates of a vortex street, trained and rolled out "
+                   Tag.DESCRIPTION: "Kármán Bench: neural surrogates of a vortex street, trained and rolled out "
                                           "across devices, frameworks and batch sizes, against a lattice-Boltzmann solver."}
 
 
@@ -133,8 +131,8 @@ def training_run(settings: Settings, run_id: str, label: str = "run"):
         run = client_for(settings).get_run(run_id)
     except Exception:
         raise UserError(f"unknown {label} {run_id!r} in the tracking store {settings.tracking_uri}") from None
-    if run.data.tags.get(STAGE_TAG) != "train":
-        raise UserError(f"run {run_id!r} is not a training run (stage {run.data.tags.get(STAGE_TAG)!r})")
+    if run.data.tags.get(Tag.STAGE) != "train":
+        raise UserError(f"run {run_id!r} is not a training run (stage {run.data.tags.get(Tag.STAGE)!r})")
     return run
 
 
@@ -157,14 +155,14 @@ def mlflow_run(
     it), with ``description`` as its note in the MLflow UI; it ends FINISHED, or FAILED on any exception."""
     client = client_for(settings)
     if description:
-        tags = {**(tags or {}), DESCRIPTION_TAG: description}
+        tags = {**(tags or {}), Tag.DESCRIPTION: description}
     if reopen:
         client.update_run(reopen, status="RUNNING")
         handle = Run(client, reopen)
         if tags:
             handle.set_tags(tags)
     else:
-        run_tags = {STAGE_TAG: stage, **(tags or {})}
+        run_tags = {Tag.STAGE: stage, **(tags or {})}
         if parent_run_id:
             run_tags["mlflow.parentRunId"] = parent_run_id
         run = client.create_run(experiment_id(client, settings), run_name=name, tags={k: str(v) for k, v in run_tags.items()})
@@ -174,7 +172,7 @@ def mlflow_run(
             handle.log_params(params)
         yield handle
     except BaseException as exc:
-        handle.set_tags({"karman.error": f"{type(exc).__name__}: {exc}"[:5000]})
+        handle.set_tags({Tag.ERROR: f"{type(exc).__name__}: {exc}"[:5000]})
         client.set_terminated(handle.run_id, "FAILED")
         raise
     else:

@@ -9,12 +9,13 @@ import time
 from prefect import get_run_logger, task
 
 from tasks.common.errors import UserError
+from tasks.common.names import Tag
 from tasks.common.progress import Progress
 from tasks.common.settings import Settings
-from tasks.generate.simulation import SimulationSpec, run_simulation
 from tasks.common.specs import GenerateSpec
 from tasks.common.store import Manifest, consolidate, remove_stale_groups
 from tasks.common.tracking import mlflow_run
+from tasks.generate.simulation import SimulationSpec, run_simulation
 
 
 def expand(spec: GenerateSpec) -> list[SimulationSpec]:
@@ -77,7 +78,7 @@ def run_sweep(settings: Settings, spec: GenerateSpec, parent_run_id: str | None 
         done = [s.sim_id for s in sims if manifest.is_complete(s.sim_id)]
         mlups = [manifest.simulations[s.sim_id]["mlups"] for s in todo if s.sim_id in manifest.simulations]
         run.log_metrics({"wall_s": wall, "simulations": len(done), "simulated_now": len(todo) - len(failures), **({"mlups_mean": sum(mlups) / len(mlups)} if mlups else {})})
-        run.set_tags({"karman.dataset": spec.dataset, "karman.dataset_digest": manifest.digest()})
+        run.set_tags({Tag.DATASET: spec.dataset, Tag.DATASET_DIGEST: manifest.digest()})
         run.log_dataset(spec.dataset, manifest.digest(), dataset_dir, "generated", {"simulations": len(done)})
         if failures:
             raise RuntimeError(f"{len(failures)} of {len(todo)} simulations failed: " + "; ".join(failures))

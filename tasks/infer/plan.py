@@ -12,10 +12,11 @@ from tasks.common import plans
 from tasks.common.data import INPUTS, OUTPUTS
 from tasks.common.errors import UserError
 from tasks.common.launch import device_env, run_child
+from tasks.common.names import Tag
 from tasks.common.settings import Settings
 from tasks.common.specs import InferSpec
 from tasks.common.store import load_manifest
-from tasks.common.tracking import STAGE_TAG, client_for, experiment_id, training_run
+from tasks.common.tracking import client_for, experiment_id, training_run
 from tasks.generate.simulation import SimulationSpec
 from tasks.infer.scoring import rollout_steps
 
@@ -38,7 +39,7 @@ def resolve_model_run(settings: Settings, model_run: str):
     """The MLflow run of a finished training run: ``model_run`` itself, or the newest one for 'latest'."""
     client = client_for(settings)
     if model_run == "latest":
-        runs = client.search_runs([experiment_id(client, settings)], f"tags.`{STAGE_TAG}` = 'train' and attributes.status = 'FINISHED'",
+        runs = client.search_runs([experiment_id(client, settings)], f"tags.`{Tag.STAGE}` = 'train' and attributes.status = 'FINISHED'",
                                   order_by=["attributes.start_time DESC"], max_results=1)
         if not runs:
             raise UserError(f"no finished training run in experiment {settings.experiment!r}; run 'python -m flows train' first")

@@ -3,10 +3,11 @@
 from prefect import get_run_logger, task
 
 from tasks.common.launch import device_env, run_child
+from tasks.common.names import Tag
 from tasks.common.settings import Settings
 from tasks.common.specs import InferSpec
 from tasks.common.store import load_manifest
-from tasks.common.tracking import CELL_TAG, mlflow_run, run_url
+from tasks.common.tracking import mlflow_run, run_url
 from tasks.infer.plan import plan_rollout
 
 
@@ -15,10 +16,10 @@ def rollout(settings: Settings, spec: InferSpec, parent_run_id: str | None = Non
     logger = get_run_logger()
     plan = plan_rollout(settings, spec, logger)
     model_run_id, dataset = plan.model_run_id, plan.dataset
-    tags = {"karman.device": spec.device, "karman.mode": spec.mode, "karman.workers": str(spec.workers), "karman.model_run": model_run_id,
-            "karman.dataset": dataset, "karman.framework": plan.framework}
+    tags = {Tag.DEVICE: spec.device, Tag.MODE: spec.mode, Tag.WORKERS: str(spec.workers), Tag.MODEL_RUN: model_run_id,
+            Tag.DATASET: dataset, Tag.FRAMEWORK: plan.framework}
     if spec.cell:
-        tags[CELL_TAG] = spec.cell
+        tags[Tag.CELL] = spec.cell
     name = f"infer-{spec.mode}-{spec.device}-w{spec.workers}"
     how = "the whole frame on one worker" if spec.mode == "full" else f"map-reduce tiles over {spec.workers} workers"
     description = (f"Rollout of {spec.steps} steps of the generator of training run {model_run_id} on {spec.device}, {how}, "

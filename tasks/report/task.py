@@ -6,14 +6,15 @@ from pathlib import Path
 
 from prefect import get_run_logger, task
 
+from tasks.common.names import Tag
 from tasks.common.plots import bar_chart
 from tasks.common.settings import Settings
 from tasks.common.specs import AggregateSpec
-from tasks.common.tracking import STAGE_TAG, client_for, experiment_id, mlflow_run, run_url
+from tasks.common.tracking import client_for, experiment_id, mlflow_run, run_url
 
 
 def _rows(client, exp_id: str, stage: str) -> list:
-    return client.search_runs([exp_id], f"tags.`{STAGE_TAG}` = '{stage}'", order_by=["attributes.start_time ASC"], max_results=1000)
+    return client.search_runs([exp_id], f"tags.`{Tag.STAGE}` = '{stage}'", order_by=["attributes.start_time ASC"], max_results=1000)
 
 
 def study_table(results: list[dict]) -> list[dict]:
@@ -204,7 +205,7 @@ def train_rows(runs) -> list[dict]:
                      "samples_per_s": m.get("samples_per_s", nan) if finished else nan,
                      "final_l1": m.get("final_l1", nan) if finished else nan,
                      "time_to_target_s": m.get("time_to_target_s", nan) if finished else nan,
-                     "error": r.data.tags.get("karman.error", "")[:120] if not finished else ""})
+                     "error": r.data.tags.get(Tag.ERROR, "")[:120] if not finished else ""})
     return sorted(rows, key=lambda row: (row["setting"], row["device"], row["batch_size"], str(row["seed"])))
 
 
@@ -242,7 +243,7 @@ def infer_rows(runs) -> list[dict]:
             continue
         p, m = r.data.params, r.data.metrics
         mode = p.get("mode", "?")
-        rows.append({"run": r.info.run_id, "model_run": r.data.tags.get("karman.model_run", ""), "device": p.get("device", "?"),
+        rows.append({"run": r.info.run_id, "model_run": r.data.tags.get(Tag.MODEL_RUN, ""), "device": p.get("device", "?"),
                      "mode": mode, "workers": int(p.get("workers", 1)), "tiles": int(p.get("tiles", 1)), "steps": int(p.get("steps", 0)),
                      "frames_per_s": m["frames_per_s"], "cold_step_s": m.get("cold_step_s", nan),
                      "compute_s": m.get("latency_compute_s", nan), "split_merge_s": m.get("latency_split_s", nan) + m.get("latency_merge_s", nan),
@@ -253,7 +254,7 @@ def infer_rows(runs) -> list[dict]:
                      "regime": p.get("regime", "?"), "strouhal_pred": m.get("strouhal_pred", nan), "strouhal_ref": m.get("strouhal_ref", nan),
                      "solver_frames_per_s": m.get("solver_frames_per_s", nan), "verdict": p.get("verdict", ""),
                      "surrogate_vs_solver": m.get("surrogate_vs_solver", nan),
-                     "setting": (r.data.tags.get("karman.model_run", ""), p.get("steps"), p.get("simulation"), p.get("tile"), p.get("halo"), p.get("dataset"))})
+                     "setting": (r.data.tags.get(Tag.MODEL_RUN, ""), p.get("steps"), p.get("simulation"), p.get("tile"), p.get("halo"), p.get("dataset"))})
     for r in rows:  # frames/s over the full-frame rollout on the same device, model and setting
         full = [f["frames_per_s"] for f in rows if f["setting"] == r["setting"] and f["device"] == r["device"] and f["mode"] == "full"]
         r["vs_full"] = r["frames_per_s"] / full[0] if full else nan
@@ -293,7 +294,7 @@ def covered_runs(settings: Settings, client, exp_id: str, source: str) -> tuple[
         return f"every training and rollout run of experiment `{settings.experiment}`", runs
     if source == "latest":
         found = sorted((r for stage in ("benchmark", "demo") for r in client.search_runs(
-            [exp_id], f"tags.`{STAGE_TAG}` = '{stage}'", order_by=["attributes.start_time DESC"], max_results=1)),
+            [exp_id], f"tags.`{Tag.STAGE}` = '{stage}'", order_by=["attributes.start_time DESC"], max_results=1)),
             key=lambda r: r.info.start_time, reverse=True)
         if not found:
             raise UserError(f"no benchmark or demo run in experiment {settings.experiment!r} to report on; run one, or use --runs all")
@@ -303,14 +304,14 @@ def covered_runs(settings: Settings, client, exp_id: str, source: str) -> tuple[
             owner = client.get_run(source)
         except Exception:
             raise UserError(f"unknown run {source!r} in the tracking store {settings.tracking_uri}") from None
-        if owner.data.tags.get(STAGE_TAG) not in ("benchmark", "demo"):
-            raise UserError(f"run {source!r} is not a benchmark or demo run (stage {owner.data.tags.get(STAGE_TAG)!r}); give one, latest or all")
+        if owner.data.tags.get(Tag.STAGE) not in ("benchmark", "demo"):
+            raise UserError(f"run {source!r} is not a benchmark or demo run (stage {owner.data.tags.get(Tag.STAGE)!r}); give one, latest or all")
     with tempfile.TemporaryDirectory() as tmp:
         try:
             run_ids = json.loads(Path(client.download_artifacts(owner.info.run_id, "runs.json", tmp)).read_text())["runs"]
         except Exception:
             raise UserError(f"run {owner.info.run_id} lists no runs (runs.json); it did not get to its cells") from None
-    scope = f"the runs of {owner.data.tags.get(STAGE_TAG)} run {owner.info.run_name} ({owner.info.run_id})"
+    scope = f"the runs of {owner.data.tags.get(Tag.STAGE)} run {owner.info.run_name} ({owner.info.run_id})"
     runs = []
     for rid in dict.fromkeys(run_ids):
         try:
@@ -357,9 +358,9 @@ def publish_artifacts(name: str, markdown: str, train_table: list[dict], infer_t
 
 def build_report(settings: Settings, name: str, scope: str, runs, exp_id: str, out: Path) -> tuple[str, list[Path], dict]:
     """report.md's text and figures (written to ``out``) over ``runs``; returns the text, the figures and the tables."""
-    trains = train_rows([r for r in runs if r.data.tags.get(STAGE_TAG) == "train"])
-    quality = quality_table([r for r in runs if r.data.tags.get(STAGE_TAG) == "train"])
-    rollouts = infer_rows([r for r in runs if r.data.tags.get(STAGE_TAG) == "infer"])
+    trains = train_rows([r for r in runs if r.data.tags.get(Tag.STAGE) == "train"])
+    quality = quality_table([r for r in runs if r.data.tags.get(Tag.STAGE) == "train"])
+    rollouts = infer_rows([r for r in runs if r.data.tags.get(Tag.STAGE) == "infer"])
     failed = [r for r in runs if r.info.status == "FAILED"]
     link = lambda rid: run_link(settings, exp_id, rid)  # noqa: E731
     compared = comparison(trains)

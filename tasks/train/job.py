@@ -31,13 +31,14 @@ from models.recipe import lr_factor
 from models.solver import vorticity
 from tasks.common.data import INPUTS, OUTPUTS, Normalizer, PairSource, StepCodec, crop_offsets, crop_pairs, epoch_order, epoch_seed, IN_MEMORY_BYTES, split_of, training_net
 from tasks.common.errors import RunFailed, UserError
+from tasks.common.names import Tag
 from tasks.common.plots import vorticity_panels
 from tasks.common.progress import time_left
-from tasks.infer.scoring import Validation
 from tasks.common.settings import Settings
 from tasks.common.specs import TrainSpec
 from tasks.common.store import load_manifest
 from tasks.common.tracking import Run, client_for, code_version, system_metrics
+from tasks.infer.scoring import Validation
 from tasks.train.plan import CHECKPOINT, TrainPlan
 
 log = logging.getLogger("karman.train")
@@ -349,7 +350,7 @@ def _finish(spec, settings, run, run_dir, model, net, codec, train, manifest, sp
         "target_reached": float("target" in history), **history.get("target", {}),
     }
     run.log_metrics(summary)
-    run.set_tags({"karman.target": "reached" if "target" in history else "not reached"})
+    run.set_tags({Tag.TARGET: "reached" if "target" in history else "not reached"})
     return {**summary, "split": split, "device": ctx.description, "world_size": ctx.world_size, "strategy": ctx.strategy}
 
 
@@ -382,7 +383,7 @@ def log_surrogate(settings: Settings, run: Run, generator: torch.nn.Module, code
         code_paths=[str(root / "models")], pip_requirements=[f"torch=={torch.__version__.split('+')[0]}", "numpy"],
         metadata={"inputs": list(INPUTS), "outputs": list(OUTPUTS), "recipe": meta["recipe"], "dataset": meta["dataset"],
                   "dataset_digest": meta["dataset_digest"], "frame_stride": meta["frame_stride"]})
-    run.set_tags({"karman.model_uri": info.model_uri})
+    run.set_tags({Tag.MODEL_URI: info.model_uri})
     return info.model_uri
 
 

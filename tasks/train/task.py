@@ -7,14 +7,15 @@ import socket
 
 from prefect import get_run_logger, task
 
-from tasks.report.task import markdown_table, study_table
-from tasks.common.launch import run_child
 from tasks.common.errors import UserError
+from tasks.common.launch import run_child
+from tasks.common.names import Tag
 from tasks.common.progress import Progress
 from tasks.common.settings import Settings
 from tasks.common.specs import TrainSpec
 from tasks.common.store import load_manifest, write_json_atomic
-from tasks.common.tracking import CELL_TAG, client_for, mlflow_run, run_url
+from tasks.common.tracking import client_for, mlflow_run, run_url
+from tasks.report.task import markdown_table, study_table
 from tasks.train.plan import JOB_FILE, TrainPlan
 
 OWNER_FILE = "owner.json"  # host and pid of the process driving the run
@@ -51,10 +52,10 @@ def _budget_words(spec: TrainSpec) -> str:
 
 def training_tags(spec: TrainSpec, batch_size: int, digest: str) -> dict[str, str]:
     """The MLflow tags users filter training runs on."""
-    tags = {"karman.framework": "torch", "karman.device": spec.device, "karman.batch_size": str(batch_size),
-            "karman.recipe": spec.resolved_recipe().name, "karman.dataset": spec.dataset, "karman.dataset_digest": digest}
+    tags = {Tag.FRAMEWORK: "torch", Tag.DEVICE: spec.device, Tag.BATCH_SIZE: str(batch_size),
+            Tag.RECIPE: spec.resolved_recipe().name, Tag.DATASET: spec.dataset, Tag.DATASET_DIGEST: digest}
     if spec.cell:
-        tags[CELL_TAG] = spec.cell
+        tags[Tag.CELL] = spec.cell
     return tags
 
 
@@ -119,7 +120,7 @@ def sweep_run(settings: Settings, spec: TrainSpec, parent_run_id: str | None = N
     digest = load_manifest(settings.dataset_dir(spec.dataset))["digest"]
     sizes = ",".join(map(str, spec.batch_sizes))
     return mlflow_run(settings, "train-sweep", f"train-sweep-{spec.device}-b{sizes}", params=spec.model_dump(exclude={"resume"}),
-                      tags={"karman.device": spec.device, "karman.dataset": spec.dataset, "karman.dataset_digest": digest},
+                      tags={Tag.DEVICE: spec.device, Tag.DATASET: spec.dataset, Tag.DATASET_DIGEST: digest},
                       parent_run_id=parent_run_id,
                       description=f"Batch-size sweep ({sizes}) on {spec.device}: one child run per batch size; study_table.md compares them "
                                   "(the same settings apart from the batch size).")

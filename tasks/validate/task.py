@@ -11,6 +11,7 @@ from prefect import get_run_logger, task
 
 from models.solver.benchmark import REFERENCE, Setup, run, within
 from tasks.common.errors import UserError
+from tasks.common.names import Tag
 from tasks.common.plots import coefficient_history
 from tasks.common.settings import Settings
 from tasks.common.specs import ValidateSpec
@@ -93,7 +94,7 @@ def validate_solver(settings: Settings, spec: ValidateSpec) -> dict:
                             f"Schäfer-Turek {spec.case}, {n} cells per diameter")
         for f in ("convergence.md", "convergence.json", "reference_check.json", "history.npz", "drag_lift.png"):
             mlrun.log_artifact(out_dir / f)
-        mlrun.set_tags({"karman.validation.within_2pct": all(c["within_2pct"] for c in checks.values()),
-                        "karman.validation.inside": all(c["inside"] for c in checks.values())})
+        mlrun.set_tags({Tag.VALIDATION_WITHIN_2PCT: all(c["within_2pct"] for c in checks.values()),
+                        Tag.VALIDATION_INSIDE: all(c["inside"] for c in checks.values())})
     keys = ["case", *REFERENCE[spec.case], "cells_per_diameter", "wall_s", "mlups"]
     return {k: (spec.case if k == "case" else final[k]) for k in keys} | {"run_id": mlrun.run_id, "checks": checks}

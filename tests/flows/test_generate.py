@@ -12,9 +12,9 @@ import psutil
 import pytest
 
 from tasks.common.errors import UserError
-from tasks.generate.task import _sweep_key, expand
 from tasks.common.specs import GenerateSpec
 from tasks.common.store import MANIFEST, STORE, VARIABLES, content_digest, open_simulation
+from tasks.generate.task import _sweep_key, expand
 from tests.conftest import ROOT, run_cli
 from tests.flows.test_cli import assert_refused
 

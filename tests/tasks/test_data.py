@@ -9,8 +9,8 @@ from zarr.storage import LocalStore, WrapperStore
 
 from tasks.common.data import OUTPUTS, Normalizer, PairSource, StepCodec, load_frames, split_simulations
 from tasks.common.errors import UserError
-from tasks.generate.simulation import run_simulation
 from tasks.common.store import STORE
+from tasks.generate.simulation import run_simulation
 from tests.tasks.test_store import tiny_spec
 
 # Uneven frame counts, so that pair numbering across simulations is exercised.

@@ -14,8 +14,8 @@ import numpy as np
 import pytest
 from mlflow.tracking import MlflowClient
 
-from tasks.generate.simulation import run_simulation
 from tasks.common.store import Manifest, consolidate
+from tasks.generate.simulation import run_simulation
 from tests.conftest import run_cli
 from tests.flows.test_cli import assert_refused
 from tests.tasks.test_store import tiny_spec

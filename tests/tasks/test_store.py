@@ -3,8 +3,8 @@ import json
 import pytest
 
 from tasks.common.errors import UserError
-from tasks.generate.simulation import SimulationSpec, run_simulation
 from tasks.common.store import Manifest, consolidate, content_digest, load_manifest, open_simulation, remove_stale_groups
+from tasks.generate.simulation import SimulationSpec, run_simulation
 
 
 def tiny_spec(**kw):

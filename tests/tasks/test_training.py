@@ -19,8 +19,8 @@ from mlflow.tracking import MlflowClient
 
 from models.recipe import lr_factor
 from tasks.common.data import epoch_order, split_of
-from tasks.generate.simulation import run_simulation
 from tasks.common.store import STORE, Manifest, consolidate
+from tasks.generate.simulation import run_simulation
 from tests.conftest import ROOT, run_cli
 from tests.flows.test_cli import assert_refused
 from tests.tasks.test_store import tiny_spec
