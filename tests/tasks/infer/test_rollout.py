@@ -16,9 +16,9 @@ from mlflow.tracking import MlflowClient
 
 from tasks.common.store import Manifest, consolidate
 from tasks.generate.simulation import run_simulation
-from tests.conftest import run_cli
+from tests.conftest import ROOT, run_cli
 from tests.flows.test_cli import assert_refused
-from tests.tasks.test_store import tiny_spec
+from tests.tasks.common.test_store import tiny_spec
 
 XLA_ENV = {"PJRT_DEVICE": "CPU"}
 
@@ -187,7 +187,7 @@ assert train.batch_sizes == [2, 4] and train.world == 1 and train.threads >= 1, 
 assert infer.tiles.count == 3 and infer.full_frame is not None and infer.framework == "torch", infer
 print(sorted(m for m in {FRAMEWORKS!r} if m in sys.modules))
 """
-    proc = subprocess.run([sys.executable, "-c", script], cwd=Path(__file__).resolve().parents[2], capture_output=True, text=True,
+    proc = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True,
                           env={**os.environ, **env}, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert proc.stdout.strip().splitlines()[-1] == "[]"

@@ -11,7 +11,7 @@ from tasks.common.data import OUTPUTS, Normalizer, PairSource, StepCodec, load_f
 from tasks.common.errors import UserError
 from tasks.common.store import STORE
 from tasks.generate.simulation import run_simulation
-from tests.tasks.test_store import tiny_spec
+from tests.tasks.common.test_store import tiny_spec
 
 # Uneven frame counts, so that pair numbering across simulations is exercised.
 FRAMES = {20.0: 6, 24.0: 5, 28.0: 7, 32.0: 6, 36.0: 4}

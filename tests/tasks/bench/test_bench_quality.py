@@ -12,7 +12,7 @@ import pytest
 
 from tests.conftest import ROOT, run_cli
 from tests.flows.test_cli import assert_refused
-from tests.tasks.test_training import dataset_root  # noqa: F401  (the module's dataset fixture)
+from tests.tasks.train.test_training import dataset_root  # noqa: F401  (the module's dataset fixture)
 
 TINY = ("--dataset", "tiny", "--ngf", "8", "--ndf", "8", "--threads", "1", "--batch-size", "4", "--validate-steps", "3", "--target-steps", "1", "--test-steps", "3")
 

@@ -23,7 +23,7 @@ from tasks.common.store import STORE, Manifest, consolidate
 from tasks.generate.simulation import run_simulation
 from tests.conftest import ROOT, run_cli
 from tests.flows.test_cli import assert_refused
-from tests.tasks.test_store import tiny_spec
+from tests.tasks.common.test_store import tiny_spec
 
 NET = ("--ngf", "8", "--ndf", "8", "--threads", "1")
 XLA_ENV = {"PJRT_DEVICE": "CPU"}
