@@ -27,48 +27,35 @@ class OneLineParser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: error: {message}\n")
 
 
-def positive_int(text: str) -> int:
+def _number(text: str, kind: type, minimum: float, strict: bool):
+    """``text`` as ``kind`` (int or float), finite, above ``minimum`` (``strict``) or at least it; argparse's error otherwise."""
     try:
-        value = int(text)
+        value = kind(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"{value} must be a positive integer")
-    return value
-
-
-def non_negative_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
-    if value < 0:
+        raise argparse.ArgumentTypeError(f"{text!r} is not {'an integer' if kind is int else 'a number'}") from None
+    if not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a finite number")
+    if strict and not value > minimum:
+        raise argparse.ArgumentTypeError(f"{value} must be a positive {'integer' if kind is int else 'number'}")
+    if not value >= minimum:
         raise argparse.ArgumentTypeError(f"{value} is negative; use 0 or more")
     return value
 
 
+def positive_int(text: str) -> int:
+    return _number(text, int, 0, strict=True)
+
+
+def non_negative_int(text: str) -> int:
+    return _number(text, int, 0, strict=False)
+
+
 def positive_float(text: str) -> float:
-    value = _float(text)
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"{value} must be a positive number")
-    return value
+    return _number(text, float, 0, strict=True)
 
 
 def non_negative_float(text: str) -> float:
-    value = _float(text)
-    if not value >= 0:
-        raise argparse.ArgumentTypeError(f"{value} must be zero or more")
-    return value
-
-
-def _float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
-    if not math.isfinite(value):
-        raise argparse.ArgumentTypeError(f"{text!r} is not a finite number")
-    return value
+    return _number(text, float, 0, strict=False)
 
 
 def tile_shape(text: str) -> tuple[int, int]:
