@@ -58,3 +58,39 @@ def test_unknown_option_is_named(script, tmp_path):
     (tmp_path / "empty.yaml").write_text("distributed: {}\n")
     with pytest.raises(SystemExit, match="no jobqueue.slurm section"):
         script.slurm_options(tmp_path / "empty.yaml")
+
+
+def test_the_scheduler_listens_on_one_address_and_the_dashboard_on_localhost(script):
+    options = script.slurm_options(script.DEFAULT_CONFIG)
+    assert options["scheduler_options"]["dashboard_address"].startswith("127.0.0.1:")
+    address = script.default_route_address()
+    assert address != "0.0.0.0" and address.count(".") == 3
+    cluster = script.slurm_cluster(scheduler_options={"dashboard_address": None, "host": "127.0.0.1"})
+    try:
+        assert cluster.scheduler_address.startswith("tcp://127.0.0.1:")
+    finally:
+        cluster.close()
+
+
+def test_with_tls_jobs_and_clients_need_the_certificates(script, tmp_path):
+    """A TLS scheduler and worker from the script's credentials: a sweep from the command line runs on
+    it with the client variables the script prints, and a plain-TCP client is turned away."""
+    import json
+    import os
+
+    from distributed import Client, LocalCluster
+
+    security, client_env = script.tls_security(tmp_path / "tls")
+    assert all(oct((tmp_path / "tls" / name).stat().st_mode)[-3:] == "600" for name in ("ca.pem", "cert.pem", "key.pem"))
+    with LocalCluster(n_workers=1, threads_per_worker=1, processes=True, protocol="tls://", host="127.0.0.1",
+                      security=security, dashboard_address=None) as cluster:
+        assert cluster.scheduler_address.startswith("tls://127.0.0.1:")
+        with pytest.raises(Exception):
+            Client(cluster.scheduler_address.replace("tls://", "tcp://"), timeout=3)
+        from tests.conftest import run_cli
+
+        proc = run_cli("generate", "--dataset", "tls", "--reynolds", "8,10", "--nx", "48", "--ny", "24", "--size", "5",
+                       "--warmup-steps", "50", "--frames", "3", "--frame-every", "10", "--scheduler", cluster.scheduler_address,
+                       "--json", cwd=tmp_path, env={**client_env, "KARMAN_BENCH_ROOT": os.environ["KARMAN_BENCH_ROOT"]})
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        assert len(json.loads(proc.stdout.strip().splitlines()[-1])["simulations"]) == 2
