@@ -50,7 +50,8 @@ SYSTEM_METRICS_EVERY_S = 5
 def probe_device(job: dict) -> dict:
     """Check that the job's device can be opened; DeviceUnavailable names what is missing."""
     ctx = resolve_device(job["device"])
-    return {"device": ctx.description, "world_size": ctx.world_size}
+    memory = torch.cuda.get_device_properties(ctx.device).total_memory if ctx.kind == "cuda" else None
+    return {"device": ctx.description, "world_size": ctx.world_size, "memory_bytes": memory}
 
 
 def _to_cpu(obj):

@@ -1,6 +1,7 @@
 """A training request turned into one checked TrainPlan, in the flow process (no framework imported); the training job receives it as JSON."""
 
 import json
+import os
 import zipfile
 
 from pydantic import BaseModel, Field
@@ -58,19 +59,37 @@ def plan_world(spec: TrainSpec, probed: dict | None) -> tuple[int, int]:
     return world, (world if spec.device == "cuda" else 1)
 
 
-def check_training_input(settings: Settings, spec: TrainSpec, batch_sizes: list[int], world: int) -> None:
+def check_training_input(settings: Settings, spec: TrainSpec, batch_sizes: list[int], world: int, memory: int | None = None) -> None:
     """What can be refused before any run starts (reads the dataset's metadata only): the frames must
-    fit the U-Net, and each batch must split over the devices and fit in the training pairs."""
+    fit the U-Net, each batch must split over the devices and fit in the training pairs, and (given a
+    device's ``memory`` in bytes) the estimated memory of a step must fit it."""
     dataset_dir = settings.dataset_dir(spec.dataset)
     manifest = load_manifest(dataset_dir)
     split = split_of(manifest, spec.val_simulations, spec.test_simulations, spec.seed)
-    source = PairSource(dataset_dir, split["train"], spec.frame_stride, unroll=spec.resolved_recipe().unroll)
-    training_net(source.height, source.width, spec.crop, spec.depth)
+    recipe = spec.resolved_recipe()
+    source = PairSource(dataset_dir, split["train"], spec.frame_stride, unroll=recipe.unroll)
+    net = training_net(source.height, source.width, spec.crop, spec.depth, ngf=recipe.ngf, ndf=recipe.ndf, norm=spec.norm,
+                       dropout=recipe.dropout, upsample=recipe.upsample, output=recipe.output)
     for b in batch_sizes:
         if b % world:
             raise UserError(f"batch size {b} does not split evenly over {world} devices; use a multiple of {world}")
         if b > len(source):
             raise UserError(f"batch size {b} exceeds the {len(source)} training pairs of dataset {spec.dataset!r}")
+    if memory:
+        side = (spec.crop, spec.crop) if spec.crop else (source.height, source.width)
+        need = net.training_bytes(max(batch_sizes) // world, *side, recipe.unroll)
+        if need > 0.8 * memory:  # the rest for the data, the framework and everything else on the host
+            raise UserError(f"ngf {recipe.ngf} and ndf {recipe.ndf} at batch {max(batch_sizes)} need about {need / 2**30:.3g} GiB a device "
+                            f"to train ({sum(net.weight_count()):,} parameters), more than 80% of the {memory / 2**30:.3g} GiB this {spec.device} "
+                            "device has; use narrower networks or a smaller batch (the paper's width is 64)")
+
+
+def device_memory(spec: TrainSpec, probed: dict | None, procs: int) -> int | None:
+    """Bytes of memory one training process may use: the host's RAM shared by its processes (cpu), a
+    device's own memory (cuda, from the probe), unknown elsewhere."""
+    if spec.device == "cpu":
+        return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") // procs
+    return int(probed["memory_bytes"]) if probed and probed.get("memory_bytes") else None
 
 
 def check_checkpoint(path) -> None:
@@ -119,11 +138,13 @@ def plan_training(settings: Settings, spec: TrainSpec, log) -> TrainPlan:
     if resume:
         spec, batch = resume_plan(settings, spec)
         batch_sizes = [batch]
+    if spec.threads and spec.threads > cpu_cores():
+        raise UserError(f"--threads {spec.threads} exceeds the {cpu_cores()} CPU cores of this host; use at most {cpu_cores()}")
     load_manifest(settings.dataset_dir(spec.dataset))
     probed = None
     if spec.device != "cpu":
         probed = run_child("probe", {"device": spec.device}, log, env=device_env(spec.device, spec.world_size))
     world, procs = plan_world(spec, probed)
-    check_training_input(settings, spec, batch_sizes, world)
+    check_training_input(settings, spec, batch_sizes, world, device_memory(spec, probed, procs))
     threads = (spec.threads or max(1, cpu_cores() // procs)) if spec.device == "cpu" else spec.threads
     return TrainPlan(spec=spec, batch_sizes=batch_sizes, world=world, procs=procs, threads=threads, resume=resume)

@@ -154,3 +154,12 @@ def test_a_process_that_keeps_freed_memory_does_not_return_large_blocks(mode, ke
     assert out.returncode == 0, out.stderr
     grown = float(out.stdout.strip().splitlines()[-1])
     assert (grown > 48) == kept, grown
+
+
+@pytest.mark.parametrize("options", [dict(), dict(ngf=16, ndf=16, size=64), dict(norm="instance", size=32),
+                                     dict(upsample="resize", ngf=32, size=64, depth=4), dict(ngf=8, ndf=8, size=32, d_layers=2)])
+def test_the_weight_count_from_the_shapes_is_the_built_networks(options):
+    """The planner sizes a run without torch: its count must be the networks' own."""
+    cfg = NetConfig(**options)
+    built = (sum(p.numel() for p in build_generator(cfg).parameters()), sum(p.numel() for p in build_discriminator(cfg).parameters()))
+    assert cfg.weight_count() == built

@@ -185,6 +185,10 @@ def test_a_loss_turning_nan_stops_the_run_and_keeps_the_last_good_checkpoint(tra
         (("--world-size", "64"), None, ("world size 64 exceeds the",)),
         (("--device", "xla"), None, ("device xla requested", "TPU runtime did not start")),
         (("--resume", "0" * 32), None, ("unknown run '" + "0" * 32 + "'",)),
+        (("--seed", "-1"), None, ("--seed: Input should be greater than or equal to 0",)),
+        (("--epochs", "100000000"), None, ("--epochs: Input should be less than or equal to 100000",)),
+        (("--threads", "4096"), None, ("--threads 4096 exceeds the", "CPU cores of this host")),
+        (("--ngf", "1024", "--ndf", "1024"), None, ("ngf 1024 and ndf 1024 at batch 8 need about", "GiB a device", "use narrower networks")),
     ],
 )
 def test_bad_training_input_is_refused_with_one_line(trainable, args, env, fragments):
