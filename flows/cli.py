@@ -8,6 +8,7 @@ import argparse
 import json
 import logging
 import os
+import signal
 import sys
 import types
 import typing
@@ -239,6 +240,9 @@ def main(argv: list[str] | None = None) -> int:
     quiet_libraries()
     if command in BENCH_COMMANDS:
         return run_bench(args)
+    from tasks.common.lifetime import raise_on_sigterm
+
+    raise_on_sigterm()  # SIGTERM unwinds the command like Ctrl-C: children stopped, runs marked KILLED
     cmd = COMMANDS[command]
     try:
         if cmd.spec is DemoSpec:
@@ -247,8 +251,12 @@ def main(argv: list[str] | None = None) -> int:
             base = BenchmarkSpec.quick() if getattr(args, "quick", False) else None
             spec = _spec_from_args(cmd.spec, args, base)
         from tasks.common.settings import Settings
+        from tasks.common.tracking import reap_orphans, tracking_ready
 
-        cmd.check(Settings.from_env().require_writable(), spec)
+        settings = Settings.from_env().require_writable()
+        tracking_ready(settings)  # a tracking server that is down ends the command here, in seconds
+        reap_orphans(settings, logging.getLogger("karman.cli"))  # runs left RUNNING by killed commands
+        cmd.check(settings, spec)
     except ValidationError as exc:
         print(f"python -m flows {command}: error: {_validation_message(exc)}", file=sys.stderr)
         return EXIT_USAGE
@@ -256,15 +264,31 @@ def main(argv: list[str] | None = None) -> int:
         print(f"python -m flows {command}: error: {exc}", file=sys.stderr)
         return EXIT_USAGE
 
+    flow = cmd.flow()  # imports Prefect, which sets up its console logging: quiet it after that
     quiet_prefect_console()
+    from tasks.common import lifetime
+    from tasks.common.errors import Interrupted, RunFailed, RunStopped
+    from tasks.common.launch import ChildFailed
+
+    guardian = lifetime.start_guardian()  # stops what this command started if it is killed outright
     try:
-        result = cmd.flow()(spec)
+        result = flow(spec)
+        lifetime.raise_pending()  # a signal that came as the last run finished
     except UserError as exc:
         print(f"python -m flows {command}: error: {exc}", file=sys.stderr)
         return EXIT_USAGE
+    except (KeyboardInterrupt, Interrupted, RunStopped) as exc:
+        signum = getattr(exc, "signum", None) or lifetime.received() or signal.SIGINT
+        print(f"python -m flows {command}: {exc or 'stopped by SIGINT'}", file=sys.stderr)
+        return 128 + int(signum)
     except Exception as exc:
-        print(f"python -m flows {command}: failed: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}", file=sys.stderr)
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+        print(f"python -m flows {command}: failed: {first if isinstance(exc, (RunFailed, ChildFailed)) else f'{type(exc).__name__}: {first}'}",
+              file=sys.stderr)
         return 1
+    finally:
+        if guardian is not None:
+            guardian.terminate()
     summary = cmd.summary(result)
     print(json.dumps(summary, default=str) if args.json else json.dumps(summary, indent=2, default=str))
     return 0

@@ -14,7 +14,7 @@ from tasks.common.names import Tag
 from tasks.common.progress import Progress
 from tasks.common.settings import Settings
 from tasks.common.specs import AblationSpec, AggregateSpec, BenchmarkSpec, DemoSpec, GenerateSpec, InferSpec, TrainSpec, ValidateSpec
-from tasks.common.tracking import mlflow_run, run_url
+from tasks.common.tracking import mlflow_run, reap_orphans, run_url
 from tasks.generate.task import run_sweep
 from tasks.infer.task import rollout
 from tasks.report.task import ablation_row, aggregate_runs, publish_artifacts, write_ablation
@@ -284,6 +284,7 @@ def benchmark(spec: BenchmarkSpec = BenchmarkSpec()) -> dict:
     _tag_run("stage:benchmark", f"benchmark:{name}", *(f"device:{d}" for d in spec.devices))
     settings = _settings()
     logger = get_run_logger()
+    reap_orphans(settings, logger)  # cells left RUNNING by a killed worker on this host become KILLED: resumable
     check_deployments(spec)
     total = len(spec.frameworks) * len(spec.devices) * len(spec.batch_sizes) * spec.repeats + len(spec.infer_cells())
     with mlflow_run(settings, "benchmark", f"benchmark-{name}", params=spec.model_dump(), description=_benchmark_description(spec),

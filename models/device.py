@@ -16,13 +16,11 @@ from typing import Callable, ContextManager, Literal
 
 import torch
 
+from models.host import DeviceUnavailable  # noqa: F401  (raised here, caught by the job entry)
+
 DeviceKind = Literal["cpu", "cuda", "xla"]
 DEVICE_KINDS: tuple[str, ...] = ("cpu", "cuda", "xla")
 Precision = Literal["fp32", "bf16"]
-
-
-class DeviceUnavailable(RuntimeError):
-    """The requested device kind cannot be used on this host."""
 
 
 def _nothing() -> None:

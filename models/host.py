@@ -1,6 +1,10 @@
-"""What this host offers the computation (CPU cores), framework-free."""
+"""What this host offers the computation (CPU cores, devices that can be opened), framework-free."""
 
 import os
+
+
+class DeviceUnavailable(RuntimeError):
+    """The requested device kind cannot be used on this host."""
 
 
 def cpu_cores() -> int:

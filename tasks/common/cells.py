@@ -57,9 +57,11 @@ def cell_error(settings: Settings, key: str, since_ms: int) -> tuple[str, str] |
 
 
 def interrupted_cell(settings: Settings, key: str) -> str | None:
-    """The newest run of cell ``key`` that was left RUNNING (its process was killed) or FAILED, if any."""
+    """The newest run of cell ``key`` that ended KILLED or FAILED, if any. A run still RUNNING is not
+    taken: runs whose driver on this host is gone were marked KILLED before (tasks.common.tracking.
+    reap_orphans), so a RUNNING one is alive, or driven from another host where nothing proves it dead."""
     run = _newest_run(settings, key, "attributes.status != 'FINISHED'")
-    return run.info.run_id if run else None
+    return run.info.run_id if run and run.info.status != "RUNNING" else None
 
 
 @task(name="record-failed-cell", task_run_name="record failed cell {name}", retries=3, retry_delay_seconds=[2, 5, 15])

@@ -16,7 +16,7 @@ import numpy as np
 from zarr.abc.store import Store
 
 from tasks.common.errors import UserError
-from tasks.common.store import frame_store, open_frame_arrays, open_simulation
+from tasks.common.store import frame_store, open_frame_arrays, read_frames
 
 INPUTS = ("u", "v", "p", "mask")
 OUTPUTS = ("u", "v", "p")
@@ -174,9 +174,9 @@ def crop_pairs(cond: np.ndarray, target: np.ndarray, corners: np.ndarray, side: 
 
 def load_frames(dataset_dir: Path, sim_id: str) -> np.ndarray:
     """All frames of one simulation as (T, 4, H, W) float32: u, v, p, mask (one simulation only:
-    the rollout's reference; training reads through PairSource)."""
-    ds = open_simulation(dataset_dir, sim_id)
-    return np.stack([ds[name].values for name in INPUTS], axis=1).astype(np.float32)
+    the rollout's reference; training reads through PairSource). Damaged data is refused, naming it."""
+    arrays = open_frame_arrays(frame_store(dataset_dir), sim_id, INPUTS)
+    return np.stack([read_frames(arrays[name], slice(None), dataset_dir, sim_id, name) for name in INPUTS], axis=1).astype(np.float32)
 
 
 class PairSource:
@@ -192,6 +192,7 @@ class PairSource:
         if not sim_ids:
             raise UserError("no simulations to draw (t, t+k) pairs from")
         self.sim_ids, self.stride, self.unroll = list(sim_ids), stride, unroll
+        self.dataset_dir = Path(dataset_dir)
         self.in_memory = False
         store = frame_store(dataset_dir) if store is None else store
         self._arrays = [open_frame_arrays(store, s, INPUTS) for s in self.sim_ids]
@@ -218,7 +219,8 @@ class PairSource:
     def hold_in_memory(self) -> None:
         """Read every frame of the source's simulations once and serve batches from memory from now on:
         no chunk is decoded per batch (on a CPU that decoding competes with training for the cores)."""
-        self._arrays = [{name: np.asarray(a[name][...], np.float32) for name in INPUTS} for a in self._arrays]
+        self._arrays = [{name: read_frames(a[name], slice(None), self.dataset_dir, sim, name).astype(np.float32) for name in INPUTS}
+                        for sim, a in zip(self.sim_ids, self._arrays)]
         self.in_memory = True
 
     def locate(self, indices) -> tuple[np.ndarray, np.ndarray]:
@@ -243,13 +245,21 @@ class PairSource:
             frames, where = np.unique(wanted, return_inverse=True)
             where = where.reshape(self.unroll + 1, len(rows))
             for c, name in enumerate(OUTPUTS):
-                block = _frames(arrays[name], frames)  # (F, H, W)
+                block = self._frames(i, name, frames)  # (F, H, W)
                 cond[rows, c] = block[where[0]]
                 for j in range(1, self.unroll + 1):
                     target[rows, (j - 1) * n_out + c] = block[where[j]]
             mask_frames, mask_where = np.unique(t0, return_inverse=True)
-            cond[rows, 3] = _frames(arrays["mask"], mask_frames)[mask_where]
+            cond[rows, 3] = self._frames(i, "mask", mask_frames)[mask_where]
         return cond, target
+
+    def _frames(self, i: int, name: str, frames: np.ndarray) -> np.ndarray:
+        """Frames (F, H, W) of variable ``name`` of simulation ``i``: from memory (checked when read), or
+        from the store (one chunk each), checked."""
+        array = self._arrays[i][name]
+        if isinstance(array, np.ndarray):
+            return array[frames]
+        return read_frames(array, frames, self.dataset_dir, self.sim_ids[i], name)
 
     def batch(self, indices, norm: Normalizer) -> tuple[np.ndarray, np.ndarray]:
         """cond (B, 4, H, W) and target (B, 3, H, W) in network units."""
@@ -284,12 +294,12 @@ class PairSource:
         """Per-channel RMS (3,) float32 of the change x(t+stride) - x(t) of u, v, p over every pair
         of the source's simulations, read ``block_frames`` frames at a time."""
         total, count = np.zeros(len(OUTPUTS)), 0
-        for arrays in self._arrays:
+        for i, arrays in enumerate(self._arrays):
             frames = arrays[OUTPUTS[0]].shape[0]
             for start in range(0, frames - self.stride, block_frames):
                 stop = min(start + block_frames, frames - self.stride)
                 for c, name in enumerate(OUTPUTS):
-                    block = arrays[name][start : stop + self.stride]  # (stop - start + stride, H, W)
+                    block = self._frames(i, name, np.arange(start, stop + self.stride))  # (stop - start + stride, H, W)
                     change = block[self.stride :].astype(np.float64) - block[: -self.stride]
                     total[c] += np.square(change).sum()
                 count += (stop - start) * self.height * self.width
@@ -300,16 +310,14 @@ class PairSource:
         simulations, read ``block_frames`` frames at a time."""
         lo = np.full(len(OUTPUTS), np.inf, np.float32)
         hi = np.full(len(OUTPUTS), -np.inf, np.float32)
-        for arrays in self._arrays:
+        for i, arrays in enumerate(self._arrays):
             for c, name in enumerate(OUTPUTS):
-                array = arrays[name]
-                for start in range(0, array.shape[0], block_frames):
-                    block = array[start : start + block_frames]  # (<= block_frames, H, W)
+                count = arrays[name].shape[0]
+                for start in range(0, count, block_frames):
+                    block = self._frames(i, name, np.arange(start, min(start + block_frames, count)))  # (<= block_frames, H, W)
                     lo[c] = np.minimum(lo[c], block.min())
                     hi[c] = np.maximum(hi[c], block.max())
         return lo, hi
 
 
-def _frames(array, frames: np.ndarray) -> np.ndarray:
-    """Frames (F, H, W) of a zarr array (one chunk read each) or of one held in memory."""
-    return array[frames] if isinstance(array, np.ndarray) else array.oindex[frames]
+

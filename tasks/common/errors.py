@@ -7,3 +7,24 @@ class UserError(ValueError):
 
 class RunFailed(RuntimeError):
     """A run that started and then failed for a reason one line explains (a diverging loss, ...)."""
+
+
+class RunStopped(RunFailed):
+    """A run stopped by a signal (SIGTERM, SIGINT) before it ended; its MLflow run is marked KILLED."""
+
+
+class Interrupted(BaseException):
+    """SIGTERM received by a command: unwinds it like Ctrl-C does, so that children are stopped and runs marked."""
+
+    def __init__(self, signum: int):
+        super().__init__(f"stopped by {signal_name(signum)}")
+        self.signum = signum
+
+
+def signal_name(signum: int) -> str:
+    import signal
+
+    try:
+        return signal.Signals(signum).name
+    except ValueError:
+        return f"signal {signum}"

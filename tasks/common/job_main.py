@@ -5,17 +5,20 @@ device environment (PJRT_DEVICE, CUDA_VISIBLE_DEVICES, ...) is set by the parent
 framework import, tensorflow and torch_xla never meet in one process, and cold-start timings are
 honest. Under torchrun there is one such process per device; rank 0 writes the result. The run
 reports through MLflow and the result file. Exit codes: 0 done, 3 user error (stderr line
-'error: ...'), 4 the run failed for a stated reason (stderr line 'failed: ...'), 1 crash.
+'error: ...'), 4 the run failed for a stated reason ('failed: ...'), 5 stopped by a signal ('stopped: ...'), 1
+crash ('crashed: ...', after its traceback). The same verdict is written to the result file as {"error": {...}}.
 """
 
 import json
 import logging
+import os
 import sys
 import traceback
 from pathlib import Path
 
 USER_ERROR = 3
 RUN_FAILED = 4
+STOPPED = 5
 
 
 def _torch_jobs() -> dict:
@@ -39,6 +42,9 @@ def job_body(framework: str, kind: str):
 
 
 def main(argv: list[str]) -> int:
+    from tasks.common import lifetime
+
+    lifetime.die_with_parent()
     logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr)
     from tasks.common.quiet import quiet_libraries
 
@@ -48,26 +54,46 @@ def main(argv: list[str]) -> int:
         return 2
     kind, job_path, result_path = argv[0], Path(argv[1]), Path(argv[2])
     job = json.loads(job_path.read_text())
-    from models.device import DeviceUnavailable
-    from tasks.common.errors import RunFailed, UserError
+    from models.host import DeviceUnavailable
+    from tasks.common.errors import RunFailed, RunStopped, UserError, signal_name
 
+    if kind == "train":  # training stops at the end of a step and says so; other jobs stop at once
+        lifetime.request_stop_on_signals()
+    else:
+        lifetime.raise_on_sigterm()
     try:
         result = job_body(job.get("framework", "torch"), kind)(job)
     except (UserError, DeviceUnavailable) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return USER_ERROR
+        return _verdict(result_path, "user", "error", exc, USER_ERROR)
+    except RunStopped as exc:
+        return _verdict(result_path, "stopped", "stopped", exc, STOPPED)
     except RunFailed as exc:
-        print(f"failed: {exc}", file=sys.stderr)
-        return RUN_FAILED
-    except Exception:
-        traceback.print_exc()
-        return 1
+        return _verdict(result_path, "failed", "failed", exc, RUN_FAILED)
+    except (KeyboardInterrupt, lifetime.Interrupted) as exc:
+        signum = getattr(exc, "signum", 2)
+        return _verdict(result_path, "stopped", "stopped", f"{kind} stopped by {signal_name(signum)}", STOPPED)
+    except Exception as exc:
+        traceback.print_exc()  # once, into the log; the verdict is one line
+        return _verdict(result_path, "crash", "crashed", f"{kind} child crashed: {type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}", 1)
     if result is None:  # a rank other than 0
         return 0
-    tmp = result_path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(result, indent=2, sort_keys=True))
-    tmp.replace(result_path)
+    _write(result_path, result)
     return 0
+
+
+def _write(path: Path, payload: dict) -> None:
+    tmp = path.with_suffix(f".{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(payload, indent=2, sort_keys=True))
+    tmp.replace(path)
+
+
+def _verdict(result_path: Path, kind: str, prefix: str, exc, code: int) -> int:
+    """The job's end in one line on stderr and as a structured result (rank 0 or a single process)."""
+    message = str(exc)
+    print(f"{prefix}: {message}", file=sys.stderr)
+    if os.environ.get("RANK", "0") == "0":
+        _write(result_path, {"error": {"kind": kind, "type": type(exc).__name__ if not isinstance(exc, str) else kind, "message": message}})
+    return code
 
 
 if __name__ == "__main__":

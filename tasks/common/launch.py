@@ -5,16 +5,54 @@ import os
 import subprocess
 import sys
 import tempfile
+import threading
 from collections import deque
 from pathlib import Path
 
-from tasks.common.errors import RunFailed, UserError
+from tasks.common.errors import RunFailed, RunStopped, UserError, signal_name
+from tasks.common.lifetime import PARENT_ENV, defer, raise_pending, stop_child
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
 class ChildFailed(RuntimeError):
-    """The child process crashed; the message carries the tail of its output."""
+    """The child process crashed; the message says with what, in one line (its traceback is in the log)."""
+
+
+def _relay(proc: subprocess.Popen, kind: str, tail: deque, log, on_line) -> None:
+    """The child's output, line by line, into the log (once) and ``on_line``, until it closes."""
+    for line in proc.stdout:
+        line = line.rstrip()
+        if line:
+            tail.append(line)
+            log.info("[%s] %s", kind, line)
+            if on_line is not None:
+                on_line(line)
+    proc.wait()
+
+
+def _raise_verdict(kind: str, rc: int, tail: deque, result_path: Path) -> None:
+    """Raise what the child's end means: its structured error (result file), else its last verdict line
+    (under torchrun the exit code is the launcher's), else a crash described in one line."""
+    error = None
+    if result_path.is_file():
+        error = json.loads(result_path.read_text()).get("error")
+    if error is None:
+        for line in reversed(tail):
+            for prefix, verdict in (("error: ", "user"), ("failed: ", "failed"), ("stopped: ", "stopped"), ("crashed: ", "crash")):
+                if line.startswith(prefix):
+                    error = {"kind": verdict, "message": line[len(prefix):]}
+                    break
+            if error:
+                break
+    if error is None:
+        if rc < 0:
+            why = f"killed by {signal_name(-rc)}" + (" (by the kernel's out-of-memory killer, if nothing else sent it)" if rc == -9 else "")
+        else:
+            why = f"exited with code {rc}" + (f": {tail[-1]}" if tail else "")
+        error = {"kind": "crash", "message": f"{kind} child {why}"}
+    cls = {"user": UserError, "failed": RunFailed, "stopped": RunStopped}.get(error["kind"], ChildFailed)
+    raise cls(error["message"])
 
 
 def device_env(device: str, world_size: int | None = None) -> dict[str, str]:
@@ -40,7 +78,8 @@ def run_child(kind: str, job: dict, log, env: dict[str, str] | None = None, proc
     with tempfile.TemporaryDirectory(prefix="karman-job-") as tmp:
         job_path, result_path = Path(tmp) / "job.json", Path(tmp) / "result.json"
         job_path.write_text(json.dumps({**job, "framework": framework}))
-        child_env = {**os.environ, **(env or {}), "PYTHONUNBUFFERED": "1"}
+        raise_pending()  # a signal that came while the previous child finished: stop before starting another
+        child_env = {**os.environ, **(env or {}), "PYTHONUNBUFFERED": "1", PARENT_ENV: str(os.getpid())}
         child_env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), child_env.get("PYTHONPATH")]))
         cmd = [sys.executable, "-m", "tasks.common.job_main", kind, str(job_path), str(result_path)]
         if procs > 1:
@@ -49,20 +88,19 @@ def run_child(kind: str, job: dict, log, env: dict[str, str] | None = None, proc
         tail: deque[str] = deque(maxlen=30)
         with subprocess.Popen(cmd, cwd=os.getcwd(), env=child_env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) as proc:
             assert proc.stdout is not None
-            for line in proc.stdout:
-                line = line.rstrip()
-                if line:
-                    tail.append(line)
-                    log.info("[%s] %s", kind, line)
-                    if on_line is not None:
-                        on_line(line)
+            try:
+                _relay(proc, kind, tail, log, on_line)
+            except BaseException as exc:  # SIGTERM or Ctrl-C here: stop the child, then say how it ended
+                stopper = threading.Thread(target=stop_child, args=(proc,), daemon=True)
+                stopper.start()
+                _relay(proc, kind, tail, log, on_line)
+                stopper.join()
+                if proc.returncode == 0:  # it finished its run meanwhile: keep the run, stop the command after it
+                    defer(exc)
+                    return json.loads(result_path.read_text())
+                _raise_verdict(kind, proc.returncode, tail, result_path)
+                raise RunStopped(f"{kind} {exc or type(exc).__name__}") from exc
             rc = proc.wait()
         if rc != 0:
-            # Under torchrun the exit code is the launcher's; the rank's own line says what happened.
-            for line in reversed(tail):
-                if line.startswith("error: "):
-                    raise UserError(line[len("error: "):])
-                if line.startswith("failed: "):
-                    raise RunFailed(line[len("failed: "):])
-            raise ChildFailed(f"{kind} child exited with code {rc}:\n" + "\n".join(tail))
+            _raise_verdict(kind, rc, tail, result_path)
         return json.loads(result_path.read_text())

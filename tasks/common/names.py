@@ -23,4 +23,5 @@ class Tag:
     ERROR = "karman.error"  # on a failed run: the reason, in one line
     VALIDATION_WITHIN_2PCT = "karman.validation.within_2pct"
     VALIDATION_INSIDE = "karman.validation.inside"
+    DRIVER = "karman.driver"  # host:pid:start of the process that holds the run open (for reaping)
     DESCRIPTION = "mlflow.note.content"  # the run's description in the MLflow UI

@@ -1,8 +1,8 @@
 """Other libraries' chatter kept off the terminal unless asked for (--verbose).
 
 ``--verbose`` sets KARMAN_VERBOSE=1 for the command and its child processes. Kept off otherwise:
-their warnings, their INFO logs, and Prefect's lifecycle lines for runs that completed. Errors, failed states and this project's own lines
-always show.
+their warnings, their INFO logs, Prefect's lifecycle lines for runs that completed, and the tracebacks
+of this project's own one-line errors. Errors, failed states and this project's own lines always show.
 """
 
 import logging
@@ -15,6 +15,29 @@ LIBRARIES = r"(zarr|numcodecs|mlflow|torch|torch_xla|dask|distributed|numba|matp
 # runs that began or completed (a failed state still shows).
 LIFECYCLE = ("Starting temporary server", "Stopping temporary server", "Beginning flow run", "Beginning subflow run",
              "Created task run", "Executing '", "Finished in state Completed")
+
+
+# Exceptions whose one-line message says it all: their tracebacks stay off the console (the Prefect UI
+# keeps them); the command ends with their message as its verdict.
+OWN_ERRORS = {"UserError", "RunFailed", "RunStopped", "ChildFailed", "Interrupted", "KeyboardInterrupt", "TerminationSignal"}
+
+
+class _OwnErrorsInOneLine(logging.Formatter):
+    """Wraps a console formatter: a record of one of OWN_ERRORS is formatted without its traceback."""
+
+    def __init__(self, inner: logging.Formatter | None):
+        super().__init__()
+        self.inner = inner or logging.Formatter()
+
+    def format(self, record: logging.LogRecord) -> str:
+        if not (record.exc_info and record.exc_info[0] is not None and record.exc_info[0].__name__ in OWN_ERRORS):
+            return self.inner.format(record)
+        saved = record.exc_info, record.exc_text
+        record.exc_info, record.exc_text = None, None
+        try:
+            return self.inner.format(record)
+        finally:
+            record.exc_info, record.exc_text = saved
 
 
 def verbose() -> bool:
@@ -47,3 +70,4 @@ def quiet_prefect_console() -> None:
         for handler in logging.getLogger(name).handlers:
             if "Console" in type(handler).__name__ and not any(isinstance(f, _Lifecycle) for f in handler.filters):
                 handler.addFilter(_Lifecycle())
+                handler.setFormatter(_OwnErrorsInOneLine(handler.formatter))

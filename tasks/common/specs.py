@@ -48,6 +48,7 @@ class GenerateSpec(Spec):
     workers: PositiveInt = Field(default=2, le=1024, description="Dask workers of the local cluster (one thread each)")
     scheduler: str | None = Field(default=None, description="Address of an existing Dask scheduler; None starts a LocalCluster")
     overwrite: bool = Field(default=False, description="Delete an existing dataset of this name first")
+    verify: bool = Field(default=False, description="Read every complete simulation back against its digest and simulate again those whose data is damaged or lost")
 
     @field_validator("reynolds", "shapes", "size", "x_position", "y_offset")
     @classmethod

@@ -9,10 +9,13 @@ A simulation counts only once the manifest names it; the manifest is replaced at
 interrupted sweep never leaves a half-written simulation marked complete.
 """
 
+import contextlib
+import fcntl
 import hashlib
 import json
 import os
 import shutil
+import socket
 from pathlib import Path
 from typing import Any
 
@@ -52,8 +55,57 @@ def write_simulation(dataset_dir: Path, sim_id: str, ds: xr.Dataset) -> None:
         shutil.rmtree(group_dir)
     compressor = zarr.codecs.BloscCodec(cname="zstd", clevel=3, shuffle="shuffle")
     ny, nx = ds.sizes["y"], ds.sizes["x"]
-    encoding = {name: {"chunks": (1, ny, nx), "compressors": [compressor]} for name in VARIABLES}
+    # crc32c over each compressed chunk: a damaged chunk fails to read instead of decoding to wrong values
+    encoding = {name: {"chunks": (1, ny, nx), "compressors": [compressor, zarr.codecs.Crc32cCodec()]} for name in VARIABLES}
     ds.to_zarr(store, group=sim_id, mode="w", zarr_format=3, consolidated=False, encoding=encoding)
+
+
+def damaged(dataset_dir: Path, sim_id: str, name: str, frame, why: str) -> UserError:
+    """The one-line error for damaged data, naming where it is and how to repair it."""
+    where = f"frame {frame}" if frame is not None else "a frame"
+    return UserError(f"dataset {dataset_dir.name!r}, simulation {sim_id}, variable {name}, {where} {why}; repair it with "
+                     f"python -m flows generate --dataset {dataset_dir.name} --verify (the sweep's other options as it was made), "
+                     "which simulates the damaged simulations again")
+
+
+def checked(values: np.ndarray, dataset_dir: Path, sim_id: str, name: str, frames) -> np.ndarray:
+    """``values`` (F, ...) of ``frames`` unchanged; the ``damaged`` error at the first frame holding a
+    non-finite value (a lost chunk reads as NaN)."""
+    bad = ~np.isfinite(values.reshape(len(values), -1)).all(axis=1)
+    if bad.any():
+        raise damaged(dataset_dir, sim_id, name, int(np.asarray(frames)[int(np.argmax(bad))]), "is missing or not finite")
+    return values
+
+
+def read_frames(array: zarr.Array, frames, dataset_dir: Path, sim_id: str, name: str) -> np.ndarray:
+    """Frames (F, ...) of a stored array, checked: a chunk that fails to decode or its checksum, or a
+    frame that is not finite, is the ``damaged`` error naming that frame."""
+    frames = np.arange(array.shape[0])[frames] if isinstance(frames, slice) else np.asarray(frames)
+    try:
+        values = array.oindex[frames]
+    except Exception as exc:
+        for frame in frames:  # which one
+            try:
+                array.oindex[[int(frame)]]
+            except Exception:
+                raise damaged(dataset_dir, sim_id, name, int(frame), f"cannot be read ({type(exc).__name__}: damaged chunk)") from None
+        raise
+    return checked(values, dataset_dir, sim_id, name, frames)
+
+
+def verify_simulation(dataset_dir: Path, sim_id: str, digest: str) -> str | None:
+    """What is wrong with a stored simulation (a chunk that does not read or fails its checksum, a
+    non-finite frame, content that differs from its digest), or None if it is whole."""
+    try:
+        arrays = open_frame_arrays(frame_store(dataset_dir), sim_id, VARIABLES)
+        for name in VARIABLES:
+            read_frames(arrays[name], slice(None), dataset_dir, sim_id, name)
+        found = content_digest(open_simulation(dataset_dir, sim_id))
+    except UserError as exc:
+        return str(exc).split("; repair", 1)[0]
+    except Exception as exc:
+        return f"{type(exc).__name__}: {exc}"
+    return None if found == digest else "its content differs from the digest recorded when it was written"
 
 
 class Manifest:
@@ -76,6 +128,11 @@ class Manifest:
 
     def add(self, sim_id: str, record: dict[str, Any]) -> None:
         self.simulations[sim_id] = record
+        self.save()
+
+    def remove(self, sim_id: str) -> None:
+        """Forget a simulation (damaged data), so that the next sweep simulates it again."""
+        self.simulations.pop(sim_id, None)
         self.save()
 
     def save(self) -> None:
@@ -133,3 +190,28 @@ def open_frame_arrays(store: Store, sim_id: str, names: tuple[str, ...]) -> dict
     except (FileNotFoundError, KeyError) as exc:
         raise UserError(f"simulation {sim_id!r} is missing from the zarr store {store} ({type(exc).__name__}); "
                         "rerun 'python -m flows generate' for this dataset") from None
+
+
+@contextlib.contextmanager
+def writer_lock(folder: Path, what: str):
+    """Hold the one-writer lock of ``folder`` (a dataset or a run) for the block: an exclusive flock on
+    a file beside it, released when the block ends or the process dies. UserError naming the holder's
+    pid and host if another process holds it."""
+    lock_path = folder.parent / f".{folder.name}.lock"
+    lock_path.parent.mkdir(parents=True, exist_ok=True)
+    with open(lock_path, "a+") as lock:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            lock.seek(0)
+            holder = lock.read().strip() or "another process"
+            raise UserError(f"{what} is being written by {holder}; wait until it ends or stop it") from None
+        lock.seek(0)
+        lock.truncate()
+        lock.write(f"pid {os.getpid()} on host {socket.gethostname()}")
+        lock.flush()
+        try:
+            yield
+        finally:
+            lock.seek(0)
+            lock.truncate()

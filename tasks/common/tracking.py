@@ -1,7 +1,12 @@
 """MLflow behind one context manager: every run is opened, tagged and closed here."""
 
 import contextlib
+import fcntl
 import logging
+import os
+import socket
+import urllib.error
+import urllib.request
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -30,6 +35,29 @@ def _flatten(params: dict[str, Any], prefix: str = "") -> dict[str, str]:
 EXPERIMENT_KIND = {"mlflow.experimentKind": "custom_model_development",
                    Tag.DESCRIPTION: "Kármán Bench: neural surrogates of a vortex street, trained and rolled out "
                                           "across devices, frameworks and batch sizes, against a lattice-Boltzmann solver."}
+
+
+def tracking_ready(settings: Settings, timeout_s: float = 5.0) -> None:
+    """Fail fast, before any work, if the tracking store cannot be used: a server that does not answer its
+    health check within ``timeout_s`` (UserError naming the URI), or a new local SQLite store, whose
+    tables are created here under a file lock so that two commands never race on them."""
+    from tasks.common.errors import UserError
+
+    uri = settings.tracking_uri
+    if uri.startswith(("http://", "https://")):
+        try:
+            with urllib.request.urlopen(uri.rstrip("/") + "/health", timeout=timeout_s) as response:
+                response.read()
+        except (urllib.error.URLError, OSError) as exc:
+            reason = getattr(exc, "reason", exc)
+            raise UserError(f"the MLflow tracking server {uri} does not answer ({reason}); start it (infra/start-mlflow-server.sh) "
+                            "or set MLFLOW_TRACKING_URI to one that runs") from None
+    elif uri.startswith("sqlite:///"):
+        db = Path(uri[len("sqlite:///"):])
+        db.parent.mkdir(parents=True, exist_ok=True)
+        with open(db.with_name(db.name + ".lock"), "a") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)  # one creator of the tables at a time
+            client_for(settings).search_experiments(max_results=1)
 
 
 def experiment_id(client: MlflowClient, settings: Settings) -> str:
@@ -152,10 +180,12 @@ def mlflow_run(
     description: str | None = None,
 ) -> Iterator[Run]:
     """Open a run of ``stage`` in the settings' experiment (or ``reopen`` an existing one, to resume
-    it), with ``description`` as its note in the MLflow UI; it ends FINISHED, or FAILED on any exception."""
+    it), with ``description`` as its note in the MLflow UI; it ends FINISHED, KILLED when stopped by a signal, or
+    FAILED on any other exception."""
     client = client_for(settings)
+    tags = {**(tags or {}), Tag.DRIVER: driver_id()}
     if description:
-        tags = {**(tags or {}), Tag.DESCRIPTION: description}
+        tags[Tag.DESCRIPTION] = description
     if reopen:
         client.update_run(reopen, status="RUNNING")
         handle = Run(client, reopen)
@@ -173,10 +203,58 @@ def mlflow_run(
         yield handle
     except BaseException as exc:
         handle.set_tags({Tag.ERROR: f"{type(exc).__name__}: {exc}"[:5000]})
-        client.set_terminated(handle.run_id, "FAILED")
+        client.set_terminated(handle.run_id, "KILLED" if stopped(exc) else "FAILED")
         raise
     else:
         client.set_terminated(handle.run_id, "FINISHED")
+
+
+def _start_time(pid: int) -> str | None:
+    """The kernel's start time of process ``pid`` (clock ticks since boot), or None if there is none."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[19]
+    except (OSError, IndexError):
+        return None
+
+
+def driver_id(pid: int | None = None) -> str:
+    """host:pid:start of a process: who holds a run open; the start time tells a reused pid apart."""
+    pid = pid or os.getpid()
+    return f"{socket.gethostname()}:{pid}:{_start_time(pid) or '?'}"
+
+
+def driver_alive(driver: str) -> bool | None:
+    """Whether the process named by ``driver_id`` still runs: True or False on this host, None elsewhere."""
+    host, _, rest = driver.partition(":")
+    pid, _, start = rest.partition(":")
+    if host != socket.gethostname() or not pid.isdigit():
+        return None
+    now = _start_time(int(pid))
+    return now is not None and (start in ("?", now))
+
+
+def reap_orphans(settings: Settings, log=None) -> list[str]:
+    """Mark KILLED the RUNNING runs of the experiment whose driver on this host is gone (a killed command
+    or worker); runs driven from other hosts are left alone. Returns the ids marked."""
+    client = client_for(settings)
+    marked = []
+    for run in client.search_runs([experiment_id(client, settings)], "attributes.status = 'RUNNING'", max_results=500):
+        driver = run.data.tags.get(Tag.DRIVER)
+        if driver and driver_alive(driver) is False:
+            client.set_tag(run.info.run_id, Tag.ERROR, f"its driver ({driver.rsplit(':', 1)[0]}) ended without closing it")
+            client.set_terminated(run.info.run_id, "KILLED")
+            marked.append(run.info.run_id)
+            if log is not None:
+                log.warning("run %s was left RUNNING by a process that is gone (%s); marked KILLED", run.info.run_id, driver.rsplit(":", 1)[0])
+    return marked
+
+
+def stopped(exc: BaseException) -> bool:
+    """Whether ``exc`` ends a run because it was asked to stop (a signal), not because it failed."""
+    from tasks.common.errors import Interrupted, RunStopped
+
+    return isinstance(exc, (RunStopped, Interrupted, KeyboardInterrupt)) or type(exc).__name__ == "TerminationSignal"
 
 
 @contextlib.contextmanager

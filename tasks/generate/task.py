@@ -13,7 +13,7 @@ from tasks.common.names import Tag
 from tasks.common.progress import Progress
 from tasks.common.settings import Settings
 from tasks.common.specs import GenerateSpec
-from tasks.common.store import Manifest, consolidate, remove_stale_groups
+from tasks.common.store import Manifest, consolidate, remove_stale_groups, verify_simulation, writer_lock
 from tasks.common.tracking import mlflow_run
 from tasks.generate.simulation import SimulationSpec, run_simulation
 
@@ -44,7 +44,7 @@ _WERE_SCALARS = ("size", "x_position", "y_offset")
 def _sweep_key(spec: GenerateSpec) -> dict:
     """What identifies a dataset's sweep in its manifest. A one-value list of a field that used to be a
     scalar is recorded as that scalar, so datasets generated before stay the same sweep."""
-    key = spec.model_dump(exclude={"workers", "scheduler", "overwrite", "dataset"})
+    key = spec.model_dump(exclude={"workers", "scheduler", "overwrite", "verify", "dataset"})
     for name in _WERE_SCALARS:
         if len(key[name]) == 1:
             key[name] = key[name][0]
@@ -57,9 +57,20 @@ def run_sweep(settings: Settings, spec: GenerateSpec, parent_run_id: str | None 
     logger = get_run_logger()
     sims = expand(spec)
     dataset_dir = settings.dataset_dir(spec.dataset)
+    with writer_lock(dataset_dir, f"dataset {spec.dataset!r}"):  # one writer per dataset: a second sweep is refused
+        return _sweep(settings, spec, sims, dataset_dir, parent_run_id, logger)
+
+
+def _sweep(settings: Settings, spec: GenerateSpec, sims: list[SimulationSpec], dataset_dir, parent_run_id: str | None, logger) -> dict:
     if spec.overwrite and dataset_dir.exists():
         shutil.rmtree(dataset_dir)
     manifest = Manifest(dataset_dir, _sweep_key(spec))
+    if spec.verify:
+        for sim_id in sorted(s for s in manifest.simulations if manifest.is_complete(s)):
+            problem = verify_simulation(dataset_dir, sim_id, manifest.simulations[sim_id]["digest"])
+            if problem:
+                logger.warning("simulation %s is damaged (%s): it is simulated again", sim_id, problem)
+                manifest.remove(sim_id)
     todo = [s for s in sims if not manifest.is_complete(s.sim_id)]
     removed = remove_stale_groups(dataset_dir, {s for s in manifest.simulations if manifest.is_complete(s)})
     if removed:

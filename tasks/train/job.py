@@ -17,6 +17,7 @@ import logging
 import math
 import os
 import resource
+import signal
 import socket
 import time
 from pathlib import Path
@@ -30,7 +31,8 @@ from models.nets.trainer import NoClock, OptimConfig, PhaseClock, build_trainer,
 from models.recipe import lr_factor
 from models.solver import vorticity
 from tasks.common.data import INPUTS, OUTPUTS, Normalizer, PairSource, StepCodec, crop_offsets, crop_pairs, epoch_order, epoch_seed, IN_MEMORY_BYTES, split_of, training_net
-from tasks.common.errors import RunFailed, UserError
+from tasks.common.errors import RunFailed, RunStopped, UserError, signal_name
+from tasks.common.lifetime import stop_requested
 from tasks.common.names import Tag
 from tasks.common.plots import vorticity_panels
 from tasks.common.progress import time_left
@@ -67,7 +69,7 @@ def _to_cpu(obj):
 
 def save_checkpoint(state: dict, path: Path) -> None:
     """Write atomically: a crash mid-write leaves the previous checkpoint in place."""
-    tmp = path.with_name(path.name + ".tmp")
+    tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")  # one per process: two writers never share one
     torch.save(state, tmp)
     os.replace(tmp, path)
 
@@ -233,9 +235,10 @@ def _train(spec: TrainSpec, settings: Settings, batch_size: int, resume: bool, r
                 # verdict and the training time travel with the losses.
                 elapsed = time.perf_counter() - clock_t0
                 over = float(spec.time_budget is not None and elapsed >= spec.time_budget)
-                agreed = [torch.full_like(losses[names[0]], x, dtype=torch.float32) for x in (over, elapsed)]
+                signalled = stop_requested()  # SIGTERM or SIGINT: every rank stops after the same step
+                agreed = [torch.full_like(losses[names[0]], x, dtype=torch.float32) for x in (over, float(signalled or 0), elapsed)]
                 reduced = ctx.mean_over_ranks(torch.stack([losses[k].float() for k in names] + agreed)).tolist()
-                values, train_s = dict(zip(names, reduced[:-2])), reduced[-1]
+                values, train_s = dict(zip(names, reduced[:-3])), reduced[-1]
                 t2 = time.perf_counter()
                 data_s += t1 - t0
                 global_step, session_steps, done = global_step + 1, session_steps + 1, done + 1
@@ -249,9 +252,14 @@ def _train(spec: TrainSpec, settings: Settings, batch_size: int, resume: bool, r
                 for k, v in values.items():
                     sums[k] = sums.get(k, 0.0) + v
                 steps.add(global_step, {f"step_{k}": v for k, v in values.items()} | {"step_time_s": t2 - t0})
+                if reduced[-2] > 0:
+                    steps.flush()
+                    kept = (f"the checkpoint of epoch {epoch - 1} is kept" if checkpoint.exists() else "no checkpoint was written yet")
+                    resume = (f"resume with python -m flows train --resume {run_id}" if checkpoint.exists() else "start it afresh")
+                    raise RunStopped(f"stopped by {signal_name(signalled or signal.SIGTERM)} at epoch {epoch}, step {global_step}; {kept}; {resume}")
                 if spec.max_steps and global_step >= spec.max_steps:
                     break
-                if reduced[-2] > 0:
+                if reduced[-3] > 0:
                     stopping = "time budget"
                     break
         finally:

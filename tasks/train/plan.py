@@ -13,7 +13,7 @@ from tasks.common.errors import UserError
 from tasks.common.launch import device_env, run_child
 from tasks.common.settings import Settings
 from tasks.common.specs import TrainSpec
-from tasks.common.store import load_manifest
+from tasks.common.store import load_manifest, writer_lock
 from tasks.common.tracking import training_run
 
 JOB_FILE = "job.json"  # the run's configuration, kept with its checkpoint for --resume
@@ -117,6 +117,8 @@ def resume_plan(settings: Settings, spec: TrainSpec) -> tuple[TrainSpec, int]:
     if not job_file.is_file():
         raise UserError(f"run {run_id} has no {JOB_FILE} under {job_file.parent}; it cannot be resumed")
     check_checkpoint(settings.run_dir(run_id) / CHECKPOINT)
+    with writer_lock(settings.run_dir(run_id), f"run {run_id}"):  # refused here if another process trains it
+        pass
     stored = json.loads(job_file.read_text())
     stored_spec = TrainSpec(**stored["spec"])
     for name in sorted(spec.model_fields_set - {"resume"}):

@@ -1,48 +1,19 @@
 """Prefect tasks (flow process): one planned training run in its own child process(es), tracked as one MLflow run; a batch-size sweep as a parent run with the study's table."""
 
-import json
-import os
+import contextlib
 import re
-import socket
 
 from prefect import get_run_logger, task
 
-from tasks.common.errors import UserError
 from tasks.common.launch import run_child
 from tasks.common.names import Tag
 from tasks.common.progress import Progress
 from tasks.common.settings import Settings
 from tasks.common.specs import TrainSpec
-from tasks.common.store import load_manifest, write_json_atomic
+from tasks.common.store import load_manifest, write_json_atomic, writer_lock
 from tasks.common.tracking import client_for, mlflow_run, run_url
 from tasks.report.task import markdown_table, study_table
 from tasks.train.plan import JOB_FILE, TrainPlan
-
-OWNER_FILE = "owner.json"  # host and pid of the process driving the run
-
-
-def _claim(run_dir, run_id: str) -> None:
-    """Record this process as the run's driver; refuse if another live process on this host drives it."""
-    owner = run_dir / OWNER_FILE
-    if owner.exists():
-        try:
-            prev = json.loads(owner.read_text())
-        except (OSError, ValueError):
-            prev = {}
-        if prev.get("host") == socket.gethostname() and prev.get("pid") not in (None, os.getpid()) and _alive(prev["pid"]):
-            raise UserError(f"run {run_id} is being trained by process {prev['pid']} on this host; stop it before resuming")
-    write_json_atomic(owner, {"host": socket.gethostname(), "pid": os.getpid()})
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
 
 def _budget_words(spec: TrainSpec) -> str:
     if spec.time_budget is not None:
@@ -78,13 +49,16 @@ def train_model(settings: Settings, plan: TrainPlan, batch_size: int, parent_run
                    "val_* are validation rollouts, logged against epochs; the generator is under Models.")
     # batch_size and world_size are logged by the run itself, as they resolved
     params = None if resume_run_id else spec.model_dump(exclude={"batch_sizes", "resume", "world_size", "cell"})
-    with mlflow_run(settings, "train", name, params=params, tags=training_tags(spec, batch_size, digest), parent_run_id=parent_run_id,
-                    reopen=resume_run_id, description=description) as run:
-        if not resume_run_id:
-            run.log_dataset(spec.dataset, digest, dataset_dir, "training", {"simulations": len(manifest["simulations"])})
+    with contextlib.ExitStack() as held:
+        if resume_run_id:  # one writer per run: taken before the run is reopened, so a refused second resume changes nothing
+            held.enter_context(writer_lock(settings.run_dir(resume_run_id), f"run {resume_run_id}"))
+        run = held.enter_context(mlflow_run(settings, "train", name, params=params, tags=training_tags(spec, batch_size, digest),
+                                            parent_run_id=parent_run_id, reopen=resume_run_id, description=description))
         run_dir = settings.run_dir(run.run_id)
         run_dir.mkdir(parents=True, exist_ok=True)
-        _claim(run_dir, run.run_id)
+        if not resume_run_id:
+            held.enter_context(writer_lock(run_dir, f"run {run.run_id}"))
+            run.log_dataset(spec.dataset, digest, dataset_dir, "training", {"simulations": len(manifest["simulations"])})
         job = {"plan": plan.model_dump(mode="json"), "settings": settings.model_dump(mode="json"), "run_id": run.run_id, "batch_size": batch_size}
         if not resume_run_id:
             write_json_atomic(run_dir / JOB_FILE, {"spec": spec.model_dump(mode="json"), "batch_size": batch_size})

@@ -159,3 +159,34 @@ def test_a_diverging_simulation_fails_alone_and_is_never_marked_complete(workdir
     listed = read_manifest(dataset / MANIFEST)
     assert [s.split("-")[1] for s in listed] == ["re20"]
     assert sorted(p.name for p in (dataset / STORE).iterdir() if p.is_dir()) == sorted(listed)
+
+
+@pytest.mark.full
+def test_damaged_data_is_refused_naming_where_it_is_and_generate_verify_repairs_it(workdir):
+    """A flipped byte in one chunk (it fails its checksum) and a deleted chunk (it reads as NaN) are each
+    refused before any training step, in one line naming dataset, simulation, variable and frame; a
+    sweep with --verify simulates exactly the damaged simulations again, and training then runs."""
+    args = ["generate", "--dataset", "hurt", "--reynolds", "20,25,30", "--nx", "64", "--ny", "32", "--size", "6",
+            "--warmup-steps", "300", "--frames", "12", "--frame-every", "10", "--workers", "1", "--json"]
+    assert run_cli(*args, cwd=workdir).returncode == 0
+    store = workdir / "data" / "datasets" / "hurt" / STORE
+    manifest = json.loads((workdir / "data" / "datasets" / "hurt" / MANIFEST).read_text())
+    first, second = sorted(manifest["simulations"])[:2]
+    chunk = store / first / "u" / "c" / "5" / "0" / "0"
+    data = bytearray(chunk.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    chunk.write_bytes(bytes(data))
+    (store / second / "v" / "c" / "7" / "0" / "0").unlink()
+    train = ["train", "--dataset", "hurt", "--ngf", "8", "--ndf", "8", "--epochs", "1", "--batch-sizes", "2",
+             "--val-simulations", "0", "--test-simulations", "0", "--threads", "1", "--validate-every", "0"]
+    proc = run_cli(*train, cwd=workdir)
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    verdict = proc.stderr.strip().splitlines()[-1]
+    assert "dataset 'hurt', simulation" in verdict and "generate --dataset hurt --verify" in verdict, verdict
+    assert (f"simulation {first}, variable u, frame 5 cannot be read" in verdict
+            or f"simulation {second}, variable v, frame 7 is missing or not finite" in verdict), verdict
+    assert "Traceback" not in proc.stderr.split("[train]")[0]  # the verdict, not a pile of tracebacks
+    repaired = run_cli(*args[:-1], "--verify", "--json", cwd=workdir)
+    assert repaired.returncode == 0, repaired.stderr[-2000:]
+    assert "2 already complete" not in repaired.stderr and "1 already complete, 2 to run" in repaired.stderr, repaired.stderr[-3000:]
+    assert run_cli(*train, cwd=workdir).returncode == 0

@@ -1,0 +1,154 @@
+"""Process lifetime: children die with their parent, signals unwind a command cleanly, and a guardian stops what a killed command leaves behind."""
+
+import ctypes
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+from tasks.common.errors import Interrupted
+
+PR_SET_PDEATHSIG = 1
+GRACE_S = float(os.environ.get("KARMAN_STOP_GRACE_S", "30"))  # how long a signalled child may take to stop
+_stop = threading.Event()  # set in a child job when it is asked to stop (see request_stop_on_signals)
+
+
+PARENT_ENV = "KARMAN_PARENT_PID"  # set by the launching process for its direct child
+_pending: list[BaseException] = []  # a signal that arrived while a child was finishing its run anyway
+
+
+def die_with_parent() -> None:
+    """In a child, first thing: the kernel sends it SIGTERM when its parent dies, however the parent dies
+    (Linux; elsewhere nothing). A parent that died before this call is caught by comparing pids."""
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
+    except (OSError, AttributeError):
+        pass
+    expected = os.environ.get(PARENT_ENV)
+    if expected and expected.isdigit() and os.getppid() != int(expected) and os.environ.get("LOCAL_RANK") is None:
+        os.kill(os.getpid(), signal.SIGTERM)
+
+
+def defer(exc: BaseException) -> None:
+    """Keep a signal's exception for later: the child it was meant for finished its run first."""
+    _pending.append(exc)
+
+
+def raise_pending() -> None:
+    """Raise a signal's exception kept by ``defer``, once."""
+    if _pending:
+        raise _pending.pop()
+
+
+_received: list[int] = []  # the signals this command was sent
+
+
+def raise_on_sigterm() -> None:
+    """In a command's main thread: SIGTERM raises Interrupted there, as SIGINT raises KeyboardInterrupt."""
+    def handler(signum, frame):
+        _received.append(signum)
+        raise Interrupted(signum)
+
+    signal.signal(signal.SIGTERM, handler)
+
+
+def received() -> int | None:
+    """The last signal this command was sent (through ``raise_on_sigterm``), or None."""
+    return _received[-1] if _received else None
+
+
+def request_stop_on_signals() -> None:
+    """In a child job that can stop cleanly (training): SIGTERM and SIGINT only set a flag the job polls."""
+    def handler(signum, frame):
+        _stop.set()
+        _stop.signum = signum
+
+    signal.signal(signal.SIGTERM, handler)
+    signal.signal(signal.SIGINT, handler)
+
+
+def stop_requested() -> int | None:
+    """The signal that asked this job to stop, or None."""
+    return getattr(_stop, "signum", None) if _stop.is_set() else None
+
+
+def stop_child(proc: subprocess.Popen, grace_s: float = GRACE_S) -> None:
+    """SIGTERM to ``proc``; SIGKILL if it has not exited within ``grace_s`` seconds."""
+    if proc.poll() is not None:
+        return
+    proc.send_signal(signal.SIGTERM)
+    try:
+        proc.wait(grace_s)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
+# ------------------------------------------------------------------------------------------------
+# The guardian: a small process of its own session that watches a command and, once the command is
+# gone, stops every process the command had started and left running (its temporary Prefect server,
+# Dask cluster, training children), first with SIGTERM, after a grace period with SIGKILL.
+
+def _processes() -> dict[int, tuple[int, str]]:
+    """pid -> (parent pid, start time) of every process, from /proc."""
+    table = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as f:
+                    fields = f.read().rsplit(")", 1)[1].split()
+                table[int(entry)] = (int(fields[1]), fields[19])  # ppid, starttime
+            except (OSError, IndexError, ValueError):
+                pass
+    return table
+
+
+def descendants(pid: int, table: dict[int, tuple[int, str]]) -> dict[int, str]:
+    """pid -> start time of every process below ``pid``."""
+    children: dict[int, list[int]] = {}
+    for p, (ppid, _) in table.items():
+        children.setdefault(ppid, []).append(p)
+    found, todo = {}, list(children.get(pid, []))
+    while todo:
+        p = todo.pop()
+        found[p] = table[p][1]
+        todo += children.get(p, [])
+    return found
+
+
+def guard(pid: int, every_s: float = 0.5, grace_s: float = 10.0) -> None:
+    """Watch ``pid``; when it is gone, stop the processes it had below it at the last look."""
+    left: dict[int, str] = {}
+    while True:
+        table = _processes()
+        if pid not in table:
+            break
+        left = descendants(pid, table) | {p: s for p, s in left.items() if p in table and table[p][1] == s}
+        left.pop(os.getpid(), None)
+        time.sleep(every_s)
+    def alive() -> list[int]:
+        table = _processes()
+        return [p for p, start in left.items() if p in table and table[p][1] == start]
+    for sig, wait_s in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 0)):
+        for p in alive():
+            try:
+                os.kill(p, sig)
+            except ProcessLookupError:
+                pass
+        deadline = time.monotonic() + wait_s
+        while alive() and time.monotonic() < deadline:
+            time.sleep(0.2)
+
+
+def start_guardian() -> subprocess.Popen | None:
+    """A guardian for this process (Linux; None where /proc is missing)."""
+    if not os.path.isdir("/proc/self"):
+        return None
+    return subprocess.Popen([sys.executable, "-m", "tasks.common.lifetime", str(os.getpid())], start_new_session=True,
+                            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, close_fds=True)
+
+
+if __name__ == "__main__":
+    guard(int(sys.argv[1]))
