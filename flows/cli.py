@@ -278,7 +278,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"python -m flows {command}: error: {exc}", file=sys.stderr)
         return EXIT_USAGE
     except (KeyboardInterrupt, Interrupted, RunStopped) as exc:
-        signum = getattr(exc, "signum", None) or lifetime.received() or signal.SIGINT
+        signum = lifetime.signal_of(exc) or lifetime.received() or signal.SIGTERM
         print(f"python -m flows {command}: {exc or 'stopped by SIGINT'}", file=sys.stderr)
         return 128 + int(signum)
     except Exception as exc:

@@ -2,6 +2,7 @@
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -10,7 +11,7 @@ from collections import deque
 from pathlib import Path
 
 from tasks.common.errors import RunFailed, RunStopped, UserError, signal_name
-from tasks.common.lifetime import PARENT_ENV, defer, raise_pending, stop_child
+from tasks.common.lifetime import PARENT_ENV, defer, raise_pending, signal_of, stop_child
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -91,7 +92,8 @@ def run_child(kind: str, job: dict, log, env: dict[str, str] | None = None, proc
             try:
                 _relay(proc, kind, tail, log, on_line)
             except BaseException as exc:  # SIGTERM or Ctrl-C here: stop the child, then say how it ended
-                stopper = threading.Thread(target=stop_child, args=(proc,), daemon=True)
+                forwarded = signal_of(exc) if signal_of(exc) in (signal.SIGTERM, signal.SIGINT) else signal.SIGTERM
+                stopper = threading.Thread(target=stop_child, args=(proc, forwarded), daemon=True)
                 stopper.start()
                 _relay(proc, kind, tail, log, on_line)
                 stopper.join()

@@ -59,6 +59,21 @@ def received() -> int | None:
     return _received[-1] if _received else None
 
 
+def signal_of(exc: BaseException | None) -> int | None:
+    """The signal behind an exception or the ones it was raised from: Interrupted, Prefect's
+    TerminationSignal, KeyboardInterrupt (SIGINT); None if no signal."""
+    seen = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        for attr in ("signum", "signal"):
+            if isinstance(getattr(exc, attr, None), int):
+                return int(getattr(exc, attr))
+        if isinstance(exc, KeyboardInterrupt):
+            return int(signal.SIGINT)
+        exc = exc.__cause__ or exc.__context__
+    return None
+
+
 def request_stop_on_signals() -> None:
     """In a child job that can stop cleanly (training): SIGTERM and SIGINT only set a flag the job polls."""
     def handler(signum, frame):
@@ -74,11 +89,12 @@ def stop_requested() -> int | None:
     return getattr(_stop, "signum", None) if _stop.is_set() else None
 
 
-def stop_child(proc: subprocess.Popen, grace_s: float = GRACE_S) -> None:
-    """SIGTERM to ``proc``; SIGKILL if it has not exited within ``grace_s`` seconds."""
+def stop_child(proc: subprocess.Popen, signum: int = signal.SIGTERM, grace_s: float = GRACE_S) -> None:
+    """``signum`` (the one this process got: SIGTERM or SIGINT) to ``proc``; SIGKILL if it has not exited
+    within ``grace_s`` seconds."""
     if proc.poll() is not None:
         return
-    proc.send_signal(signal.SIGTERM)
+    proc.send_signal(signum)
     try:
         proc.wait(grace_s)
     except subprocess.TimeoutExpired:

@@ -1,0 +1,143 @@
+"""Faults an operator meets, with real processes and signals: a command stopped by SIGTERM or Ctrl-C,
+one killed outright, two writers of one run or one dataset, a tracking server that is down. Each ends
+with one verdict line, the run's status saying what happened, nothing left running, and a clean resume."""
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import psutil
+import pytest
+from mlflow.tracking import MlflowClient
+
+from tests.conftest import ROOT, run_cli
+from tests.tasks.train.test_training import dataset_root  # noqa: F401  (the module's dataset fixture)
+
+pytestmark = pytest.mark.full
+# Many short epochs: a run that is still training when the test acts on it.
+LONG = ("--dataset", "tiny", "--ngf", "8", "--ndf", "8", "--threads", "1", "--batch-sizes", "2", "--epochs", "3000",
+        "--validate-every", "0")
+
+
+@pytest.fixture
+def trainable(workdir, dataset_root):  # noqa: F811
+    shutil.copytree(dataset_root / "datasets", workdir / "data" / "datasets")
+    return workdir
+
+
+def start(*args: str, cwd) -> subprocess.Popen:
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "PREFECT_SERVER_ANALYTICS_ENABLED": "false", "KARMAN_STOP_GRACE_S": "20"}
+    return subprocess.Popen([sys.executable, "-m", "flows", *args], cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def wait_for_line(proc: subprocess.Popen, fragment: str, timeout: float = 180) -> list[str]:
+    """stderr lines up to the first holding ``fragment``."""
+    lines, deadline = [], time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        line = proc.stderr.readline()
+        if not line:
+            raise AssertionError(f"the command ended before {fragment!r}:\n" + "".join(lines[-30:]))
+        lines.append(line)
+        if fragment in line:
+            return lines
+    raise AssertionError(f"no {fragment!r} within {timeout} s:\n" + "".join(lines[-30:]))
+
+
+def tree(proc: subprocess.Popen) -> list[psutil.Process]:
+    return psutil.Process(proc.pid).children(recursive=True)
+
+
+def assert_all_gone(procs: list[psutil.Process], timeout: float = 30) -> None:
+    gone, alive = psutil.wait_procs(procs, timeout=timeout)
+    assert not alive, [" ".join(p.cmdline()[:6]) for p in alive]
+
+
+def the_run(status: str | None = None):
+    runs = MlflowClient(tracking_uri=os.environ["MLFLOW_TRACKING_URI"]).search_runs(
+        ["1"], "tags.`karman.stage` = 'train'", order_by=["attributes.start_time DESC"])
+    return runs[0]
+
+
+def test_sigterm_stops_training_at_a_step_marks_the_run_killed_and_it_resumes(trainable):
+    proc = start("train", *LONG, cwd=trainable)
+    wait_for_line(proc, "] epoch 3:")  # checkpoints exist
+    below = tree(proc)
+    assert any("job_main" in " ".join(p.cmdline()) for p in below)
+    t0 = time.monotonic()
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 128 + signal.SIGTERM and time.monotonic() - t0 < 30
+    verdict = err.strip().splitlines()[-1]
+    run = the_run()
+    assert verdict.startswith("python -m flows train: stopped by SIGTERM at epoch "), verdict
+    assert f"resume with python -m flows train --resume {run.info.run_id}" in verdict
+    assert "Traceback" not in err
+    assert run.info.status == "KILLED" and "stopped by SIGTERM" in run.data.tags["karman.error"]
+    assert_all_gone(below)
+    # Ctrl-C on the resumed run: the same, with SIGINT
+    again = start("train", "--resume", run.info.run_id, cwd=trainable)
+    wait_for_line(again, "resuming")
+    wait_for_line(again, "] epoch ")
+    again.send_signal(signal.SIGINT)
+    _, err = again.communicate(timeout=60)
+    assert again.returncode == 128 + signal.SIGINT, err[-2000:]
+    assert "stopped by SIGINT at epoch" in err.strip().splitlines()[-1]
+    assert the_run().info.status == "KILLED"
+
+
+def test_a_command_killed_outright_leaves_nothing_running_and_its_run_is_reaped_then_resumed(trainable):
+    proc = start("train", *LONG, cwd=trainable)
+    wait_for_line(proc, "] epoch 2:")
+    below = tree(proc)
+    names = " ".join(" ".join(p.cmdline()) for p in below)
+    assert "job_main" in names and "uvicorn" in names  # the training child and the temporary Prefect server
+    proc.kill()
+    proc.wait()
+    assert_all_gone(below)  # the child died with its parent; the guardian stopped the server
+    run_id = the_run().info.run_id
+    assert the_run().info.status == "RUNNING"
+    # the next command on the store marks it, and a second writer of the run is refused while the first trains
+    first = start("train", "--resume", run_id, cwd=trainable)
+    lines = wait_for_line(first, "resuming")
+    assert any(f"run {run_id} was left RUNNING by a process that is gone" in line for line in lines), "".join(lines)
+    wait_for_line(first, "] epoch ")
+    second = run_cli("train", "--resume", run_id, cwd=trainable)
+    assert second.returncode == 2
+    assert f"run {run_id} is being written by pid {first.pid} on host {socket.gethostname()}" in second.stderr.strip().splitlines()[-1]
+    first.send_signal(signal.SIGTERM)
+    first.communicate(timeout=60)
+    assert first.returncode == 128 + signal.SIGTERM and the_run().info.status == "KILLED"
+
+
+def test_a_second_sweep_of_a_dataset_being_written_is_refused(workdir):
+    args = ["generate", "--dataset", "busy", "--reynolds", "8,10,12,14", "--nx", "48", "--ny", "24", "--size", "5",
+            "--warmup-steps", "3000000", "--frames", "4", "--frame-every", "50", "--workers", "1"]  # a minute a simulation
+    first = start(*args, cwd=workdir)
+    wait_for_line(first, "to run")
+    second = run_cli(*args, cwd=workdir)
+    assert second.returncode == 2
+    assert f"dataset 'busy' is being written by pid {first.pid} on host" in second.stderr.strip().splitlines()[-1]
+    below = tree(first)
+    first.send_signal(signal.SIGTERM)
+    _, err = first.communicate(timeout=60)
+    assert first.returncode == 128 + signal.SIGTERM, err[-2000:]
+    assert err.strip().splitlines()[-1] == "python -m flows generate: stopped by SIGTERM"
+    assert_all_gone(below)  # the Dask cluster and the temporary Prefect server with it
+
+
+def test_a_tracking_server_that_is_down_ends_the_command_in_seconds(workdir):
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]  # nothing listens here
+    t0 = time.monotonic()
+    proc = run_cli("train", "--dataset", "tiny", cwd=workdir, env={"MLFLOW_TRACKING_URI": f"http://127.0.0.1:{port}"})
+    assert proc.returncode == 2 and time.monotonic() - t0 < 20
+    assert proc.stderr.strip().splitlines() == [
+        f"python -m flows train: error: the MLflow tracking server http://127.0.0.1:{port} does not answer ([Errno 111] Connection refused); "
+        "start it (infra/start-mlflow-server.sh) or set MLFLOW_TRACKING_URI to one that runs"]
+    assert not (workdir / "data").exists() or not any((workdir / "data").iterdir())
