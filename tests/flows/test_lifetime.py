@@ -141,3 +141,17 @@ def test_a_tracking_server_that_is_down_ends_the_command_in_seconds(workdir):
         f"python -m flows train: error: the MLflow tracking server http://127.0.0.1:{port} does not answer ([Errno 111] Connection refused); "
         "start it (infra/start-mlflow-server.sh) or set MLFLOW_TRACKING_URI to one that runs"]
     assert not (workdir / "data").exists() or not any((workdir / "data").iterdir())
+
+
+def test_a_child_that_crashes_ends_in_one_verdict_line_with_its_cause(trainable):
+    proc = run_cli("train", "--dataset", "tiny", "--ngf", "8", "--ndf", "8", "--threads", "1", "--batch-sizes", "2", "--epochs", "1",
+                   "--max-steps", "1", "--validate-every", "0", "--json", cwd=trainable)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    run_id = json.loads(proc.stdout.strip().splitlines()[-1])["run_id"]
+    (model,) = (trainable / "mlartifacts").rglob(f"{run_id}/artifacts/model/generator.pt")
+    model.write_bytes(model.read_bytes()[:100])  # truncated
+    proc = run_cli("infer", "--model-run", run_id, "--steps", "2", cwd=trainable)
+    assert proc.returncode == 1
+    verdict = proc.stderr.strip().splitlines()[-1]
+    assert verdict.startswith("python -m flows infer: failed: rollout child crashed: "), verdict
+    assert proc.stderr.count("Traceback") == 1  # the child's, relayed once into the log
