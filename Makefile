@@ -18,12 +18,16 @@ $(STAMP): requirements.txt
 demo: $(STAMP)
 	$(PY) -m flows demo
 
-test: $(STAMP)
-	$(PY) -m pytest
+# Two test processes (pytest-xdist), each module whole on one of them: its shared fixtures (a dataset,
+# a trained model, the demo run) are built once. The slowest modules start first (tests/conftest.py).
+TEST_JOBS ?= 2
 
-# The fast tier: unit and small integration tests, no servers (a few minutes on 2 cores).
+test: $(STAMP)
+	$(PY) -m pytest -n $(TEST_JOBS) --dist loadfile
+
+# The fast tier: unit and small integration tests, no servers of their own (a few minutes on 2 cores).
 test-fast: $(STAMP)
-	$(PY) -m pytest -m "not full"
+	$(PY) -m pytest -m "not full" -n $(TEST_JOBS) --dist loadfile
 
 clean:
 	rm -rf data mlartifacts mlflow.db

@@ -254,9 +254,10 @@ def main(argv: list[str] | None = None) -> int:
         from tasks.common.tracking import reap_orphans, tracking_ready
 
         settings = Settings.from_env().require_writable()
-        tracking_ready(settings)  # a tracking server that is down ends the command here, in seconds
-        reap_orphans(settings, logging.getLogger("karman.cli"))  # runs left RUNNING by killed commands
+        tracking_ready(settings, create=False)  # a tracking server that is down ends the command here, in seconds
         cmd.check(settings, spec)
+        tracking_ready(settings)  # a new local store: its tables created under a lock
+        reap_orphans(settings, logging.getLogger("karman.cli"))  # runs left RUNNING by killed commands
     except ValidationError as exc:
         print(f"python -m flows {command}: error: {_validation_message(exc)}", file=sys.stderr)
         return EXIT_USAGE

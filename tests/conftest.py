@@ -15,10 +15,18 @@ ROOT = Path(__file__).resolve().parent.parent
 FULL_TIER_MODULES = {"test_deployed.py", "test_end_to_end.py", "test_benchmark_flow.py", "test_pipeline.py", "test_training.py"}
 
 
+# The longest modules start first, so that with ``-n 2 --dist loadfile`` (make test) the two workers
+# end together instead of one waiting on the deployed test at the end.
+SLOWEST_FIRST = ["test_deployed.py", "test_training.py", "test_lifetime.py", "test_rollout.py", "test_end_to_end.py",
+                 "test_benchmark_flow.py", "test_generate.py", "test_pipeline.py"]
+
+
 def pytest_collection_modifyitems(config, items):
     for item in items:
         if item.path.name in FULL_TIER_MODULES:
             item.add_marker(pytest.mark.full)
+    rank = {name: i for i, name in enumerate(SLOWEST_FIRST)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: the order within a module stays
 
 
 def _isolate(folder: Path, monkeypatch) -> Path:
@@ -53,7 +61,48 @@ def prefect_harness():
         yield
 
 
+_shared_api: list[str] = []
+
+
+def shared_prefect_api() -> str:
+    """The URL of one real Prefect server per test process, started on first use and stopped at exit.
+    Commands run by the tests report to it instead of each starting a temporary server of its own
+    (about 5 s of CPU each); the tests that are about the temporary server unset it."""
+    if not _shared_api:
+        import atexit
+        import socket
+        import tempfile
+        import time
+        import urllib.request
+
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            port = sock.getsockname()[1]
+        home = tempfile.mkdtemp(prefix="prefect-home-")
+        log = open(Path(home) / "server.log", "w")
+        server = subprocess.Popen([sys.executable, "-m", "prefect", "server", "start", "--host", "127.0.0.1", "--port", str(port)],
+                                  env={**os.environ, "PREFECT_HOME": home, "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+                                       "PREFECT_UI_ENABLED": "false"}, stdout=log, stderr=subprocess.STDOUT)
+        atexit.register(lambda: (server.terminate(), server.wait(30)))
+        url = f"http://127.0.0.1:{port}/api"
+        deadline = time.monotonic() + 180
+        while True:
+            try:
+                with urllib.request.urlopen(url + "/health", timeout=2):
+                    break
+            except OSError:
+                if server.poll() is not None or time.monotonic() > deadline:
+                    raise RuntimeError("the tests' Prefect server did not start:\n" + (Path(home) / "server.log").read_text()[-3000:])
+                time.sleep(0.5)
+        _shared_api.append(url)
+    return _shared_api[0]
+
+
 def run_cli(*args: str, cwd: Path, env: dict | None = None, timeout: int = 900) -> subprocess.CompletedProcess:
-    """``python -m flows ...`` in a child process, as a user types it."""
-    full_env = {**os.environ, "PYTHONPATH": str(ROOT), "PREFECT_SERVER_ANALYTICS_ENABLED": "false", **(env or {})}
+    """``python -m flows ...`` in a child process, as a user types it (reporting to the tests' Prefect
+    server unless ``env`` sets PREFECT_API_URL, or sets it to "" for a temporary server of its own)."""
+    full_env = {**os.environ, "PYTHONPATH": str(ROOT), "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+                "PREFECT_API_URL": os.environ.get("PREFECT_API_URL") or shared_prefect_api(), **(env or {})}
+    if not full_env["PREFECT_API_URL"]:
+        del full_env["PREFECT_API_URL"]
     return subprocess.run([sys.executable, "-m", "flows", *args], cwd=cwd, env=full_env, capture_output=True, text=True, timeout=timeout)

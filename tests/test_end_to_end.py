@@ -10,7 +10,8 @@ from tests.conftest import run_cli
 
 
 def test_demo_from_the_command_line_logs_where_told(tmp_path):
-    env = {"MLFLOW_TRACKING_URI": "sqlite:///elsewhere.db", "KARMAN_DATA_ROOT": "data", "KARMAN_EXPERIMENT": "karman-bench"}
+    env = {"MLFLOW_TRACKING_URI": "sqlite:///elsewhere.db", "KARMAN_DATA_ROOT": "data", "KARMAN_EXPERIMENT": "karman-bench",
+           "PREFECT_API_URL": ""}  # no Prefect server: the command starts its temporary one, as for a new user
     proc = run_cli("demo", "--json", cwd=tmp_path, env=env)
     assert proc.returncode == 0, proc.stderr[-3000:]
     summary = json.loads(proc.stdout.strip().splitlines()[-1])

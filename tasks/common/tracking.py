@@ -37,10 +37,10 @@ EXPERIMENT_KIND = {"mlflow.experimentKind": "custom_model_development",
                                           "across devices, frameworks and batch sizes, against a lattice-Boltzmann solver."}
 
 
-def tracking_ready(settings: Settings, timeout_s: float = 5.0) -> None:
+def tracking_ready(settings: Settings, timeout_s: float = 5.0, create: bool = True) -> None:
     """Fail fast, before any work, if the tracking store cannot be used: a server that does not answer its
-    health check within ``timeout_s`` (UserError naming the URI), or a new local SQLite store, whose
-    tables are created here under a file lock so that two commands never race on them."""
+    health check within ``timeout_s`` (UserError naming the URI). With ``create``, a local SQLite store
+    is opened, its tables created under a file lock so that two commands never race on them."""
     from tasks.common.errors import UserError
 
     uri = settings.tracking_uri
@@ -52,7 +52,7 @@ def tracking_ready(settings: Settings, timeout_s: float = 5.0) -> None:
             reason = getattr(exc, "reason", exc)
             raise UserError(f"the MLflow tracking server {uri} does not answer ({reason}); start it (infra/start-mlflow-server.sh) "
                             "or set MLFLOW_TRACKING_URI to one that runs") from None
-    elif uri.startswith("sqlite:///"):
+    elif uri.startswith("sqlite:///") and create:
         db = Path(uri[len("sqlite:///"):])
         db.parent.mkdir(parents=True, exist_ok=True)
         with open(db.with_name(db.name + ".lock"), "a") as lock:

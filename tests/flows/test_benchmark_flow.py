@@ -84,7 +84,7 @@ def test_bad_benchmark_requests_are_refused_with_one_line(workdir, args, fragmen
 def test_a_training_cell_killed_mid_run_is_resumed_by_the_next_benchmark(workdir, prefect_harness):
     from flows import pipeline
     from tasks.common.cells import cell_key
-    from tests.tasks.test_training import kill_after_first_checkpoint
+    from tests.tasks.train.test_training import kill_after_first_checkpoint
 
     spec = TINY.model_copy(update={"train": TINY.train.model_copy(update={"epochs": 3}), "batch_sizes": [4],
                                    "modes": ["full"], "workers": [1]})

@@ -15,7 +15,7 @@ import psutil
 import pytest
 from mlflow.tracking import MlflowClient
 
-from tests.conftest import ROOT, run_cli
+from tests.conftest import ROOT, run_cli, shared_prefect_api
 from tests.tasks.train.test_training import dataset_root  # noqa: F401  (the module's dataset fixture)
 
 pytestmark = pytest.mark.full
@@ -30,8 +30,13 @@ def trainable(workdir, dataset_root):  # noqa: F811
     return workdir
 
 
-def start(*args: str, cwd) -> subprocess.Popen:
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "PREFECT_SERVER_ANALYTICS_ENABLED": "false", "KARMAN_STOP_GRACE_S": "20"}
+def start(*args: str, cwd, own_server: bool = False) -> subprocess.Popen:
+    """The command, as a process; ``own_server``: with a temporary Prefect server of its own, as for a user
+    who has none (else reporting to the tests' server)."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "PREFECT_SERVER_ANALYTICS_ENABLED": "false", "KARMAN_STOP_GRACE_S": "20",
+           "PREFECT_API_URL": shared_prefect_api()}
+    if own_server:
+        del env["PREFECT_API_URL"]
     return subprocess.Popen([sys.executable, "-m", "flows", *args], cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
@@ -91,7 +96,7 @@ def test_sigterm_stops_training_at_a_step_marks_the_run_killed_and_it_resumes(tr
 
 
 def test_a_command_killed_outright_leaves_nothing_running_and_its_run_is_reaped_then_resumed(trainable):
-    proc = start("train", *LONG, cwd=trainable)
+    proc = start("train", *LONG, cwd=trainable, own_server=True)
     wait_for_line(proc, "] epoch 2:")
     below = tree(proc)
     names = " ".join(" ".join(p.cmdline()) for p in below)

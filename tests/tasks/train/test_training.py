@@ -150,7 +150,7 @@ def test_a_sweep_over_two_ddp_cpu_processes_builds_the_study_table(trainable):
 
 
 def test_a_loss_turning_nan_stops_the_run_and_keeps_the_last_good_checkpoint(trainable):
-    # Corrupt one obstacle-mask frame that epoch 1 drops (the remainder after full batches) and epoch 2 uses.
+    # Spoil one obstacle-mask frame that epoch 1 drops (the remainder after full batches) and epoch 2 uses.
     ds_dir = trainable / "data" / "datasets" / "tiny"
     split = split_of(json.loads((ds_dir / "manifest.json").read_text()), 0, 1, 0)
     pairs_per_sim, batch = 11, 4  # 12 frames, stride 1, one-step loss
@@ -161,13 +161,13 @@ def test_a_loss_turning_nan_stops_the_run_and_keeps_the_last_good_checkpoint(tra
     sim, t = split["train"][j // pairs_per_sim], j % pairs_per_sim
     group = zarr.open_group(str(ds_dir / STORE / sim), mode="r+")
     mask = group["mask"][t]
-    group["mask"][t] = np.full_like(mask, np.nan)
+    group["mask"][t] = np.full_like(mask, 3e38)  # finite, so the data check passes it; encoded, it overflows to inf
     proc = run_cli("train", "--dataset", "tiny", *NET, "--epochs", "3", "--batch-sizes", str(batch), "--val-simulations", "0",
                    "--unroll", "1", cwd=trainable)
     assert proc.returncode == 1
     last = next(line for line in proc.stderr.splitlines() if line.startswith("python -m flows train: failed:"))
     assert "loss became non-finite at epoch 2" in last and "last good checkpoint (epoch 1) is kept" in last
-    run_dir = next((trainable / "data" / "runs").iterdir())
+    run_dir = next(p for p in (trainable / "data" / "runs").iterdir() if p.is_dir())  # (beside it: the run's writer lock)
     assert torch.load(run_dir / "checkpoint.pt", weights_only=True)["epoch"] == 1
     run = client().get_run(run_dir.name)
     assert run.info.status == "FAILED" and "non-finite" in run.data.tags["karman.error"]

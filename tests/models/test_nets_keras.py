@@ -1,0 +1,82 @@
+"""The Keras networks are the torch ones: the same parameter count for every width, depth, norm and
+upsampling option, and, with the torch weights copied in, the same outputs in inference mode.
+
+Run in a child process: TensorFlow and torch_xla abort when they meet in one process, and the test
+process may hold torch_xla."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from tests.conftest import ROOT
+
+SCRIPT = r"""
+import json, os, sys
+import numpy as np
+import torch
+from models.nets.config import NetConfig
+from models.nets.pix2pix import build_discriminator, build_generator
+from models.nets import pix2pix_keras as kn
+
+out = []
+for options in json.loads(sys.argv[1]):
+    cfg = NetConfig(**options)
+    torch.manual_seed(0)
+    tg, td = build_generator(cfg).eval(), build_discriminator(cfg).eval()
+    with torch.no_grad():  # batch norm with statistics other than the initial ones
+        for m in list(tg.modules()) + list(td.modules()):
+            if isinstance(m, torch.nn.BatchNorm2d):
+                m.running_mean.uniform_(-0.2, 0.2); m.running_var.uniform_(0.5, 1.5)
+                m.weight.uniform_(0.5, 1.5); m.bias.uniform_(-0.2, 0.2)
+    kg, kd = kn.build_generator(cfg), kn.build_discriminator(cfg)
+    kn.copy_from_torch(cfg, kg, kd, {k: v.numpy() for k, v in tg.state_dict().items()},
+                       {k: v.numpy() for k, v in td.state_dict().items()})
+    side = max(2 ** cfg.generator_depth, 32)  # a multiple of the U-Net's unit, large enough for the PatchGAN
+    rng = np.random.default_rng(1)
+    x = rng.standard_normal((2, cfg.in_channels, side, 2 * side)).astype(np.float32)
+    y = rng.standard_normal((2, cfg.out_channels, side, 2 * side)).astype(np.float32)
+    with torch.no_grad():
+        g_t = tg(torch.from_numpy(x)).numpy()
+        d_t = td(torch.from_numpy(x), torch.from_numpy(y)).numpy()
+    nhwc = lambda a: a.transpose(0, 2, 3, 1)
+    g_k = np.asarray(kg(nhwc(x), training=False)).transpose(0, 3, 1, 2)
+    d_k = np.asarray(kd([nhwc(x), nhwc(y)], training=False)).transpose(0, 3, 1, 2)
+    out.append({"options": options, "shapes": [list(g_t.shape), list(g_k.shape), list(d_t.shape), list(d_k.shape)],
+                "params_torch": [sum(p.numel() for p in tg.parameters()), sum(p.numel() for p in td.parameters())],
+                "params_keras": [kn.trainable_count(kg), kn.trainable_count(kd)],
+                "generator_error": float(np.abs(g_t - g_k).max() / max(np.abs(g_t).max(), 1e-12)),
+                "discriminator_error": float(np.abs(d_t - d_k).max() / max(np.abs(d_t).max(), 1e-12))})
+print(json.dumps(out))
+"""
+
+CONFIGS = [
+    dict(size=32, ngf=8, ndf=8),  # the paper's options at a small size: transposed convolutions, batch norm, tanh
+    dict(size=64, ngf=16, ndf=16, depth=4, upsample="resize", output="linear"),  # the default recipe's
+    dict(size=32, ngf=8, ndf=8, norm="instance"),
+    dict(size=16, ngf=4, ndf=4, d_layers=2, upsample="resize"),
+]
+
+
+@pytest.fixture(scope="module")
+def parity():
+    env = {"PYTHONPATH": str(ROOT), "TF_ENABLE_ONEDNN_OPTS": "0", "TF_CPP_MIN_LOG_LEVEL": "3", "KERAS_BACKEND": "tensorflow",
+           "CUDA_VISIBLE_DEVICES": "", "PATH": "/usr/bin:/bin"}
+    proc = subprocess.run([sys.executable, "-c", SCRIPT, json.dumps(CONFIGS)], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def test_every_option_has_the_torch_parameter_count_and_shapes(parity):
+    for case in parity:
+        assert case["params_keras"] == case["params_torch"], case
+        g_t, g_k, d_t, d_k = case["shapes"]
+        assert g_t == g_k and d_t == d_k, case
+
+
+def test_with_the_torch_weights_the_outputs_agree_in_inference_mode(parity):
+    # float32 through up to 16 layers, summed in another order by another library: about 1e-6 of the
+    # output's scale is rounding; a wrong layout, padding, momentum or epsilon shows as 1e-2 or more.
+    for case in parity:
+        assert case["generator_error"] < 2e-5 and case["discriminator_error"] < 2e-5, case
