@@ -211,6 +211,8 @@ def build_parser() -> argparse.ArgumentParser:
         p = sub.add_parser(name, help=command.help, description=command.help)
         if command.spec is DemoSpec:
             p.add_argument("--dataset", dest="dataset", default=None, help="Dataset name (default: karman-demo)")
+            p.add_argument("--time-budget", dest="time_budget", default=None,
+                           help=f"Wall-clock seconds of training (default: {DemoSpec().train.time_budget:g})")
         else:
             _add_spec_options(p, command.spec)
         if command.spec is BenchmarkSpec:
@@ -222,12 +224,13 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _demo_spec(args: argparse.Namespace) -> DemoSpec:
-    demo = DemoSpec()
+    """The demo's spec with the command line's dataset name and training budget (validated)."""
+    demo = DemoSpec().model_dump()
     if args.dataset:
-        demo = DemoSpec(generate=demo.generate.model_copy(update={"dataset": args.dataset}),
-                        train=demo.train.model_copy(update={"dataset": args.dataset}))
-        DemoSpec.model_validate(demo.model_dump())
-    return demo
+        demo["generate"]["dataset"] = demo["train"]["dataset"] = args.dataset
+    if args.time_budget is not None:
+        demo["train"]["time_budget"] = args.time_budget
+    return DemoSpec.model_validate(demo)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -19,6 +19,7 @@ import pytest
 import yaml
 from mlflow.tracking import MlflowClient
 
+from tasks.common.specs import BenchmarkSpec
 from tests.conftest import ROOT
 
 def free_port() -> int:
@@ -164,12 +165,15 @@ def test_quick_benchmark_deployed_on_real_servers_and_a_worker(tmp_path):
 
             # What the UI's "Quick run" does. The worker is killed (with its flow run and every child)
             # once the first training cell has finished; a new worker and a second run finish the job.
-            first = client.create_flow_run_from_deployment(deployment.id)
+            # (one epoch per training cell instead of three: a custom run of the quick matrix, as the UI's form makes)
+            quick = BenchmarkSpec.quick()
+            custom = {"spec": json.loads(quick.model_copy(update={"train": quick.train.model_copy(update={"epochs": 1})}).model_dump_json())}
+            first = client.create_flow_run_from_deployment(deployment.id, parameters=custom)
             done_cell = wait_for_finished_train_cell(uri, worker, worker_log)
             kill_tree(worker.pid)
             assert not client.read_flow_run(first.id).state.is_completed()
             worker, worker_log = services.start("worker-2", ["infra/start-worker.sh", "cpu"], worker_env)
-            second = client.create_flow_run_from_deployment(deployment.id)
+            second = client.create_flow_run_from_deployment(deployment.id, parameters=custom)
             state = wait(second.id)
             assert state.is_completed(), f"{state}\n{worker_log.read_text()[-5000:]}"
             # one log line per cell: its status and its MLflow link
