@@ -23,11 +23,11 @@ demo: $(STAMP)
 TEST_JOBS ?= 2
 
 test: $(STAMP)
-	$(PY) -m pytest -n $(TEST_JOBS) --dist loadfile
+	$(PY) -m pytest -n $(TEST_JOBS) --dist loadfile --no-loadscope-reorder
 
 # The fast tier: unit and small integration tests, no servers of their own (a few minutes on 2 cores).
 test-fast: $(STAMP)
-	$(PY) -m pytest -m "not full" -n $(TEST_JOBS) --dist loadfile
+	$(PY) -m pytest -m "not full" -n $(TEST_JOBS) --dist loadfile --no-loadscope-reorder
 
 clean:
 	rm -rf data mlartifacts mlflow.db

@@ -11,7 +11,7 @@ from collections import deque
 from pathlib import Path
 
 from tasks.common.errors import RunFailed, RunStopped, UserError, signal_name
-from tasks.common.lifetime import PARENT_ENV, defer, raise_pending, signal_of, stop_child
+from tasks.common.lifetime import JOB_DIR_PREFIX, PARENT_ENV, defer, raise_pending, signal_of, stop_child
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -76,7 +76,7 @@ def run_child(kind: str, job: dict, log, env: dict[str, str] | None = None, proc
     with its message for a run that failed for a stated reason, and ChildFailed with the tail of its
     output for a crash.
     """
-    with tempfile.TemporaryDirectory(prefix="karman-job-") as tmp:
+    with tempfile.TemporaryDirectory(prefix=f"{JOB_DIR_PREFIX}{os.getpid()}-") as tmp:  # the guardian removes it if this process is killed
         job_path, result_path = Path(tmp) / "job.json", Path(tmp) / "result.json"
         job_path.write_text(json.dumps({**job, "framework": framework}))
         raise_pending()  # a signal that came while the previous child finished: stop before starting another

@@ -16,6 +16,7 @@ _stop = threading.Event()  # set in a child job when it is asked to stop (see re
 
 
 PARENT_ENV = "KARMAN_PARENT_PID"  # set by the launching process for its direct child
+JOB_DIR_PREFIX = "karman-job-"  # + the launching process's pid: the job's temporary folder
 _pending: list[BaseException] = []  # a signal that arrived while a child was finishing its run anyway
 
 
@@ -156,6 +157,12 @@ def guard(pid: int, every_s: float = 0.5, grace_s: float = 10.0) -> None:
         deadline = time.monotonic() + wait_s
         while alive() and time.monotonic() < deadline:
             time.sleep(0.2)
+    import glob
+    import shutil
+    import tempfile
+
+    for folder in glob.glob(os.path.join(tempfile.gettempdir(), f"{JOB_DIR_PREFIX}{pid}-*")):  # its children's job folders
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 def start_guardian() -> subprocess.Popen | None:

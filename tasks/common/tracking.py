@@ -72,7 +72,13 @@ def experiment_id(client: MlflowClient, settings: Settings) -> str:
     location = None
     if not settings.tracking_uri.startswith(("http://", "https://", "databricks")):
         location = settings.artifact_root.as_uri()
-    return client.create_experiment(settings.experiment, artifact_location=location, tags=EXPERIMENT_KIND)
+    try:
+        return client.create_experiment(settings.experiment, artifact_location=location, tags=EXPERIMENT_KIND)
+    except Exception:  # another command created it a moment before
+        exp = client.get_experiment_by_name(settings.experiment)
+        if exp is None:
+            raise
+        return exp.experiment_id
 
 
 def run_url(settings: Settings, run_id: str, exp_id: str | None = None) -> str:

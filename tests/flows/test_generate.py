@@ -138,6 +138,8 @@ def test_a_bad_sweep_member_is_named_with_its_value():
     (("--size", "8,12,-3"), ("--size", "greater than 0", "-3")),
     (("--y-offset=-0.5,30",), ("y offset 30", "touches or crosses a wall")),
     (("--x-position", "0.3,0.3"), ("--x-position", "repeats 0.3")),
+    (("--seed", "-1"), ("--seed", "greater than or equal to 0")),
+    (("--frames", "1000000"), ("--frames", "less than or equal to 100000")),
 ])
 def test_bad_sweep_lists_are_refused_on_the_command_line(workdir, args, fragments):
     assert_refused(run_cli("generate", *args, cwd=workdir), *fragments)

@@ -104,6 +104,13 @@ def test_a_command_killed_outright_leaves_nothing_running_and_its_run_is_reaped_
     proc.kill()
     proc.wait()
     assert_all_gone(below)  # the child died with its parent; the guardian stopped the server
+    import glob
+    import tempfile
+
+    deadline = time.monotonic() + 15
+    while glob.glob(os.path.join(tempfile.gettempdir(), f"karman-job-{proc.pid}-*")) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert not glob.glob(os.path.join(tempfile.gettempdir(), f"karman-job-{proc.pid}-*"))  # and removed the job's folder
     run_id = the_run().info.run_id
     assert the_run().info.status == "RUNNING"
     # the next command on the store marks it, and a second writer of the run is refused while the first trains
@@ -160,3 +167,15 @@ def test_a_child_that_crashes_ends_in_one_verdict_line_with_its_cause(trainable)
     verdict = proc.stderr.strip().splitlines()[-1]
     assert verdict.startswith("python -m flows infer: failed: rollout child crashed: "), verdict
     assert proc.stderr.count("Traceback") == 1  # the child's, relayed once into the log
+
+
+def test_two_commands_on_a_new_local_tracking_store_both_succeed(workdir):
+    """The first use of a SQLite store creates its tables and the experiment; two commands starting
+    together take turns and both log their runs."""
+    procs = [start("generate", "--dataset", f"d{i}", "--reynolds", "8", "--nx", "48", "--ny", "24", "--size", "5",
+                   "--warmup-steps", "100", "--frames", "2", "--frame-every", "10", "--workers", "1", cwd=workdir) for i in range(2)]
+    for proc in procs:
+        _, err = proc.communicate(timeout=300)
+        assert proc.returncode == 0, err[-2000:]
+    runs = MlflowClient(tracking_uri=os.environ["MLFLOW_TRACKING_URI"]).search_runs(["1"])
+    assert sorted(r.data.tags["karman.dataset"] for r in runs) == ["d0", "d1"]
