@@ -244,13 +244,21 @@ def test_quick_benchmark_deployed_on_real_servers_and_a_worker(tmp_path):
         import numpy as np
         import torch
 
+        # (MLflow's process-wide URI, and the environment variable it sets, go back as they were: the
+        # next tests in this process must not talk to this server after it stops)
+        before_env = os.environ.get("MLFLOW_TRACKING_URI")
         mlflow_api.set_tracking_uri(uri)
-        surrogate = mlflow.pytorch.load_model(trained.data.tags["karman.model_uri"])
-        with torch.no_grad():
-            out = surrogate(torch.zeros(1, 4, 64, 128))
-        assert out.shape == (1, 3, 64, 128) and np.isfinite(out.numpy()).all()
-        version = mlflow_api.register_model(trained.data.tags["karman.model_uri"], "karman-generator")
-        assert version.version == "1"
+        try:
+            surrogate = mlflow.pytorch.load_model(trained.data.tags["karman.model_uri"])
+            with torch.no_grad():
+                out = surrogate(torch.zeros(1, 4, 64, 128))
+            assert out.shape == (1, 3, 64, 128) and np.isfinite(out.numpy()).all()
+            version = mlflow_api.register_model(trained.data.tags["karman.model_uri"], "karman-generator")
+            assert version.version == "1"
+        finally:
+            mlflow_api.set_tracking_uri(None)  # back to no process-wide URI (this also unsets the variable)
+            if before_env is not None:
+                os.environ["MLFLOW_TRACKING_URI"] = before_env
     finally:
         services.stop()
     assert all(p.poll() is not None for p in services.procs)

@@ -47,12 +47,18 @@ _received: list[int] = []  # the signals this command was sent
 
 
 def raise_on_sigterm() -> None:
-    """In a command's main thread: SIGTERM raises Interrupted there, as SIGINT raises KeyboardInterrupt."""
+    """In a command's main thread: SIGTERM raises Interrupted there, and SIGINT KeyboardInterrupt, even
+    where the command was started with SIGINT ignored (a background job of a script inherits that)."""
     def handler(signum, frame):
         _received.append(signum)
         raise Interrupted(signum)
 
+    def interrupt(signum, frame):
+        _received.append(signum)
+        raise KeyboardInterrupt
+
     signal.signal(signal.SIGTERM, handler)
+    signal.signal(signal.SIGINT, interrupt)
 
 
 def received() -> int | None:

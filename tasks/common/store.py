@@ -37,6 +37,15 @@ def write_json_atomic(path: Path, payload: Any) -> None:
     os.replace(tmp, path)
 
 
+def file_sha256(path: Path) -> str:
+    """SHA-256 of a file's bytes, read a megabyte at a time."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(1 << 20):
+            h.update(block)
+    return h.hexdigest()
+
+
 def content_digest(ds: xr.Dataset) -> str:
     """SHA-256 of the variables' bytes (fixed order) and the attributes."""
     h = hashlib.sha256()

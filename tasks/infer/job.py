@@ -23,7 +23,7 @@ from tasks.common.settings import Settings
 from tasks.common.specs import InferSpec
 from tasks.common.tracking import Run, client_for
 from tasks.generate.simulation import SimulationSpec
-from tasks.infer.plan import RolloutPlan, download
+from tasks.infer.plan import RolloutPlan, check_model_file, download
 from tasks.infer.scoring import roll, rollout_steps, step_time
 
 log = logging.getLogger("karman.infer")
@@ -36,6 +36,7 @@ def load_model(settings: Settings, model_run: str, device) -> tuple[torch.nn.Mod
     with tempfile.TemporaryDirectory() as tmp:
         local = download(settings, model_run, "model", tmp)
         meta = json.loads((local / "meta.json").read_text())
+        check_model_file(local / "generator.pt", model_run, meta)
         state = torch.load(local / "generator.pt", map_location="cpu", weights_only=True)
     generator = build_generator(NetConfig(**meta["net"]))
     generator.load_state_dict(state)

@@ -15,7 +15,7 @@ from tasks.common.launch import device_env, run_child
 from tasks.common.names import Tag
 from tasks.common.settings import Settings
 from tasks.common.specs import InferSpec
-from tasks.common.store import load_manifest
+from tasks.common.store import file_sha256, load_manifest
 from tasks.common.tracking import client_for, experiment_id, training_run
 from tasks.generate.simulation import SimulationSpec
 from tasks.infer.scoring import rollout_steps
@@ -33,6 +33,27 @@ def model_meta(settings: Settings, model_run: str) -> dict:
     """The metadata of a training run's model (network, normaliser, channels, dataset, split)."""
     with tempfile.TemporaryDirectory() as tmp:
         return json.loads(download(settings, model_run, "model/meta.json", tmp).read_text())
+
+
+def check_model_size(settings: Settings, model_run: str, meta: dict) -> None:
+    """Refuse, before any work, a model whose weights file is not the size it was written with (a
+    truncated or replaced artifact); runs logged before the size was recorded are not checked here."""
+    expected = meta.get("generator_bytes")
+    if expected is None:
+        return
+    listed = {f.path: f.file_size for f in client_for(settings).list_artifacts(model_run, "model")}
+    found = listed.get("model/generator.pt")
+    if found != expected:
+        raise UserError(f"the model artifact model/generator.pt of training run {model_run} has {found} bytes, not the {expected} "
+                        "it was written with: it is truncated or damaged; train again or roll out another run")
+
+
+def check_model_file(path: Path, model_run: str, meta: dict) -> None:
+    """Refuse a downloaded weights file whose checksum differs from the one recorded when it was written."""
+    expected = meta.get("generator_sha256")
+    if expected is not None and file_sha256(path) != expected:
+        raise UserError(f"the model artifact model/generator.pt of training run {model_run} is damaged (its SHA-256 differs "
+                        "from the one recorded when it was written); train again or roll out another run")
 
 
 def resolve_model_run(settings: Settings, model_run: str):
@@ -108,6 +129,7 @@ def plan_rollout(settings: Settings, spec: InferSpec, log) -> RolloutPlan:
     model = resolve_model_run(settings, spec.model_run)
     model_run_id = model.info.run_id
     meta = model_meta(settings, model_run_id)
+    check_model_size(settings, model_run_id, meta)
     net = NetConfig(**meta["net"])
     dataset = spec.dataset or meta["dataset"]
     if net.in_channels != len(INPUTS) or net.out_channels != len(OUTPUTS) or list(meta.get("inputs", INPUTS)) != list(INPUTS):

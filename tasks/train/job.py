@@ -38,7 +38,7 @@ from tasks.common.plots import vorticity_panels
 from tasks.common.progress import time_left
 from tasks.common.settings import Settings
 from tasks.common.specs import TrainSpec
-from tasks.common.store import load_manifest
+from tasks.common.store import file_sha256, load_manifest
 from tasks.common.tracking import Run, client_for, code_version, system_metrics
 from tasks.infer.scoring import Validation
 from tasks.train.plan import CHECKPOINT, TrainPlan
@@ -341,7 +341,9 @@ def _finish(spec, settings, run, run_dir, model, net, codec, train, manifest, sp
     meta = {"net": dataclasses.asdict(net), "normalizer": dataclasses.asdict(codec.norm), "inputs": INPUTS, "outputs": OUTPUTS,
             "predict": "delta" if codec.delta_scale is not None else "state", "delta_scale": codec.delta_scale,
             "recipe": spec.resolved_recipe().name, "frame_stride": spec.frame_stride, "dataset": spec.dataset, "dataset_digest": manifest["digest"], "split": split,
-            "train_reynolds": sorted(float(manifest["simulations"][s]["spec"]["reynolds"]) for s in split["train"])}
+            "train_reynolds": sorted(float(manifest["simulations"][s]["spec"]["reynolds"]) for s in split["train"]),
+            # what a rollout checks before it uses the weights: their size (before any work) and checksum (on loading)
+            "generator_bytes": (model_dir / "generator.pt").stat().st_size, "generator_sha256": file_sha256(model_dir / "generator.pt")}
     (model_dir / "meta.json").write_text(json.dumps(meta, indent=2))
     run.log_artifact(model_dir, "model")
     cpu_generator = build_generator(net)

@@ -30,6 +30,25 @@ def trainable(workdir, dataset_root):  # noqa: F811
     return workdir
 
 
+_started: list[subprocess.Popen] = []
+
+
+@pytest.fixture(autouse=True)
+def _no_leftovers():
+    """A failed test must not leave its commands training: their trees are killed at its end."""
+    yield
+    while _started:
+        proc = _started.pop()
+        if proc.poll() is None:
+            procs = [psutil.Process(proc.pid), *psutil.Process(proc.pid).children(recursive=True)]
+            for p in procs:
+                try:
+                    p.kill()
+                except psutil.NoSuchProcess:
+                    pass
+            psutil.wait_procs(procs, timeout=30)
+
+
 def start(*args: str, cwd, own_server: bool = False) -> subprocess.Popen:
     """The command, as a process; ``own_server``: with a temporary Prefect server of its own, as for a user
     who has none (else reporting to the tests' server)."""
@@ -37,7 +56,9 @@ def start(*args: str, cwd, own_server: bool = False) -> subprocess.Popen:
            "PREFECT_API_URL": shared_prefect_api()}
     if own_server:
         del env["PREFECT_API_URL"]
-    return subprocess.Popen([sys.executable, "-m", "flows", *args], cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    _started.append(subprocess.Popen([sys.executable, "-m", "flows", *args], cwd=cwd, env=env, stdout=subprocess.PIPE,
+                                     stderr=subprocess.PIPE, text=True))
+    return _started[-1]
 
 
 def wait_for_line(proc: subprocess.Popen, fragment: str, timeout: float = 180) -> list[str]:
@@ -155,18 +176,36 @@ def test_a_tracking_server_that_is_down_ends_the_command_in_seconds(workdir):
     assert not (workdir / "data").exists() or not any((workdir / "data").iterdir())
 
 
-def test_a_child_that_crashes_ends_in_one_verdict_line_with_its_cause(trainable):
+def test_a_damaged_model_is_refused_and_a_child_that_crashes_ends_in_one_verdict_line(trainable):
     proc = run_cli("train", "--dataset", "tiny", "--ngf", "8", "--ndf", "8", "--threads", "1", "--batch-sizes", "2", "--epochs", "1",
                    "--max-steps", "1", "--validate-every", "0", "--json", cwd=trainable)
     assert proc.returncode == 0, proc.stderr[-2000:]
     run_id = json.loads(proc.stdout.strip().splitlines()[-1])["run_id"]
     (model,) = (trainable / "mlartifacts").rglob(f"{run_id}/artifacts/model/generator.pt")
-    model.write_bytes(model.read_bytes()[:100])  # truncated
-    proc = run_cli("infer", "--model-run", run_id, "--steps", "2", cwd=trainable)
+    whole = model.read_bytes()
+    infer = ("infer", "--model-run", run_id, "--steps", "2")
+    # truncated: refused before any work, from the size recorded when it was written
+    model.write_bytes(whole[:100])
+    proc = run_cli(*infer, cwd=trainable)
+    assert proc.returncode == 2 and proc.stderr.strip().splitlines() == [
+        f"python -m flows infer: error: the model artifact model/generator.pt of training run {run_id} has 100 bytes, not the "
+        f"{len(whole)} it was written with: it is truncated or damaged; train again or roll out another run"]
+    # a flipped byte: the rollout child refuses it by its checksum, before loading it
+    model.write_bytes(whole[:-10] + bytes(b ^ 0xFF for b in whole[-10:]))
+    proc = run_cli(*infer, cwd=trainable)
+    assert proc.returncode == 2
+    assert "is damaged (its SHA-256 differs from the one recorded when it was written)" in proc.stderr.strip().splitlines()[-1]
+    # a run logged without those records (an older one) and a truncated file: the child crashes on it,
+    # and the command ends with the cause in one line; the traceback is in the log once
+    meta_path = model.with_name("meta.json")
+    meta = json.loads(meta_path.read_text())
+    meta_path.write_text(json.dumps({k: v for k, v in meta.items() if not k.startswith("generator_")}))
+    model.write_bytes(whole[:100])
+    proc = run_cli(*infer, cwd=trainable)
     assert proc.returncode == 1
     verdict = proc.stderr.strip().splitlines()[-1]
     assert verdict.startswith("python -m flows infer: failed: rollout child crashed: "), verdict
-    assert proc.stderr.count("Traceback") == 1  # the child's, relayed once into the log
+    assert proc.stderr.count("Traceback") == 1
 
 
 def test_two_commands_on_a_new_local_tracking_store_both_succeed(workdir):
