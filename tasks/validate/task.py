@@ -4,7 +4,6 @@ The run holds a convergence table and the drag/lift history.
 """
 
 import json
-from pathlib import Path
 
 import numpy as np
 from prefect import get_run_logger, task

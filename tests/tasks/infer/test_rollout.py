@@ -4,7 +4,6 @@ A real zarr dataset, a real training run in a real MLflow store, real child proc
 
 import json
 import os
-import shutil
 import subprocess
 import sys
 import tempfile
