@@ -98,6 +98,20 @@ def shared_prefect_api() -> str:
     return _shared_api[0]
 
 
+def kill_tree(pid: int) -> None:
+    """SIGKILL a process and every descendant (a worker and its flow runs, a command and its children)."""
+    import psutil
+
+    root = psutil.Process(pid)
+    procs = [root, *root.children(recursive=True)]
+    for proc in procs:
+        try:
+            proc.kill()
+        except psutil.NoSuchProcess:
+            pass
+    psutil.wait_procs(procs, timeout=30)
+
+
 def run_cli(*args: str, cwd: Path, env: dict | None = None, timeout: int = 900) -> subprocess.CompletedProcess:
     """``python -m flows ...`` in a child process, as a user types it (reporting to the tests' Prefect
     server unless ``env`` sets PREFECT_API_URL, or sets it to "" for a temporary server of its own)."""

@@ -20,7 +20,7 @@ import yaml
 from mlflow.tracking import MlflowClient
 
 from tasks.common.specs import BenchmarkSpec
-from tests.conftest import ROOT
+from tests.conftest import ROOT, kill_tree
 
 def free_port() -> int:
     with socket.socket() as s:
@@ -66,20 +66,6 @@ class Services:
             except subprocess.TimeoutExpired:
                 os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait()
-
-
-def kill_tree(pid: int) -> None:
-    """SIGKILL a process and every descendant (a worker, its flow-run process, their children)."""
-    import psutil
-
-    root = psutil.Process(pid)
-    procs = [root, *root.children(recursive=True)]
-    for proc in procs:
-        try:
-            proc.kill()
-        except psutil.NoSuchProcess:
-            pass
-    psutil.wait_procs(procs, timeout=30)
 
 
 def wait_for_finished_train_cell(uri: str, worker: subprocess.Popen, log: Path, timeout: float = 900):

@@ -15,7 +15,7 @@ import psutil
 import pytest
 from mlflow.tracking import MlflowClient
 
-from tests.conftest import ROOT, run_cli, shared_prefect_api
+from tests.conftest import ROOT, kill_tree, run_cli, shared_prefect_api
 from tests.tasks.train.test_training import dataset_root  # noqa: F401  (the module's dataset fixture)
 
 pytestmark = pytest.mark.full
@@ -40,13 +40,7 @@ def _no_leftovers():
     while _started:
         proc = _started.pop()
         if proc.poll() is None:
-            procs = [psutil.Process(proc.pid), *psutil.Process(proc.pid).children(recursive=True)]
-            for p in procs:
-                try:
-                    p.kill()
-                except psutil.NoSuchProcess:
-                    pass
-            psutil.wait_procs(procs, timeout=30)
+            kill_tree(proc.pid)
 
 
 def start(*args: str, cwd, own_server: bool = False) -> subprocess.Popen:
