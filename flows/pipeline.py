@@ -52,8 +52,13 @@ def _named(model, name_of):
     return name
 
 
+def _framework_word(spec: TrainSpec) -> str:
+    """'' for torch (the default), 'tensorflow ' otherwise: run names say the framework when it is not the default."""
+    return "" if spec.framework == "torch" else f"{spec.framework} "
+
+
 def _train_name(spec: TrainSpec) -> str:
-    return (f"train {spec.device} b{','.join(map(str, spec.batch_sizes))}" + (f" seed {spec.seed}" if spec.seed else "")
+    return (f"train {_framework_word(spec)}{spec.device} b{','.join(map(str, spec.batch_sizes))}" + (f" seed {spec.seed}" if spec.seed else "")
             + (" (resume)" if spec.resume else ""))
 
 
@@ -86,7 +91,7 @@ def generate(spec: GenerateSpec = GenerateSpec(), parent_run: str | None = None)
 def train(spec: TrainSpec = TrainSpec(), parent_run: str | None = None) -> dict:
     """Train Pix2Pix on a dataset on the chosen device: one run per batch size (several make a sweep,
     whose runs are children of one parent run holding the study's table), or resume an interrupted run."""
-    _tag_run("stage:train", f"device:{spec.device}", *(f"batch:{b}" for b in spec.batch_sizes), f"dataset:{spec.dataset}")
+    _tag_run("stage:train", f"framework:{spec.framework}", f"device:{spec.device}", *(f"batch:{b}" for b in spec.batch_sizes), f"dataset:{spec.dataset}")
     settings = _settings()
     logger = get_run_logger()
     plan = plan_training(settings, spec, logger)
@@ -217,7 +222,7 @@ def check_deployments(spec: BenchmarkSpec) -> None:
 
 def _cell_label(kind: str, spec) -> str:
     if kind == "train":
-        return f"train {spec.device} b{spec.batch_sizes[0]}" + (f" seed {spec.seed}" if spec.seed else "")
+        return f"train {_framework_word(spec)}{spec.device} b{spec.batch_sizes[0]}" + (f" seed {spec.seed}" if spec.seed else "")
     return f"infer {spec.mode} {spec.device} x{spec.workers}"
 
 

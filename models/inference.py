@@ -10,18 +10,24 @@ The network runs in eval mode (dropout off, batch-norm running statistics), so a
 does not depend on which tiles share its batch.
 """
 
+from __future__ import annotations
+
 import copy
 import math
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
-import torch
 
-from models.device import DeviceContext
 from models.host import cpu_cores
 from models.tiling import TilePlan, TilingError, pack_groups, unpack_groups
+
+if TYPE_CHECKING:  # torch is imported where a torch runner is made: a TensorFlow rollout uses the Predictor without it
+    import torch
+
+    from models.device import DeviceContext
 
 
 @dataclass
@@ -46,7 +52,11 @@ class ThreadRunner:
     each (the network is shared, read-only), ``cuda`` W GPUs with one replica each. Group ``i`` goes
     to worker ``i mod W``."""
 
+    whole_rounds = False  # groups need not fill every worker
+
     def __init__(self, model: torch.nn.Module, kind: str, workers: int):
+        import torch
+
         if kind == "cpu":
             if workers > cpu_cores():
                 raise ValueError(f"{workers} workers requested but this host has {cpu_cores()} CPU cores; use at most {cpu_cores()}")
@@ -68,6 +78,8 @@ class ThreadRunner:
 
     def run(self, groups: np.ndarray) -> tuple[np.ndarray, float]:
         """Groups (G, g, C, h, w) -> outputs (G, g, Cout, h, w) and the mean transfer seconds per worker."""
+
+        import torch
 
         def work(w: int) -> tuple[dict[int, np.ndarray], float]:
             model, device = self.replicas[w]
@@ -92,6 +104,8 @@ class ThreadRunner:
     def close(self) -> None:
         self._pool.shutdown()
         if self._threads_before:
+            import torch
+
             torch.set_num_threads(self._threads_before)
 
 
@@ -100,6 +114,8 @@ class MeshRunner:
     sharded along the device mesh (SPMD), so device ``d`` computes group ``d`` of the round. The
     batch shape is the same every round, so the graph compiles once."""
 
+    whole_rounds = True  # each round fills every device of the mesh
+
     def __init__(self, model: torch.nn.Module, ctx: DeviceContext, workers: int):
         if workers not in (1, ctx.world_size) or (workers > 1 and ctx.strategy != "spmd"):
             raise ValueError(f"{workers} workers requested on {ctx.description}; XLA map-reduce shards over all "
@@ -107,6 +123,8 @@ class MeshRunner:
         self.model, self.ctx, self.workers = model.to(ctx.device).eval(), ctx, workers
 
     def run(self, groups: np.ndarray) -> tuple[np.ndarray, float]:
+        import torch
+
         if len(groups) % self.workers:
             raise ValueError(f"{len(groups)} groups do not fill rounds of {self.workers} devices")
         outs, transfer = [], 0.0
@@ -143,7 +161,7 @@ class Predictor:
         groups = math.ceil(plan.count / self.group)
         self.rounds = math.ceil(groups / workers)
         # Mesh runners need whole rounds; padding tiles are zeros and are dropped after the map.
-        self.padded_tiles = self.rounds * workers * self.group if isinstance(runner, MeshRunner) else groups * self.group
+        self.padded_tiles = self.rounds * workers * self.group if runner.whole_rounds else groups * self.group
         self._weights = plan.weights().astype(np.float32)
 
     def __call__(self, frame: np.ndarray) -> tuple[np.ndarray, StepTimes]:

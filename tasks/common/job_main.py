@@ -28,8 +28,15 @@ def _torch_jobs() -> dict:
     return {"train": run_training, "rollout": run_rollout, "probe": probe_device}
 
 
+def _tensorflow_jobs() -> dict:
+    from tasks.infer.job_keras import run_rollout
+    from tasks.train.job_keras import probe_device, run_training
+
+    return {"train": run_training, "rollout": run_rollout, "probe": probe_device}
+
+
 # The framework seam: each framework's job bodies (train, rollout, probe), imported only in its own child.
-FRAMEWORKS = {"torch": _torch_jobs}
+FRAMEWORKS = {"torch": _torch_jobs, "tensorflow": _tensorflow_jobs}
 
 
 def job_body(framework: str, kind: str):

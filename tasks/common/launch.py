@@ -56,10 +56,15 @@ def _raise_verdict(kind: str, rc: int, tail: deque, result_path: Path) -> None:
     raise cls(error["message"])
 
 
-def device_env(device: str, world_size: int | None = None) -> dict[str, str]:
+def device_env(device: str, world_size: int | None = None, framework: str = "torch") -> dict[str, str]:
     """Environment a child needs for its device, set before any framework import. On the XLA CPU
     runtime (PJRT_DEVICE=CPU, for tests) ``world_size`` sets the number of virtual devices."""
     env: dict[str, str] = {}
+    if framework == "tensorflow":
+        env["TF_CPP_MIN_LOG_LEVEL"] = os.environ.get("TF_CPP_MIN_LOG_LEVEL", "2")  # TensorFlow's C++ notices stay out of the run's log
+        if device == "cpu":
+            env["CUDA_VISIBLE_DEVICES"] = ""  # a cpu run does not open a GPU (nor complain that there is none)
+        return env
     if device == "xla":
         env["PJRT_DEVICE"] = os.environ.get("PJRT_DEVICE", "TPU")
         if env["PJRT_DEVICE"] == "CPU" and world_size:
@@ -83,9 +88,10 @@ def run_child(kind: str, job: dict, log, env: dict[str, str] | None = None, proc
         child_env = {**os.environ, **(env or {}), "PYTHONUNBUFFERED": "1", PARENT_ENV: str(os.getpid())}
         child_env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), child_env.get("PYTHONPATH")]))
         cmd = [sys.executable, "-m", "tasks.common.job_main", kind, str(job_path), str(result_path)]
-        if procs > 1:
-            launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={procs}"]
-            cmd = launcher + cmd[1:]
+        if procs > 1:  # one process per device: torchrun for torch, a TF_CONFIG cluster on 127.0.0.1 for tensorflow
+            launcher = ([sys.executable, "-m", "tasks.common.workers", str(procs)] if framework == "tensorflow" else
+                        [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={procs}"])
+            cmd = launcher + cmd[1:] if framework != "tensorflow" else launcher + cmd
         tail: deque[str] = deque(maxlen=30)
         with subprocess.Popen(cmd, cwd=os.getcwd(), env=child_env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) as proc:
             assert proc.stdout is not None

@@ -60,7 +60,9 @@ class TrainSpec(Spec):
     """One Pix2Pix training run on (frame t -> frame t+k) pairs."""
 
     dataset: str = DatasetName
-    device: Literal["cpu", "cuda", "xla"] = Field(default="cpu", description="cpu, cuda (all visible GPUs) or xla (TPU cores via torch_xla)")
+    framework: Literal["torch", "tensorflow"] = Field(default="torch", description="torch (PyTorch) or tensorflow (Keras 3 under a tf.distribute strategy): the same networks, recipe, data and metrics")
+    device: Literal["cpu", "cuda", "xla"] = Field(default="cpu", description="cpu, cuda (all visible GPUs) or xla (TPU cores: torch_xla, or TPUStrategy for tensorflow)")
+    strategy: Literal["auto", "default", "mirrored", "multiworker", "tpu"] = Field(default="auto", description="tensorflow's distribution strategy: default (one device), mirrored (the world's devices in one process; on cpu, logical CPUs), multiworker (one process per device on 127.0.0.1), tpu (a TPU host); auto = default for one device, mirrored for more, tpu for xla. torch takes auto: DDP processes on cpu and cuda, SPMD on xla")
     batch_sizes: list[PositiveInt] = Field(default=[8], min_length=1, description="Global batch sizes; several make a sweep: one run each, children of one parent run")
     world_size: PositiveInt | None = Field(default=None, description="Devices to train on, data-parallel; None = every GPU or TPU core, 1 process on cpu (cpu > 1: DDP processes over gloo)")
     epochs: PositiveInt | None = Field(default=None, le=100_000, description="Training epochs at most; None = 3, or no limit with a time budget")
@@ -87,12 +89,12 @@ class TrainSpec(Spec):
     l1_weight: float | None = Field(default=None, ge=0, description="Weight of the L1 term; None = the recipe's")
     precision: Literal["fp32", "bf16"] = Field(default="fp32", description="fp32, or bf16 autocast")
     channels_last: Literal["auto", "on", "off"] = Field(default="auto", description="NHWC memory layout; auto = on for cuda only (slower on CPU)")
-    compile: Literal["auto", "on", "off"] = Field(default="auto", description="torch.compile the networks; auto = on for cuda only (slower on CPU)")
+    compile: Literal["auto", "on", "off"] = Field(default="auto", description="torch.compile the networks (torch; auto = on for cuda only, slower on CPU), or XLA-compile the step with jit_compile (tensorflow; auto = off)")
     winograd: Literal["auto", "on", "off"] = Field(default="auto", description="Winograd F(3x3,4x4) for the discriminator's wide stride-1 layer (CPU, fp32 only); auto = on for cpu")
     val_simulations: int = Field(default=1, ge=0, description="Simulations held out for validation (scored by rollouts during training); taken inside the sweep's Reynolds range")
     test_simulations: int = Field(default=1, ge=0, description="Simulations held out for testing (rollout); taken inside the sweep's Reynolds range, so the test interpolates")
     max_steps: PositiveInt | None = Field(default=None, le=10**9, description="Stop after this many optimiser steps (smoke runs)")
-    threads: PositiveInt | None = Field(default=None, le=4096, description="CPU threads for torch, at most the host's cores; None = all cores")
+    threads: PositiveInt | None = Field(default=None, le=4096, description="CPU threads of the framework, at most the host's cores; None = all cores")
     seed: int = Field(default=0, ge=0, le=2**31 - 1, description="Seed of weights, split and shuffling")
     resume: str | None = Field(default=None, pattern=r"^[0-9a-f]{32}$", description="MLflow run id of an interrupted training run to continue from its last checkpoint (other fields are taken from that run)")
     cell: str | None = Field(default=None, pattern=r"^[0-9a-f]{16}$", description="Benchmark cell key, set by the benchmark flow: tags the MLflow run so a rerun can skip it")
@@ -105,6 +107,15 @@ class TrainSpec(Spec):
     @model_validator(mode="after")
     def _recipe_holds(self) -> "TrainSpec":
         self.resolved_recipe()  # ValueError naming the element that does not fit
+        if self.framework == "torch" and self.strategy != "auto":
+            raise ValueError(f"strategy {self.strategy} is tensorflow's; torch takes auto (DDP on cpu and cuda, SPMD on xla)")
+        if self.framework == "tensorflow":
+            if (self.strategy == "tpu") != (self.device == "xla") and self.strategy != "auto":
+                raise ValueError(f"strategy {self.strategy} does not run on device {self.device}: tpu is for xla (a TPU host), the others for cpu and cuda")
+            if self.precision != "fp32":
+                raise ValueError(f"precision {self.precision}: the tensorflow version trains in fp32 only")
+            if self.strategy == "mirrored" and self.device == "cpu" and (self.world_size or 1) < 2:
+                raise ValueError("strategy mirrored on cpu needs --world-size 2 or more (logical CPU devices)")
         if self.target_steps > self.validate_steps:
             raise ValueError(f"target_steps {self.target_steps} exceeds validate_steps {self.validate_steps}: the validation rollout must be at least as long as the target")
         return self

@@ -1,34 +1,20 @@
 """The rollout job (child process): a RolloutPlan carried out, full-frame or map-reduce tiled over workers, and scored against the reference solver."""
 
 import json
-import logging
-import math
-import statistics
 import tempfile
-import time
 
-import numpy as np
 import torch
 
 from models.device import resolve_device
-from models.flow_metrics import RolloutScore, relative_l2
-from models.inference import Predictor, StepTimes, make_runner
+from models.inference import Predictor, make_runner
 from models.nets.config import NetConfig
 from models.nets.pix2pix import build_generator
 from models.tiling import TilingError
-from tasks.common.data import OUTPUTS, StepCodec, load_frames
 from tasks.common.errors import UserError
-from tasks.common.plots import error_curves, rollout_animation, vorticity_panels
 from tasks.common.settings import Settings
-from tasks.common.specs import InferSpec
 from tasks.common.tracking import Run, client_for
-from tasks.generate.simulation import SimulationSpec
 from tasks.infer.plan import RolloutPlan, check_model_file, download
-from tasks.infer.scoring import roll, rollout_steps, step_time
-
-log = logging.getLogger("karman.infer")
-FIELDS = ("u", "v", "p", "vorticity")
-PHASES = ("split", "transfer", "compute", "merge")
+from tasks.infer.rollout import run_scored
 
 
 def load_model(settings: Settings, model_run: str, device) -> tuple[torch.nn.Module, dict]:
@@ -57,100 +43,10 @@ def run_rollout(job: dict) -> dict:
     except (ValueError, TilingError) as exc:
         raise UserError(str(exc)) from None
     try:
-        return _rollout(spec, settings, run, setup, ctx, predictor, reference, job)
+        return run_scored(spec, settings, run, setup, ctx.description, predictor, reference, job)
     finally:
         if reference is not None:
             reference.close()
         predictor.close()
 
 
-def _rollout(spec: InferSpec, settings: Settings, run: Run, setup: RolloutPlan, ctx, predictor: Predictor,
-             reference: Predictor | None, job: dict) -> dict:
-    meta, sim, stride = setup.meta, setup.simulation, setup.frame_stride
-    codec = StepCodec.from_meta(meta)
-    norm = codec.norm
-    frames = load_frames(settings.dataset_dir(setup.dataset), sim)  # (T, 4, H, W) physical u, v, p, mask
-    steps = rollout_steps(len(frames), spec.start_frame, stride, spec.steps)
-    plan = setup.tiles
-    run.log_params({"rollout_simulation": sim, "rollout_steps": steps, "frame_stride": stride, "device_name": ctx.description,
-                    "rollout_dataset": setup.dataset, "dataset_digest": meta["dataset_digest"], "model_run_id": setup.model_run_id,
-                    "tile_shape": f"{plan.tile[0]}x{plan.tile[1]}", "tiles": plan.count, "tile_overhead": round(plan.overhead, 4),
-                    "group_size": predictor.group, "frame": f"{plan.height}x{plan.width}", **setup.regime})
-
-    score = RolloutScore(step_time(setup.sim_spec, stride), spec.threshold_u, spec.threshold_vorticity)
-    seams: list[float] = []
-    latencies: list[float] = []
-    phases: list[StepTimes] = []
-    w_preds, w_refs = [], []
-
-    def predict(state: np.ndarray, cond: np.ndarray) -> np.ndarray:
-        t0 = time.perf_counter()
-        out, times = predictor(cond)  # (3, H, W) network units
-        latencies.append(time.perf_counter() - t0)
-        phases.append(times)
-        pred = codec.next_state(state, out)  # (3, H, W) physical
-        if reference is not None:  # seam error: map-reduce against full-frame on the same input (not timed)
-            full = codec.next_state(state, reference(cond)[0])
-            seams.append(max(relative_l2(pred[c], full[c]) for c in range(len(OUTPUTS))))
-        return pred
-
-    for step in roll(predict, codec, frames, setup.sim_spec, stride, steps, score, spec.start_frame):
-        metrics = step.metrics | {"step_latency_s": latencies[-1]} | {f"{name}_s": getattr(phases[-1], name) for name in PHASES}
-        if seams:
-            metrics["step_seam_rel_error"] = seams[-1]
-        run.log_metrics({k: v for k, v in metrics.items() if math.isfinite(v)}, step=step.n)
-        w_preds.append(step.w_pred)
-        w_refs.append(step.w_ref)
-
-    warm = statistics.median(latencies[1:]) if steps > 1 else latencies[0]
-    warm_phases = phases[1:] or phases
-    errors = score.errors
-    from tasks.bench.solver import time_solver
-
-    solver_s, solver_name = time_solver(setup.sim_spec.flow_config(), stride * setup.sim_spec.frame_every, spec.device, spec.workers)
-    quality = score.summary()
-    summary = {
-        "frames_per_s": 1.0 / warm, "cold_step_s": latencies[0], "warm_step_s": warm,
-        "compile_s": max(latencies[0] - warm, 0.0),
-        **{f"latency_{name}_s": statistics.median(getattr(t, name) for t in warm_phases) for name in PHASES},
-        **quality,
-        "solver_frames_per_s": 1.0 / solver_s, "surrogate_vs_solver": solver_s / warm,
-        "crossover_stride": float(np.ceil(warm / (solver_s / stride))),
-        # cost of one convective time unit D/U of simulated flow
-        "surrogate_s_per_time_unit": warm / score.dt, "solver_s_per_time_unit": solver_s / score.dt,
-    }
-    if seams:
-        summary |= {"seam_rel_error": max(seams), "seam_rel_error_first": seams[0]}
-    run.log_metrics({k: v for k, v in summary.items() if math.isfinite(v)})  # NaN (no frequency found) is left out
-    verdict = surrogate_verdict(summary, score.dt, spec.threshold_vorticity, stride, setup.sim_spec)
-    run.log_params({"solver_compared": solver_name, "verdict": verdict[:500]})
-
-    out_dir = settings.run_dir(job["run_id"])
-    out_dir.mkdir(parents=True, exist_ok=True)
-    show = sorted({0, max(0, steps // 2 - 1), steps - 1})
-    run.log_artifact(vorticity_panels(np.stack([w_preds[i] for i in show]), np.stack([w_refs[i] for i in show]),
-                                      [f"step {i + 1}" for i in show], out_dir / "vorticity_rollout.png",
-                                      f"rollout on {sim}: predicted vs reference vorticity"))
-    run.log_artifact(error_curves(errors, spec.threshold_vorticity, out_dir / "rollout_error.png", f"rollout error on {sim}"))
-    run.log_artifact(rollout_animation(np.stack(w_preds), np.stack(w_refs), out_dir / "rollout.gif",
-                                       f"{spec.mode} x{spec.workers} on {sim}"))
-    log.info("%s rollout of %d steps on %s (%d tiles, %d workers): %.2f frames/s warm, solver %.2f frames/s, "
-             "final vorticity error %.3f", spec.mode, steps, sim, plan.count, spec.workers, summary["frames_per_s"],
-             summary["solver_frames_per_s"], errors["vorticity"][-1])
-    log.info("verdict: %s", verdict)
-    return {**summary, "verdict": verdict, "simulation": sim, "steps": steps, "mode": spec.mode, "workers": spec.workers,
-            "tiles": plan.count, "tile": list(plan.tile), "errors": errors, "seam_errors": seams,
-            "vorticity_correlation": score.correlation, "energy_ratio": score.energy_ratio, **setup.regime}
-
-
-def surrogate_verdict(summary: dict, dt: float, threshold: float, stride: int, sim: SimulationSpec) -> str:
-    """One sentence: which is faster per unit of simulated time at this resolution, and the accuracy the
-    surrogate holds while it is (the vorticity horizon)."""
-    ratio = summary["solver_s_per_time_unit"] / summary["surrogate_s_per_time_unit"]
-    faster = f"the surrogate is {ratio:.2g}x faster than the solver" if ratio >= 1 else f"the solver is {1 / ratio:.2g}x faster than the surrogate"
-    horizon = int(summary["horizon_vorticity"])
-    periods = horizon * dt * summary["strouhal_ref"] if summary["strouhal_ref"] == summary["strouhal_ref"] else float("nan")
-    return (f"At {sim.ny}x{sim.nx} and stride k={stride} ({stride * sim.frame_every} solver steps per network step), {faster} "
-            f"per unit of simulated time, at an accuracy of vorticity relative L2 <= {threshold:g} for {horizon} steps "
-            f"({horizon * dt:.3g} D/U, {periods:.2g} shedding periods); the surrogate would break even at k >= "
-            f"{summary['crossover_stride']:.0f}.")

@@ -35,16 +35,22 @@ def model_meta(settings: Settings, model_run: str) -> dict:
         return json.loads(download(settings, model_run, "model/meta.json", tmp).read_text())
 
 
+def weights_file(meta: dict) -> str:
+    """The name of a model's weights file in its 'model' artifact (runs from before it was recorded: torch's)."""
+    return meta.get("weights_file", "generator.pt")
+
+
 def check_model_size(settings: Settings, model_run: str, meta: dict) -> None:
     """Refuse, before any work, a model whose weights file is not the size it was written with (a
     truncated or replaced artifact); runs logged before the size was recorded are not checked here."""
     expected = meta.get("generator_bytes")
     if expected is None:
         return
+    name = weights_file(meta)
     listed = {f.path: f.file_size for f in client_for(settings).list_artifacts(model_run, "model")}
-    found = listed.get("model/generator.pt")
+    found = listed.get(f"model/{name}")
     if found != expected:
-        raise UserError(f"the model artifact model/generator.pt of training run {model_run} has {found} bytes, not the {expected} "
+        raise UserError(f"the model artifact model/{name} of training run {model_run} has {found} bytes, not the {expected} "
                         "it was written with: it is truncated or damaged; train again or roll out another run")
 
 
@@ -52,7 +58,7 @@ def check_model_file(path: Path, model_run: str, meta: dict) -> None:
     """Refuse a downloaded weights file whose checksum differs from the one recorded when it was written."""
     expected = meta.get("generator_sha256")
     if expected is not None and file_sha256(path) != expected:
-        raise UserError(f"the model artifact model/generator.pt of training run {model_run} is damaged (its SHA-256 differs "
+        raise UserError(f"the model artifact model/{path.name} of training run {model_run} is damaged (its SHA-256 differs "
                         "from the one recorded when it was written); train again or roll out another run")
 
 
@@ -166,7 +172,7 @@ def plan_rollout(settings: Settings, spec: InferSpec, log) -> RolloutPlan:
                         f"{spec.start_frame} with frame stride {meta['frame_stride']}")
     check_workers(spec, log)
     full_frame = TilePlan(height, width, (height, width), 0, unit) if full_fits else None
-    framework = model.data.params.get("framework", "torch")
+    framework = meta.get("framework", model.data.params.get("framework", "torch"))
     return RolloutPlan(spec, model_run_id, framework, meta, dataset, simulation, sim_spec, tiles, full_frame)
 
 

@@ -70,21 +70,34 @@ def load_simulation(dataset_dir: Path, manifest: dict, sim_id: str) -> tuple[np.
     return load_frames(dataset_dir, sim_id), SimulationSpec(**manifest["simulations"][sim_id]["spec"])
 
 
-def score_generator(generator, device, codec: StepCodec, frames: np.ndarray, sim: SimulationSpec, stride: int, steps: int,
-                    threshold_u: float = 0.1, threshold_vorticity: float = 0.3) -> RolloutScore:
-    """Roll a torch generator (in eval mode, on ``device``) out for ``steps`` steps from the first frame
-    of ``frames`` (T, 4, H, W) and return its filled score."""
-    import torch
-
+def score_forward(forward: Callable[[np.ndarray], np.ndarray], codec: StepCodec, frames: np.ndarray, sim: SimulationSpec, stride: int,
+                  steps: int, threshold_u: float = 0.1, threshold_vorticity: float = 0.3) -> RolloutScore:
+    """Roll a network out for ``steps`` steps from the first frame of ``frames`` (T, 4, H, W) and return
+    its filled score; ``forward`` maps one encoded state (4, H, W) to the network's output (3, H, W)
+    (any framework)."""
     def predict(state: np.ndarray, cond: np.ndarray) -> np.ndarray:
-        with torch.no_grad():
-            out = generator(torch.from_numpy(cond[None]).to(device)).float().cpu().numpy()[0]  # (3, H, W)
-        return codec.next_state(state, out)
+        return codec.next_state(state, forward(cond))
 
     score = RolloutScore(step_time(sim, stride), threshold_u, threshold_vorticity)
     for _ in roll(predict, codec, frames, sim, stride, rollout_steps(len(frames), 0, stride, steps), score):
         pass
     return score
+
+
+def torch_forward(generator, device) -> Callable[[np.ndarray], np.ndarray]:
+    """``forward`` of score_forward for a torch generator (in eval mode, on ``device``)."""
+    import torch
+
+    def forward(cond: np.ndarray) -> np.ndarray:
+        with torch.no_grad():
+            return generator(torch.from_numpy(cond[None]).to(device)).float().cpu().numpy()[0]  # (3, H, W)
+    return forward
+
+
+def score_generator(generator, device, codec: StepCodec, frames: np.ndarray, sim: SimulationSpec, stride: int, steps: int,
+                    threshold_u: float = 0.1, threshold_vorticity: float = 0.3) -> RolloutScore:
+    """score_forward for a torch generator (in eval mode, on ``device``)."""
+    return score_forward(torch_forward(generator, device), codec, frames, sim, stride, steps, threshold_u, threshold_vorticity)
 
 
 @dataclass
@@ -125,10 +138,14 @@ class Validation:
         was_training = generator.training
         generator.eval()
         try:
-            results = [score_generator(generator, device, self.codec, frames, sim, self.stride, self.steps,
-                                       threshold_vorticity=self.target_vorticity).summary() for frames, sim in self.sims]
+            return self.score_forward(torch_forward(generator, device))
         finally:
             generator.train(was_training)
+
+    def score_forward(self, forward: Callable[[np.ndarray], np.ndarray]) -> dict[str, float]:
+        """The worst case over the validation simulations of each rollout score (``forward`` as in score_forward)."""
+        results = [score_forward(forward, self.codec, frames, sim, self.stride, self.steps,
+                                 threshold_vorticity=self.target_vorticity).summary() for frames, sim in self.sims]
         worst = {}
         for key in ("one_step_rel_l2_u", "one_step_rel_l2_vorticity", "strouhal_rel_error", "mean_rel_l2_vorticity", "energy_ratio_max_deviation"):
             worst[key] = max(r[key] for r in results)

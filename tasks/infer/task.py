@@ -31,5 +31,5 @@ def rollout(settings: Settings, spec: InferSpec, parent_run_id: str | None = Non
         run.log_dataset(dataset, load_manifest(dataset_dir)["digest"], dataset_dir, "evaluation")
         logger.info("MLflow run: %s", run_url(settings, run.run_id))
         job = {"plan": plan.to_json(), "settings": settings.model_dump(mode="json"), "run_id": run.run_id}
-        result = run_child("rollout", job, logger, env=device_env(spec.device, spec.workers), framework=plan.framework)
+        result = run_child("rollout", job, logger, env=device_env(spec.device, spec.workers, plan.framework), framework=plan.framework)
     return {**result, "run_id": run.run_id, "model_run_id": model_run_id}

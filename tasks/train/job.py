@@ -16,9 +16,7 @@ import json
 import logging
 import math
 import os
-import resource
 import signal
-import socket
 import time
 from pathlib import Path
 
@@ -29,23 +27,19 @@ from models.device import DeviceContext, keep_freed_memory, resolve_device
 from models.nets.pix2pix import build_generator
 from models.nets.trainer import NoClock, OptimConfig, PhaseClock, build_trainer, speed_options
 from models.recipe import lr_factor
-from models.solver import vorticity
 from tasks.common.data import INPUTS, OUTPUTS, Normalizer, PairSource, StepCodec, crop_offsets, crop_pairs, epoch_order, epoch_seed, IN_MEMORY_BYTES, split_of, training_net
 from tasks.common.errors import RunFailed, RunStopped, UserError, signal_name
 from tasks.common.lifetime import stop_requested
 from tasks.common.names import Tag
-from tasks.common.plots import vorticity_panels
-from tasks.common.progress import time_left
 from tasks.common.settings import Settings
 from tasks.common.specs import TrainSpec
-from tasks.common.store import file_sha256, load_manifest
-from tasks.common.tracking import Run, client_for, code_version, system_metrics
+from tasks.common.store import load_manifest
+from tasks.common.tracking import Run, client_for, system_metrics
 from tasks.infer.scoring import Validation
-from tasks.train.plan import CHECKPOINT, TrainPlan
+from tasks.train.plan import TrainPlan, checkpoint_name
+from tasks.train.record import WARMUP_STEPS, StepLog, host_peak_memory_mb, largest_corner, log_epoch, model_meta, run_params, sample_figure, summary
 
 log = logging.getLogger("karman.train")
-WARMUP_STEPS = 2  # steps of each process timed apart: compilation, allocator and cache warm-up
-METRIC_FLUSH = 50  # per-step metrics go to MLflow in batches of this many steps
 SYSTEM_METRICS_EVERY_S = 5
 
 
@@ -108,25 +102,7 @@ def _xla_compilations() -> tuple[int, float]:
 def _peak_memory_mb(ctx: DeviceContext) -> float:
     if ctx.kind == "cuda":
         return torch.cuda.max_memory_allocated(ctx.device) / 2**20
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux: the process's peak
-
-
-class _StepLog:
-    """Per-step metrics, sent to MLflow in batches (rank 0 only)."""
-
-    def __init__(self, run: Run | None):
-        self.run, self.pending = run, []
-
-    def add(self, step: int, values: dict[str, float]) -> None:
-        if self.run is not None:
-            self.pending.append((step, values))
-            if len(self.pending) >= METRIC_FLUSH:
-                self.flush()
-
-    def flush(self) -> None:
-        if self.run is not None and self.pending:
-            self.run.log_step_metrics(self.pending)
-        self.pending = []
+    return host_peak_memory_mb()
 
 
 def run_training(job: dict) -> dict | None:
@@ -169,7 +145,7 @@ def _train(spec: TrainSpec, settings: Settings, batch_size: int, resume: bool, r
     model = build_trainer(net, OptimConfig.from_recipe(recipe, codec.delta_ratio), ctx, options)
     run_dir = settings.run_dir(run_id)
     run_dir.mkdir(parents=True, exist_ok=True)
-    checkpoint = run_dir / CHECKPOINT
+    checkpoint = run_dir / checkpoint_name("torch")
     start_epoch, global_step, history = 0, 0, {"epoch_s": [], "warmup_s": []}
     if resume:
         state = load_checkpoint(checkpoint)
@@ -182,20 +158,14 @@ def _train(spec: TrainSpec, settings: Settings, batch_size: int, resume: bool, r
     g_params = sum(p.numel() for p in model.generator.parameters())
     d_params = sum(p.numel() for p in model.discriminator.parameters())
     if run is not None and not resume:
-        run.log_params({
-            "framework": "torch", "torch_version": torch.__version__, "device_name": ctx.description,
-            "world_size": ctx.world_size, "strategy": ctx.strategy, "batch_size": batch_size, "per_device_batch": batch_size // ctx.world_size,
-            "image_height": train.height, "image_width": train.width, "generator_depth": net.generator_depth,
-            "generator_params": g_params, "discriminator_params": d_params, "dataset_digest": manifest["digest"],
-            "train_pairs": len(train), "split": json.dumps(split), "code_version": code_version(),
-            "speed": json.dumps(options), "host": socket.gethostname(), "recipe_label": recipe.name, "data_in_memory": train.in_memory,
-            **{f"recipe_{k}": v for k, v in dataclasses.asdict(recipe).items() if k != "name"},
-        })
+        run.log_params(run_params(framework="torch", version=torch.__version__, device_name=ctx.description, world_size=ctx.world_size,
+                                  strategy=ctx.strategy, batch_size=batch_size, train=train, net=net, g_params=g_params, d_params=d_params,
+                                  manifest=manifest, split=split, speed=options, recipe=recipe))
     log.info("training on %s: %d pairs from %d simulations (%s), batch %d, %d steps/epoch, generator %.2fM params",
              ctx.description, len(train), len(split["train"]), "held in memory" if train.in_memory else "read per batch",
              batch_size, steps_per_epoch, g_params / 1e6)
 
-    steps = _StepLog(run)
+    steps = StepLog(run)
     session_steps, warmup_t0, warmup_s = 0, time.perf_counter(), None
     last: dict[str, float] = {}
     compiled_before = _xla_compilations()[0] if ctx.kind == "xla" else 0
@@ -309,11 +279,7 @@ def _train(spec: TrainSpec, settings: Settings, batch_size: int, resume: bool, r
                              "optimizers": _to_cpu(model.optimizer_state())}, checkpoint)
         ends = stopping is not None or last_epoch
         done_fraction = 1.0 if ends else spec.progress(history["train_s"], global_step, steps_per_epoch)
-        left = time_left(history["train_s"], done_fraction)
-        log.info("epoch %d: %.1f s, %.2f samples/s, L1 %.4f, D %.3f, data wait %.1f%%%s; %.0f%% done%s", epoch, epoch_s,
-                 metrics["samples_per_s"], last["loss_l1"], last["loss_d"], 100 * metrics["data_wait_fraction"],
-                 f", validation: vorticity horizon {metrics['val_horizon_vorticity']:.0f} steps" if "val_horizon_vorticity" in metrics else "",
-                 100 * done_fraction, f", {left}" if left else "")
+        log_epoch(log, epoch, metrics, last, done_fraction, history["train_s"])
         if spec.max_steps and global_step >= spec.max_steps:
             break
         if stopping is not None:
@@ -338,37 +304,17 @@ def _finish(spec, settings, run, run_dir, model, net, codec, train, manifest, sp
     model_dir = run_dir / "model"
     model_dir.mkdir(exist_ok=True)
     torch.save(generator_state, model_dir / "generator.pt")
-    meta = {"net": dataclasses.asdict(net), "normalizer": dataclasses.asdict(codec.norm), "inputs": INPUTS, "outputs": OUTPUTS,
-            "predict": "delta" if codec.delta_scale is not None else "state", "delta_scale": codec.delta_scale,
-            "recipe": spec.resolved_recipe().name, "frame_stride": spec.frame_stride, "dataset": spec.dataset, "dataset_digest": manifest["digest"], "split": split,
-            "train_reynolds": sorted(float(manifest["simulations"][s]["spec"]["reynolds"]) for s in split["train"]),
-            # what a rollout checks before it uses the weights: their size (before any work) and checksum (on loading)
-            "generator_bytes": (model_dir / "generator.pt").stat().st_size, "generator_sha256": file_sha256(model_dir / "generator.pt")}
+    meta = model_meta(net, codec, spec, manifest, split, "torch", model_dir / "generator.pt")
     (model_dir / "meta.json").write_text(json.dumps(meta, indent=2))
     run.log_artifact(model_dir, "model")
     cpu_generator = build_generator(net)
     cpu_generator.load_state_dict(generator_state)
-    run.log_artifact(_sample_figure(cpu_generator, train, codec, run_dir / "sample_predictions.png", 2**net.generator_depth))
+    run.log_artifact(sample_figure(_cpu_forward(cpu_generator), train, codec, run_dir / "sample_predictions.png", 2**net.generator_depth))
     log_surrogate(settings, run, cpu_generator, codec, train, meta, 2**net.generator_depth)
-    epochs = history["epoch_s"]
-    steady = epochs[1:] or epochs  # the first epoch carries the warm-up
-    time_per_epoch = float(np.median(steady))
-    summary = {
-        "epochs": len(epochs), "steps": global_step, "warmup_s": float(np.nansum(history["warmup_s"])),
-        "time_per_epoch_s": time_per_epoch, "samples_per_s": samples_per_epoch / time_per_epoch,
-        "final_l1": last.get("loss_l1", float("nan")),
-        "train_time_s": history.get("train_s", float(np.sum(epochs))), "samples_seen": history.get("samples", 0),
-        "target_reached": float("target" in history), **history.get("target", {}),
-    }
-    run.log_metrics(summary)
+    totals = summary(history, global_step, last, samples_per_epoch)
+    run.log_metrics(totals)
     run.set_tags({Tag.TARGET: "reached" if "target" in history else "not reached"})
-    return {**summary, "split": split, "device": ctx.description, "world_size": ctx.world_size, "strategy": ctx.strategy}
-
-
-def _largest_corner(x: np.ndarray, unit: int) -> np.ndarray:
-    """The largest top-left corner of (..., H, W) whose sides are multiples of ``unit`` (what a U-Net
-    trained on crops takes)."""
-    return x[..., : x.shape[-2] - x.shape[-2] % unit, : x.shape[-1] - x.shape[-1] % unit]
+    return {**totals, "split": split, "device": ctx.description, "world_size": ctx.world_size, "strategy": ctx.strategy}
 
 
 def log_surrogate(settings: Settings, run: Run, generator: torch.nn.Module, codec: StepCodec, source: PairSource, meta: dict, unit: int) -> str:
@@ -383,7 +329,7 @@ def log_surrogate(settings: Settings, run: Run, generator: torch.nn.Module, code
     from models.nets.surrogate import Surrogate
 
     model = Surrogate(generator.eval(), codec.norm.center, codec.norm.scale, codec.delta_scale).eval()
-    example = np.ascontiguousarray(_largest_corner(source.physical([0])[0], unit), dtype=np.float32)  # (1, 4, H, W)
+    example = np.ascontiguousarray(largest_corner(source.physical([0])[0], unit), dtype=np.float32)  # (1, 4, H, W)
     with torch.no_grad():
         out = model(torch.from_numpy(example)).numpy()
     mlflow.set_tracking_uri(settings.tracking_uri)
@@ -398,16 +344,11 @@ def log_surrogate(settings: Settings, run: Run, generator: torch.nn.Module, code
     return info.model_uri
 
 
-@torch.no_grad()
-def _sample_figure(generator, source: PairSource, codec: StepCodec, path: Path, unit: int) -> Path:
-    """Vorticity of one-step predictions against targets for three training pairs (on the CPU)."""
+def _cpu_forward(generator):
+    """Encoded states (B, 4, H, W) -> the generator's outputs (B, 3, H, W), numpy in and out (eval mode, CPU)."""
     generator.eval()
-    picks = np.linspace(0, len(source) - 1, 3).astype(int)
-    cond, ref = source.physical(picks)  # (3, 4, H, W), (3, 3, H, W)
-    # A model trained on crops may not take whole frames: show the largest corner it takes.
-    cond, ref = _largest_corner(cond, unit), _largest_corner(ref[:, :3], unit)  # the first step's target
-    pred = codec.next_state(cond, generator(torch.from_numpy(codec.norm.encode(cond))).float().numpy())  # (3, 3, H, W)
-    mask = cond[:, 3] > 0.5
-    w_pred = vorticity(pred[:, 0], pred[:, 1], mask)
-    w_ref = vorticity(ref[:, 0], ref[:, 1], mask)
-    return vorticity_panels(w_pred, w_ref, [f"pair {j}" for j in picks], path, "one-step predictions (training pairs)")
+
+    def forward(cond: np.ndarray) -> np.ndarray:
+        with torch.no_grad():
+            return generator(torch.from_numpy(cond)).float().numpy()
+    return forward

@@ -17,7 +17,12 @@ from tasks.common.store import load_manifest, writer_lock
 from tasks.common.tracking import training_run
 
 JOB_FILE = "job.json"  # the run's configuration, kept with its checkpoint for --resume
-CHECKPOINT = "checkpoint.pt"  # written by the training job after every epoch
+CHECKPOINTS = {"torch": "checkpoint.pt", "tensorflow": "checkpoint.npz"}  # written by the training job after every epoch
+
+
+def checkpoint_name(framework: str) -> str:
+    """The file name of a ``framework`` run's checkpoint (beside its job file)."""
+    return CHECKPOINTS[framework]
 
 
 class TrainPlan(BaseModel):
@@ -31,14 +36,22 @@ class TrainPlan(BaseModel):
     threads: int | None = Field(description="CPU threads per process (cpu); None elsewhere")
     resume: str | None = Field(description="The run being resumed, or None")
     framework: str = Field(default="torch", description="Selects the training job's framework")
+    strategy: str = Field(default="auto", description="tensorflow's resolved distribution strategy (default, mirrored, multiworker, tpu); auto for torch")
 
     def child_env(self) -> dict[str, str]:
         """The training child's environment, set from the plan, never inherited (Dask's LocalCluster sets
         OMP_NUM_THREADS=1 in the process that starts it)."""
-        env = device_env(self.spec.device, self.world)
+        env = device_env(self.spec.device, self.world, self.framework)
         if self.threads:
             env |= {"OMP_NUM_THREADS": str(self.threads), "MKL_NUM_THREADS": str(self.threads)}  # torch reads both; MKL's wins
         return env
+
+
+def tensorflow_strategy(spec: TrainSpec, world: int) -> str:
+    """The strategy a tensorflow run uses: the spec's, or for auto: tpu on xla, default for one device, mirrored for more."""
+    if spec.strategy != "auto":
+        return spec.strategy
+    return "tpu" if spec.device == "xla" else "default" if world == 1 else "mirrored"
 
 
 def plan_world(spec: TrainSpec, probed: dict | None) -> tuple[int, int]:
@@ -49,6 +62,8 @@ def plan_world(spec: TrainSpec, probed: dict | None) -> tuple[int, int]:
         cores = cpu_cores()
         if world > cores:
             raise UserError(f"world size {world} exceeds the {cores} CPU cores of this host")
+        if spec.framework == "tensorflow":  # one process, unless each device has its own worker
+            return world, (world if tensorflow_strategy(spec, world) == "multiworker" else 1)
         return world, world
     available = int(probed["world_size"]) if probed else 1
     world = spec.world_size or available
@@ -56,6 +71,8 @@ def plan_world(spec: TrainSpec, probed: dict | None) -> tuple[int, int]:
         raise UserError(f"world size {world} exceeds the {available} {spec.device} devices of this host ({probed['device']})")
     if spec.device == "xla" and world != available:
         raise UserError(f"xla trains over all {available} devices of the host with SPMD; leave out --world-size or set it to {available}")
+    if spec.framework == "tensorflow":
+        return world, (world if tensorflow_strategy(spec, world) == "multiworker" else 1)
     return world, (world if spec.device == "cuda" else 1)
 
 
@@ -94,13 +111,15 @@ def device_memory(spec: TrainSpec, probed: dict | None, procs: int) -> int | Non
 
 def check_checkpoint(path) -> None:
     """UserError naming the file if the checkpoint is missing or truncated (its zip directory is read,
-    not its tensors; the job loads them)."""
+    not its tensors; the job loads them). torch's is a zip holding data.pkl, TensorFlow's an npz of arrays."""
     if not path.is_file():
         raise UserError(f"no checkpoint at {path}: the run stopped before its first epoch ended; start it afresh")
     try:
         with zipfile.ZipFile(path) as archive:
-            if not any(name.endswith("/data.pkl") for name in archive.namelist()):
-                raise zipfile.BadZipFile("no data.pkl")
+            names = archive.namelist()
+            whole = any(n.endswith("/data.pkl") for n in names) if path.suffix == ".pt" else "history.npy" in names
+            if not whole:
+                raise zipfile.BadZipFile("not a checkpoint")
     except (zipfile.BadZipFile, OSError) as exc:
         raise UserError(f"checkpoint {path} is corrupt or truncated ({type(exc).__name__}); start the run afresh") from None
 
@@ -116,11 +135,11 @@ def resume_plan(settings: Settings, spec: TrainSpec) -> tuple[TrainSpec, int]:
     job_file = settings.run_dir(run_id) / JOB_FILE
     if not job_file.is_file():
         raise UserError(f"run {run_id} has no {JOB_FILE} under {job_file.parent}; it cannot be resumed")
-    check_checkpoint(settings.run_dir(run_id) / CHECKPOINT)
     with writer_lock(settings.run_dir(run_id), f"run {run_id}"):  # refused here if another process trains it
         pass
     stored = json.loads(job_file.read_text())
     stored_spec = TrainSpec(**stored["spec"])
+    check_checkpoint(settings.run_dir(run_id) / checkpoint_name(stored_spec.framework))
     for name in sorted(spec.model_fields_set - {"resume"}):
         mine, theirs = getattr(spec, name), getattr(stored_spec, name)
         if mine != theirs:
@@ -145,8 +164,11 @@ def plan_training(settings: Settings, spec: TrainSpec, log) -> TrainPlan:
     load_manifest(settings.dataset_dir(spec.dataset))
     probed = None
     if spec.device != "cpu":
-        probed = run_child("probe", {"device": spec.device}, log, env=device_env(spec.device, spec.world_size))
+        probed = run_child("probe", {"device": spec.device}, log, env=device_env(spec.device, spec.world_size, spec.framework),
+                           framework=spec.framework)
     world, procs = plan_world(spec, probed)
     check_training_input(settings, spec, batch_sizes, world, device_memory(spec, probed, procs))
     threads = (spec.threads or max(1, cpu_cores() // procs)) if spec.device == "cpu" else spec.threads
-    return TrainPlan(spec=spec, batch_sizes=batch_sizes, world=world, procs=procs, threads=threads, resume=resume)
+    strategy = tensorflow_strategy(spec, world) if spec.framework == "tensorflow" else "auto"
+    return TrainPlan(spec=spec, batch_sizes=batch_sizes, world=world, procs=procs, threads=threads, resume=resume,
+                     framework=spec.framework, strategy=strategy)

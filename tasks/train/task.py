@@ -23,7 +23,7 @@ def _budget_words(spec: TrainSpec) -> str:
 
 def training_tags(spec: TrainSpec, batch_size: int, digest: str) -> dict[str, str]:
     """The MLflow tags users filter training runs on."""
-    tags = {Tag.FRAMEWORK: "torch", Tag.DEVICE: spec.device, Tag.BATCH_SIZE: str(batch_size),
+    tags = {Tag.FRAMEWORK: spec.framework, Tag.DEVICE: spec.device, Tag.BATCH_SIZE: str(batch_size),
             Tag.RECIPE: spec.resolved_recipe().name, Tag.DATASET: spec.dataset, Tag.DATASET_DIGEST: digest}
     if spec.cell:
         tags[Tag.CELL] = spec.cell
@@ -33,7 +33,7 @@ def training_tags(spec: TrainSpec, batch_size: int, digest: str) -> dict[str, st
 EPOCH_LINE = re.compile(r"^epoch \d+: .*; (\d+)% done")
 
 
-@task(name="train-model", task_run_name="train {plan.spec.device} b{batch_size}")
+@task(name="train-model", task_run_name="train {plan.framework} {plan.spec.device} b{batch_size}")
 def train_model(settings: Settings, plan: TrainPlan, batch_size: int, parent_run_id: str | None = None) -> dict:
     """Train Pix2Pix at one batch size of the plan in child process(es); returns its summary.
     The run's progress (the child's epoch lines) is a Prefect progress artifact of this task run."""
@@ -42,13 +42,13 @@ def train_model(settings: Settings, plan: TrainPlan, batch_size: int, parent_run
     dataset_dir = settings.dataset_dir(spec.dataset)
     manifest = load_manifest(dataset_dir)
     digest = manifest["digest"]
-    name = f"train-{spec.device}-b{batch_size}"
-    description = (f"Pix2Pix, recipe {spec.resolved_recipe().name}, trained on dataset `{spec.dataset}` ({len(manifest['simulations'])} "
-                   f"simulations) on {spec.device} x{world}, global batch {batch_size}, {spec.precision}, for {_budget_words(spec)}, seed {spec.seed}. "
+    name = f"train-{spec.device}-b{batch_size}" if spec.framework == "torch" else f"train-{spec.framework}-{spec.device}-b{batch_size}"
+    description = (f"Pix2Pix, recipe {spec.resolved_recipe().name}, trained with {spec.framework} on dataset `{spec.dataset}` ({len(manifest['simulations'])} "
+                   f"simulations) on {spec.device} x{world}{f' ({plan.strategy} strategy)' if spec.framework == 'tensorflow' else ''}, global batch {batch_size}, {spec.precision}, for {_budget_words(spec)}, seed {spec.seed}. "
                    "Metrics: epoch_time_s per epoch; time_per_epoch_s is their median without the first epoch (warm-up); "
                    "val_* are validation rollouts, logged against epochs; the generator is under Models.")
-    # batch_size and world_size are logged by the run itself, as they resolved
-    params = None if resume_run_id else spec.model_dump(exclude={"batch_sizes", "resume", "world_size", "cell"})
+    # batch_size, world_size and strategy are logged by the run itself, as they resolved
+    params = None if resume_run_id else spec.model_dump(exclude={"batch_sizes", "resume", "world_size", "strategy", "cell"})
     with contextlib.ExitStack() as held:
         if resume_run_id:  # one writer per run: taken before the run is reopened, so a refused second resume changes nothing
             held.enter_context(writer_lock(settings.run_dir(resume_run_id), f"run {resume_run_id}"))

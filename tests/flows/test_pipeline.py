@@ -69,7 +69,8 @@ def test_rollout_feeds_predictions_back(demo_result, workdir):
     import torch
 
     from tasks.common.data import StepCodec, load_frames
-    from tasks.infer.job import load_model, relative_l2
+    from models.flow_metrics import relative_l2
+    from tasks.infer.job import load_model
     from tasks.common.settings import Settings
 
     settings = Settings.from_env()

@@ -1,0 +1,164 @@
+"""One Pix2Pix optimisation step in TensorFlow under any tf.distribute strategy: the torch trainer's recipe (models.nets.trainer), NHWC.
+
+The step is one ``tf.function`` run by ``strategy.run`` on every replica: the discriminator's update
+(when the recipe has an adversarial term), then the generator's (GAN + λ·L1 and the pushforward terms
+of an unrolled loss). Each replica's losses are sums over its own samples divided by the *global*
+batch, so the strategy's sum of the replicas' gradients is the gradient of the global batch's mean,
+as the strategies require; the reported losses are those global means. Batch norm uses each
+replica's own batch statistics (as DistributedDataParallel does without SyncBatchNorm).
+"""
+
+from dataclasses import dataclass
+
+import numpy as np
+import tensorflow as tf
+import keras
+
+from models.nets.config import NetConfig
+from models.nets.pix2pix_keras import build_discriminator, build_generator
+
+ADAM_EPSILON = 1e-8  # torch's default; Keras' is 1e-7
+AGREED = "agreed"  # the key of train_step's reduced flags
+
+
+@dataclass(frozen=True)
+class KerasOptim:
+    """The optimisation side of a models.recipe.Recipe (the fields models.nets.trainer.OptimConfig has)."""
+
+    lr: float = 2e-4
+    beta1: float = 0.5
+    l1_weight: float = 100.0
+    gan_weight: float = 1.0
+    noise: float = 0.0
+    unroll: int = 1
+    delta_ratio: tuple[float, ...] | None = None  # per output channel; None: the network predicts the state
+
+    @classmethod
+    def from_recipe(cls, recipe, delta_ratio=None) -> "KerasOptim":
+        ratio = tuple(float(r) for r in delta_ratio) if recipe.predict == "delta" else None
+        if recipe.predict == "delta" and ratio is None:
+            raise ValueError(f"recipe {recipe.name!r} predicts changes: its delta_ratio is needed")
+        return cls(recipe.lr, recipe.beta1, recipe.l1_weight, recipe.gan_weight, recipe.noise, recipe.unroll, ratio)
+
+
+class KerasPix2Pix:
+    """Generator, discriminator and their Adam optimisers, made in ``strategy``'s scope (mirrored
+    variables under a distribution strategy), and the distributed training step."""
+
+    def __init__(self, net: NetConfig, optim: KerasOptim, strategy: tf.distribute.Strategy, global_batch: int,
+                 jit_compile: bool = False, seed: int = 0):
+        self.net, self.optim, self.strategy, self.global_batch = net, optim, strategy, global_batch
+        keras.utils.set_random_seed(seed)  # the same initial weights in every worker process
+        with strategy.scope():
+            self.generator = build_generator(net)
+            self.discriminator = build_discriminator(net)
+            self.opt_g = keras.optimizers.Adam(optim.lr, beta_1=optim.beta1, beta_2=0.999, epsilon=ADAM_EPSILON)
+            self.opt_d = keras.optimizers.Adam(optim.lr, beta_1=optim.beta1, beta_2=0.999, epsilon=ADAM_EPSILON)
+            self.opt_g.build(self.generator.trainable_variables)
+            self.opt_d.build(self.discriminator.trainable_variables)
+        ratio = optim.delta_ratio
+        self.delta_ratio = None if ratio is None else tf.constant(np.asarray(ratio, np.float32).reshape(1, 1, 1, -1))
+        self._step = tf.function(self._distributed_step, jit_compile=jit_compile, reduce_retracing=True)
+        self._agree = tf.function(self._distributed_mean)
+
+    # -- the recipe's algebra (NHWC; network units) ----------------------------------------------
+    def next_state(self, cond, out):
+        """The state at t+k (B, H, W, 3) from cond (B, H, W, 4) and the network's output."""
+        return out if self.delta_ratio is None else cond[..., :3] + out * self.delta_ratio
+
+    def encode_target(self, cond, target):
+        return target if self.delta_ratio is None else (target - cond[..., :3]) / self.delta_ratio
+
+    def _mean(self, x):
+        """Sum over this replica's samples over the global batch's element count: the replicas' sum is the global mean."""
+        per_sample = tf.cast(tf.reduce_prod(tf.shape(x)[1:]), tf.float32)
+        return tf.reduce_sum(x) / (per_sample * self.global_batch)
+
+    def _bce(self, logits, label: float):
+        return self._mean(tf.nn.sigmoid_cross_entropy_with_logits(labels=tf.fill(tf.shape(logits), label), logits=logits))
+
+    def _replica_step(self, cond, target):
+        """cond (b, H, W, 4) and target (b, H, W, 3·unroll): this replica's share of the global batch."""
+        o = self.optim
+        gen, disc = self.generator, self.discriminator
+        targets = tf.split(target, o.unroll, axis=-1)
+        if o.noise > 0:  # noise on u, v, p; the mask stays exact
+            cond = tf.concat([cond[..., :3] + o.noise * tf.random.normal(tf.shape(cond[..., :3])), cond[..., 3:]], axis=-1)
+        zero = tf.zeros(())
+        loss_d = loss_gan = zero
+        with tf.GradientTape() as g_tape:
+            out = gen(cond, training=True)
+            fake = self.next_state(cond, out)
+            if o.gan_weight > 0:
+                with g_tape.stop_recording(), tf.GradientTape() as d_tape:
+                    real_logits = disc([cond, targets[0]], training=True)
+                    fake_logits = disc([cond, tf.stop_gradient(fake)], training=True)
+                    loss_d = 0.5 * (self._bce(real_logits, 1.0) + self._bce(fake_logits, 0.0))
+                d_vars = disc.trainable_variables
+                with g_tape.stop_recording():
+                    self.opt_d.apply_gradients(zip(d_tape.gradient(loss_d, d_vars), d_vars))
+            loss_l1 = self._mean(tf.abs(out - self.encode_target(cond, targets[0])))
+            loss_g = o.l1_weight * loss_l1
+            if o.gan_weight > 0:
+                loss_gan = self._bce(disc([cond, fake], training=True), 1.0)  # the updated D, its weights untouched
+                loss_g = loss_g + o.gan_weight * loss_gan
+            losses = {"loss_d": loss_d, "loss_g_gan": loss_gan, "loss_l1": loss_l1}
+            # Pushforward: predict again from the network's own detached prediction (with the mask).
+            state = tf.stop_gradient(fake)
+            for n, target_n in enumerate(targets[1:], start=2):
+                cond_n = tf.concat([state, cond[..., 3:]], axis=-1)
+                out_n = gen(cond_n, training=True)
+                loss_n = self._mean(tf.abs(out_n - self.encode_target(cond_n, target_n)))
+                loss_g = loss_g + o.l1_weight * loss_n
+                losses[f"loss_l1_step{n}"] = loss_n
+                state = tf.stop_gradient(self.next_state(cond_n, out_n))
+        g_vars = gen.trainable_variables
+        self.opt_g.apply_gradients(zip(g_tape.gradient(loss_g, g_vars), g_vars))
+        return losses
+
+    def _distributed_step(self, cond, target, flags):
+        def replica(cond, target, flags):
+            return self._replica_step(cond, target) | {AGREED: flags / self.strategy.num_replicas_in_sync}
+
+        per_replica = self.strategy.run(replica, args=(cond, target, flags))
+        return {k: self.strategy.reduce(tf.distribute.ReduceOp.SUM, v, axis=None) for k, v in per_replica.items()}
+
+    def _distributed_mean(self, values):
+        per_replica = self.strategy.run(lambda v: v / self.strategy.num_replicas_in_sync, args=(values,))
+        return self.strategy.reduce(tf.distribute.ReduceOp.SUM, per_replica, axis=None)
+
+    def agree(self, values: list[float]) -> np.ndarray:
+        """The mean over every replica of values each process contributes (a collective: every process calls it)."""
+        return self._agree(tf.constant(values, tf.float32)).numpy()
+
+    def train_step(self, cond, target, flags=None) -> dict:
+        """One step on a distributed batch (what the strategy's distributed dataset yields); the global
+        batch's mean losses as tensors, and under AGREED the mean over the replicas of ``flags``, values
+        each process contributes (a stop request, its clock) so that every process decides alike."""
+        return self._step(cond, target, tf.zeros((1,)) if flags is None else tf.constant(flags, tf.float32))
+
+    def set_lr_factor(self, factor: float) -> None:
+        for opt in (self.opt_g, self.opt_d):
+            opt.learning_rate.assign(self.optim.lr * factor)
+
+    @property
+    def learning_rate(self) -> float:
+        return float(self.opt_g.learning_rate.numpy())
+
+    # -- state (plain numpy arrays: the checkpoint of a run) --------------------------------------
+    def state(self) -> dict[str, np.ndarray]:
+        arrays = {}
+        for prefix, variables in (("generator", self.generator.weights), ("discriminator", self.discriminator.weights),
+                                  ("opt_g", self.opt_g.variables), ("opt_d", self.opt_d.variables)):
+            for i, v in enumerate(variables):
+                arrays[f"{prefix}/{i:04d}"] = np.asarray(v.numpy())
+        return arrays
+
+    def load_state(self, arrays: dict[str, np.ndarray]) -> None:
+        for prefix, variables in (("generator", self.generator.weights), ("discriminator", self.discriminator.weights),
+                                  ("opt_g", self.opt_g.variables), ("opt_d", self.opt_d.variables)):
+            keys = sorted(k for k in arrays if k.startswith(prefix + "/"))
+            if len(keys) != len(variables):
+                raise ValueError(f"checkpoint holds {len(keys)} {prefix} variables, the model has {len(variables)}")
+            for key, v in zip(keys, variables):
+                v.assign(arrays[key])

@@ -1,0 +1,72 @@
+"""Launcher of a multi-worker TensorFlow job (what torchrun is to torch): `python -m tasks.common.workers N CMD...`.
+
+Starts N copies of CMD on this host, each with TF_CONFIG naming all N workers on 127.0.0.1 and its own
+index (and RANK, WORLD_SIZE), their output passed through. It ends when they all have: with rank 0's
+exit code, or the first failure's. A worker that fails stops the others (they would wait forever in
+their next collective); SIGTERM and SIGINT are passed on to every worker, and the workers die with it.
+"""
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+from tasks.common import lifetime
+
+
+def free_ports(n: int) -> list[int]:
+    """n TCP ports on 127.0.0.1 that were free a moment ago."""
+    socks = []
+    try:
+        for _ in range(n):
+            s = socket.socket()
+            s.bind(("127.0.0.1", 0))
+            socks.append(s)
+        return [s.getsockname()[1] for s in socks]
+    finally:
+        for s in socks:
+            s.close()
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) < 2 or not argv[0].isdigit() or int(argv[0]) < 1:
+        print("error: usage: python -m tasks.common.workers N COMMAND...", file=sys.stderr)
+        return 2
+    lifetime.die_with_parent()
+    n, cmd = int(argv[0]), argv[1:]
+    cluster = {"worker": [f"127.0.0.1:{p}" for p in free_ports(n)]}
+    procs: list[subprocess.Popen] = []
+    received: list[int] = []
+
+    def forward(signum, frame):
+        received.append(signum)
+        for p in procs:
+            if p.poll() is None:
+                p.send_signal(signum)
+
+    signal.signal(signal.SIGTERM, forward)
+    signal.signal(signal.SIGINT, forward)
+    for rank in range(n):
+        env = {**os.environ, "TF_CONFIG": json.dumps({"cluster": cluster, "task": {"type": "worker", "index": rank}}),
+               "RANK": str(rank), "WORLD_SIZE": str(n), lifetime.PARENT_ENV: str(os.getpid())}
+        procs.append(subprocess.Popen(cmd, env=env))
+    failed: int | None = None
+    while any(p.poll() is None for p in procs):
+        codes = [p.returncode for p in procs if p.returncode not in (None, 0)]
+        if codes and failed is None:  # one worker failed: the others cannot finish without it
+            failed = codes[0]
+            for p in procs:
+                if p.poll() is None:
+                    lifetime.stop_child(p, signal.SIGTERM, grace_s=10.0)
+        time.sleep(0.2)
+    first = procs[0].returncode
+    if first != 0:
+        return first if first > 0 else 128 - first
+    return next((p.returncode if p.returncode > 0 else 128 - p.returncode for p in procs if p.returncode != 0), 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

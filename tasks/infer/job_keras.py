@@ -1,0 +1,56 @@
+"""The TensorFlow rollout job (child process): a Keras generator rolled out full-frame or map-reduce tiled over workers, scored as the torch job scores (tasks.infer.rollout)."""
+
+import json
+import os
+import tempfile
+
+from models.host import cpu_cores
+from models.inference import Predictor
+from models.tiling import TilingError
+from tasks.common.errors import UserError
+from tasks.common.settings import Settings
+from tasks.common.tracking import Run, client_for
+from tasks.infer.plan import RolloutPlan, check_model_file, download, weights_file
+from tasks.infer.rollout import run_scored
+
+
+def load_model(settings: Settings, model_run: str):
+    """The Keras generator and its metadata from a training run's 'model' artifact."""
+    import keras
+
+    with tempfile.TemporaryDirectory() as tmp:
+        local = download(settings, model_run, "model", tmp)
+        meta = json.loads((local / "meta.json").read_text())
+        path = local / weights_file(meta)
+        check_model_file(path, model_run, meta)
+        return keras.saving.load_model(path, compile=False), meta
+
+
+def run_rollout(job: dict) -> dict:
+    """The rollout job: the plan the parent made (``job['plan']``), carried out and scored."""
+    import tensorflow as tf
+
+    setup, settings = RolloutPlan.from_json(job["plan"]), Settings(**job["settings"])
+    spec = setup.spec
+    if spec.device not in ("cpu", "cuda"):
+        raise UserError(f"device {spec.device}: tensorflow rollouts run on cpu or cuda (TPU rollouts are torch_xla's)")
+    if spec.device == "cpu":  # the workers are the parallelism: each call runs on its share of the cores
+        tf.config.threading.set_intra_op_parallelism_threads(max(1, cpu_cores() // spec.workers))
+        tf.config.threading.set_inter_op_parallelism_threads(spec.workers)
+    from models.inference_keras import KerasRunner
+
+    run = Run(client_for(settings), job["run_id"])
+    generator, _ = load_model(settings, setup.model_run_id)
+    name = f"cpu ({os.cpu_count()} cores, tensorflow {tf.__version__})" if spec.device == "cpu" else f"GPU (tensorflow {tf.__version__})"
+    try:
+        predictor = Predictor(setup.tiles, KerasRunner(generator, spec.device, spec.workers), spec.group)
+        reference = (Predictor(setup.full_frame, KerasRunner(generator, spec.device, 1))
+                     if spec.mode == "mapreduce" and setup.full_frame is not None else None)
+    except (ValueError, TilingError) as exc:
+        raise UserError(str(exc)) from None
+    try:
+        return run_scored(spec, settings, run, setup, name, predictor, reference, job)
+    finally:
+        if reference is not None:
+            reference.close()
+        predictor.close()

@@ -1,0 +1,118 @@
+"""What every training job records, whatever its framework (child process, no framework imported): run parameters, step metrics, epoch lines, sample figure and summary under one set of names.
+
+The torch job (job.py) and the TensorFlow job (job_keras.py) both report through these helpers, so a
+TensorFlow cell's MLflow run has the same parameter and metric names as a torch cell's.
+"""
+
+import dataclasses
+import json
+import logging
+import resource
+import socket
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+
+from models.solver import vorticity
+from tasks.common.data import PairSource, StepCodec
+from tasks.common.plots import vorticity_panels
+from tasks.common.progress import time_left
+from tasks.common.tracking import Run, code_version
+
+METRIC_FLUSH = 50  # per-step metrics go to MLflow in batches of this many steps
+WARMUP_STEPS = 2  # steps of each process timed apart: tracing, compilation, allocator and cache warm-up
+
+
+class StepLog:
+    """Per-step metrics, sent to MLflow in batches (rank 0 only)."""
+
+    def __init__(self, run: Run | None):
+        self.run, self.pending = run, []
+
+    def add(self, step: int, values: dict[str, float]) -> None:
+        if self.run is not None:
+            self.pending.append((step, values))
+            if len(self.pending) >= METRIC_FLUSH:
+                self.flush()
+
+    def flush(self) -> None:
+        if self.run is not None and self.pending:
+            self.run.log_step_metrics(self.pending)
+        self.pending = []
+
+
+def host_peak_memory_mb() -> float:
+    """This process's peak resident memory (KiB on Linux)."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def run_params(*, framework: str, version: str, device_name: str, world_size: int, strategy: str, batch_size: int, train: PairSource,
+               net, g_params: int, d_params: int, manifest: dict, split: dict, speed: dict, recipe) -> dict:
+    """The parameters a training run logs once, named alike for every framework."""
+    return {
+        "framework": framework, "framework_version": version, f"{framework}_version": version, "device_name": device_name,
+        "world_size": world_size, "strategy": strategy, "batch_size": batch_size, "per_device_batch": batch_size // world_size,
+        "image_height": train.height, "image_width": train.width, "generator_depth": net.generator_depth,
+        "generator_params": g_params, "discriminator_params": d_params, "dataset_digest": manifest["digest"],
+        "train_pairs": len(train), "split": json.dumps(split), "code_version": code_version(),
+        "speed": json.dumps(speed), "host": socket.gethostname(), "recipe_label": recipe.name, "data_in_memory": train.in_memory,
+        **{f"recipe_{k}": v for k, v in dataclasses.asdict(recipe).items() if k != "name"},
+    }
+
+
+def log_epoch(log: logging.Logger, epoch: int, metrics: dict, last: dict, done_fraction: float, train_s: float) -> None:
+    """The epoch's line (the flow's progress artifact reads its '% done')."""
+    left = time_left(train_s, done_fraction)
+    log.info("epoch %d: %.1f s, %.2f samples/s, L1 %.4f, D %.3f, data wait %.1f%%%s; %.0f%% done%s", epoch, metrics["epoch_time_s"],
+             metrics["samples_per_s"], last["loss_l1"], last["loss_d"], 100 * metrics["data_wait_fraction"],
+             f", validation: vorticity horizon {metrics['val_horizon_vorticity']:.0f} steps" if "val_horizon_vorticity" in metrics else "",
+             100 * done_fraction, f", {left}" if left else "")
+
+
+def summary(history: dict, global_step: int, last: dict, samples_per_epoch: int) -> dict:
+    """The finished run's summary metrics (the same names for every framework)."""
+    epochs = history["epoch_s"]
+    steady = epochs[1:] or epochs  # the first epoch carries the warm-up
+    time_per_epoch = float(np.median(steady))
+    return {
+        "epochs": len(epochs), "steps": global_step, "warmup_s": float(np.nansum(history["warmup_s"])),
+        "time_per_epoch_s": time_per_epoch, "samples_per_s": samples_per_epoch / time_per_epoch,
+        "final_l1": last.get("loss_l1", float("nan")),
+        "train_time_s": history.get("train_s", float(np.sum(epochs))), "samples_seen": history.get("samples", 0),
+        "target_reached": float("target" in history), **history.get("target", {}),
+    }
+
+
+def largest_corner(x: np.ndarray, unit: int) -> np.ndarray:
+    """The largest top-left corner of (..., H, W) whose sides are multiples of ``unit`` (what a U-Net
+    trained on crops takes)."""
+    return x[..., : x.shape[-2] - x.shape[-2] % unit, : x.shape[-1] - x.shape[-1] % unit]
+
+
+def sample_figure(forward: Callable[[np.ndarray], np.ndarray], source: PairSource, codec: StepCodec, path: Path, unit: int) -> Path:
+    """Vorticity of one-step predictions against targets for three training pairs; ``forward`` maps
+    encoded states (B, 4, H, W) to the network's outputs (B, 3, H, W) (any framework, on the CPU)."""
+    picks = np.linspace(0, len(source) - 1, 3).astype(int)
+    cond, ref = source.physical(picks)  # (3, 4, H, W), (3, 3, H, W)
+    # A model trained on crops may not take whole frames: show the largest corner it takes.
+    cond, ref = largest_corner(cond, unit), largest_corner(ref[:, :3], unit)  # the first step's target
+    pred = codec.next_state(cond, forward(codec.norm.encode(cond)))  # (3, 3, H, W)
+    mask = cond[:, 3] > 0.5
+    w_pred = vorticity(pred[:, 0], pred[:, 1], mask)
+    w_ref = vorticity(ref[:, 0], ref[:, 1], mask)
+    return vorticity_panels(w_pred, w_ref, [f"pair {j}" for j in picks], path, "one-step predictions (training pairs)")
+
+
+def model_meta(net, codec: StepCodec, spec, manifest: dict, split: dict, framework: str, weights: Path) -> dict:
+    """meta.json of a trained model: what a rollout needs besides the weights, and the weights file's name, size and checksum."""
+    from tasks.common.data import INPUTS, OUTPUTS
+    from tasks.common.store import file_sha256
+
+    return {"net": dataclasses.asdict(net), "normalizer": dataclasses.asdict(codec.norm), "inputs": INPUTS, "outputs": OUTPUTS,
+            "predict": "delta" if codec.delta_scale is not None else "state", "delta_scale": codec.delta_scale,
+            "recipe": spec.resolved_recipe().name, "frame_stride": spec.frame_stride, "dataset": spec.dataset, "dataset_digest": manifest["digest"],
+            "split": split, "framework": framework, "weights_file": weights.name,
+            "train_reynolds": sorted(float(manifest["simulations"][s]["spec"]["reynolds"]) for s in split["train"]),
+            # what a rollout checks before it uses the weights: their size (before any work) and checksum (on loading)
+            "generator_bytes": weights.stat().st_size, "generator_sha256": file_sha256(weights)}
