@@ -12,7 +12,7 @@ ROOT = Path(__file__).resolve().parent.parent
 # The full tier: modules whose tests start servers, run flows end to end or train models for minutes.
 # ``make test-fast`` (pytest -m "not full") leaves them out, with the tests marked ``full`` elsewhere;
 # ``make test`` (CI) runs everything.
-FULL_TIER_MODULES = {"test_deployed.py", "test_end_to_end.py", "test_benchmark_flow.py", "test_pipeline.py", "test_training.py"}
+FULL_TIER_MODULES = {"test_deployed.py", "test_end_to_end.py", "test_benchmark_flow.py", "test_pipeline.py", "test_training.py", "test_tensorflow.py"}
 
 
 # The longest modules start first, so that with ``-n 2 --dist loadfile`` (make test) the two workers

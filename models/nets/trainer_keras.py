@@ -77,13 +77,16 @@ class KerasPix2Pix:
     def _bce(self, logits, label: float):
         return self._mean(tf.nn.sigmoid_cross_entropy_with_logits(labels=tf.fill(tf.shape(logits), label), logits=logits))
 
-    def _replica_step(self, cond, target):
-        """cond (b, H, W, 4) and target (b, H, W, 3·unroll): this replica's share of the global batch."""
+    def _replica_step(self, cond, target, seed):
+        """cond (b, H, W, 4) and target (b, H, W, 3·unroll): this replica's share of the global batch;
+        seed (2,) int32: the step's noise seed (stateless: a resumed run draws what an uninterrupted one does)."""
         o = self.optim
         gen, disc = self.generator, self.discriminator
         targets = tf.split(target, o.unroll, axis=-1)
-        if o.noise > 0:  # noise on u, v, p; the mask stays exact
-            cond = tf.concat([cond[..., :3] + o.noise * tf.random.normal(tf.shape(cond[..., :3])), cond[..., 3:]], axis=-1)
+        if o.noise > 0:  # noise on u, v, p; the mask stays exact; each replica its own draw
+            replica = tf.distribute.get_replica_context().replica_id_in_sync_group
+            draw = tf.random.stateless_normal(tf.shape(cond[..., :3]), seed=seed + tf.stack([0, 7919 * replica]))
+            cond = tf.concat([cond[..., :3] + o.noise * draw, cond[..., 3:]], axis=-1)
         zero = tf.zeros(())
         loss_d = loss_gan = zero
         with tf.GradientTape() as g_tape:
@@ -116,11 +119,11 @@ class KerasPix2Pix:
         self.opt_g.apply_gradients(zip(g_tape.gradient(loss_g, g_vars), g_vars))
         return losses
 
-    def _distributed_step(self, cond, target, flags):
-        def replica(cond, target, flags):
-            return self._replica_step(cond, target) | {AGREED: flags / self.strategy.num_replicas_in_sync}
+    def _distributed_step(self, cond, target, flags, seed):
+        def replica(cond, target, flags, seed):
+            return self._replica_step(cond, target, seed) | {AGREED: flags / self.strategy.num_replicas_in_sync}
 
-        per_replica = self.strategy.run(replica, args=(cond, target, flags))
+        per_replica = self.strategy.run(replica, args=(cond, target, flags, seed))
         return {k: self.strategy.reduce(tf.distribute.ReduceOp.SUM, v, axis=None) for k, v in per_replica.items()}
 
     def _distributed_mean(self, values):
@@ -131,11 +134,13 @@ class KerasPix2Pix:
         """The mean over every replica of values each process contributes (a collective: every process calls it)."""
         return self._agree(tf.constant(values, tf.float32)).numpy()
 
-    def train_step(self, cond, target, flags=None) -> dict:
+    def train_step(self, cond, target, flags=None, seed: tuple[int, int] = (0, 0)) -> dict:
         """One step on a distributed batch (what the strategy's distributed dataset yields); the global
         batch's mean losses as tensors, and under AGREED the mean over the replicas of ``flags``, values
-        each process contributes (a stop request, its clock) so that every process decides alike."""
-        return self._step(cond, target, tf.zeros((1,)) if flags is None else tf.constant(flags, tf.float32))
+        each process contributes (a stop request, its clock) so that every process decides alike.
+        ``seed`` (this process's, this step's) seeds the input noise."""
+        flags = tf.zeros((1,)) if flags is None else tf.constant(flags, tf.float32)
+        return self._step(cond, target, flags, tf.constant(seed, tf.int32))
 
     def set_lr_factor(self, factor: float) -> None:
         for opt in (self.opt_g, self.opt_d):

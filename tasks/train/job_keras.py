@@ -17,7 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
-from tasks.common.data import IN_MEMORY_BYTES, Normalizer, PairSource, StepCodec, crop_offsets, crop_pairs, epoch_order, split_of, training_net
+from tasks.common.data import IN_MEMORY_BYTES, Normalizer, PairSource, StepCodec, crop_offsets, crop_pairs, epoch_order, epoch_seed, split_of, training_net
 from tasks.common.errors import RunFailed, RunStopped, UserError, signal_name
 from tasks.common.lifetime import stop_requested
 from tasks.common.names import Tag
@@ -162,7 +162,7 @@ def _train(spec: TrainSpec, settings: Settings, batch_size: int, resume: bool, r
     train_s = history.get("train_s", 0.0)
     stopping = None
     for epoch in range(start_epoch + 1, spec.epoch_limit + 1):
-        tf.random.set_seed(spec.seed * 100_003 + epoch * 101 + ctx.rank)  # the noise of one epoch, independent of what ran before
+        noise_seed = epoch_seed(spec.seed, epoch, ctx.rank) % 2**31  # the epoch's noise on this worker, whatever ran before
         it = batches.epoch(epoch, steps_per_epoch)
         t_epoch, data_s, sums, done = time.perf_counter(), 0.0, {}, 0
         for _ in range(steps_per_epoch):
@@ -174,7 +174,7 @@ def _train(spec: TrainSpec, settings: Settings, batch_size: int, resume: bool, r
             elapsed = time.perf_counter() - clock_t0
             signalled = stop_requested()
             over = float(spec.time_budget is not None and elapsed >= spec.time_budget)
-            out = model.train_step(cond, target, [over, float(signalled or 0), elapsed])
+            out = model.train_step(cond, target, [over, float(signalled or 0), elapsed], (noise_seed, global_step))
             values = {k: float(v) for k, v in out.items() if k != AGREED}  # reading the losses waits for the step
             over, stop_flag, train_s = (float(x) for x in out[AGREED].numpy())
             t2 = time.perf_counter()

@@ -62,17 +62,17 @@ def generator_state(workdir, run_id) -> dict:
     return torch.load(workdir / "data" / "runs" / run_id / "model" / "generator.pt", weights_only=True)
 
 
-def kill_after_first_checkpoint(workdir, *args, env=None) -> str:
+def kill_after_first_checkpoint(workdir, *args, env=None, checkpoint: str = "checkpoint.pt") -> str:
     """Start a training run, SIGKILL it (and its children) once its first checkpoint exists; its run id."""
     runs = workdir / "data" / "runs"
-    before = set(runs.glob("*/checkpoint.pt")) if runs.exists() else set()
+    before = set(runs.glob(f"*/{checkpoint}")) if runs.exists() else set()
     full_env = {**os.environ, "PYTHONPATH": str(ROOT), **(env or {})}
     proc = subprocess.Popen([sys.executable, "-m", "flows", "train", "--dataset", "tiny", *args], cwd=workdir, env=full_env,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     try:
         deadline = time.monotonic() + 600
         while time.monotonic() < deadline:
-            found = sorted(set(runs.glob("*/checkpoint.pt")) - before) if runs.exists() else []
+            found = sorted(set(runs.glob(f"*/{checkpoint}")) - before) if runs.exists() else []
             if found:
                 os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait()
