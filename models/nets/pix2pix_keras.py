@@ -2,7 +2,7 @@
 
 import numpy as np
 import keras
-from keras import layers
+from keras import layers, ops
 
 from models.nets.config import NetConfig
 
@@ -13,9 +13,27 @@ from models.nets.config import NetConfig
 BN_MOMENTUM, BN_EPSILON, SLOPE = 0.9, 1e-5, 0.2
 
 
-def _norm(kind: str, name: str):
+class TorchBatchNormalization(layers.BatchNormalization):
+    """Batch norm whose moving variance takes the batch's *unbiased* variance, as torch's BatchNorm2d
+    does (Keras takes the biased one: on the U-Net's innermost 1x2 maps at batch 8 that is 16/15 of a
+    difference). Normalisation itself uses the biased variance in both. Used for training only: the
+    exported generator has plain BatchNormalization layers with the same weights (see ``plain``)."""
+
+    def call(self, inputs, training=None, mask=None):
+        if not (training and self.trainable):
+            return super().call(inputs, training=training, mask=mask)
+        before = ops.add(self.moving_variance, 0.0)  # a copy of the value (a plain read may alias the variable)
+        outputs = super().call(inputs, training=training, mask=mask)
+        n = ops.cast(ops.prod(ops.shape(inputs)[:-1]), before.dtype)  # values per channel in the batch
+        kept = before * self.momentum
+        self.moving_variance.assign(kept + (self.moving_variance - kept) * n / ops.maximum(n - 1.0, 1.0))
+        return outputs
+
+
+def _norm(kind: str, name: str, torch_statistics: bool = False):
     if kind == "batch":
-        return layers.BatchNormalization(momentum=BN_MOMENTUM, epsilon=BN_EPSILON, name=name)
+        cls = TorchBatchNormalization if torch_statistics else layers.BatchNormalization
+        return cls(momentum=BN_MOMENTUM, epsilon=BN_EPSILON, name=name)
     if kind == "instance":  # per sample and channel, no affine parameters (torch's InstanceNorm2d default)
         return layers.GroupNormalization(groups=-1, epsilon=BN_EPSILON, center=False, scale=False, name=name)
     raise ValueError(f"unknown norm {kind!r}; choose batch or instance")
@@ -40,8 +58,9 @@ def _up(kind: str, filters: int, bias: bool, name: str):
     raise ValueError(f"unknown upsampling {kind!r}; choose resize or transpose")
 
 
-def build_generator(cfg: NetConfig) -> keras.Model:
-    """The U-Net: (B, H, W, in_channels) -> (B, H, W, out_channels), H and W multiples of 2^depth."""
+def build_generator(cfg: NetConfig, training: bool = False) -> keras.Model:
+    """The U-Net: (B, H, W, in_channels) -> (B, H, W, out_channels), H and W multiples of 2^depth.
+    ``training``: batch norm keeps torch's running statistics (TorchBatchNormalization)."""
     depth = cfg.generator_depth
     if depth < 2:
         raise ValueError(f"U-Net depth {depth} must be >= 2")
@@ -57,7 +76,7 @@ def build_generator(cfg: NetConfig) -> keras.Model:
             h = layers.LeakyReLU(SLOPE)(h)
         h = _conv4(widths[i], 2, bias, f"down{i}")(h)
         if 0 < i < depth - 1:
-            h = _norm(cfg.norm, f"down{i}_norm")(h)
+            h = _norm(cfg.norm, f"down{i}_norm", training)(h)
         skips.append(h)
     h = skips[-1]
     for i in range(depth - 1, -1, -1):
@@ -70,14 +89,14 @@ def build_generator(cfg: NetConfig) -> keras.Model:
                 h = layers.Activation("tanh")(h)
         else:
             h = _up(cfg.upsample, widths[i - 1], bias, f"up{i}")(h)
-            h = _norm(cfg.norm, f"up{i}_norm")(h)
+            h = _norm(cfg.norm, f"up{i}_norm", training)(h)
             if i in dropout_levels and cfg.dropout > 0:
                 h = layers.Dropout(cfg.dropout)(h)
     return keras.Model(inputs, h, name="unet_generator")
 
 
-def build_discriminator(cfg: NetConfig) -> keras.Model:
-    """PatchGAN: (condition, image) NHWC -> (B, h, w, 1) logits per patch."""
+def build_discriminator(cfg: NetConfig, training: bool = False) -> keras.Model:
+    """PatchGAN: (condition, image) NHWC -> (B, h, w, 1) logits per patch (``training`` as for the generator)."""
     bias = cfg.norm == "instance"
     condition = keras.Input((None, None, cfg.in_channels), name="condition")
     image = keras.Input((None, None, cfg.out_channels), name="image")
@@ -86,9 +105,17 @@ def build_discriminator(cfg: NetConfig) -> keras.Model:
     for n in range(1, cfg.d_layers + 1):
         width = cfg.ndf * min(2**n, 8)
         h = _conv4(width, 2 if n < cfg.d_layers else 1, bias, f"d{n}")(h)
-        h = layers.LeakyReLU(SLOPE)(_norm(cfg.norm, f"d{n}_norm")(h))
+        h = layers.LeakyReLU(SLOPE)(_norm(cfg.norm, f"d{n}_norm", training)(h))
     h = _conv4(1, 1, True, f"d{cfg.d_layers + 1}")(h)
     return keras.Model([condition, image], h, name="patch_discriminator")
+
+
+def plain(cfg: NetConfig, generator: keras.Model) -> keras.Model:
+    """The generator with plain Keras layers only and the given one's weights: what is saved and logged
+    (it loads anywhere Keras does, no class of ours needed)."""
+    export = build_generator(cfg)
+    export.set_weights(generator.get_weights())
+    return export
 
 
 def trainable_count(model: keras.Model) -> int:

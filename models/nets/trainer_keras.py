@@ -13,12 +13,32 @@ from dataclasses import dataclass
 import numpy as np
 import tensorflow as tf
 import keras
+from keras import ops
 
 from models.nets.config import NetConfig
 from models.nets.pix2pix_keras import build_discriminator, build_generator
 
 ADAM_EPSILON = 1e-8  # torch's default; Keras' is 1e-7
 AGREED = "agreed"  # the key of train_step's reduced flags
+
+
+class TorchAdam(keras.optimizers.Adam):
+    """Adam as torch computes it: lr/(1-β1^t) · m / (sqrt(v)/sqrt(1-β2^t) + ε). Keras adds ε to sqrt(v)
+    before the bias correction (an effective ε of ε/sqrt(1-β2^t), 3e-7 at the first step), which moves
+    weights with small gradients measurably less in the first steps."""
+
+    def update_step(self, gradient, variable, learning_rate):
+        dtype = variable.dtype
+        lr, gradient = ops.cast(learning_rate, dtype), ops.cast(gradient, dtype)
+        step = ops.cast(self.iterations + 1, dtype)
+        correction1 = 1 - ops.power(ops.cast(self.beta_1, dtype), step)
+        correction2 = 1 - ops.power(ops.cast(self.beta_2, dtype), step)
+        m = self._momentums[self._get_variable_index(variable)]
+        v = self._velocities[self._get_variable_index(variable)]
+        self.assign_add(m, ops.multiply(ops.subtract(gradient, m), 1 - self.beta_1))
+        self.assign_add(v, ops.multiply(ops.subtract(ops.square(gradient), v), 1 - self.beta_2))
+        denominator = ops.add(ops.divide(ops.sqrt(v), ops.sqrt(correction2)), self.epsilon)
+        self.assign_sub(variable, ops.divide(ops.multiply(m, lr / correction1), denominator))
 
 
 @dataclass(frozen=True)
@@ -50,10 +70,10 @@ class KerasPix2Pix:
         self.net, self.optim, self.strategy, self.global_batch = net, optim, strategy, global_batch
         keras.utils.set_random_seed(seed)  # the same initial weights in every worker process
         with strategy.scope():
-            self.generator = build_generator(net)
-            self.discriminator = build_discriminator(net)
-            self.opt_g = keras.optimizers.Adam(optim.lr, beta_1=optim.beta1, beta_2=0.999, epsilon=ADAM_EPSILON)
-            self.opt_d = keras.optimizers.Adam(optim.lr, beta_1=optim.beta1, beta_2=0.999, epsilon=ADAM_EPSILON)
+            self.generator = build_generator(net, training=True)
+            self.discriminator = build_discriminator(net, training=True)
+            self.opt_g = TorchAdam(optim.lr, beta_1=optim.beta1, beta_2=0.999, epsilon=ADAM_EPSILON)
+            self.opt_d = TorchAdam(optim.lr, beta_1=optim.beta1, beta_2=0.999, epsilon=ADAM_EPSILON)
             self.opt_g.build(self.generator.trainable_variables)
             self.opt_d.build(self.discriminator.trainable_variables)
         ratio = optim.delta_ratio

@@ -264,15 +264,18 @@ def _load_checkpoint(path: Path) -> dict:
 def _finish(spec, settings, run, run_dir, model, net, codec, train, manifest, split, history, global_step, last, samples_per_epoch,
             ctx, forward) -> dict:
     """Model artifact (Keras format), sample figure, the logged MLflow model and the summary of a finished run."""
+    from models.nets.pix2pix_keras import plain
+
     model_dir = run_dir / "model"
     model_dir.mkdir(exist_ok=True)
     weights = model_dir / MODEL_FILE
-    model.generator.save(weights)
+    exported = plain(net, model.generator)  # plain Keras layers: loads wherever Keras does
+    exported.save(weights)
     meta = model_meta(net, codec, spec, manifest, split, "tensorflow", weights)
     (model_dir / "meta.json").write_text(json.dumps(meta, indent=2))
     run.log_artifact(model_dir, "model")
     run.log_artifact(sample_figure(forward, train, codec, run_dir / "sample_predictions.png", 2**net.generator_depth))
-    _log_keras_model(settings, run, model.generator, train, codec, meta, 2**net.generator_depth, forward)
+    _log_keras_model(settings, run, exported, train, codec, meta, 2**net.generator_depth, forward)
     totals = summary(history, global_step, last, samples_per_epoch)
     run.log_metrics(totals)
     run.set_tags({Tag.TARGET: "reached" if "target" in history else "not reached"})
