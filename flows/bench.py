@@ -83,6 +83,7 @@ BENCH_OPTIONS: dict[str, list[tuple]] = {
         ("--device", str, "cpu", "torch device for --backend torch, e.g. cuda"),
     ],
     "bench-train": [
+        ("--framework", ("torch", "tensorflow"), "torch", "torch (our trainer), or tensorflow (the Keras step in its own process, timed against our torch trainer and the plain torch step in the same run)"),
         ("--device", DEVICES, "cpu", "Device kind"),
         ("--size", positive_int, 256, "Image side; sets the U-Net depth to log2(size)"),
         ("--batch-size", positive_int, 1, "Batch size"),
@@ -91,6 +92,7 @@ BENCH_OPTIONS: dict[str, list[tuple]] = {
         ("--precision", ("fp32", "bf16"), "fp32", "fp32, or bf16 autocast"),
         ("--no-baseline", "off", None, "Skip the plain eager fp32 comparison"),
         ("--peak-tflops", positive_float, None, "Peak of the device in TFLOP/s for the model FLOP utilization (default: known GPUs only)"),
+        ("--jit-compile", "on", None, "tensorflow: XLA-compile the step (jit_compile)"),
     ],
     "bench-infer": [
         ("--mode", ("full", "mapreduce"), "mapreduce", "full: the whole frame on one worker; mapreduce: tiles over the workers"),
@@ -181,7 +183,7 @@ def run_bench(args: argparse.Namespace) -> int:
     """Run a parsed bench command; one line on stderr and exit 2 for bad input."""
     from tasks.bench.infer import bench_infer
     from tasks.bench.solver import bench_solver
-    from tasks.bench.train import bench_train
+    from tasks.bench.train import bench_train, bench_train_keras
     from tasks.common.errors import RunFailed
 
     try:
@@ -191,7 +193,12 @@ def run_bench(args: argparse.Namespace) -> int:
             result = bench_infer(args.mode, args.workers, args.size, args.width, args.tile, args.halo, args.train_size,
                                  args.ngf, args.group, args.frames, args.repeats, args.frame_stride, args.frame_every,
                                  args.device, args.compare)
+        elif args.command == "bench-train" and args.framework == "tensorflow":
+            result = bench_train_keras(args.device, args.size, args.batch_size, args.steps, args.repeats, args.precision,
+                                       args.baseline, args.jit_compile)
         elif args.command == "bench-train":
+            if args.jit_compile:
+                raise ValueError("--jit-compile is tensorflow's; torch compiles with the trainer's speed options")
             result = bench_train(args.device, args.size, args.batch_size, args.steps, args.repeats, args.precision,
                                  args.baseline, args.peak_tflops)
         else:

@@ -198,7 +198,7 @@ COMMANDS: dict[str, Command] = {
                                _check_validation, _without("run_id", "checks")),
     "ablate": Command(AblationSpec, "Train each recipe variant on the same data and budget and tabulate rollout quality", _flow("ablate"),
                       _check_ablation, _only("report", "run_id", "rows")),
-    "benchmark": Command(BenchmarkSpec, "Run the benchmark matrix: generate, train (devices x batch sizes), roll out (modes x workers), report",
+    "benchmark": Command(BenchmarkSpec, "Run the benchmark matrix: generate, train (frameworks x devices x batch sizes), roll out (modes x workers), report",
                          _flow("benchmark"), _check_benchmark, _only("dataset", "cells", "report", "benchmark_run_id", "aggregate_run_id", "failed")),
 }
 

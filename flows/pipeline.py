@@ -274,7 +274,7 @@ def _benchmark_description(spec: BenchmarkSpec) -> str:
     budget = f"{spec.train.time_budget:g} s" if spec.train.time_budget else f"{spec.train.epochs or 3} epochs"
     return (f"Benchmark `{spec.aggregate.name}`: Pix2Pix ({'/'.join(spec.frameworks)}) trained on {', '.join(spec.devices)} at global batch sizes "
             f"{', '.join(map(str, spec.batch_sizes))} ({spec.repeats} seed(s) each, {budget}, recipe {spec.train.recipe}) on dataset "
-            f"`{spec.generate.dataset}`; the first trained model rolled out {spec.infer.steps} steps "
+            f"`{spec.generate.dataset}`; each framework's first trained model rolled out {spec.infer.steps} steps "
             f"({', '.join(f'{m} x{w}' for _, m, w in spec.infer_cells())}) on {', '.join(spec.infer_devices)}. "
             "New cells are child runs; cells that finished in an earlier benchmark are reused (runs.json lists every run the report covers). "
             "The report compares rows only within one setting.")
@@ -291,7 +291,7 @@ def benchmark(spec: BenchmarkSpec = BenchmarkSpec()) -> dict:
     logger = get_run_logger()
     reap_orphans(settings, logger)  # cells left RUNNING by a killed worker on this host become KILLED: resumable
     check_deployments(spec)
-    total = len(spec.frameworks) * len(spec.devices) * len(spec.batch_sizes) * spec.repeats + len(spec.infer_cells())
+    total = len(spec.frameworks) * (len(spec.devices) * len(spec.batch_sizes) * spec.repeats + len(spec.infer_cells()))
     with mlflow_run(settings, "benchmark", f"benchmark-{name}", params=spec.model_dump(), description=_benchmark_description(spec),
                     tags={Tag.BENCHMARK: name, Tag.DEVICES: ",".join(spec.devices)}) as bench:
         logger.info("benchmark %s: %d cells; MLflow: %s", name, total, run_url(settings, bench.run_id))
@@ -312,21 +312,22 @@ def benchmark(spec: BenchmarkSpec = BenchmarkSpec()) -> dict:
             for device in spec.devices:
                 for batch in spec.batch_sizes:
                     for seed in range(spec.train.seed, spec.train.seed + spec.repeats):
-                        cell = spec.train_cell(device, batch, seed)
+                        cell = spec.train_cell(device, batch, seed, framework)
                         cell = cell.model_copy(update={"cell": cell_key(f"train/{framework}", cell, data["digest"])})
                         started = time.monotonic()
                         record({**_run_cell("train", cell, settings, deployment_for("train", device, spec.pools), bench.run_id),
                                 "framework": framework, "device": device, "batch_size": batch, "seed": seed}, started)
-        model = next((c["run_id"] for c in cells if c["status"] != "FAILED"), None)
-        if model is None:
-            logger.error("no training cell finished; the rollout cells are skipped")
-        else:
+        for framework in spec.frameworks:  # each framework's first trained model is rolled out in every rollout cell
+            model = next((c["run_id"] for c in cells if c.get("framework") == framework and c["status"] != "FAILED"), None)
+            if model is None:
+                logger.error("no %s training cell finished; its rollout cells are skipped", framework)
+                continue
             for device, mode, workers in spec.infer_cells():
                 cell = spec.infer_cell(model, device, mode, workers)
                 cell = cell.model_copy(update={"cell": cell_key("infer", cell, data["digest"])})
                 started = time.monotonic()
                 record({**_run_cell("infer", cell, settings, deployment_for("infer", device, spec.pools), bench.run_id),
-                        "device": device, "mode": mode, "workers": workers}, started)
+                        "framework": framework, "device": device, "mode": mode, "workers": workers}, started)
         bench.client.log_dict(bench.run_id, {"runs": [c["run_id"] for c in cells if c.get("run_id")], "cells": cells}, "runs.json")
         report = aggregate(spec.aggregate.model_copy(update={"runs": bench.run_id}), parent_run=bench.run_id)
         # The report on the benchmark's own runs: its Prefect artifacts and its MLflow run's artifacts.

@@ -77,7 +77,7 @@ def _timed_steps(ctx, n: int, step) -> float:
 
 
 def plain_step_server() -> None:
-    """Child side of ``_PlainProcess``: a CPU process left with its default settings. Reads one JSON
+    """Child side of ``_plain_process``: a CPU process left with its default settings. Reads one JSON
     line (size, batch_size, seed, threads), warms up, answers "ready", then for each line holding a
     step count runs that many plain steps and answers the seconds taken."""
     import sys
@@ -90,27 +90,39 @@ def plain_step_server() -> None:
     torch.set_num_threads(config["threads"])
     plain = _PlainTrainer(config["size"], config["batch_size"], config["seed"], resolve_device("cpu"))
     plain.run(2)
-    print("ready", flush=True)
+    serve_steps(plain.run, {})
+
+
+def serve_steps(run, info: dict) -> None:
+    """The step server's loop: answer "ready" with ``info`` (JSON), then for each line holding a step
+    count run that many steps and answer the seconds taken."""
+    import sys
+
+    print("ready " + json.dumps(info), flush=True)
     for line in sys.stdin:
-        print(repr(plain.run(int(line))), flush=True)
+        print(repr(run(int(line))), flush=True)
 
 
-class _PlainProcess:
-    """The plain step in a separate CPU process with default settings (its C heap untouched by
-    ``keep_freed_memory``), driven block by block from the benchmark process."""
+class StepProcess:
+    """A training step in a separate process (``server``: 'module:function' reading the config line,
+    e.g. the plain step with default settings, its C heap untouched by ``keep_freed_memory``, or the
+    Keras step), driven block by block from the benchmark process; ``info`` is what it said when ready."""
 
-    def __init__(self, size: int, batch_size: int, seed: int):
+    def __init__(self, server: str, config: dict, env: dict | None = None, what: str = "plain-step"):
+        import os
         import subprocess
         import sys
 
-        import torch
-
+        module, function = server.split(":")
+        self.what = what
         self.proc = subprocess.Popen(
-            [sys.executable, "-c", "from tasks.bench.train import plain_step_server; plain_step_server()"],
+            [sys.executable, "-c", f"from {module} import {function}; {function}()"], env={**os.environ, **(env or {})},
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, cwd=Path(__file__).resolve().parents[2])
-        self._send(json.dumps({"size": size, "batch_size": batch_size, "seed": seed, "threads": torch.get_num_threads()}))
-        if self._answer() != "ready":
-            raise RuntimeError("the plain-step process did not start")
+        self._send(json.dumps(config))
+        ready = self._answer()
+        if not ready.startswith("ready"):
+            raise RuntimeError(f"the {what} process did not start")
+        self.info = json.loads(ready[len("ready"):].strip() or "{}")
 
     def _send(self, line: str) -> None:
         self.proc.stdin.write(line + "\n")
@@ -119,7 +131,7 @@ class _PlainProcess:
     def _answer(self) -> str:
         line = self.proc.stdout.readline().strip()
         if not line:
-            raise RuntimeError(f"the plain-step process exited with status {self.proc.wait()}")
+            raise RuntimeError(f"the {self.what} process exited with status {self.proc.wait()}")
         return line
 
     def run(self, n: int) -> float:
@@ -129,7 +141,14 @@ class _PlainProcess:
     def close(self) -> None:
         self.proc.stdin.close()
         if self.proc.wait(timeout=60) != 0:
-            raise RuntimeError(f"the plain-step process exited with status {self.proc.returncode}")
+            raise RuntimeError(f"the {self.what} process exited with status {self.proc.returncode}")
+
+
+def _plain_process(size: int, batch_size: int, seed: int) -> StepProcess:
+    import torch
+
+    return StepProcess("tasks.bench.train:plain_step_server",
+                       {"size": size, "batch_size": batch_size, "seed": seed, "threads": torch.get_num_threads()})
 
 
 def bench_train(device: str = "cpu", size: int = 256, batch_size: int = 1, steps: int = 3, repeats: int = 3,
@@ -145,27 +164,7 @@ def bench_train(device: str = "cpu", size: int = 256, batch_size: int = 1, steps
     steps alternate between the sides (``repeats`` each) so drifts of the machine hit all alike;
     each side reports its median block. ``compile_s`` is the trainer's first step (warm-up,
     compilation)."""
-    import torch
-
-    from models.device import keep_freed_memory, resolve_device
-    from models.nets.config import NetConfig
-    from models.nets.trainer import OptimConfig, build_trainer, speed_options
-
-    net = NetConfig(in_channels=4, out_channels=3, size=size)
-    net.check_image(size, size)
-    ctx = resolve_device(device, precision)
-    options = speed_options(device, precision) | {"keep_freed_memory": device == "cpu" and keep_freed_memory()}
-    torch.manual_seed(seed)
-    model = build_trainer(net, OptimConfig(), ctx, options)
-    cond, target = (t.to(ctx.device) for t in _synthetic_batch(batch_size, size, seed))
-    if options["channels_last"]:
-        cond, target = cond.contiguous(memory_format=torch.channels_last), target.contiguous(memory_format=torch.channels_last)
-
-    def run_fast(n: int) -> float:
-        return _timed_steps(ctx, n, lambda: model.train_step(cond, target, ctx.autocast))
-
-    compile_s = run_fast(1)
-    run_fast(1)
+    net, ctx, options, model, run_fast, compile_s = _trainer_side(device, size, batch_size, precision, seed)
     sides = {"fast": run_fast}
     with contextlib.ExitStack() as stack:
         if baseline:
@@ -173,7 +172,7 @@ def bench_train(device: str = "cpu", size: int = 256, batch_size: int = 1, steps
             same.run(2)
             sides["same"] = same.run
             if device == "cpu":
-                child = _PlainProcess(size, batch_size, seed)
+                child = _plain_process(size, batch_size, seed)
                 stack.callback(child.close)
                 sides["child"] = child.run
         times = {key: [] for key in sides}
@@ -208,6 +207,94 @@ def bench_train(device: str = "cpu", size: int = 256, batch_size: int = 1, steps
     peak = peak_tflops or _known_peak(ctx, precision)
     result["peak_tflops"] = peak
     result["mfu"] = flops * rate("fast") / (peak * 1e12) if (flops and peak) else None
+    return result
+
+
+def _trainer_side(device: str, size: int, batch_size: int, precision: str, seed: int):
+    """Our torch trainer on the default networks and a synthetic batch, warmed up: (net, ctx, options,
+    model, run(n) -> seconds, compile_s: the first step)."""
+    import torch
+
+    from models.device import keep_freed_memory, resolve_device
+    from models.nets.config import NetConfig
+    from models.nets.trainer import OptimConfig, build_trainer, speed_options
+
+    net = NetConfig(in_channels=4, out_channels=3, size=size)
+    net.check_image(size, size)
+    ctx = resolve_device(device, precision)
+    options = speed_options(device, precision) | {"keep_freed_memory": device == "cpu" and keep_freed_memory()}
+    torch.manual_seed(seed)
+    model = build_trainer(net, OptimConfig(), ctx, options)
+    cond, target = (t.to(ctx.device) for t in _synthetic_batch(batch_size, size, seed))
+    if options["channels_last"]:
+        cond, target = cond.contiguous(memory_format=torch.channels_last), target.contiguous(memory_format=torch.channels_last)
+
+    def run(n: int) -> float:
+        return _timed_steps(ctx, n, lambda: model.train_step(cond, target, ctx.autocast))
+
+    compile_s = run(1)
+    run(1)
+    return net, ctx, options, model, run, compile_s
+
+
+def bench_train_keras(device: str = "cpu", size: int = 256, batch_size: int = 1, steps: int = 3, repeats: int = 3,
+                      precision: str = "fp32", baseline: bool = True, jit_compile: bool = False, seed: int = 0) -> dict:
+    """Training samples/s of the Keras Pix2Pix step (the same networks and recipe as bench_train's) in
+    its own process, against, in the same run, our torch trainer (``torch_samples_per_s``,
+    ``vs_torch``: this process) and the plain eager fp32 torch step (``baseline_samples_per_s``,
+    ``speedup``: its own CPU process with default settings, as for torch). Timed blocks alternate
+    between the sides; each reports its median block. ``compile_s`` is the Keras step's first call
+    (tracing, and XLA compilation with ``jit_compile``)."""
+    if precision != "fp32":
+        raise ValueError(f"--precision {precision}: the tensorflow step runs in fp32 only")
+    if device not in ("cpu", "cuda"):
+        raise ValueError(f"--device {device}: bench-train --framework tensorflow runs on cpu or cuda (TPUStrategy needs a TPU host)")
+    import torch
+
+    from models.nets.config import NetConfig
+
+    NetConfig(size=size).check_image(size, size)
+    threads = torch.get_num_threads()
+    env = {"TF_CPP_MIN_LOG_LEVEL": "2", **({"CUDA_VISIBLE_DEVICES": ""} if device == "cpu" else {})}
+    config = {"size": size, "batch_size": batch_size, "seed": seed, "threads": threads, "device": device, "jit_compile": jit_compile}
+    with contextlib.ExitStack() as stack:
+        keras = StepProcess("tasks.bench.train_keras:keras_step_server", config, env, "Keras-step")
+        stack.callback(keras.close)
+        sides = {"keras": keras.run}
+        if baseline:
+            net, ctx, options, model, run_torch, torch_compile_s = _trainer_side(device, size, batch_size, precision, seed)
+            sides["torch"] = run_torch
+            if device == "cpu":
+                plain = _plain_process(size, batch_size, seed)
+                stack.callback(plain.close)
+                sides["plain"] = plain.run
+            else:
+                same = _PlainTrainer(size, batch_size, seed, ctx)
+                same.run(2)
+                sides["plain"] = same.run
+        times = {key: [] for key in sides}
+        for _ in range(repeats):
+            for key, run in sides.items():
+                times[key].append(run(steps))
+
+    def rate(key: str) -> float:
+        return batch_size * steps / statistics.median(times[key])
+
+    flops = _flops_per_sample(NetConfig(in_channels=4, out_channels=3, size=size))
+    result = {
+        "framework": "tensorflow", "samples_per_s": rate("keras"), "in_channels": 4, "out_channels": 3,
+        "generator_params": keras.info["generator_params"], "discriminator_params": keras.info["discriminator_params"],
+        "compile_s": keras.info["compile_s"], "device": device, "device_name": keras.info["device_name"], "size": size,
+        "batch_size": batch_size, "steps": steps, "repeats": repeats, "precision": precision,
+        "options": {"jit_compile": jit_compile, "threads": threads, "tensorflow_version": keras.info["tensorflow_version"]},
+        "samples_per_s_runs": [round(batch_size * steps / t, 4) for t in times["keras"]],
+        "flops_per_sample": flops, "achieved_tflops": flops * rate("keras") / 1e12 if flops else None,
+    }
+    if baseline:
+        result |= {"torch_samples_per_s": rate("torch"), "vs_torch": rate("keras") / rate("torch"), "torch_compile_s": torch_compile_s,
+                   "torch_generator_params": sum(p.numel() for p in model.generator.parameters()),
+                   "baseline_samples_per_s": rate("plain"), "speedup": rate("keras") / rate("plain"),
+                   "baseline_process": "separate" if device == "cpu" else "same"}
     return result
 
 

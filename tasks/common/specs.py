@@ -261,8 +261,8 @@ def options_of(model: type[Spec], matrix: set[str], doc: str) -> type[Spec]:
 
 
 # What a benchmark's train and infer sections offer: every field but the matrix's and the internal ones.
-TrainOptions = options_of(TrainSpec, {"device", "batch_sizes", "resume", "cell"},
-                          "Everything of a training cell but its device and batch size, which come from the matrix")
+TrainOptions = options_of(TrainSpec, {"framework", "device", "batch_sizes", "resume", "cell"},
+                          "Everything of a training cell but its framework, device and batch size, which come from the matrix (strategy applies to tensorflow cells)")
 InferOptions = options_of(InferSpec, {"model_run", "device", "mode", "workers", "cell"},
                           "Everything of a rollout cell but its device, mode and workers (the matrix) and its model (the first trained cell)")
 
@@ -273,7 +273,7 @@ class BenchmarkSpec(Spec):
     run, tagged in MLflow with a key of its inputs and the dataset digest, so a rerun skips the cells
     that finished."""
 
-    frameworks: list[Literal["torch"]] = Field(default=["torch"], min_length=1, description="Training frameworks (the TensorFlow version is not built yet)")
+    frameworks: list[Literal["torch", "tensorflow"]] = Field(default=["torch"], min_length=1, description="Training frameworks: torch, tensorflow (Keras 3 under tf.distribute; the report puts the two side by side, cell by cell)")
     devices: list[Device] = Field(default=["cpu"], min_length=1, description="Training devices: cpu, cuda (a GPU pool), xla (a TPU pool)")
     batch_sizes: list[PositiveInt] = Field(default=[8, 16, 32, 64], min_length=1, description="Global batch sizes of the training matrix")
     repeats: PositiveInt = Field(default=1, le=100, description="Training runs per cell, with seeds train.seed, train.seed + 1, ...: the report's time to quality is their mean, the fastest and slowest dropped from three on")
@@ -309,16 +309,19 @@ class BenchmarkSpec(Spec):
             raise ValueError(f"the rollout matrix has no cells: modes {self.modes} with workers {self.workers} (full-frame runs on 1 worker); add 1 to workers or mapreduce to modes")
         from pydantic import ValidationError
 
-        try:  # the checks of a whole training spec (recipe, target) hold for the shared settings
-            self.train_cell(self.devices[0], self.batch_sizes[0], self.train.seed)
+        try:  # the checks of a whole training spec (recipe, target, strategy) hold for the shared settings
+            for framework in self.frameworks:
+                self.train_cell(self.devices[0], self.batch_sizes[0], self.train.seed, framework)
         except ValidationError as exc:
             err = exc.errors()[0]
             raise ValueError(f"train: {err.get('ctx', {}).get('error', err['msg'])}") from None
         return self
 
-    def train_cell(self, device: str, batch_size: int, seed: int) -> TrainSpec:
-        """The training spec of the cell (device, batch size, seed)."""
-        return TrainSpec(**(self.train.model_dump() | {"device": device, "batch_sizes": [batch_size], "seed": seed}))
+    def train_cell(self, device: str, batch_size: int, seed: int, framework: str = "torch") -> TrainSpec:
+        """The training spec of the cell (device, batch size, seed, framework); the strategy is tensorflow's only."""
+        strategy = self.train.strategy if framework == "tensorflow" else "auto"
+        return TrainSpec(**(self.train.model_dump() | {"device": device, "batch_sizes": [batch_size], "seed": seed,
+                                                       "framework": framework, "strategy": strategy}))
 
     def infer_cell(self, model_run: str, device: str, mode: str, workers: int) -> InferSpec:
         """The rollout spec of the cell (device, mode, workers) for the trained model ``model_run``."""

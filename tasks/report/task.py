@@ -170,11 +170,11 @@ def _budget(params: dict) -> str:
     return f"{params['epochs']} epochs" if params.get("epochs", "None") != "None" else "3 epochs"
 
 
-def setting_label(params: dict) -> str:
-    """What a training run's setting is, in words: framework, precision, recipe, widths, budget, threads."""
+def setting_label(params: dict, framework: bool = True) -> str:
+    """What a training run's setting is, in words: framework (unless not asked for), precision, recipe, widths, budget, threads."""
     threads = _threads(params)
     recipe = params.get("recipe_label", "?")
-    parts = [params.get("framework", "torch"), params.get("precision", "fp32"), f"recipe {recipe}"]
+    parts = ([params.get("framework", "torch")] if framework else []) + [params.get("precision", "fp32"), f"recipe {recipe}"]
     if "ngf=" not in recipe:
         parts.append(f"ngf {params.get('recipe_ngf', params.get('ngf', '?'))}")
     parts.append(f"budget {_budget(params)}")
@@ -196,7 +196,8 @@ def train_rows(runs) -> list[dict]:
             continue
         p, m = r.data.params, r.data.metrics
         finished = r.info.status == "FINISHED" and "time_per_epoch_s" in m
-        rows.append({"run": r.info.run_id, "setting": setting_label(p), "framework": p.get("framework", "torch"),
+        rows.append({"run": r.info.run_id, "setting": setting_label(p), "shared_setting": setting_label(p, framework=False),
+                     "framework": p.get("framework", "torch"), "strategy": p.get("strategy", "?"),
                      "device": f"{p.get('device', '?')} x{p.get('world_size', 1)}", "batch_size": int(p.get("batch_size", 0) or 0),
                      "threads": _threads(p), "precision": p.get("precision", "fp32"), "recipe": p.get("recipe_label", "?"),
                      "budget": _budget(p), "epochs": int(m["epochs"]) if "epochs" in m else None, "seed": p.get("seed", "?"),
@@ -205,6 +206,7 @@ def train_rows(runs) -> list[dict]:
                      "samples_per_s": m.get("samples_per_s", nan) if finished else nan,
                      "final_l1": m.get("final_l1", nan) if finished else nan,
                      "time_to_target_s": m.get("time_to_target_s", nan) if finished else nan,
+                     "val_horizon_vorticity": m.get("val_horizon_vorticity", nan) if finished else nan,
                      "error": r.data.tags.get(Tag.ERROR, "")[:120] if not finished else ""})
     return sorted(rows, key=lambda row: (row["setting"], row["device"], row["batch_size"], str(row["seed"])))
 
@@ -233,6 +235,44 @@ def comparison(rows: list[dict]) -> dict[str, list[dict]]:
     return out
 
 
+def framework_comparison(rows: list[dict]) -> dict[str, list[dict]]:
+    """Cell by cell, the frameworks side by side: per setting apart from the framework, per device and
+    batch size that more than one framework ran, each framework's medians over its runs (seeds) of time
+    per epoch, samples/s, final L1 and the last validation's vorticity horizon, the spread (min-max) of
+    the quality figures over the seeds, and samples/s against torch's in the same cell."""
+    import statistics
+
+    groups: dict[tuple, dict[str, list[dict]]] = {}
+    for r in rows:
+        if r["status"] == "FINISHED":
+            groups.setdefault((r["shared_setting"], r["device"], r["batch_size"]), {}).setdefault(r["framework"], []).append(r)
+    out: dict[str, list[dict]] = {}
+
+    def spread(values: list[float]) -> str:
+        values = sorted(v for v in values if v == v)
+        return f"{fmt(values[0])}–{fmt(values[-1])}" if len(values) > 1 else "–"
+
+    for (setting, device, batch), by_framework in sorted(groups.items()):
+        if len(by_framework) < 2:
+            continue
+        cell = []
+        for framework, members in sorted(by_framework.items(), key=lambda item: (item[0] != "torch", item[0])):
+            median = lambda key: statistics.median(m[key] for m in members)  # noqa: E731
+            reached = [m["time_to_target_s"] for m in members if m["time_to_target_s"] == m["time_to_target_s"]]
+            cell.append({"device": device, "batch_size": batch, "framework": framework,
+                         "strategy": ",".join(sorted({m["strategy"] for m in members})), "runs": len(members),
+                         "time_per_epoch_s": median("time_per_epoch_s"), "samples_per_s": median("samples_per_s"),
+                         "final_l1": median("final_l1"), "final_l1_spread": spread([m["final_l1"] for m in members]),
+                         "val_horizon_vorticity": median("val_horizon_vorticity"),
+                         "horizon_spread": spread([m["val_horizon_vorticity"] for m in members]),
+                         "time_to_target_s": statistics.median(reached) if reached else float("nan")})
+        base = next((c["samples_per_s"] for c in cell if c["framework"] == "torch"), None)
+        for c in cell:
+            c["vs_torch"] = c["samples_per_s"] / base if base else float("nan")
+        out.setdefault(setting, []).extend(cell)
+    return out
+
+
 def infer_rows(runs) -> list[dict]:
     """One row per finished rollout: the setting (model, steps, tiling), mode x workers -> frames/s,
     latency split, accuracy, the solver; frames/s against the full-frame rollout of the same setting."""
@@ -243,7 +283,8 @@ def infer_rows(runs) -> list[dict]:
             continue
         p, m = r.data.params, r.data.metrics
         mode = p.get("mode", "?")
-        rows.append({"run": r.info.run_id, "model_run": r.data.tags.get(Tag.MODEL_RUN, ""), "device": p.get("device", "?"),
+        rows.append({"run": r.info.run_id, "model_run": r.data.tags.get(Tag.MODEL_RUN, ""), "framework": r.data.tags.get(Tag.FRAMEWORK, "torch"),
+                     "device": p.get("device", "?"),
                      "mode": mode, "workers": int(p.get("workers", 1)), "tiles": int(p.get("tiles", 1)), "steps": int(p.get("steps", 0)),
                      "frames_per_s": m["frames_per_s"], "cold_step_s": m.get("cold_step_s", nan),
                      "compute_s": m.get("latency_compute_s", nan), "split_merge_s": m.get("latency_split_s", nan) + m.get("latency_merge_s", nan),
@@ -258,22 +299,26 @@ def infer_rows(runs) -> list[dict]:
     for r in rows:  # frames/s over the full-frame rollout on the same device, model and setting
         full = [f["frames_per_s"] for f in rows if f["setting"] == r["setting"] and f["device"] == r["device"] and f["mode"] == "full"]
         r["vs_full"] = r["frames_per_s"] / full[0] if full else nan
-    rows.sort(key=lambda row: (row["device"], row["mode"], row["workers"]))
+    rows.sort(key=lambda row: (row["framework"] != "torch", row["framework"], row["device"], row["mode"], row["workers"]))
     return rows
 
 
 # Tables narrow enough to read in the Prefect UI: a run's settings and its results side by side would
 # run off the right edge, so each is a table of its own, keyed by the run.
-TRAIN_SETTINGS_COLUMNS = {"run": "run", "device": "device", "batch_size": "batch", "threads": "threads", "precision": "precision",
+TRAIN_SETTINGS_COLUMNS = {"run": "run", "framework": "framework", "device": "device", "batch_size": "batch", "threads": "threads", "precision": "precision",
                           "recipe": "recipe", "budget": "budget", "seed": "seed", "status": "status"}
 TRAIN_RESULT_COLUMNS = {"run": "run", "epochs": "epochs", "time_per_epoch_s": "s/epoch", "samples_per_s": "samples/s",
                         "final_l1": "final L1", "time_to_target_s": "to target [s]"}
 COMPARE_COLUMNS = {"batch_size": "batch", "device": "device", "runs": "runs", "time_per_epoch_s": "s/epoch",
                    "samples_per_s": "samples/s", "speedup": "× slowest device"}
-QUALITY_COLUMNS = {"device": "device", "batch_size": "batch", "recipe": "recipe", "target": "target", "runs": "runs",
+FRAMEWORK_COLUMNS = {"device": "device", "batch_size": "batch", "framework": "framework", "strategy": "strategy", "runs": "runs",
+                     "time_per_epoch_s": "s/epoch", "samples_per_s": "samples/s", "vs_torch": "× torch", "final_l1": "final L1",
+                     "final_l1_spread": "L1 over seeds", "val_horizon_vorticity": "ω horizon", "horizon_spread": "ω horizon over seeds",
+                     "time_to_target_s": "to target [s]"}
+QUALITY_COLUMNS = {"framework": "framework", "device": "device", "batch_size": "batch", "recipe": "recipe", "target": "target", "runs": "runs",
                    "reached": "reached", "time_to_target_s": "to target [s]", "fastest_s": "fastest [s]", "slowest_s": "slowest [s]",
                    "not_reached": "not reached"}
-INFER_SPEED_COLUMNS = {"run": "run", "model_run": "model", "device": "device", "mode": "mode", "workers": "workers", "tiles": "tiles",
+INFER_SPEED_COLUMNS = {"run": "run", "model_run": "model", "framework": "framework", "device": "device", "mode": "mode", "workers": "workers", "tiles": "tiles",
                        "frames_per_s": "frames/s", "vs_full": "× full-frame", "cold_step_s": "cold step [s]", "compute_s": "compute [s]",
                        "split_merge_s": "split+merge [s]", "transfer_s": "transfer [s]"}
 INFER_QUALITY_COLUMNS = {"run": "run", "mode": "mode", "workers": "workers", "steps": "steps", "seam_rel_error": "seam error",
@@ -348,7 +393,7 @@ def publish_artifacts(name: str, markdown: str, train_table: list[dict], infer_t
     from prefect.artifacts import create_markdown_artifact, create_table_artifact
 
     key = re.sub(r"[^a-z0-9-]+", "-", name.lower()).strip("-") or "report"
-    clean = lambda rows: [{k: fmt(v) for k, v in r.items() if k != "setting"} for r in rows]  # noqa: E731
+    clean = lambda rows: [{k: fmt(v) for k, v in r.items() if k not in ("setting", "shared_setting")} for r in rows]  # noqa: E731
     create_markdown_artifact(markdown=markdown, key=f"{key}-report", description=f"Kármán Bench report {name}")
     create_table_artifact(table=clean(train_table) or [{"status": "no training runs"}], key=f"{key}-training",
                           description="Training runs: setting, device, batch size, time per epoch")
@@ -384,6 +429,15 @@ def build_report(settings: Settings, name: str, scope: str, runs, exp_id: str, o
         text += [f"**Setting [{i}]**: {setting}\n", table_markdown(table, COMPARE_COLUMNS)]
     if not compared:
         text.append("_no finished training runs_\n")
+    frameworks = framework_comparison(trains)
+    if frameworks:
+        text += ["## Frameworks side by side\n",
+                 "The same networks, recipe, data, split, seeds and budget in each framework, cell by cell (device and batch size); "
+                 "× torch is samples/s over torch's in the same cell. Quality after equal epochs: final L1 is the last epoch's mean "
+                 "training loss, ω horizon the steps the last validation rollout kept vorticity within the target; "
+                 "their spread is the range over the seeds.\n"]
+        for setting, table in frameworks.items():
+            text += [f"**Setting**: {setting}\n", table_markdown(table, FRAMEWORK_COLUMNS)]
     text += ["### Every training run\n", "s/epoch is the median epoch time without the first epoch (which carries the warm-up).\n",
              table_markdown(trains, TRAIN_SETTINGS_COLUMNS, link), "Their results:\n", table_markdown(trains, TRAIN_RESULT_COLUMNS, link),
              "## Time to quality\n", "Wall-clock seconds of training until the validation rollouts first meet the run's quality "
@@ -398,7 +452,8 @@ def build_report(settings: Settings, name: str, scope: str, runs, exp_id: str, o
              or "_no rollout with a verdict_", "",
              f"## Failed runs\n\n{len(failed)} failed run(s)" + (": " + ", ".join(f"{r.info.run_name} ({link(r.info.run_id)})" for r in failed) if failed else "") + "\n"]
     text += [f"![{f.stem}]({f.name})\n" for f in figures]
-    return "\n".join(text), figures, {"train_rows": trains, "infer_rows": rollouts, "quality_rows": quality}
+    return "\n".join(text), figures, {"train_rows": trains, "infer_rows": rollouts, "quality_rows": quality,
+                                      "framework_rows": [row for table in frameworks.values() for row in table]}
 
 
 @task(name="aggregate-runs", task_run_name="report {spec.name}")

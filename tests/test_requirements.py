@@ -1,0 +1,25 @@
+"""The TensorFlow pools' environment files (README, "TensorFlow on GPU and TPU pools") stay in step with requirements.txt."""
+
+import re
+
+import pytest
+
+from tests.conftest import ROOT
+
+
+def pins(name: str) -> dict[str, str]:
+    found = {}
+    for line in (ROOT / name).read_text().splitlines():
+        if match := re.fullmatch(r"([A-Za-z0-9_.-]+)(\[[^\]]*\])?==(\S+)", line.strip()):
+            found[match.group(1).lower()] = match.group(3)
+    return found
+
+
+@pytest.mark.parametrize("name, tensorflow", [("requirements-tensorflow-gpu.txt", ("tensorflow", "2.21.0")),
+                                              ("requirements-tensorflow-tpu.txt", ("tensorflow-tpu", "2.20.0"))])
+def test_a_tensorflow_pool_has_its_tensorflow_no_torch_and_every_other_pin_of_requirements_txt(name, tensorflow):
+    main, pool = pins("requirements.txt"), pins(name)
+    assert pool.pop(tensorflow[0]) == tensorflow[1]
+    assert not {"torch", "torch_xla", "tensorflow"} & set(pool), f"{name} must not install torch or another TensorFlow"
+    tools = {"pytest", "pytest-timeout", "pytest-xdist"}  # the test suite runs on the CPU environment only
+    assert pool == {k: v for k, v in main.items() if k not in {"torch", "torch_xla", "tensorflow"} | tools}
