@@ -33,27 +33,33 @@ class TorchBatchNormalization(layers.BatchNormalization):
 def _norm(kind: str, name: str, torch_statistics: bool = False):
     if kind == "batch":
         cls = TorchBatchNormalization if torch_statistics else layers.BatchNormalization
-        return cls(momentum=BN_MOMENTUM, epsilon=BN_EPSILON, name=name)
+        return cls(momentum=BN_MOMENTUM, epsilon=BN_EPSILON, gamma_initializer=keras.initializers.RandomNormal(1.0, 0.02), name=name)
     if kind == "instance":  # per sample and channel, no affine parameters (torch's InstanceNorm2d default)
         return layers.GroupNormalization(groups=-1, epsilon=BN_EPSILON, center=False, scale=False, name=name)
     raise ValueError(f"unknown norm {kind!r}; choose batch or instance")
+
+
+def _pix2pix_init() -> dict:
+    """The torch networks' initialisation (pix2pix's): kernels N(0, 0.02), zero biases; Keras' own
+    (Glorot-uniform kernels) starts training elsewhere."""
+    return {"kernel_initializer": keras.initializers.RandomNormal(0.0, 0.02), "bias_initializer": "zeros"}
 
 
 def _conv4(filters: int, stride: int, bias: bool, name: str):
     """ZeroPadding(1) then a 4x4 convolution without padding: torch's Conv2d(k=4, padding=1)."""
     def apply(x):
         x = layers.ZeroPadding2D(1, name=f"{name}_pad")(x)
-        return layers.Conv2D(filters, 4, strides=stride, padding="valid", use_bias=bias, name=name)(x)
+        return layers.Conv2D(filters, 4, strides=stride, padding="valid", use_bias=bias, name=name, **_pix2pix_init())(x)
     return apply
 
 
 def _up(kind: str, filters: int, bias: bool, name: str):
     if kind == "transpose":  # torch ConvTranspose2d(k=4, s=2, p=1): the adjoint of the padded stride-2 conv
-        return layers.Conv2DTranspose(filters, 4, strides=2, padding="same", use_bias=bias, name=name)
+        return layers.Conv2DTranspose(filters, 4, strides=2, padding="same", use_bias=bias, name=name, **_pix2pix_init())
     if kind == "resize":  # nearest doubling, then a 3x3 convolution
         def apply(x):
             x = layers.UpSampling2D(2, interpolation="nearest", name=f"{name}_double")(x)
-            return layers.Conv2D(filters, 3, padding="same", use_bias=bias, name=name)(x)
+            return layers.Conv2D(filters, 3, padding="same", use_bias=bias, name=name, **_pix2pix_init())(x)
         return apply
     raise ValueError(f"unknown upsampling {kind!r}; choose resize or transpose")
 

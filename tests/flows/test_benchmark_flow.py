@@ -101,3 +101,26 @@ def test_a_training_cell_killed_mid_run_is_resumed_by_the_next_benchmark(workdir
     assert train_cell["run_id"] == killed  # the same run, continued from its checkpoint
     history = MlflowClient().get_metric_history(killed, "epoch_time_s")
     assert len({m.step for m in history}) == 3  # every epoch, the ones before the kill and after
+
+
+def test_both_frameworks_are_compared_cell_by_cell_and_a_rerun_skips_the_tensorflow_cells(workdir, prefect_harness):
+    from flows import pipeline
+
+    spec = TINY.model_copy(update={"frameworks": ["torch", "tensorflow"], "batch_sizes": [4], "modes": ["full"], "workers": [1],
+                                   "aggregate": AggregateSpec(name="frameworks")})
+    first = pipeline.benchmark(spec)
+    status = {(c["kind"], c["framework"]): c["status"] for c in first["cells"]}
+    assert status == {("train", "torch"): "FINISHED", ("train", "tensorflow"): "FINISHED",
+                      ("infer", "torch"): "FINISHED", ("infer", "tensorflow"): "FINISHED"}
+    client = MlflowClient()
+    trained = {c["framework"]: client.get_run(c["run_id"]) for c in first["cells"] if c["kind"] == "train"}
+    assert {f: r.data.params["framework"] for f, r in trained.items()} == {"torch": "torch", "tensorflow": "tensorflow"}
+    rolled = [client.get_run(c["run_id"]) for c in first["cells"] if c["kind"] == "infer"]
+    # each framework's own model is rolled out
+    assert {r.data.tags["karman.model_run"] for r in rolled} == {r.info.run_id for r in trained.values()}
+    report = (workdir / "data" / "reports" / "frameworks" / "report.md").read_text()
+    side = report.split("## Frameworks side by side")[1].split("###")[0]
+    assert "| cpu x1 | 4 | torch | single | 1 |" in side and "| cpu x1 | 4 | tensorflow | default | 1 |" in side
+    again = pipeline.benchmark(spec)
+    assert {(c["kind"], c["framework"]): c["status"] for c in again["cells"]} == {k: "SKIPPED" for k in status}
+    assert {c["run_id"] for c in again["cells"]} == {c["run_id"] for c in first["cells"]}
