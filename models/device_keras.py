@@ -58,7 +58,7 @@ def resolve_strategy(device: str, strategy: str, world: int, threads: int | None
         if not gpus:
             raise DeviceUnavailable("device cuda: TensorFlow sees no GPU (is tensorflow[and-cuda] installed from requirements-gpu-tensorflow.txt, "
                                     "and a GPU visible?)")
-        for gpu in gpus:
+        for gpu in gpus:  # allocate as needed, so that the peak memory is the run's own
             tf.config.experimental.set_memory_growth(gpu, True)
         name = tf.config.experimental.get_device_details(gpus[0]).get("device_name", "GPU")
         if strategy == "mirrored":
@@ -66,7 +66,11 @@ def resolve_strategy(device: str, strategy: str, world: int, threads: int | None
                 raise DeviceUnavailable(f"mirrored over {world} GPUs, but TensorFlow sees {len(gpus)}")
             devices = [f"/gpu:{i}" for i in range(world)]
             return KerasContext(tf.distribute.MirroredStrategy(devices), strategy, "cuda", f"{world}x {name} (mirrored)", world)
-        if strategy == "multiworker":
+        if strategy == "multiworker":  # one GPU per worker process: the one of its index on this host
+            rank = int(json.loads(os.environ.get("TF_CONFIG", "{}")).get("task", {}).get("index", 0))
+            if rank >= len(gpus):
+                raise DeviceUnavailable(f"worker {rank} has no GPU of its own: TensorFlow sees {len(gpus)}")
+            tf.config.set_visible_devices(gpus[rank], "GPU")
             return _multiworker("cuda", name)
         return KerasContext(tf.distribute.OneDeviceStrategy("/gpu:0"), "default", "cuda", name, 1)
     cpu = tf.config.list_physical_devices("CPU")[0]

@@ -47,6 +47,22 @@ class StepTimes:
         return StepTimes(self.split + other.split, self.transfer + other.transfer, self.compute + other.compute, self.merge + other.merge)
 
 
+def map_over_workers(pool: ThreadPoolExecutor, workers: int, groups: np.ndarray, one) -> tuple[np.ndarray, float]:
+    """Group ``i`` to worker ``i mod W`` on ``pool``'s threads: ``one(w, group)`` -> (its output, the
+    seconds it spent copying); the outputs stacked in order and the mean copying seconds per worker."""
+
+    def work(w: int) -> tuple[dict[int, np.ndarray], float]:
+        outs, transfer = {}, 0.0
+        for i in range(w, len(groups), workers):
+            outs[i], seconds = one(w, groups[i])
+            transfer += seconds
+        return outs, transfer
+
+    results = list(pool.map(work, range(workers)))
+    merged = {i: out for outs, _ in results for i, out in outs.items()}
+    return np.stack([merged[i] for i in range(len(groups))]), float(np.mean([t for _, t in results]))
+
+
 class ThreadRunner:
     """Groups mapped over W threads, each driving one device: ``cpu`` W cores with one intra-op thread
     each (the network is shared, read-only), ``cuda`` W GPUs with one replica each. Group ``i`` goes
@@ -78,28 +94,22 @@ class ThreadRunner:
 
     def run(self, groups: np.ndarray) -> tuple[np.ndarray, float]:
         """Groups (G, g, C, h, w) -> outputs (G, g, Cout, h, w) and the mean transfer seconds per worker."""
-
         import torch
 
-        def work(w: int) -> tuple[dict[int, np.ndarray], float]:
+        def one(w: int, group: np.ndarray) -> tuple[np.ndarray, float]:
             model, device = self.replicas[w]
-            outs, transfer = {}, 0.0
             with torch.no_grad():
-                for i in range(w, len(groups), self.workers):
-                    t0 = time.perf_counter()
-                    x = torch.from_numpy(groups[i]).to(device)  # (g, C, h, w)
-                    self.sync(device)
-                    t1 = time.perf_counter()
-                    y = model(x)
-                    self.sync(device)
-                    t2 = time.perf_counter()
-                    outs[i] = y.float().cpu().numpy()  # (g, Cout, h, w)
-                    transfer += (t1 - t0) + (time.perf_counter() - t2)
-            return outs, transfer
+                t0 = time.perf_counter()
+                x = torch.from_numpy(group).to(device)  # (g, C, h, w)
+                self.sync(device)
+                t1 = time.perf_counter()
+                y = model(x)
+                self.sync(device)
+                t2 = time.perf_counter()
+                out = y.float().cpu().numpy()  # (g, Cout, h, w)
+            return out, (t1 - t0) + (time.perf_counter() - t2)
 
-        results = list(self._pool.map(work, range(self.workers)))
-        merged = {i: out for outs, _ in results for i, out in outs.items()}
-        return np.stack([merged[i] for i in range(len(groups))]), float(np.mean([t for _, t in results]))
+        return map_over_workers(self._pool, self.workers, groups, one)
 
     def close(self) -> None:
         self._pool.shutdown()

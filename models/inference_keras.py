@@ -13,9 +13,12 @@ import tensorflow as tf
 import keras
 
 from models.host import cpu_cores
+from models.inference import map_over_workers
 
 
 class KerasRunner:
+    """Groups of tiles over W workers for a Keras generator (see the module text)."""
+
     whole_rounds = False
 
     def __init__(self, model: keras.Model, kind: str, workers: int):
@@ -44,22 +47,16 @@ class KerasRunner:
         """Groups (G, g, C, h, w) -> outputs (G, g, Cout, h, w) and the mean transfer seconds per worker
         (the layout change and the copy to and from the device)."""
 
-        def work(w: int) -> tuple[dict[int, np.ndarray], float]:
-            outs, transfer = {}, 0.0
+        def one(w: int, group: np.ndarray) -> tuple[np.ndarray, float]:
             with tf.device(self.devices[w]):
-                for i in range(w, len(groups), self.workers):
-                    t0 = time.perf_counter()
-                    x = tf.constant(np.ascontiguousarray(groups[i].transpose(0, 2, 3, 1)))  # (g, h, w, C)
-                    t1 = time.perf_counter()
-                    y = self._calls[w](x).numpy()  # (g, h, w, Cout); .numpy() waits for the device
-                    t2 = time.perf_counter()
-                    outs[i] = y.transpose(0, 3, 1, 2)  # (g, Cout, h, w)
-                    transfer += (t1 - t0) + (time.perf_counter() - t2)
-            return outs, transfer
+                t0 = time.perf_counter()
+                x = tf.constant(np.ascontiguousarray(group.transpose(0, 2, 3, 1)))  # (g, h, w, C)
+                t1 = time.perf_counter()
+                y = self._calls[w](x).numpy()  # (g, h, w, Cout); .numpy() waits for the device
+                t2 = time.perf_counter()
+            return y.transpose(0, 3, 1, 2), (t1 - t0) + (time.perf_counter() - t2)  # (g, Cout, h, w)
 
-        results = list(self._pool.map(work, range(self.workers)))
-        merged = {i: out for outs, _ in results for i, out in outs.items()}
-        return np.stack([merged[i] for i in range(len(groups))]), float(np.mean([t for _, t in results]))
+        return map_over_workers(self._pool, self.workers, groups, one)
 
     def close(self) -> None:
         self._pool.shutdown()

@@ -65,6 +65,16 @@ class _PlainTrainer:
         return _timed_steps(self.ctx, n, lambda: _plain_step(self.gen, self.disc, self.opt_g, self.opt_d, self.cond, self.target, 100.0))
 
 
+def _alternate(sides: dict, repeats: int, steps: int) -> dict[str, list[float]]:
+    """Seconds of ``repeats`` blocks of ``steps`` steps per side, the sides taking turns block by block
+    (so that drifts of the machine hit all alike)."""
+    times = {key: [] for key in sides}
+    for _ in range(repeats):
+        for key, run in sides.items():
+            times[key].append(run(steps))
+    return times
+
+
 def _timed_steps(ctx, n: int, step) -> float:
     """Seconds for n calls of ``step``, each ending the device's step, the device synchronised at both ends."""
     ctx.sync()
@@ -175,10 +185,7 @@ def bench_train(device: str = "cpu", size: int = 256, batch_size: int = 1, steps
                 child = _plain_process(size, batch_size, seed)
                 stack.callback(child.close)
                 sides["child"] = child.run
-        times = {key: [] for key in sides}
-        for _ in range(repeats):
-            for key, run in sides.items():
-                times[key].append(run(steps))
+        times = _alternate(sides, repeats, steps)
 
     def rate(key: str) -> float:
         return batch_size * steps / statistics.median(times[key])
@@ -272,10 +279,7 @@ def bench_train_keras(device: str = "cpu", size: int = 256, batch_size: int = 1,
                 same = _PlainTrainer(size, batch_size, seed, ctx)
                 same.run(2)
                 sides["plain"] = same.run
-        times = {key: [] for key in sides}
-        for _ in range(repeats):
-            for key, run in sides.items():
-                times[key].append(run(steps))
+        times = _alternate(sides, repeats, steps)
 
     def rate(key: str) -> float:
         return batch_size * steps / statistics.median(times[key])

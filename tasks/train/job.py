@@ -11,12 +11,9 @@ same steps as one that was never interrupted.
 """
 
 import contextlib
-import dataclasses
 import json
 import logging
-import math
 import os
-import signal
 import time
 from pathlib import Path
 
@@ -28,7 +25,7 @@ from models.nets.pix2pix import build_generator
 from models.nets.trainer import NoClock, OptimConfig, PhaseClock, build_trainer, speed_options
 from models.recipe import lr_factor
 from tasks.common.data import INPUTS, OUTPUTS, Normalizer, PairSource, StepCodec, crop_offsets, crop_pairs, epoch_order, epoch_seed, IN_MEMORY_BYTES, split_of, training_net
-from tasks.common.errors import RunFailed, RunStopped, UserError, signal_name
+from tasks.common.errors import UserError
 from tasks.common.lifetime import stop_requested
 from tasks.common.names import Tag
 from tasks.common.settings import Settings
@@ -37,7 +34,7 @@ from tasks.common.store import load_manifest
 from tasks.common.tracking import Run, client_for, system_metrics
 from tasks.infer.scoring import Validation
 from tasks.train.plan import TrainPlan, checkpoint_name
-from tasks.train.record import WARMUP_STEPS, StepLog, host_peak_memory_mb, largest_corner, log_epoch, model_meta, run_params, sample_figure, summary
+from tasks.train.record import WARMUP_STEPS, StepLog, check_finite, stopped, validate, host_peak_memory_mb, largest_corner, log_epoch, model_meta, run_params, sample_figure, summary
 
 log = logging.getLogger("karman.train")
 SYSTEM_METRICS_EVERY_S = 5
@@ -214,19 +211,12 @@ def _train(spec: TrainSpec, settings: Settings, batch_size: int, resume: bool, r
                 global_step, session_steps, done = global_step + 1, session_steps + 1, done + 1
                 if session_steps == WARMUP_STEPS:
                     warmup_s = t2 - warmup_t0
-                if not all(math.isfinite(v) for v in values.values()):
-                    steps.flush()
-                    kept = f"the last good checkpoint (epoch {epoch - 1}) is kept at {checkpoint}" if checkpoint.exists() else "no checkpoint was written yet"
-                    raise RunFailed(f"loss became non-finite at epoch {epoch}, step {global_step} "
-                                    f"({', '.join(f'{k}={v:.4g}' for k, v in values.items())}); {kept}")
+                check_finite(values, epoch, global_step, checkpoint, steps)
                 for k, v in values.items():
                     sums[k] = sums.get(k, 0.0) + v
                 steps.add(global_step, {f"step_{k}": v for k, v in values.items()} | {"step_time_s": t2 - t0})
                 if reduced[-2] > 0:
-                    steps.flush()
-                    kept = (f"the checkpoint of epoch {epoch - 1} is kept" if checkpoint.exists() else "no checkpoint was written yet")
-                    resume = (f"resume with python -m flows train --resume {run_id}" if checkpoint.exists() else "start it afresh")
-                    raise RunStopped(f"stopped by {signal_name(signalled or signal.SIGTERM)} at epoch {epoch}, step {global_step}; {kept}; {resume}")
+                    raise stopped(signalled, epoch, global_step, checkpoint, run_id, steps)
                 if spec.max_steps and global_step >= spec.max_steps:
                     break
                 if reduced[-3] > 0:
@@ -251,20 +241,12 @@ def _train(spec: TrainSpec, settings: Settings, batch_size: int, resume: bool, r
                 log.warning("epoch %d compiled %d new XLA graphs after warm-up: some shape or branch keeps changing", epoch, compiled - compiled_before)
             compiled_before = compiled
         steps.flush()
-        samples_seen = history.get("samples", 0) + done * batch_size
-        history["samples"] = samples_seen
+        history["samples"] = history.get("samples", 0) + done * batch_size
         last_epoch = stopping is not None or epoch == spec.epoch_limit or bool(spec.max_steps and global_step >= spec.max_steps)
         reached = 0.0
         if validation is not None and validation.due(epoch, last_epoch):
-            quality = validation.score(model.generator, ctx)
-            history["train_s"] = time.perf_counter() - clock_t0  # validation counts as training time
-            metrics |= {f"val_{k}": v for k, v in quality.items() if math.isfinite(v)} | {"train_time_s": history["train_s"]}
-            if validation.reached(quality) and "target" not in history:
-                history["target"] = {"time_to_target_s": history["train_s"], "epochs_to_target": epoch, "samples_to_target": samples_seen}
-                metrics |= history["target"]
-                log.info("quality target reached after %.1f s, epoch %d, %d samples: vorticity within %.3g for %d steps",
-                         history["train_s"], epoch, samples_seen, spec.target_vorticity, spec.target_steps)
-                reached = float(spec.stop_at_target)
+            reached = validate(lambda: validation.score(model.generator, ctx), validation, spec, epoch, history,
+                               time.perf_counter() - clock_t0, metrics, log)
         if ctx.world_size > 1:  # rank 0 judged the target: every rank stops with it
             reached = ctx.mean_over_ranks(torch.full((1,), reached, device=ctx.device)).item()
         if reached > 0 and stopping is None:

@@ -7,7 +7,9 @@ TensorFlow cell's MLflow run has the same parameter and metric names as a torch 
 import dataclasses
 import json
 import logging
+import math
 import resource
+import signal
 import socket
 from collections.abc import Callable
 from pathlib import Path
@@ -16,6 +18,7 @@ import numpy as np
 
 from models.solver import vorticity
 from tasks.common.data import PairSource, StepCodec
+from tasks.common.errors import RunFailed, RunStopped, signal_name
 from tasks.common.plots import vorticity_panels
 from tasks.common.progress import time_left
 from tasks.common.tracking import Run, code_version
@@ -40,6 +43,41 @@ class StepLog:
         if self.run is not None and self.pending:
             self.run.log_step_metrics(self.pending)
         self.pending = []
+
+
+def check_finite(values: dict[str, float], epoch: int, global_step: int, checkpoint: Path, steps: StepLog) -> None:
+    """RunFailed naming the step and the losses if any loss is not finite (the step metrics so far are sent first)."""
+    if all(math.isfinite(v) for v in values.values()):
+        return
+    steps.flush()
+    kept = f"the last good checkpoint (epoch {epoch - 1}) is kept at {checkpoint}" if checkpoint.exists() else "no checkpoint was written yet"
+    raise RunFailed(f"loss became non-finite at epoch {epoch}, step {global_step} "
+                    f"({', '.join(f'{k}={v:.4g}' for k, v in values.items())}); {kept}")
+
+
+def stopped(signalled: int | None, epoch: int, global_step: int, checkpoint: Path, run_id: str, steps: StepLog) -> RunStopped:
+    """The error a run stopped by a signal ends with: where it stopped, what is kept, how to go on."""
+    steps.flush()
+    kept = f"the checkpoint of epoch {epoch - 1} is kept" if checkpoint.exists() else "no checkpoint was written yet"
+    again = f"resume with python -m flows train --resume {run_id}" if checkpoint.exists() else "start it afresh"
+    return RunStopped(f"stopped by {signal_name(signalled or signal.SIGTERM)} at epoch {epoch}, step {global_step}; {kept}; {again}")
+
+
+def validate(score: Callable[[], dict[str, float]], validation, spec, epoch: int, history: dict, train_s: float, metrics: dict,
+             log: logging.Logger) -> float:
+    """Score the validation rollouts (``score()``), add them to the epoch's ``metrics`` and, the first
+    time the target holds, the time to target to ``history``; 1.0 if training should stop at it."""
+    quality = score()
+    history["train_s"] = train_s  # validation counts as training time
+    metrics |= {f"val_{k}": v for k, v in quality.items() if math.isfinite(v)} | {"train_time_s": train_s}
+    if not validation.reached(quality) or "target" in history:
+        return 0.0
+    samples = history.get("samples", 0)
+    history["target"] = {"time_to_target_s": train_s, "epochs_to_target": epoch, "samples_to_target": samples}
+    metrics |= history["target"]
+    log.info("quality target reached after %.1f s, epoch %d, %d samples: vorticity within %.3g for %d steps",
+             train_s, epoch, samples, spec.target_vorticity, spec.target_steps)
+    return float(spec.stop_at_target)
 
 
 def host_peak_memory_mb() -> float:
