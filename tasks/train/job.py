@@ -34,7 +34,7 @@ from tasks.common.store import load_manifest
 from tasks.common.tracking import Run, client_for, system_metrics
 from tasks.infer.scoring import Validation
 from tasks.train.plan import TrainPlan, checkpoint_name
-from tasks.train.record import WARMUP_STEPS, StepLog, check_finite, stopped, validate, host_peak_memory_mb, largest_corner, log_epoch, model_meta, run_params, sample_figure, summary
+from tasks.train.record import WARMUP_STEPS, StepLog, StepProgress, check_finite, stopped, validate, host_peak_memory_mb, largest_corner, log_epoch, model_meta, run_params, sample_figure, summary
 
 log = logging.getLogger("karman.train")
 SYSTEM_METRICS_EVERY_S = 5
@@ -163,6 +163,7 @@ def _train(spec: TrainSpec, settings: Settings, batch_size: int, resume: bool, r
              batch_size, steps_per_epoch, g_params / 1e6)
 
     steps = StepLog(run)
+    progress = StepProgress(log, ctx.is_main)
     session_steps, warmup_t0, warmup_s = 0, time.perf_counter(), None
     last: dict[str, float] = {}
     compiled_before = _xla_compilations()[0] if ctx.kind == "xla" else 0
@@ -215,6 +216,7 @@ def _train(spec: TrainSpec, settings: Settings, batch_size: int, resume: bool, r
                 for k, v in values.items():
                     sums[k] = sums.get(k, 0.0) + v
                 steps.add(global_step, {f"step_{k}": v for k, v in values.items()} | {"step_time_s": t2 - t0})
+                progress.step(epoch, step + 1, steps_per_epoch, spec.progress(train_s, global_step, steps_per_epoch), train_s)
                 if reduced[-2] > 0:
                     raise stopped(signalled, epoch, global_step, checkpoint, run_id, steps)
                 if spec.max_steps and global_step >= spec.max_steps:

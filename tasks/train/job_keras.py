@@ -25,7 +25,7 @@ from tasks.common.store import load_manifest
 from tasks.common.tracking import Run, client_for, system_metrics
 from tasks.infer.scoring import Validation
 from tasks.train.plan import TrainPlan, checkpoint_name
-from tasks.train.record import (WARMUP_STEPS, StepLog, check_finite, stopped, validate, host_peak_memory_mb, largest_corner, log_epoch, model_meta, run_params,
+from tasks.train.record import (WARMUP_STEPS, StepLog, StepProgress, check_finite, stopped, validate, host_peak_memory_mb, largest_corner, log_epoch, model_meta, run_params,
                                 sample_figure, summary)
 
 log = logging.getLogger("karman.train")
@@ -152,6 +152,7 @@ def _train(spec: TrainSpec, settings: Settings, batch_size: int, resume: bool, r
         return out[0] if single else out
 
     steps = StepLog(run)
+    progress = StepProgress(log, ctx.is_main)
     session_steps, warmup_t0, warmup_s = 0, time.perf_counter(), None
     last: dict[str, float] = {}
     validation = (Validation.of(dataset_dir, manifest, split["val"], codec, net, spec.frame_stride, spec.validate_every,
@@ -184,6 +185,7 @@ def _train(spec: TrainSpec, settings: Settings, batch_size: int, resume: bool, r
             for k, v in values.items():
                 sums[k] = sums.get(k, 0.0) + v
             steps.add(global_step, {f"step_{k}": v for k, v in values.items()} | {"step_time_s": t2 - t0})
+            progress.step(epoch, done, steps_per_epoch, spec.progress(train_s, global_step, steps_per_epoch), train_s)
             if stop_flag > 0:
                 raise stopped(signalled, epoch, global_step, checkpoint, run_id, steps)
             if spec.max_steps and global_step >= spec.max_steps:

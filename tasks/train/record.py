@@ -8,9 +8,11 @@ import dataclasses
 import json
 import logging
 import math
+import os
 import resource
 import signal
 import socket
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -24,6 +26,7 @@ from tasks.common.progress import time_left
 from tasks.common.tracking import Run, code_version
 
 METRIC_FLUSH = 50  # per-step metrics go to MLflow in batches of this many steps
+PROGRESS_EVERY_S = float(os.environ.get("KARMAN_PROGRESS_EVERY_S", "10"))  # within an epoch, a progress line at most this often
 WARMUP_STEPS = 2  # steps of each process timed apart: tracing, compilation, allocator and cache warm-up
 
 
@@ -78,6 +81,22 @@ def validate(score: Callable[[], dict[str, float]], validation, spec, epoch: int
     log.info("quality target reached after %.1f s, epoch %d, %d samples: vorticity within %.3g for %d steps",
              train_s, epoch, samples, spec.target_vorticity, spec.target_steps)
     return float(spec.stop_at_target)
+
+
+class StepProgress:
+    """Progress within an epoch: 'epoch E: step S/N; P% done, about T left' at most every PROGRESS_EVERY_S
+    (rank 0), so that a long epoch is not silent; the flow's progress artifact reads its '% done'."""
+
+    def __init__(self, log: logging.Logger, enabled: bool, every_s: float = PROGRESS_EVERY_S):
+        self.log, self.enabled, self.every_s, self.last = log, enabled, every_s, time.monotonic()
+
+    def step(self, epoch: int, step: int, steps: int, fraction: float, train_s: float) -> None:
+        now = time.monotonic()
+        if not self.enabled or now - self.last < self.every_s or step == steps:  # the epoch's own line follows the last step
+            return
+        self.last = now
+        left = time_left(train_s, fraction)
+        self.log.info("epoch %d: step %d/%d; %.0f%% done%s", epoch, step, steps, 100 * fraction, f", {left}" if left else "")
 
 
 def host_peak_memory_mb() -> float:

@@ -251,3 +251,17 @@ def test_the_schedules_progress_runs_over_the_time_budget_else_over_the_epoch_li
     assert TrainSpec(time_budget=200.0).progress(50.0, 7, 10) == 0.25
     assert TrainSpec(epochs=4).progress(999.0, 10, 10) == 0.25
     assert TrainSpec().progress(0.0, 15, 10) == 0.5  # no budget, no epochs: the default 3 epochs
+
+
+def test_an_epoch_reports_its_progress_step_by_step(trainable):
+    """Within an epoch the run says how far it is (here after every step; by default every 10 s)."""
+    import re
+
+    proc = run_cli("train", "--dataset", "tiny", *NET, "--epochs", "2", "--batch-sizes", "2", "--validate-every", "0", "--json",
+                   cwd=trainable, env={"KARMAN_PROGRESS_EVERY_S": "0"})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    found = [re.search(r"epoch (\d): step (\d+)/(\d+); (\d+)% done", line) for line in (proc.stdout + proc.stderr).splitlines()]
+    found = [(int(m.group(1)), int(m.group(2)), int(m.group(3)), int(m.group(4))) for m in found if m]
+    steps = found[0][2]
+    assert [(e, s) for e, s, _, _ in found] == [(e, s) for e in (1, 2) for s in range(1, steps)]  # the epoch's own line ends it
+    assert [p for *_, p in found] == sorted(p for *_, p in found) and found[-1][3] < 100
