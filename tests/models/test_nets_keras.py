@@ -137,4 +137,4 @@ def test_three_training_steps_from_the_same_weights_give_the_same_losses_and_wei
         for step in case["losses"]:
             for name, (t, k) in step.items():
                 assert k == pytest.approx(t, rel=1e-4, abs=1e-6), (case["recipe"], name, step)
-        assert case["after"] < 1e-3, case
+        assert case["after"] < 5e-4, case  # measured 2.3e-6 (default) and 4.1e-5 (paper)
