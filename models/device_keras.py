@@ -56,7 +56,7 @@ def resolve_strategy(device: str, strategy: str, world: int, threads: int | None
     if device == "cuda":
         gpus = tf.config.list_physical_devices("GPU")
         if not gpus:
-            raise DeviceUnavailable("device cuda: TensorFlow sees no GPU (is tensorflow[and-cuda] installed from requirements-gpu-tensorflow.txt, "
+            raise DeviceUnavailable("device cuda: TensorFlow sees no GPU (is tensorflow[and-cuda] installed from requirements-tensorflow-gpu.txt, "
                                     "and a GPU visible?)")
         for gpu in gpus:  # allocate as needed, so that the peak memory is the run's own
             tf.config.experimental.set_memory_growth(gpu, True)
@@ -101,7 +101,7 @@ def _tpu() -> KerasContext:
         tf.tpu.experimental.initialize_tpu_system(resolver)
     except Exception as exc:  # no TPU runtime or no TPU on this host
         reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise DeviceUnavailable(f"strategy tpu needs a TPU host with tensorflow-tpu (requirements-tpu-tensorflow.txt); none found here ({reason})") from None
+        raise DeviceUnavailable(f"strategy tpu needs a TPU host with tensorflow-tpu (requirements-tensorflow-tpu.txt); none found here ({reason})") from None
     tpu = tf.distribute.TPUStrategy(resolver)
     return KerasContext(tpu, "tpu", "xla", f"TPU x{tpu.num_replicas_in_sync}", tpu.num_replicas_in_sync)
 
