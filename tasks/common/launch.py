@@ -2,6 +2,7 @@
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -20,12 +21,23 @@ class ChildFailed(RuntimeError):
     """The child process crashed; the message says with what, in one line (its traceback is in the log)."""
 
 
+# Lines TensorFlow's C++ runtime writes before its log level applies (absl's preamble, oneDNN and CPU
+# feature notices, a cuInit that finds no GPU on a CPU host): kept in the tail, logged with --verbose only.
+RUNTIME_NOISE = re.compile(r"^(?:[IWE]\d{4} [\d:.]+\s+\d+ [\w./-]+:\d+\] |WARNING: All log messages before absl::InitializeLog"
+                           r"|To enable the following instructions: )")
+
+
 def _relay(proc: subprocess.Popen, kind: str, tail: deque, log, on_line) -> None:
     """The child's output, line by line, into the log (once) and ``on_line``, until it closes."""
+    from tasks.common.quiet import verbose
+
+    loud = verbose()
     for line in proc.stdout:
         line = line.rstrip()
         if line:
             tail.append(line)
+            if not loud and RUNTIME_NOISE.match(line):
+                continue
             log.info("[%s] %s", kind, line)
             if on_line is not None:
                 on_line(line)

@@ -54,7 +54,7 @@ def quiet_libraries() -> None:
     if verbose():
         return
     warnings.filterwarnings("ignore", module=LIBRARIES)
-    for name in ("distributed", "numba", "alembic", "urllib3", "matplotlib"):
+    for name in ("distributed", "numba", "alembic", "urllib3", "matplotlib", "tensorflow", "absl"):
         logging.getLogger(name).setLevel(logging.WARNING)
     import mlflow  # noqa: F401  (it sets its loggers' levels when imported: import it first)
 

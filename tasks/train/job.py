@@ -264,6 +264,7 @@ def _train(spec: TrainSpec, settings: Settings, batch_size: int, resume: bool, r
         ends = stopping is not None or last_epoch
         done_fraction = 1.0 if ends else spec.progress(history["train_s"], global_step, steps_per_epoch)
         log_epoch(log, epoch, metrics, last, done_fraction, history["train_s"])
+        progress.restart()
         if spec.max_steps and global_step >= spec.max_steps:
             break
         if stopping is not None:

@@ -17,7 +17,7 @@ import numpy as np
 
 from tasks.common.data import IN_MEMORY_BYTES, Normalizer, PairSource, StepCodec, crop_offsets, crop_pairs, epoch_order, epoch_seed, split_of, training_net
 from tasks.common.errors import UserError
-from tasks.common.lifetime import stop_requested
+from tasks.common.lifetime import request_stop_on_signals, stop_requested
 from tasks.common.names import Tag
 from tasks.common.settings import Settings
 from tasks.common.specs import TrainSpec
@@ -55,6 +55,9 @@ def run_training(job: dict) -> dict | None:
 
     plan, settings = TrainPlan(**job["plan"]), Settings(**job["settings"])
     ctx = resolve_strategy(plan.spec.device, plan.strategy, plan.world, plan.threads)
+    # MultiWorkerMirroredStrategy installs a SIGTERM handler of its own (its preemption watch), which would
+    # swallow the stop request: the job's handlers are installed again over it.
+    request_stop_on_signals()
     if not ctx.is_main:
         log.setLevel(logging.WARNING)
     monitor = system_metrics(settings, job["run_id"], SYSTEM_METRICS_EVERY_S, plan.resume is not None) if ctx.is_main else contextlib.nullcontext()
@@ -217,6 +220,7 @@ def _train(spec: TrainSpec, settings: Settings, batch_size: int, resume: bool, r
             _save_checkpoint(checkpoint, model.state(), {"epoch": epoch, "global_step": global_step, "history": history})
         ends = stopping is not None or last_epoch
         log_epoch(log, epoch, metrics, last, 1.0 if ends else spec.progress(history["train_s"], global_step, steps_per_epoch), history["train_s"])
+        progress.restart()
         if spec.max_steps and global_step >= spec.max_steps:
             break
         if stopping is not None:

@@ -90,6 +90,10 @@ class StepProgress:
     def __init__(self, log: logging.Logger, enabled: bool, every_s: float = PROGRESS_EVERY_S):
         self.log, self.enabled, self.every_s, self.last = log, enabled, every_s, time.monotonic()
 
+    def restart(self) -> None:
+        """The epoch's own line was just logged: the next progress line comes a whole interval later."""
+        self.last = time.monotonic()
+
     def step(self, epoch: int, step: int, steps: int, fraction: float, train_s: float) -> None:
         now = time.monotonic()
         if not self.enabled or now - self.last < self.every_s or step == steps:  # the epoch's own line follows the last step

@@ -110,6 +110,24 @@ def test_sigterm_stops_training_at_a_step_marks_the_run_killed_and_it_resumes(tr
     assert the_run().info.status == "KILLED"
 
 
+def test_sigterm_stops_a_two_process_tensorflow_run_at_the_same_step_in_both_workers(trainable):
+    """The launcher passes the signal to both workers; they agree on the step to stop at through the
+    step's own reduction, so neither waits forever in a collective the other left."""
+    proc = start("train", *LONG, "--framework", "tensorflow", "--strategy", "multiworker", "--world-size", "2", cwd=trainable)
+    wait_for_line(proc, "] epoch 2:")
+    below = tree(proc)
+    commands = [" ".join(p.cmdline()) for p in below]
+    assert sum("tasks.common.workers" in c for c in commands) == 1  # the launcher
+    assert sum("-m tasks.common.job_main" in c and "tasks.common.workers" not in c for c in commands) == 2  # its workers
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 128 + signal.SIGTERM, err[-2000:]
+    assert "stopped by SIGTERM at epoch " in err.strip().splitlines()[-1] and "Traceback" not in err
+    run = the_run()
+    assert run.info.status == "KILLED" and run.data.params["strategy"] == "multiworker"
+    assert_all_gone(below)
+
+
 def test_a_command_killed_outright_leaves_nothing_running_and_its_run_is_reaped_then_resumed(trainable):
     proc = start("train", *LONG, cwd=trainable, own_server=True)
     wait_for_line(proc, "] epoch 2:")
