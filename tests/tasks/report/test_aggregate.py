@@ -2,6 +2,7 @@
 
 import math
 
+import pytest
 from mlflow.tracking import MlflowClient
 
 from tasks.report.task import quality_table
@@ -88,3 +89,17 @@ def test_rows_are_compared_only_within_one_setting(workdir):
     assert [fmt(v) for v in (7.969613040500008, 0.012345, 1234.5, 12, float("nan"), None)] == ["7.97", "0.0123", "1,234", "12", "–", "–"]
     text = table_markdown(rows, {"run": "run", "threads": "threads"}, links=lambda rid: f"<{rid[:4]}>")
     assert text.count("<") == len(rows) and "| threads |" in text
+
+
+def test_a_runs_samples_per_s_is_its_epochs_samples_over_its_s_per_epoch(workdir):
+    """The metric samples_per_s holds every epoch's own value too (MLflow shows the last one): the table
+    takes an epoch's samples over the median epoch time, so its two columns agree."""
+    from tasks.report.task import train_rows
+
+    client = MlflowClient()
+    exp = client.create_experiment("samples")
+    rid = _timed_run(client, exp, "cpu", 8, 2, 3, 8.0)
+    client.log_param(rid, "train_pairs", 427)
+    client.log_metric(rid, "samples_per_s", 30.0, step=3)  # the last epoch's, slower than the median epoch
+    (row,) = train_rows([client.get_run(rid)])
+    assert row["samples_per_s"] == pytest.approx(424 / 8.0)
