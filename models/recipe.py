@@ -111,3 +111,26 @@ def get_recipe(name: str) -> Recipe:
         return RECIPES[name]
     except KeyError:
         raise ValueError(f"unknown recipe {name!r}; choose one of {', '.join(sorted(RECIPES))}") from None
+
+
+@dataclass(frozen=True)
+class OptimConfig:
+    lr: float = 2e-4
+    beta1: float = 0.5
+    l1_weight: float = 100.0
+    gan_weight: float = 1.0  # 0: no adversarial term, the discriminator is not trained
+    noise: float = 0.0  # std of Gaussian noise on the input state (network units) during training
+    unroll: int = 1  # steps of the loss (2+: pushforward terms from the network's own predictions)
+    # Delta prediction: RMS of the change over the state's scale, per output channel (network units
+    # of the change -> network units of the state); None: the network predicts the state itself.
+    delta_ratio: tuple[float, ...] | None = None
+    fused: bool = False  # one fused Adam kernel over all parameters (CPU and CUDA; not XLA)
+
+    @classmethod
+    def from_recipe(cls, recipe, delta_ratio=None) -> "OptimConfig":
+        """The optimisation side of a Recipe (delta_ratio when it predicts changes)."""
+        ratio = tuple(float(r) for r in delta_ratio) if recipe.predict == "delta" else None
+        if recipe.predict == "delta" and ratio is None:
+            raise ValueError(f"recipe {recipe.name!r} predicts changes: its delta_ratio is needed")
+        return cls(lr=recipe.lr, beta1=recipe.beta1, l1_weight=recipe.l1_weight, gan_weight=recipe.gan_weight,
+                   noise=recipe.noise, unroll=recipe.unroll, delta_ratio=ratio)

@@ -8,8 +8,6 @@ as the strategies require; the reported losses are those global means. Batch nor
 replica's own batch statistics (as DistributedDataParallel does without SyncBatchNorm).
 """
 
-from dataclasses import dataclass
-
 import numpy as np
 import tensorflow as tf
 import keras
@@ -17,6 +15,7 @@ from keras import ops
 
 from models.nets.config import NetConfig
 from models.nets.pix2pix_keras import build_discriminator, build_generator
+from models.recipe import OptimConfig
 
 ADAM_EPSILON = 1e-8  # torch's default; Keras' is 1e-7
 AGREED = "agreed"  # the key of train_step's reduced flags
@@ -41,31 +40,11 @@ class TorchAdam(keras.optimizers.Adam):
         self.assign_sub(variable, ops.divide(ops.multiply(m, lr / correction1), denominator))
 
 
-@dataclass(frozen=True)
-class KerasOptim:
-    """The optimisation side of a models.recipe.Recipe (the fields models.nets.trainer.OptimConfig has)."""
-
-    lr: float = 2e-4
-    beta1: float = 0.5
-    l1_weight: float = 100.0
-    gan_weight: float = 1.0
-    noise: float = 0.0
-    unroll: int = 1
-    delta_ratio: tuple[float, ...] | None = None  # per output channel; None: the network predicts the state
-
-    @classmethod
-    def from_recipe(cls, recipe, delta_ratio=None) -> "KerasOptim":
-        ratio = tuple(float(r) for r in delta_ratio) if recipe.predict == "delta" else None
-        if recipe.predict == "delta" and ratio is None:
-            raise ValueError(f"recipe {recipe.name!r} predicts changes: its delta_ratio is needed")
-        return cls(recipe.lr, recipe.beta1, recipe.l1_weight, recipe.gan_weight, recipe.noise, recipe.unroll, ratio)
-
-
 class KerasPix2Pix:
     """Generator, discriminator and their Adam optimisers, made in ``strategy``'s scope (mirrored
     variables under a distribution strategy), and the distributed training step."""
 
-    def __init__(self, net: NetConfig, optim: KerasOptim, strategy: tf.distribute.Strategy, global_batch: int,
+    def __init__(self, net: NetConfig, optim: OptimConfig, strategy: tf.distribute.Strategy, global_batch: int,
                  jit_compile: bool = False, seed: int = 0):
         self.net, self.optim, self.strategy, self.global_batch = net, optim, strategy, global_batch
         keras.utils.set_random_seed(seed)  # the same initial weights in every worker process

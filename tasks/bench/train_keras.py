@@ -18,13 +18,14 @@ def keras_step_server() -> None:
     tf.config.threading.set_inter_op_parallelism_threads(min(config["threads"], 2))
     from models.nets.config import NetConfig
     from models.nets.pix2pix_keras import trainable_count
-    from models.nets.trainer_keras import KerasOptim, KerasPix2Pix
+    from models.nets.trainer_keras import KerasPix2Pix
+    from models.recipe import OptimConfig
     from tasks.bench.train import serve_steps
 
     size, batch = config["size"], config["batch_size"]
     net = NetConfig(in_channels=4, out_channels=3, size=size)
     strategy = tf.distribute.OneDeviceStrategy("/gpu:0") if config["device"] == "cuda" else tf.distribute.get_strategy()
-    model = KerasPix2Pix(net, KerasOptim(), strategy, batch, jit_compile=config["jit_compile"], seed=config["seed"])
+    model = KerasPix2Pix(net, OptimConfig(), strategy, batch, jit_compile=config["jit_compile"], seed=config["seed"])
     rng = np.random.default_rng(config["seed"])  # the torch side's distribution: inputs in [-1, 1], a binary mask, tanh targets
     cond = rng.uniform(-1, 1, (batch, size, size, 4)).astype(np.float32)
     cond[..., 3] = np.where(cond[..., 3] > 0.8, 1.0, -1.0)

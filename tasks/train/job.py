@@ -24,17 +24,16 @@ from models.device import DeviceContext, keep_freed_memory, resolve_device
 from models.nets.pix2pix import build_generator
 from models.nets.trainer import NoClock, OptimConfig, PhaseClock, build_trainer, speed_options
 from models.recipe import lr_factor
-from tasks.common.data import INPUTS, OUTPUTS, Normalizer, PairSource, StepCodec, crop_offsets, crop_pairs, epoch_order, epoch_seed, IN_MEMORY_BYTES, split_of, training_net
+from tasks.common.data import INPUTS, OUTPUTS, PairSource, StepCodec, crop_offsets, crop_pairs, epoch_order, epoch_seed
 from tasks.common.errors import UserError
 from tasks.common.lifetime import stop_requested
 from tasks.common.names import Tag
 from tasks.common.settings import Settings
 from tasks.common.specs import TrainSpec
-from tasks.common.store import load_manifest
 from tasks.common.tracking import Run, client_for, system_metrics
 from tasks.infer.scoring import Validation
 from tasks.train.plan import TrainPlan, checkpoint_name
-from tasks.train.record import WARMUP_STEPS, StepLog, StepProgress, check_finite, stopped, validate, host_peak_memory_mb, largest_corner, log_epoch, model_meta, run_params, sample_figure, summary
+from tasks.train.record import WARMUP_STEPS, training_data, StepLog, StepProgress, check_finite, stopped, validate, host_peak_memory_mb, largest_corner, log_epoch, model_meta, run_params, sample_figure, summary
 
 log = logging.getLogger("karman.train")
 SYSTEM_METRICS_EVERY_S = 5
@@ -123,17 +122,8 @@ def _train(spec: TrainSpec, settings: Settings, batch_size: int, resume: bool, r
     run = Run(client_for(settings), run_id) if ctx.is_main else None
     local_batch = batch_size // ctx.world_size if ctx.strategy == "ddp" else batch_size
 
-    dataset_dir = settings.dataset_dir(spec.dataset)
-    manifest = load_manifest(dataset_dir)
-    split = split_of(manifest, spec.val_simulations, spec.test_simulations, spec.seed)
-    recipe = spec.resolved_recipe()
-    train = PairSource(dataset_dir, split["train"], spec.frame_stride, unroll=recipe.unroll)
-    if train.nbytes <= IN_MEMORY_BYTES:  # decoded once, not per batch on the cores that train
-        train.hold_in_memory()
-    norm = Normalizer.fit(train)  # streamed over the training simulations' frames
-    codec = StepCodec(norm, train.change_rms().tolist() if recipe.predict == "delta" else None)
-    net = training_net(train.height, train.width, spec.crop, spec.depth, ngf=recipe.ngf, ndf=recipe.ndf, norm=spec.norm,
-                       dropout=recipe.dropout, upsample=recipe.upsample, output=recipe.output)
+    dataset_dir, manifest, split, recipe, train, codec, net = training_data(settings, spec)
+    norm = codec.norm
     steps_per_epoch = len(train) // batch_size  # at least 1: the plan checked the batch against the pairs
 
     # A training child runs one job: its heap may keep freed memory (no per-step page faults).

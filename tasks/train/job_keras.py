@@ -15,17 +15,16 @@ from pathlib import Path
 
 import numpy as np
 
-from tasks.common.data import IN_MEMORY_BYTES, Normalizer, PairSource, StepCodec, crop_offsets, crop_pairs, epoch_order, epoch_seed, split_of, training_net
+from tasks.common.data import Normalizer, PairSource, StepCodec, crop_offsets, crop_pairs, epoch_order, epoch_seed
 from tasks.common.errors import UserError
 from tasks.common.lifetime import request_stop_on_signals, stop_requested
 from tasks.common.names import Tag
 from tasks.common.settings import Settings
 from tasks.common.specs import TrainSpec
-from tasks.common.store import load_manifest
 from tasks.common.tracking import Run, client_for, system_metrics
 from tasks.infer.scoring import Validation
 from tasks.train.plan import TrainPlan, checkpoint_name
-from tasks.train.record import (WARMUP_STEPS, StepLog, StepProgress, check_finite, stopped, validate, host_peak_memory_mb, largest_corner, log_epoch, model_meta, run_params,
+from tasks.train.record import (WARMUP_STEPS, training_data, StepLog, StepProgress, check_finite, stopped, validate, host_peak_memory_mb, largest_corner, log_epoch, model_meta, run_params,
                                 sample_figure, summary)
 
 log = logging.getLogger("karman.train")
@@ -108,26 +107,18 @@ def _train(spec: TrainSpec, settings: Settings, batch_size: int, resume: bool, r
 
     from models.device_keras import peak_memory_mb
     from models.nets.pix2pix_keras import trainable_count
-    from models.nets.trainer_keras import AGREED, KerasOptim, KerasPix2Pix
+    from models.nets.trainer_keras import AGREED, KerasPix2Pix
+    from models.recipe import OptimConfig
     from models.recipe import lr_factor
 
     run = Run(client_for(settings), run_id) if ctx.is_main else None
-    dataset_dir = settings.dataset_dir(spec.dataset)
-    manifest = load_manifest(dataset_dir)
-    split = split_of(manifest, spec.val_simulations, spec.test_simulations, spec.seed)
-    recipe = spec.resolved_recipe()
-    train = PairSource(dataset_dir, split["train"], spec.frame_stride, unroll=recipe.unroll)
-    if train.nbytes <= IN_MEMORY_BYTES:
-        train.hold_in_memory()
-    norm = Normalizer.fit(train)
-    codec = StepCodec(norm, train.change_rms().tolist() if recipe.predict == "delta" else None)
-    net = training_net(train.height, train.width, spec.crop, spec.depth, ngf=recipe.ngf, ndf=recipe.ndf, norm=spec.norm,
-                       dropout=recipe.dropout, upsample=recipe.upsample, output=recipe.output)
+    dataset_dir, manifest, split, recipe, train, codec, net = training_data(settings, spec)
+    norm = codec.norm
     steps_per_epoch = len(train) // batch_size
     jit = spec.compile == "on"
     speed = {"jit_compile": jit, "threads": tf.config.threading.get_intra_op_parallelism_threads() or os.cpu_count(),
              "data": "tf.data from_generator, prefetch 2"}
-    model = KerasPix2Pix(net, KerasOptim.from_recipe(recipe, codec.delta_ratio), ctx.strategy, batch_size, jit_compile=jit, seed=spec.seed)
+    model = KerasPix2Pix(net, OptimConfig.from_recipe(recipe, codec.delta_ratio), ctx.strategy, batch_size, jit_compile=jit, seed=spec.seed)
     run_dir = settings.run_dir(run_id)
     run_dir.mkdir(parents=True, exist_ok=True)
     checkpoint = run_dir / checkpoint_name("tensorflow")

@@ -19,15 +19,34 @@ from pathlib import Path
 import numpy as np
 
 from models.solver import vorticity
-from tasks.common.data import PairSource, StepCodec
+from tasks.common.data import IN_MEMORY_BYTES, Normalizer, PairSource, StepCodec, split_of, training_net
 from tasks.common.errors import RunFailed, RunStopped, signal_name
 from tasks.common.plots import vorticity_panels
 from tasks.common.progress import time_left
+from tasks.common.store import load_manifest
 from tasks.common.tracking import Run, code_version
 
 METRIC_FLUSH = 50  # per-step metrics go to MLflow in batches of this many steps
 PROGRESS_EVERY_S = float(os.environ.get("KARMAN_PROGRESS_EVERY_S", "10"))  # within an epoch, a progress line at most this often
 WARMUP_STEPS = 2  # steps of each process timed apart: tracing, compilation, allocator and cache warm-up
+
+
+def training_data(settings, spec):
+    """What a training run trains on, the same in every framework: (dataset folder, manifest, split,
+    recipe, training pairs, codec, network shapes). Training sets that fit are decoded once and held in
+    memory; the normalisation is fitted by streaming over the training frames."""
+    dataset_dir = settings.dataset_dir(spec.dataset)
+    manifest = load_manifest(dataset_dir)
+    split = split_of(manifest, spec.val_simulations, spec.test_simulations, spec.seed)
+    recipe = spec.resolved_recipe()
+    train = PairSource(dataset_dir, split["train"], spec.frame_stride, unroll=recipe.unroll)
+    if train.nbytes <= IN_MEMORY_BYTES:  # decoded once, not per batch on the cores that train
+        train.hold_in_memory()
+    norm = Normalizer.fit(train)
+    codec = StepCodec(norm, train.change_rms().tolist() if recipe.predict == "delta" else None)
+    net = training_net(train.height, train.width, spec.crop, spec.depth, ngf=recipe.ngf, ndf=recipe.ndf, norm=spec.norm,
+                       dropout=recipe.dropout, upsample=recipe.upsample, output=recipe.output)
+    return dataset_dir, manifest, split, recipe, train, codec, net
 
 
 class StepLog:

@@ -92,7 +92,7 @@ import torch
 from models.nets.config import NetConfig
 from models.nets import pix2pix_keras as kn
 from models.nets.trainer import OptimConfig, Pix2Pix
-from models.nets.trainer_keras import KerasOptim, KerasPix2Pix
+from models.nets.trainer_keras import KerasPix2Pix
 from models.recipe import get_recipe
 
 out = []
@@ -103,7 +103,7 @@ for name in ("default", "paper"):
     ratio = [0.05, 0.07, 0.11] if recipe.predict == "delta" else None
     torch.manual_seed(0)
     tm = Pix2Pix(cfg, OptimConfig.from_recipe(recipe, ratio))
-    km = KerasPix2Pix(cfg, KerasOptim.from_recipe(recipe, ratio), tf.distribute.get_strategy(), 4)
+    km = KerasPix2Pix(cfg, OptimConfig.from_recipe(recipe, ratio), tf.distribute.get_strategy(), 4)
     kn.copy_from_torch(cfg, km.generator, km.discriminator, {k: v.numpy() for k, v in tm.generator.state_dict().items()},
                        {k: v.numpy() for k, v in tm.discriminator.state_dict().items()})
     rng = np.random.default_rng(2)
