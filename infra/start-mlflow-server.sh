@@ -4,8 +4,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 HOST=${HOST:-127.0.0.1}
 PORT=${PORT:-5000}
-# MLflow 3's UI opens experiments in its GenAI view unless the link (or the browser's saved choice) says otherwise.
-echo "MLflow UI, model-training view: http://$HOST:$PORT/#/experiments?workflowType=machine_learning" >&2
-exec .venv/bin/mlflow server --host "$HOST" --port "$PORT" \
+# MLflow's own server; its UI opens in the model-training view in a browser that has not chosen one (infra/mlflow_server.py).
+echo "MLflow UI: http://$HOST:$PORT/" >&2
+exec .venv/bin/python infra/mlflow_server.py --host "$HOST" --port "$PORT" \
   --backend-store-uri "${MLFLOW_BACKEND_STORE_URI:-sqlite:///mlflow.db}" \
   --artifacts-destination "${KARMAN_ARTIFACT_ROOT:-./mlartifacts}"

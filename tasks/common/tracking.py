@@ -30,8 +30,8 @@ def _flatten(params: dict[str, Any], prefix: str = "") -> dict[str, str]:
     return out
 
 
-# MLflow's UI opens an experiment in the view its kind names; without the tag it guesses, and an
-# experiment with no runs yet opens in the GenAI (traces) view.
+# The experiment's kind, for MLflow's experiment list and other clients. MLflow 3.17's UI chooses its
+# view per browser instead; the project's server sets that choice (infra/mlflow_server.py).
 EXPERIMENT_KIND = {"mlflow.experimentKind": "custom_model_development",
                    Tag.DESCRIPTION: "Kármán Bench: neural surrogates of a vortex street, trained and rolled out "
                                           "across devices, frameworks and batch sizes, against a lattice-Boltzmann solver."}
@@ -86,7 +86,7 @@ def run_url(settings: Settings, run_id: str, exp_id: str | None = None) -> str:
     if settings.tracking_uri.startswith(("http://", "https://")):
         if exp_id is None:
             exp_id = client_for(settings).get_run(run_id).info.experiment_id
-        # MLflow 3's UI opens in its GenAI view unless told (or until the browser has chosen otherwise)
+        # a plain `mlflow server` opens a new browser in its GenAI view unless the link says otherwise
         return f"{settings.tracking_uri.rstrip('/')}/#/experiments/{exp_id}/runs/{run_id}?workflowType=machine_learning"
     return f"{run_id} in {settings.tracking_uri}"
 

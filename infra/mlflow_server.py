@@ -1,0 +1,82 @@
+"""MLflow's tracking server, with a UI that opens in its model-training view.
+
+MLflow 3.17's UI shows every experiment in one of two views, "GenAI" (traces, token usage) or "Machine
+learning" (runs, charts, models). It no longer reads the choice from the experiment's
+``mlflow.experimentKind`` tag: a switch in the sidebar decides, kept in the browser's local storage, and
+a browser that never touched it gets the GenAI view. An experiment of training runs then opens on an
+empty traces page.
+
+This is MLflow's own server, started by MLflow's own ``mlflow server`` command with the options given
+here. One thing differs: its landing page sets the switch to "Machine learning" before the UI's code
+loads, in a browser that has not chosen yet. A choice made in the sidebar is kept, and a link with
+``?workflowType=genai`` still opens the GenAI view. The same goes for the assistant panel, which
+otherwise opens by itself on a browser's first visit.
+
+    python infra/mlflow_server.py --host 127.0.0.1 --port 5000 --backend-store-uri sqlite:///mlflow.db ...
+"""
+from __future__ import annotations
+
+import json
+import shlex
+import sys
+from pathlib import Path
+
+# What the landing page sets in a browser that has no value yet, under the UI's storage keys (each key
+# with its version suffix, as the UI's code writes them): the switch in its "Machine learning" position,
+# and the assistant panel (an LLM chat) marked as already shown once, so it does not open by itself
+# over the runs; it stays one click away.
+BROWSER_DEFAULTS = {
+    "mlflow.workflowType_v1": "machine_learning",
+    "mlflow.assistant.fab.autoOpenedOnFirstLoad_v1": True,
+}
+DEFAULTS_SCRIPT = "<script>try{var s=window.localStorage;%s}catch(e){}</script>" % "".join(
+    "if(s.getItem(%s)===null){s.setItem(%s,%s)}" % (json.dumps(key), json.dumps(key), json.dumps(json.dumps(value)))
+    for key, value in BROWSER_DEFAULTS.items())
+
+_MLFLOW_APP = "mlflow.server.fastapi_app:app"
+
+
+def landing_page(html: str) -> str:
+    """MLflow's ``index.html`` with the browser defaults set first thing in its head."""
+    if "<head>" not in html:
+        raise RuntimeError("MLflow's index.html has no <head>: this MLflow version's landing page cannot take the defaults")
+    return html.replace("<head>", "<head>" + DEFAULTS_SCRIPT, 1)
+
+
+def create_app():
+    """MLflow's ASGI app whose landing page opens the model-training view (uvicorn's ``--factory``)."""
+    from flask import Response
+
+    from mlflow.server import app as flask_app
+    from mlflow.server.fastapi_app import app
+
+    index = Path(flask_app.static_folder) / "index.html"
+    page = landing_page(index.read_text(encoding="utf-8"))
+
+    def serve():
+        return Response(page, mimetype="text/html", headers={"Cache-Control": "no-cache"})
+
+    flask_app.view_functions["serve"] = serve  # the route of "/" (under the static prefix, if any)
+    return app
+
+
+def main(argv: list[str]) -> None:
+    """``mlflow server ARGV``, its uvicorn workers serving :func:`create_app` instead of MLflow's app."""
+    import mlflow.server
+    from mlflow.cli import cli
+
+    build = mlflow.server._build_uvicorn_command
+
+    def build_ours(uvicorn_opts, host, port, workers, app_name, env_file=None, is_factory=False):
+        if app_name == _MLFLOW_APP:
+            here = shlex.quote(str(Path(__file__).resolve().parent))
+            uvicorn_opts = f"--app-dir {here} {uvicorn_opts or ''}"
+            app_name, is_factory = "mlflow_server:create_app", True
+        return build(uvicorn_opts, host, port, workers, app_name, env_file, is_factory)
+
+    mlflow.server._build_uvicorn_command = build_ours
+    cli(["server", *argv])
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

@@ -1,0 +1,104 @@
+"""The MLflow server the infra scripts start: MLflow's own, whose UI opens an experiment on its runs in
+the model-training view (MLflow 3.17's UI would open its GenAI view in a new browser)."""
+
+import json
+import os
+import shutil
+import subprocess
+import tempfile
+import urllib.request
+from pathlib import Path
+
+import pytest
+from mlflow.tracking import MlflowClient
+
+from infra.mlflow_server import BROWSER_DEFAULTS, DEFAULTS_SCRIPT, landing_page
+from tests.servers import Services, free_port, wait_http
+
+
+def _ui_code() -> str:
+    from mlflow.server import app
+
+    return "".join(p.read_text(encoding="utf-8", errors="replace")
+                   for p in (Path(app.static_folder) / "static" / "js").glob("*.js"))
+
+
+def test_the_defaults_use_the_storage_keys_and_values_the_installed_ui_reads():
+    code = _ui_code()
+    assert "`${e}_v${t}`" in code  # how the UI names a stored setting: key and version
+    for stored in BROWSER_DEFAULTS:
+        key, version = stored.rsplit("_v", 1)
+        assert f'key:"{key}",version:{version}' in code, stored
+    assert 'MACHINE_LEARNING="machine_learning"' in code
+    assert BROWSER_DEFAULTS["mlflow.workflowType_v1"] == "machine_learning"
+
+
+def test_the_landing_page_sets_the_defaults_before_the_ui_code_loads():
+    from mlflow.server import app
+
+    page = landing_page((Path(app.static_folder) / "index.html").read_text(encoding="utf-8"))
+    assert page.index(DEFAULTS_SCRIPT) < page.index("static/js/main.")
+    with pytest.raises(RuntimeError, match="no <head>"):
+        landing_page("<html><body></body></html>")
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    """infra/start-mlflow-server.sh on a free port over a new store, with two training runs logged."""
+    folder = tmp_path_factory.mktemp("mlflow-server")
+    port = free_port()
+    services = Services(folder, dict(os.environ))
+    try:
+        proc, log = services.start("mlflow-server", ["infra/start-mlflow-server.sh"], {
+            "PORT": str(port), "MLFLOW_BACKEND_STORE_URI": f"sqlite:///{folder / 'mlflow.db'}",
+            "KARMAN_ARTIFACT_ROOT": str(folder / "mlartifacts")})
+        uri = f"http://127.0.0.1:{port}"
+        wait_http(f"{uri}/health", 180, proc, log)
+        client = MlflowClient(tracking_uri=uri)
+        exp = client.create_experiment("surrogates", tags={"mlflow.experimentKind": "custom_model_development"})
+        for batch in (4, 8):
+            run = client.create_run(exp, run_name=f"train-cpu-b{batch}")
+            client.log_metric(run.info.run_id, "epoch_time_s", 1.0 + batch, step=0)
+            client.set_terminated(run.info.run_id)
+        yield uri, exp
+    finally:
+        services.stop()
+
+
+@pytest.mark.full
+def test_the_server_serves_mlflow_with_the_landing_page_defaults(server):
+    uri, exp = server
+    with urllib.request.urlopen(uri + "/", timeout=10) as response:
+        page = response.read().decode()
+        assert response.headers["Cache-Control"] == "no-cache"
+    assert DEFAULTS_SCRIPT in page
+    # the tracking API is MLflow's: the runs logged through it read back
+    runs = MlflowClient(tracking_uri=uri).search_runs([exp])
+    assert sorted(r.info.run_name for r in runs) == ["train-cpu-b4", "train-cpu-b8"]
+    with urllib.request.urlopen(f"{uri}/ajax-api/2.0/mlflow/experiments/get?experiment_id={exp}", timeout=10) as response:
+        assert json.loads(response.read())["experiment"]["name"] == "surrogates"
+
+
+def _rendered(url: str) -> str:
+    """The page's DOM after its scripts ran, in headless Chromium with a new profile (a first visit)."""
+    browser = shutil.which("chromium") or shutil.which("chromium-browser") or shutil.which("google-chrome")
+    if browser is None:
+        pytest.skip("no Chromium on this machine")
+    with tempfile.TemporaryDirectory() as profile:
+        done = subprocess.run([browser, "--headless", "--no-sandbox", "--disable-gpu", "--no-first-run",
+                               "--disable-background-networking", "--disable-component-update", "--disable-sync",
+                               f"--user-data-dir={profile}", "--window-size=1500,950", "--virtual-time-budget=15000",
+                               "--dump-dom", url], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    return done.stdout
+
+
+@pytest.mark.full
+def test_a_new_browser_opens_the_experiment_on_its_runs_in_the_training_view(server):
+    uri, exp = server
+    dom = _rendered(f"{uri}/#/experiments/{exp}")
+    assert "train-cpu-b4" in dom and "train-cpu-b8" in dom  # the runs table, not the GenAI overview
+    assert "Detect Issues" not in dom
+    # a link may still ask for the GenAI view
+    dom = _rendered(f"{uri}/#/experiments/{exp}?workflowType=genai")
+    assert "train-cpu-b4" not in dom and "Detect Issues" in dom
