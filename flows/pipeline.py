@@ -8,6 +8,7 @@ import time
 from pathlib import Path
 
 from prefect import flow, get_run_logger
+from pydantic.json_schema import SkipJsonSchema
 
 from tasks.common.cells import cell_error, cell_key, finished_cell, interrupted_cell, record_failed_cell
 from tasks.common.names import Tag
@@ -22,7 +23,9 @@ from tasks.train.plan import plan_training, resume_plan
 from tasks.train.task import log_study_table, sweep_run, train_model
 from tasks.validate.task import validate_solver as run_validation
 
-PARENT_RUN = "MLflow run id to file this flow's run under as a child; set by the benchmark and the demo"
+# The MLflow run id to file a flow's run under as a child. The benchmark and the demo set it; run forms
+# leave it out (no JSON schema), and the flow still takes it.
+ParentRun = SkipJsonSchema[str | None]
 
 
 def _settings() -> Settings:
@@ -81,14 +84,14 @@ def _tag_run(*tags: str) -> None:
 
 
 @flow(name="generate", log_prints=False, flow_run_name=_named(GenerateSpec, lambda s: f"generate {s.dataset}"))
-def generate(spec: GenerateSpec = GenerateSpec(), parent_run: str | None = None) -> dict:
+def generate(spec: GenerateSpec = GenerateSpec(), parent_run: ParentRun = None) -> dict:
     """Simulate a parameter sweep of channel flows into a zarr dataset (skips finished simulations)."""
     _tag_run("stage:generate", f"dataset:{spec.dataset}")
     return run_sweep(_settings(), spec, parent_run_id=parent_run)
 
 
 @flow(name="train", flow_run_name=_named(TrainSpec, _train_name))
-def train(spec: TrainSpec = TrainSpec(), parent_run: str | None = None) -> dict:
+def train(spec: TrainSpec = TrainSpec(), parent_run: ParentRun = None) -> dict:
     """Train Pix2Pix on a dataset on the chosen device: one run per batch size (several make a sweep,
     whose runs are children of one parent run holding the study's table), or resume an interrupted run."""
     _tag_run("stage:train", f"framework:{spec.framework}", f"device:{spec.device}", *(f"batch:{b}" for b in spec.batch_sizes), f"dataset:{spec.dataset}")
@@ -116,14 +119,14 @@ def train(spec: TrainSpec = TrainSpec(), parent_run: str | None = None) -> dict:
 
 
 @flow(name="infer", flow_run_name=_named(InferSpec, lambda s: f"infer {s.mode} {s.device} x{s.workers}"))
-def infer(spec: InferSpec = InferSpec(), parent_run: str | None = None) -> dict:
+def infer(spec: InferSpec = InferSpec(), parent_run: ParentRun = None) -> dict:
     """Roll a trained generator out on a held-out simulation and score it against the solver."""
     _tag_run("stage:infer", f"device:{spec.device}", f"mode:{spec.mode}", f"workers:{spec.workers}")
     return rollout(_settings(), spec, parent_run_id=parent_run)
 
 
 @flow(name="aggregate", flow_run_name=_named(AggregateSpec, lambda s: f"aggregate {s.name}"))
-def aggregate(spec: AggregateSpec = AggregateSpec(), parent_run: str | None = None) -> dict:
+def aggregate(spec: AggregateSpec = AggregateSpec(), parent_run: ParentRun = None) -> dict:
     """Build comparison tables, figures and a report over one benchmark's or demo's runs (or all)."""
     _tag_run("stage:aggregate", f"report:{spec.name}")
     return aggregate_runs(_settings(), spec, parent_run_id=parent_run)

@@ -94,6 +94,17 @@ def test_quick_benchmark_deployed_on_real_servers_and_a_worker(tmp_path):
             # parameters the form's schema rejects never become a run
             with pytest.raises(Exception, match="gpu"):
                 client.create_flow_run_from_deployment(deployment.id, parameters={"spec": {"devices": ["gpu"]}})
+            # a cell's deployment: its form leaves out what the benchmark sets, its server takes and checks it
+            # (the gpu pool has no worker here: the run is deleted before anything could start it)
+            cell_deployment = client.read_deployment_by_name("train/gpu")
+            form = cell_deployment.parameter_openapi_schema
+            assert list(form["properties"]) == ["spec"] and "cell" not in form["definitions"]["TrainSpec"]["properties"]
+            cell_run = client.create_flow_run_from_deployment(cell_deployment.id, parameters={
+                "spec": {"device": "cuda", "batch_sizes": [4], "cell": "0123456789abcdef"}, "parent_run": "a" * 32})
+            assert cell_run.parameters["spec"]["cell"] == "0123456789abcdef"
+            client.delete_flow_run(cell_run.id)
+            with pytest.raises(Exception, match="does not match"):
+                client.create_flow_run_from_deployment(cell_deployment.id, parameters={"spec": {"cell": "not-a-key"}})
             # checks beyond the schema fail the run at once, with the validation message as its state
             for parameters, message in (({"modes": ["full"], "workers": [2]}, "the rollout matrix has no cells"),
                                         ({"devices": ["cpu", "cuda"], "pools": {"cuda": "nope"}}, "deployment(s) train/nope not found")):

@@ -24,8 +24,22 @@ def once_each(values: list, what: str) -> list:
     return values
 
 
+# A field the benchmark sets for its cells, not a user's choice (``json_schema_extra=INTERNAL``).
+INTERNAL = {"x-karman-internal": True}
+
+
+def _internal_fields_out_of_forms(schema: dict) -> None:
+    """Moves the INTERNAL fields of a spec's JSON schema from ``properties``, which run forms (Prefect's
+    UI) render, to ``patternProperties``, which validation still applies: the form leaves them out, and
+    Prefect's server still accepts and checks them when the benchmark sets them."""
+    props = schema.get("properties", {})
+    internal = [name for name, prop in props.items() if prop.pop(next(iter(INTERNAL)), False)]
+    if internal:
+        schema["patternProperties"] = {f"^{name}$": props.pop(name) for name in internal}
+
+
 class Spec(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, json_schema_extra=_internal_fields_out_of_forms)
 
 
 class GenerateSpec(Spec):
@@ -97,7 +111,8 @@ class TrainSpec(Spec):
     threads: PositiveInt | None = Field(default=None, le=4096, description="CPU threads of the framework, at most the host's cores; None = all cores")
     seed: int = Field(default=0, ge=0, le=2**31 - 1, description="Seed of weights, split and shuffling")
     resume: str | None = Field(default=None, pattern=r"^[0-9a-f]{32}$", description="MLflow run id of an interrupted training run to continue from its last checkpoint (other fields are taken from that run)")
-    cell: str | None = Field(default=None, pattern=r"^[0-9a-f]{16}$", description="Benchmark cell key, set by the benchmark flow: tags the MLflow run so a rerun can skip it")
+    cell: str | None = Field(default=None, pattern=r"^[0-9a-f]{16}$", json_schema_extra=INTERNAL,
+                             description="Benchmark cell key, set by the benchmark flow: tags the MLflow run so a rerun can skip it")
 
     @field_validator("batch_sizes")
     @classmethod
@@ -162,7 +177,8 @@ class InferSpec(Spec):
     start_frame: int = Field(default=0, ge=0, description="Reference frame the rollout starts from")
     threshold_u: PositiveFloat = Field(default=0.1, description="Relative L2 error of u that ends the rollout's useful horizon (horizon_u)")
     threshold_vorticity: PositiveFloat = Field(default=0.3, description="Relative L2 error of vorticity that ends the rollout's useful horizon (horizon_vorticity)")
-    cell: str | None = Field(default=None, pattern=r"^[0-9a-f]{16}$", description="Benchmark cell key, set by the benchmark flow: tags the MLflow run so a rerun can skip it")
+    cell: str | None = Field(default=None, pattern=r"^[0-9a-f]{16}$", json_schema_extra=INTERNAL,
+                             description="Benchmark cell key, set by the benchmark flow: tags the MLflow run so a rerun can skip it")
 
     @model_validator(mode="after")
     def _one_worker_for_full(self) -> "InferSpec":
