@@ -3,6 +3,7 @@ stores, from which the UI draws its form): the fields a user chooses, not those 
 its cells. Validated with the function Prefect's server applies to a deployment's runs."""
 
 import json
+import re
 
 import pytest
 from prefect.utilities.callables import parameter_schema
@@ -57,3 +58,20 @@ def test_the_flow_itself_still_validates_them():
     schema = TrainSpec.model_json_schema()
     assert "cell" not in schema["properties"] and "^cell$" in schema["patternProperties"]
     assert json.dumps(schema).count("x-karman-internal") == 0
+
+
+def _descriptions(node) -> list[str]:
+    if isinstance(node, dict):
+        own = [node["description"]] if isinstance(node.get("description"), str) else []
+        return own + [d for value in node.values() for d in _descriptions(value)]
+    if isinstance(node, list):
+        return [d for value in node for d in _descriptions(value)]
+    return []
+
+
+@pytest.mark.parametrize("name", ["generate", "train", "infer", "aggregate", "benchmark", "demo", "validate_solver", "ablate"])
+def test_every_description_renders_as_written(name):
+    """The UI renders descriptions as Markdown with HTML: ``<data root>`` would vanish as a tag."""
+    found = _descriptions(_schema(getattr(pipeline, name)))
+    assert found
+    assert [d for d in found if re.search(r"<[A-Za-z/!?]", d)] == []
