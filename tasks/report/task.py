@@ -189,8 +189,9 @@ def setting_label(params: dict, framework: bool = True) -> str:
 
 def _samples_per_s(params: dict, metrics: dict) -> float:
     """The run's samples/s over its s/epoch (the median epoch without the first): an epoch's samples
-    over ``time_per_epoch_s``. The metric of the same name also holds every epoch's own value, and
-    MLflow shows the last epoch's; runs without ``train_pairs`` fall back to it."""
+    over ``time_per_epoch_s``, which the metric of that name holds. Runs logged before each epoch's
+    value moved to ``epoch_samples_per_s`` hold every epoch's under it too, and MLflow shows the last
+    epoch's: hence the computation; runs without ``train_pairs`` fall back to the metric."""
     pairs, batch = params.get("train_pairs"), int(params.get("batch_size", 0) or 0)
     if pairs and pairs.isdigit() and batch and metrics.get("time_per_epoch_s"):
         return (int(pairs) // batch) * batch / metrics["time_per_epoch_s"]

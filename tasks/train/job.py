@@ -220,7 +220,7 @@ def _train(spec: TrainSpec, settings: Settings, batch_size: int, resume: bool, r
         history["epoch_s"].append(epoch_s)
         last = {k: v / done for k, v in sums.items()}
         metrics = {
-            "epoch_time_s": epoch_s, "samples_per_s": done * batch_size / epoch_s, "data_wait_fraction": data_s / epoch_s,
+            "epoch_time_s": epoch_s, "epoch_samples_per_s": done * batch_size / epoch_s, "data_wait_fraction": data_s / epoch_s,
             "peak_memory_mb": _peak_memory_mb(ctx), "learning_rate": model.opt_g.param_groups[0]["lr"],
             **{f"epoch_{k}": v for k, v in last.items()},
         }

@@ -190,7 +190,7 @@ def _train(spec: TrainSpec, settings: Settings, batch_size: int, resume: bool, r
         epoch_s = time.perf_counter() - t_epoch
         history["epoch_s"].append(epoch_s)
         last = {k: v / done for k, v in sums.items()}
-        metrics = {"epoch_time_s": epoch_s, "samples_per_s": done * batch_size / epoch_s, "data_wait_fraction": data_s / epoch_s,
+        metrics = {"epoch_time_s": epoch_s, "epoch_samples_per_s": done * batch_size / epoch_s, "data_wait_fraction": data_s / epoch_s,
                    "peak_memory_mb": peak_memory_mb(ctx) or host_peak_memory_mb(), "learning_rate": model.learning_rate,
                    **{f"epoch_{k}": v for k, v in last.items()}}
         steps.flush()

@@ -145,7 +145,7 @@ def log_epoch(log: logging.Logger, epoch: int, metrics: dict, last: dict, done_f
     """The epoch's line (the flow's progress artifact reads its '% done')."""
     left = time_left(train_s, done_fraction)
     log.info("epoch %d: %.1f s, %.2f samples/s, L1 %.4f, D %.3f, data wait %.1f%%%s; %.0f%% done%s", epoch, metrics["epoch_time_s"],
-             metrics["samples_per_s"], last["loss_l1"], last["loss_d"], 100 * metrics["data_wait_fraction"],
+             metrics["epoch_samples_per_s"], last["loss_l1"], last["loss_d"], 100 * metrics["data_wait_fraction"],
              f", validation: vorticity horizon {metrics['val_horizon_vorticity']:.0f} steps" if "val_horizon_vorticity" in metrics else "",
              100 * done_fraction, f", {left}" if left else "")
 

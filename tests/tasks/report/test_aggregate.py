@@ -92,8 +92,9 @@ def test_rows_are_compared_only_within_one_setting(workdir):
 
 
 def test_a_runs_samples_per_s_is_its_epochs_samples_over_its_s_per_epoch(workdir):
-    """The metric samples_per_s holds every epoch's own value too (MLflow shows the last one): the table
-    takes an epoch's samples over the median epoch time, so its two columns agree."""
+    """Runs logged before each epoch's value moved to epoch_samples_per_s hold it under samples_per_s
+    too (MLflow shows the last one): the table takes an epoch's samples over the median epoch time, so
+    its two columns agree for old and new runs alike."""
     from tasks.report.task import train_rows
 
     client = MlflowClient()

@@ -238,6 +238,11 @@ def test_validation_rollouts_score_quality_over_training_time_and_record_time_to
     expected = [1e-3 * lr_factor("cosine", (e * steps_per_epoch - 1) / (3 * steps_per_epoch)) for e in (1, 2, 3)]
     assert [s for s, _ in rates] == [1, 2, 3] and [v for _, v in rates] == pytest.approx(expected, rel=1e-6)
     assert sorted(m.step for m in client().get_metric_history(missed["run_id"], "val_one_step_rel_l2_vorticity")) == [2, 3]
+    # Each epoch's samples/s is epoch_samples_per_s; samples_per_s, the run's one value that MLflow shows,
+    # is its samples per epoch over its s/epoch (the median epoch after the first).
+    assert sorted(m.step for m in client().get_metric_history(missed["run_id"], "epoch_samples_per_s")) == [1, 2, 3]
+    assert [m.step for m in client().get_metric_history(missed["run_id"], "samples_per_s")] == [0]
+    assert client().get_run(missed["run_id"]).data.metrics["samples_per_s"] == pytest.approx(missed["samples_per_s"])
 
 
 def test_a_target_longer_than_the_validation_rollout_is_refused(trainable):
