@@ -240,6 +240,10 @@ def main(argv: list[str] | None = None) -> int:
 
     if getattr(args, "verbose", False):
         os.environ[VERBOSE_ENV] = "1"  # child processes inherit it
+    if os.environ.get("PREFECT_API_URL") == "":
+        # empty means no server, as unset does: Prefect would start its temporary API but keep "" as the
+        # events' address, and log a traceback for every event it then fails to send
+        del os.environ["PREFECT_API_URL"]
     quiet_libraries()
     if command in BENCH_COMMANDS:
         return run_bench(args)

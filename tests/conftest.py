@@ -114,9 +114,8 @@ def kill_tree(pid: int) -> None:
 
 def run_cli(*args: str, cwd: Path, env: dict | None = None, timeout: int = 900) -> subprocess.CompletedProcess:
     """``python -m flows ...`` in a child process, as a user types it (reporting to the tests' Prefect
-    server unless ``env`` sets PREFECT_API_URL, or sets it to "" for a temporary server of its own)."""
+    server unless ``env`` sets PREFECT_API_URL, or sets it to "" for a temporary server of its own, as
+    an empty value means to the command)."""
     full_env = {**os.environ, "PYTHONPATH": str(ROOT), "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
                 "PREFECT_API_URL": os.environ.get("PREFECT_API_URL") or shared_prefect_api(), **(env or {})}
-    if not full_env["PREFECT_API_URL"]:
-        del full_env["PREFECT_API_URL"]
     return subprocess.run([sys.executable, "-m", "flows", *args], cwd=cwd, env=full_env, capture_output=True, text=True, timeout=timeout)

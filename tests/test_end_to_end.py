@@ -28,6 +28,7 @@ def test_demo_from_the_command_line_logs_where_told(tmp_path):
     assert train.data.params["device_name"] == f"cpu ({os.cpu_count()} threads)"
     assert "training stops after epoch" in proc.stderr and ": time budget" in proc.stderr  # progress reached the terminal
     assert "validation: vorticity horizon" in proc.stderr
+    assert "Traceback" not in proc.stderr  # an empty PREFECT_API_URL is no server, not an address to send events to
 
     # A second sweep with the same parameters reuses every simulation and keeps the digest.
     again = run_cli("generate", "--json", cwd=tmp_path, env=env)
