@@ -14,10 +14,16 @@ def relative_l2(pred: np.ndarray, ref: np.ndarray) -> float:
     return float(np.linalg.norm(pred - ref) / max(np.linalg.norm(ref), 1e-12))
 
 
-def dominant_frequency(signal: np.ndarray, dt: float, oversample: int = 16) -> float:
+# Cycles a record must hold for its frequency to count: a record shorter than about two periods cannot
+# tell the frequency (the periodogram's resolution is one cycle per record), and its peak says nothing.
+MIN_CYCLES = 2.0
+
+
+def dominant_frequency(signal: np.ndarray, dt: float, oversample: int = 16, min_cycles: float = MIN_CYCLES) -> float:
     """Frequency (1/time unit) of the strongest oscillation in a uniformly sampled signal: the peak of
     the Hann-windowed, zero-padded periodogram of the signal minus its linear trend, refined by a
-    parabola through the peak and its neighbours. NaN for a constant signal or fewer than 4 samples."""
+    parabola through the peak and its neighbours. NaN for a constant signal, fewer than 4 samples, or a
+    peak with fewer than ``min_cycles`` cycles in the record."""
     x = np.asarray(signal, dtype=np.float64)
     if x.size < 4 or dt <= 0:
         return float("nan")
@@ -33,7 +39,8 @@ def dominant_frequency(signal: np.ndarray, dt: float, oversample: int = 16) -> f
         a, b, c = np.log(power[k - 1 : k + 2] + 1e-300)
         denom = a - 2 * b + c
         shift = 0.5 * (a - c) / denom if denom < 0 else 0.0
-    return (k + shift) / (n * dt)
+    frequency = (k + shift) / (n * dt)
+    return frequency if frequency * x.size * dt >= min_cycles else float("nan")
 
 
 def strouhal(probe: np.ndarray, dt_convective: float) -> float:

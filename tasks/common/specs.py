@@ -352,5 +352,5 @@ class BenchmarkSpec(Spec):
         """The demo matrix on CPU: a small sweep, a narrow Pix2Pix at two batch sizes, rollouts full-frame
         and map-reduce on one and two workers."""
         return cls(train=TrainOptions(ngf=16, ndf=16, epochs=3), batch_sizes=[4, 8],
-                   infer=InferOptions(steps=10), workers=[1, 2], aggregate=AggregateSpec(name="quick"))
+                   infer=InferOptions(steps=40), workers=[1, 2], aggregate=AggregateSpec(name="quick"))
 

@@ -111,8 +111,9 @@ def surrogate_verdict(summary: dict, dt: float, threshold: float, stride: int, s
     ratio = summary["solver_s_per_time_unit"] / summary["surrogate_s_per_time_unit"]
     faster = f"the surrogate is {ratio:.2g}x faster than the solver" if ratio >= 1 else f"the solver is {1 / ratio:.2g}x faster than the surrogate"
     horizon = int(summary["horizon_vorticity"])
-    periods = horizon * dt * summary["strouhal_ref"] if summary["strouhal_ref"] == summary["strouhal_ref"] else float("nan")
+    st_ref = summary.get("strouhal_ref", float("nan"))
+    periods = f"{horizon * dt * st_ref:.2g} shedding periods" if st_ref == st_ref else "the rollout too short to measure the shedding period"
     return (f"At {sim.ny}x{sim.nx} and stride k={stride} ({stride * sim.frame_every} solver steps per network step), {faster} "
             f"per unit of simulated time, at an accuracy of vorticity relative L2 <= {threshold:g} for {horizon} steps "
-            f"({horizon * dt:.3g} D/U, {periods:.2g} shedding periods); the surrogate would break even at k >= "
+            f"({horizon * dt:.3g} D/U, {periods}); the surrogate would break even at k >= "
             f"{summary['crossover_stride']:.0f}.")

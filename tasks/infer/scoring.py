@@ -146,12 +146,13 @@ class Validation:
         """The worst case over the validation simulations of each rollout score (``forward`` as in score_forward)."""
         results = [score_forward(forward, self.codec, frames, sim, self.stride, self.steps,
                                  threshold_vorticity=self.target_vorticity).summary() for frames, sim in self.sims]
-        worst = {}
-        for key in ("one_step_rel_l2_u", "one_step_rel_l2_vorticity", "strouhal_rel_error", "mean_rel_l2_vorticity", "energy_ratio_max_deviation"):
-            worst[key] = max(r[key] for r in results)
-        for key in ("horizon_u", "horizon_vorticity", "correlation_periods"):
-            worst[key] = min(r[key] for r in results)
-        return worst
+        def worst_of(key: str, pick) -> float:  # NaN (not measurable in one of them: too short a rollout) stays NaN
+            values = [r[key] for r in results]
+            return float("nan") if any(v != v for v in values) else pick(values)
+
+        worst = {key: worst_of(key, max) for key in ("one_step_rel_l2_u", "one_step_rel_l2_vorticity", "strouhal_rel_error",
+                                                    "mean_rel_l2_vorticity", "energy_ratio_max_deviation")}
+        return worst | {key: worst_of(key, min) for key in ("horizon_u", "horizon_vorticity", "correlation_periods")}
 
     def reached(self, quality: dict) -> bool:
         return quality["horizon_vorticity"] >= self.target_steps

@@ -110,3 +110,16 @@ def test_a_non_finite_rollout_is_reported_unstable():
     summary = score.summary()
     assert summary["finite"] == 0.0 and summary["first_nonfinite_step"] == 3
     assert summary["horizon_u"] == 2 and np.isnan(summary["strouhal_pred"])
+
+
+def test_a_record_shorter_than_two_periods_has_no_frequency():
+    """Ten steps of a wake that sheds every 16: the periodogram's peak would be a number, not the
+    frequency; so is the Strouhal number of a rollout that short."""
+    dt = 0.25
+    t = np.arange(10) * dt
+    assert np.isnan(dominant_frequency(np.sin(2 * np.pi * 0.25 * t), dt))
+    t = np.arange(36) * dt  # 2.25 periods
+    assert dominant_frequency(np.sin(2 * np.pi * 0.25 * t), dt) == pytest.approx(0.25, rel=0.03)
+    summary = _score(lambda n: _wave(n, 0.0), 10).summary()
+    assert np.isnan(summary["strouhal_ref"]) and np.isnan(summary["strouhal_pred"])
+    assert np.isnan(summary["correlation_periods"]) and summary["correlation_steps"] == 10
