@@ -10,3 +10,10 @@ class DeviceUnavailable(RuntimeError):
 def cpu_cores() -> int:
     """CPU cores this process may run on."""
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+
+
+def host_peak_memory_mb() -> float:
+    """This process's peak resident memory in MiB (getrusage reports KiB on Linux)."""
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024

@@ -1,14 +1,16 @@
-"""Child side of every job: the entry `python -m tasks.common.job_main {train,rollout,probe} JOB.json RESULT.json`.
+"""Child side of every job: the entry `python -m tasks.common.job_main KIND JOB.json RESULT.json` runs the job body its stage named.
 
 Every training or inference run executes here, in a fresh process for its framework and device:
 device environment (PJRT_DEVICE, CUDA_VISIBLE_DEVICES, ...) is set by the parent before any
 framework import, tensorflow and torch_xla never meet in one process, and cold-start timings are
-honest. Under torchrun there is one such process per device; rank 0 writes the result. The run
-reports through MLflow and the result file. Exit codes: 0 done, 3 user error (stderr line
-'error: ...'), 4 the run failed for a stated reason ('failed: ...'), 5 stopped by a signal ('stopped: ...'), 1
-crash ('crashed: ...', after its traceback). The same verdict is written to the result file as {"error": {...}}.
+honest. The job file names its body as ``module:function`` (each stage registers its own; this
+module imports no stage). Under torchrun there is one such process per device; rank 0 writes the
+result. Exit codes: 0 done, 3 user error, 4 the run failed for a stated reason, 5 stopped by a
+signal, 1 crash (after its traceback). The verdict is one line on stderr for people, a structured
+event on stdout (tasks.common.events) and {"error": {...}} in the result file for the parent.
 """
 
+import importlib
 import json
 import logging
 import os
@@ -19,33 +21,20 @@ from pathlib import Path
 USER_ERROR = 3
 RUN_FAILED = 4
 STOPPED = 5
+KINDS = ("train", "rollout", "probe")
 
 
-def _torch_jobs() -> dict:
-    from tasks.infer.job import run_rollout
-    from tasks.train.job import probe_device, run_training
-
-    return {"train": run_training, "rollout": run_rollout, "probe": probe_device}
-
-
-def _tensorflow_jobs() -> dict:
-    from tasks.infer.job_keras import run_rollout
-    from tasks.train.job_keras import probe_device, run_training
-
-    return {"train": run_training, "rollout": run_rollout, "probe": probe_device}
-
-
-# The framework seam: each framework's job bodies (train, rollout, probe), imported only in its own child.
-FRAMEWORKS = {"torch": _torch_jobs, "tensorflow": _tensorflow_jobs}
-
-
-def job_body(framework: str, kind: str):
-    """The function that runs a ``kind`` job of ``framework``; UserError listing the valid names otherwise."""
+def job_body(name: str):
+    """The function ``module:function`` a job file names; UserError if there is no such function."""
     from tasks.common.errors import UserError
 
-    if framework not in FRAMEWORKS:
-        raise UserError(f"unknown framework {framework!r}; choose one of {', '.join(FRAMEWORKS)}")
-    return FRAMEWORKS[framework]()[kind]
+    module, _, function = name.partition(":")
+    if not module.startswith("tasks.") or not function:
+        raise UserError(f"job body {name!r} is not a tasks module:function")
+    body = getattr(importlib.import_module(module), function, None)
+    if body is None:
+        raise UserError(f"job body {name!r}: module {module} has no function {function}")
+    return body
 
 
 def main(argv: list[str]) -> int:
@@ -56,8 +45,8 @@ def main(argv: list[str]) -> int:
     from tasks.common.quiet import quiet_libraries
 
     quiet_libraries()
-    if len(argv) != 3 or argv[0] not in ("train", "rollout", "probe"):
-        print("error: usage: python -m tasks.common.job_main {train,rollout,probe} JOB.json RESULT.json", file=sys.stderr)
+    if len(argv) != 3 or argv[0] not in KINDS:
+        print(f"error: usage: python -m tasks.common.job_main {{{','.join(KINDS)}}} JOB.json RESULT.json", file=sys.stderr)
         return 2
     kind, job_path, result_path = argv[0], Path(argv[1]), Path(argv[2])
     job = json.loads(job_path.read_text())
@@ -69,7 +58,7 @@ def main(argv: list[str]) -> int:
     else:
         lifetime.raise_on_sigterm()
     try:
-        result = job_body(job.get("framework", "torch"), kind)(job)
+        result = job_body(job["body"])(job)
     except (UserError, DeviceUnavailable) as exc:
         return _verdict(result_path, "user", "error", exc, USER_ERROR)
     except RunStopped as exc:
@@ -90,15 +79,20 @@ def main(argv: list[str]) -> int:
 
 def _write(path: Path, payload: dict) -> None:
     tmp = path.with_suffix(f".{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(payload, indent=2, sort_keys=True))
+    from tasks.common.events import strict
+
+    tmp.write_text(json.dumps(strict(payload), indent=2, sort_keys=True, allow_nan=False))
     tmp.replace(path)
 
 
 def _verdict(result_path: Path, kind: str, prefix: str, exc, code: int) -> int:
-    """The job's end in one line on stderr and as a structured result (rank 0 or a single process)."""
+    """The job's end in one line on stderr (for people) and as a structured event and result (for the parent; rank 0 or a single process)."""
+    from tasks.common import events
+
     message = str(exc)
     print(f"{prefix}: {message}", file=sys.stderr)
     if os.environ.get("RANK", "0") == "0":
+        events.emit(events.VERDICT, kind=kind, message=message)
         _write(result_path, {"error": {"kind": kind, "type": type(exc).__name__ if not isinstance(exc, str) else kind, "message": message}})
     return code
 

@@ -11,6 +11,7 @@ import threading
 from collections import deque
 from pathlib import Path
 
+from tasks.common import events
 from tasks.common.errors import RunFailed, RunStopped, UserError, signal_name
 from tasks.common.lifetime import JOB_DIR_PREFIX, PARENT_ENV, defer, raise_pending, signal_of, stop_child
 
@@ -27,37 +28,38 @@ RUNTIME_NOISE = re.compile(r"^(?:[IWE]\d{4} [\d:.]+\s+\d+ [\w./-]+:\d+\] |WARNIN
                            r"|To enable the following instructions: )")
 
 
-def _relay(proc: subprocess.Popen, kind: str, tail: deque, log, on_line) -> None:
-    """The child's output, line by line, into the log (once) and ``on_line``, until it closes."""
+def _relay(proc: subprocess.Popen, kind: str, tail: deque, verdicts: list, log, on_event) -> None:
+    """The child's output, line by line, until it closes: log text into the log (once), structured
+    events (tasks.common.events) to ``on_event``, verdict events kept in ``verdicts``."""
     from tasks.common.quiet import verbose
 
     loud = verbose()
     for line in proc.stdout:
         line = line.rstrip()
-        if line:
-            tail.append(line)
-            if not loud and RUNTIME_NOISE.match(line):
-                continue
-            log.info("[%s] %s", kind, line)
-            if on_line is not None:
-                on_line(line)
+        if not line:
+            continue
+        event = events.parse(line)
+        if event is not None:
+            if event[events.KEY] == events.VERDICT:
+                verdicts.append(event)
+            elif on_event is not None:
+                on_event(event)
+            continue
+        tail.append(line)
+        if not loud and RUNTIME_NOISE.match(line):
+            continue
+        log.info("[%s] %s", kind, line)
     proc.wait()
 
 
-def _raise_verdict(kind: str, rc: int, tail: deque, result_path: Path) -> None:
-    """Raise what the child's end means: its structured error (result file), else its last verdict line
+def _raise_verdict(kind: str, rc: int, tail: deque, verdicts: list, result_path: Path) -> None:
+    """Raise what the child's end means: its structured error (result file), else its last verdict event
     (under torchrun the exit code is the launcher's), else a crash described in one line."""
     error = None
     if result_path.is_file():
         error = json.loads(result_path.read_text()).get("error")
-    if error is None:
-        for line in reversed(tail):
-            for prefix, verdict in (("error: ", "user"), ("failed: ", "failed"), ("stopped: ", "stopped"), ("crashed: ", "crash")):
-                if line.startswith(prefix):
-                    error = {"kind": verdict, "message": line[len(prefix):]}
-                    break
-            if error:
-                break
+    if error is None and verdicts:
+        error = verdicts[-1]
     if error is None:
         if rc < 0:
             why = f"killed by {signal_name(-rc)}" + (" (by the kernel's out-of-memory killer, if nothing else sent it)" if rc == -9 else "")
@@ -84,10 +86,12 @@ def device_env(device: str, world_size: int | None = None, framework: str = "tor
     return env
 
 
-def run_child(kind: str, job: dict, log, env: dict[str, str] | None = None, procs: int = 1, on_line=None,
+def run_child(kind: str, body: str, job: dict, log, env: dict[str, str] | None = None, procs: int = 1, on_event=None,
               framework: str = "torch") -> dict:
-    """Run ``tasks.common.job_main kind`` on ``job`` with ``framework``'s job body in a fresh interpreter (``procs`` > 1: that many under
-    torchrun, one per device); return its (rank 0's) result dictionary.
+    """Run the job body ``body`` (``module:function``, registered by its stage) as a ``kind`` job on ``job``
+    in a fresh interpreter (``procs`` > 1: that many, one per device, under torchrun for torch or a
+    TF_CONFIG cluster for tensorflow); return its (rank 0's) result dictionary. ``on_event`` receives
+    the child's structured events (progress) as they come.
 
     Raises UserError with the child's one-line message for bad input or a missing device, RunFailed
     with its message for a run that failed for a stated reason, and ChildFailed with the tail of its
@@ -95,7 +99,7 @@ def run_child(kind: str, job: dict, log, env: dict[str, str] | None = None, proc
     """
     with tempfile.TemporaryDirectory(prefix=f"{JOB_DIR_PREFIX}{os.getpid()}-") as tmp:  # the guardian removes it if this process is killed
         job_path, result_path = Path(tmp) / "job.json", Path(tmp) / "result.json"
-        job_path.write_text(json.dumps({**job, "framework": framework}))
+        job_path.write_text(json.dumps({**job, "body": body, "framework": framework}))
         raise_pending()  # a signal that came while the previous child finished: stop before starting another
         child_env = {**os.environ, **(env or {}), "PYTHONUNBUFFERED": "1", PARENT_ENV: str(os.getpid())}
         child_env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), child_env.get("PYTHONPATH")]))
@@ -105,22 +109,23 @@ def run_child(kind: str, job: dict, log, env: dict[str, str] | None = None, proc
                         [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={procs}"])
             cmd = launcher + cmd[1:] if framework != "tensorflow" else launcher + cmd
         tail: deque[str] = deque(maxlen=30)
+        verdicts: list[dict] = []
         with subprocess.Popen(cmd, cwd=os.getcwd(), env=child_env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) as proc:
             assert proc.stdout is not None
             try:
-                _relay(proc, kind, tail, log, on_line)
+                _relay(proc, kind, tail, verdicts, log, on_event)
             except BaseException as exc:  # SIGTERM or Ctrl-C here: stop the child, then say how it ended
                 forwarded = signal_of(exc) if signal_of(exc) in (signal.SIGTERM, signal.SIGINT) else signal.SIGTERM
                 stopper = threading.Thread(target=stop_child, args=(proc, forwarded), daemon=True)
                 stopper.start()
-                _relay(proc, kind, tail, log, on_line)
+                _relay(proc, kind, tail, verdicts, log, on_event)
                 stopper.join()
                 if proc.returncode == 0:  # it finished its run meanwhile: keep the run, stop the command after it
                     defer(exc)
                     return json.loads(result_path.read_text())
-                _raise_verdict(kind, proc.returncode, tail, result_path)
+                _raise_verdict(kind, proc.returncode, tail, verdicts, result_path)
                 raise RunStopped(f"{kind} {exc or type(exc).__name__}") from exc
             rc = proc.wait()
         if rc != 0:
-            _raise_verdict(kind, rc, tail, result_path)
+            _raise_verdict(kind, rc, tail, verdicts, result_path)
         return json.loads(result_path.read_text())

@@ -128,6 +128,10 @@ class Run:
                           profile=json.dumps(profile) if profile else None)
         self.client.log_inputs(self.run_id, datasets=[DatasetInput(dataset, tags=[InputTag("mlflow.data.context", context)])])
 
+    def log_dict(self, value: dict, name: str) -> None:
+        """``value`` as the JSON artifact ``name`` (replacing an earlier one of that name)."""
+        self.client.log_dict(self.run_id, value, name)
+
     def log_artifact(self, path: Path, artifact_path: str | None = None) -> None:
         if Path(path).is_dir():
             self.client.log_artifacts(self.run_id, str(path), artifact_path)

@@ -11,6 +11,7 @@ from models.tiling import TilePlan, TilingError
 from tasks.common import plans
 from tasks.common.data import INPUTS, OUTPUTS
 from tasks.common.errors import UserError
+from tasks.common import probe
 from tasks.common.launch import device_env, run_child
 from tasks.common.names import Tag
 from tasks.common.settings import Settings
@@ -182,7 +183,7 @@ def check_workers(spec: InferSpec, log) -> None:
         if spec.workers > cpu_cores():
             raise UserError(f"{spec.workers} workers requested but this host has {cpu_cores()} CPU cores; use at most {cpu_cores()}")
         return
-    probed = run_child("probe", {"device": spec.device}, log, env=device_env(spec.device, spec.workers))
+    probed = run_child("probe", probe.BODY, {"device": spec.device}, log, env=device_env(spec.device, spec.workers))
     available = int(probed["world_size"])
     if spec.workers > available:
         raise UserError(f"{spec.workers} workers requested but {probed['device']} has {available} {spec.device} device(s); use at most {available}")

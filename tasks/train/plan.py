@@ -7,17 +7,17 @@ import zipfile
 from pydantic import BaseModel, Field
 
 from models.host import cpu_cores
-from tasks.common import plans
-from tasks.common.data import PairSource, split_of, training_net
+from tasks.common import plans, probe
 from tasks.common.errors import UserError
 from tasks.common.launch import device_env, run_child
 from tasks.common.settings import Settings
 from tasks.common.specs import TrainSpec
 from tasks.common.store import load_manifest, writer_lock
 from tasks.common.tracking import training_run
+from tasks.workloads import get_workload
 
 JOB_FILE = "job.json"  # the run's configuration, kept with its checkpoint for --resume
-CHECKPOINTS = {"torch": "checkpoint.pt", "tensorflow": "checkpoint.npz"}  # written by the training job after every epoch
+CHECKPOINTS = {"torch": "checkpoint.pt", "tensorflow": "checkpoint.npz"}  # each framework's runtime writes it after every epoch
 
 
 def checkpoint_name(framework: str) -> str:
@@ -77,28 +77,9 @@ def plan_world(spec: TrainSpec, probed: dict | None) -> tuple[int, int]:
 
 
 def check_training_input(settings: Settings, spec: TrainSpec, batch_sizes: list[int], world: int, memory: int | None = None) -> None:
-    """What can be refused before any run starts (reads the dataset's metadata only): the frames must
-    fit the U-Net, each batch must split over the devices and fit in the training pairs, and (given a
-    device's ``memory`` in bytes) the estimated memory of a step must fit it."""
-    dataset_dir = settings.dataset_dir(spec.dataset)
-    manifest = load_manifest(dataset_dir)
-    split = split_of(manifest, spec.val_simulations, spec.test_simulations, spec.seed)
-    recipe = spec.resolved_recipe()
-    source = PairSource(dataset_dir, split["train"], spec.frame_stride, unroll=recipe.unroll)
-    net = training_net(source.height, source.width, spec.crop, spec.depth, ngf=recipe.ngf, ndf=recipe.ndf, norm=spec.norm,
-                       dropout=recipe.dropout, upsample=recipe.upsample, output=recipe.output)
-    for b in batch_sizes:
-        if b % world:
-            raise UserError(f"batch size {b} does not split evenly over {world} devices; use a multiple of {world}")
-        if b > len(source):
-            raise UserError(f"batch size {b} exceeds the {len(source)} training pairs of dataset {spec.dataset!r}")
-    if memory:
-        side = (spec.crop, spec.crop) if spec.crop else (source.height, source.width)
-        need = net.training_bytes(max(batch_sizes) // world, *side, recipe.unroll)
-        if need > 0.8 * memory:  # the rest for the data, the framework and everything else on the host
-            raise UserError(f"ngf {recipe.ngf} and ndf {recipe.ndf} at batch {max(batch_sizes)} need about {need / 2**30:.3g} GiB a device "
-                            f"to train ({sum(net.weight_count()):,} parameters), more than 80% of the {memory / 2**30:.3g} GiB this {spec.device} "
-                            "device has; use narrower networks or a smaller batch (the paper's width is 64)")
+    """What the workload can refuse before any run starts (it reads the dataset's metadata only): the
+    batches against the devices and the data, and the estimated memory of a step against ``memory``."""
+    get_workload(spec.workload).check(settings, spec, batch_sizes, world, memory)
 
 
 def device_memory(spec: TrainSpec, probed: dict | None, procs: int) -> int | None:
@@ -164,7 +145,7 @@ def plan_training(settings: Settings, spec: TrainSpec, log) -> TrainPlan:
     load_manifest(settings.dataset_dir(spec.dataset))
     probed = None
     if spec.device != "cpu":
-        probed = run_child("probe", {"device": spec.device}, log, env=device_env(spec.device, spec.world_size, spec.framework),
+        probed = run_child("probe", probe.BODY, {"device": spec.device}, log, env=device_env(spec.device, spec.world_size, spec.framework),
                            framework=spec.framework)
     world, procs = plan_world(spec, probed)
     check_training_input(settings, spec, batch_sizes, world, device_memory(spec, probed, procs))

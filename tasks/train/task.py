@@ -1,19 +1,22 @@
 """Prefect tasks (flow process): one planned training run in its own child process(es), tracked as one MLflow run; a batch-size sweep as a parent run with the study's table."""
 
 import contextlib
-import re
 
 from prefect import get_run_logger, task
 
+from tasks.common import events
 from tasks.common.launch import run_child
 from tasks.common.names import Tag
 from tasks.common.progress import Progress
+from tasks.common.records import TrainRecord
 from tasks.common.settings import Settings
 from tasks.common.specs import TrainSpec
 from tasks.common.store import load_manifest, write_json_atomic, writer_lock
 from tasks.common.tracking import client_for, mlflow_run, run_url
 from tasks.report.task import markdown_table, study_table
 from tasks.train.plan import JOB_FILE, TrainPlan
+
+BODY = "tasks.train.job:run_training"  # the training job's body, run in the child
 
 def _budget_words(spec: TrainSpec) -> str:
     if spec.time_budget is not None:
@@ -23,20 +26,17 @@ def _budget_words(spec: TrainSpec) -> str:
 
 def training_tags(spec: TrainSpec, batch_size: int, digest: str) -> dict[str, str]:
     """The MLflow tags users filter training runs on."""
-    tags = {Tag.FRAMEWORK: spec.framework, Tag.DEVICE: spec.device, Tag.BATCH_SIZE: str(batch_size),
+    tags = {Tag.WORKLOAD: spec.workload, Tag.FRAMEWORK: spec.framework, Tag.DEVICE: spec.device, Tag.BATCH_SIZE: str(batch_size),
             Tag.RECIPE: spec.resolved_recipe().name, Tag.DATASET: spec.dataset, Tag.DATASET_DIGEST: digest}
     if spec.cell:
         tags[Tag.CELL] = spec.cell
     return tags
 
 
-EPOCH_LINE = re.compile(r"^epoch \d+: .*; (\d+)% done")
-
-
 @task(name="train-model", task_run_name="train {plan.framework} {plan.spec.device} b{batch_size}")
 def train_model(settings: Settings, plan: TrainPlan, batch_size: int, parent_run_id: str | None = None) -> dict:
-    """Train Pix2Pix at one batch size of the plan in child process(es); returns its summary.
-    The run's progress (the child's epoch lines) is a Prefect progress artifact of this task run."""
+    """Train the plan's workload at one batch size in child process(es); returns its summary.
+    The run's progress (the child's progress events) is a Prefect progress artifact of this task run."""
     logger = get_run_logger()
     spec, world, resume_run_id = plan.spec, plan.world, plan.resume
     dataset_dir = settings.dataset_dir(spec.dataset)
@@ -65,13 +65,16 @@ def train_model(settings: Settings, plan: TrainPlan, batch_size: int, parent_run
         logger.info("MLflow run: %s", run_url(settings, run.run_id))
         progress = Progress(f"training {name}: share of the epochs or time budget done")
 
-        def on_line(line: str) -> None:
-            if found := EPOCH_LINE.match(line):
-                progress.update(int(found.group(1)) / 100)
+        def on_event(event: dict) -> None:
+            if event[events.KEY] == events.PROGRESS:
+                progress.update(event["fraction"])
 
-        result = run_child("train", job, logger, env=plan.child_env(), procs=plan.procs, on_line=on_line, framework=plan.framework)
+        record = TrainRecord.model_validate(run_child("train", BODY, job, logger, env=plan.child_env(), procs=plan.procs, on_event=on_event,
+                                                      framework=plan.framework))
         progress.update(1.0)
-    return {**result, "run_id": run.run_id, "batch_size": batch_size}
+    config = record.config
+    return {**record.mlflow_metrics(), "split": config.split, "device": config.device_name, "world_size": config.world_size,
+            "strategy": config.strategy, "run_id": run.run_id, "batch_size": batch_size}
 
 
 @task(name="log-study-table")

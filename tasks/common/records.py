@@ -1,0 +1,151 @@
+"""Typed records of a training run: its resolved configuration and its summary, as the child returns them, MLflow logs them and the report reads them.
+
+One record is the truth about a run. The child writes it when the run starts (configuration only)
+and when it ends (with the summary) as the run's ``record.json`` artifact; MLflow's params and
+metrics are flat views of it, named as the runs of every earlier version named them, so the UI's
+columns and filters keep working. Runs logged before records existed (params only) are read back
+through :func:`TrainRecord.from_mlflow`.
+"""
+
+import json
+import math
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from tasks.common.specs import TrainSpec
+
+RECORD_FILE = "record.json"  # the run's record, an artifact at the root of its MLflow run
+Scalar = str | int | float | bool | None
+
+
+class Record(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class TrainConfig(Record):
+    """What a training run was, resolved on the host that ran it."""
+
+    workload: str = Field(description="Workload name (tasks.workloads' table)")
+    framework: str
+    framework_version: str
+    device: str = Field(description="Device kind: cpu, cuda or xla")
+    device_name: str = Field(description="The device as the framework names it")
+    world_size: int = Field(description="Devices the global batch is spread over")
+    strategy: str = Field(description="How: single, ddp, spmd (torch) or a tf.distribute strategy")
+    threads: int | None = Field(description="CPU threads per process (cpu runs)")
+    batch_size: int = Field(description="Global batch size")
+    dataset: str
+    dataset_digest: str
+    train_samples: int = Field(description="Training samples of one epoch")
+    data_in_memory: bool
+    split: dict[str, list[str]] = Field(description="Dataset items per role: train, val, test")
+    host: str
+    code_version: str
+    spec: TrainSpec = Field(description="The request as resolved (a resumed run's own)")
+    workload_params: dict[str, Scalar] = Field(default_factory=dict, description="The workload's own settings: network sizes, recipe")
+    speed: dict[str, Any] = Field(default_factory=dict, description="Speed options in effect")
+
+    @property
+    def per_device_batch(self) -> int:
+        return self.batch_size // self.world_size
+
+
+class TrainSummary(Record):
+    """How a finished training run went."""
+
+    epochs: int
+    steps: int
+    warmup_s: float | None = Field(description="Seconds of the first steps of each process (tracing, compilation, warm-up)")
+    time_per_epoch_s: float = Field(description="Median seconds of an epoch, the first left out when there are more")
+    samples_per_s: float = Field(description="An epoch's samples over time_per_epoch_s")
+    train_time_s: float
+    samples_seen: int
+    final_losses: dict[str, float | None] = Field(description="The last epoch's mean of each loss (loss_l1, loss_d, ...)")
+    target_reached: bool
+    time_to_target_s: float | None = None
+    epochs_to_target: int | None = None
+    samples_to_target: int | None = None
+    validation: dict[str, float | None] = Field(default_factory=dict, description="The last validation's scores")
+
+
+class TrainRecord(Record):
+    """A training run: configuration, and summary once it has finished."""
+
+    version: Literal[1, 2] = 2  # 1: a run logged before records (params only), read back by from_mlflow
+    config: TrainConfig
+    summary: TrainSummary | None = None
+
+    def mlflow_params(self) -> dict[str, str]:
+        """Flat MLflow params, under the names runs have always had (strings, as MLflow keeps them)."""
+        c = self.config
+        spec = c.spec.model_dump(mode="json", exclude={"batch_sizes", "resume", "world_size", "strategy", "cell"})
+        values = {**spec, "workload": c.workload, "framework": c.framework, "framework_version": c.framework_version,
+                  f"{c.framework}_version": c.framework_version, "device_name": c.device_name, "world_size": c.world_size,
+                  "strategy": c.strategy, "threads": c.threads, "batch_size": c.batch_size, "per_device_batch": c.per_device_batch,
+                  "dataset_digest": c.dataset_digest, "train_pairs": c.train_samples, "data_in_memory": c.data_in_memory,
+                  "split": json.dumps(c.split), "host": c.host, "code_version": c.code_version, "speed": json.dumps(c.speed),
+                  **c.workload_params}
+        return {k: json.dumps(v) if isinstance(v, (list, dict)) else str(v) for k, v in values.items()}
+
+    def mlflow_metrics(self) -> dict[str, float]:
+        """The summary's metrics (finite numbers only), under the names runs have always had."""
+        s = self.summary
+        if s is None:
+            return {}
+        values = {"epochs": s.epochs, "steps": s.steps, "warmup_s": s.warmup_s, "time_per_epoch_s": s.time_per_epoch_s,
+                  "samples_per_s": s.samples_per_s, "train_time_s": s.train_time_s, "samples_seen": s.samples_seen,
+                  "target_reached": float(s.target_reached), "time_to_target_s": s.time_to_target_s,
+                  "epochs_to_target": s.epochs_to_target, "samples_to_target": s.samples_to_target,
+                  **{"final_" + k.removeprefix("loss_"): v for k, v in s.final_losses.items()}}
+        return {k: float(v) for k, v in values.items() if v is not None and math.isfinite(float(v))}
+
+    @classmethod
+    def from_mlflow(cls, params: dict[str, str], metrics: dict[str, float], finished: bool) -> "TrainRecord":
+        """The record of a run logged before records existed (version 1: params and metrics only)."""
+        def value(name: str, default=None):
+            text = params.get(name)
+            return default if text is None or text == "None" else text
+
+        spec = TrainSpec(**{name: (json.loads(text) if text[:1] in "[{" else text)
+                            for name in TrainSpec.model_fields if name not in ("batch_sizes", "resume", "world_size", "strategy", "cell")
+                            if (text := value(name)) is not None})
+        framework = value("framework", "torch")
+        known = set(TrainSpec.model_fields) | {"workload", "framework", "framework_version", f"{framework}_version", "device_name",
+                                                "world_size", "strategy", "threads", "batch_size", "per_device_batch", "dataset_digest",
+                                                "train_pairs", "data_in_memory", "split", "host", "code_version", "speed"}
+        config = TrainConfig(
+            workload=value("workload", "karman"), framework=framework, framework_version=value("framework_version", value(f"{framework}_version", "?")),
+            device=spec.device, device_name=value("device_name", "?"), world_size=int(value("world_size", 1)), strategy=value("strategy", "?"),
+            threads=_threads_in(value("device_name", "")), batch_size=int(value("batch_size", 0)), dataset=spec.dataset,
+            dataset_digest=value("dataset_digest", ""), train_samples=int(value("train_pairs", 0)),
+            data_in_memory=value("data_in_memory", "False") == "True", split=json.loads(value("split", "{}")), host=value("host", "?"),
+            code_version=value("code_version", "?"), spec=spec, workload_params={k: v for k, v in params.items() if k not in known},
+            speed=json.loads(value("speed", "{}")))
+        summary = None
+        if finished and "time_per_epoch_s" in metrics:
+            m = metrics
+            batch = config.batch_size
+            # runs of that version logged every epoch's samples/s under samples_per_s (MLflow shows the last): an epoch's
+            # samples over the median epoch time is the run's value
+            samples = (config.train_samples // batch) * batch / m["time_per_epoch_s"] if batch and config.train_samples else m.get("samples_per_s")
+            summary = TrainSummary(
+                epochs=int(m.get("epochs", 0)), steps=int(m.get("steps", 0)), warmup_s=m.get("warmup_s"), time_per_epoch_s=m["time_per_epoch_s"],
+                samples_per_s=samples, train_time_s=m.get("train_time_s", 0.0), samples_seen=int(m.get("samples_seen", 0)),
+                final_losses={"loss_l1": m.get("final_l1")}, target_reached=m.get("target_reached") == 1.0,
+                time_to_target_s=m.get("time_to_target_s"), epochs_to_target=_int_or_none(m.get("epochs_to_target")),
+                samples_to_target=_int_or_none(m.get("samples_to_target")),
+                validation={k.removeprefix("val_"): v for k, v in m.items() if k.startswith("val_")})
+        return cls(version=1, config=config, summary=summary)
+
+
+def _int_or_none(value: float | None) -> int | None:
+    return None if value is None else int(value)
+
+
+def _threads_in(device_name: str) -> int | None:
+    """The thread count a version-1 run wrote into its device name ('cpu (2 threads)')."""
+    import re
+
+    found = re.search(r"\((\d+) threads?\)", device_name)
+    return int(found.group(1)) if found else None

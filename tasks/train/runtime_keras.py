@@ -1,0 +1,100 @@
+"""TensorFlow (Keras 3) as the training loop's runtime: a tf.distribute strategy, the collective that agrees, seeding, npz checkpoints, memory."""
+
+import json
+import os
+from pathlib import Path
+
+import numpy as np
+
+from models.host import host_peak_memory_mb
+from tasks.common.errors import UserError
+from tasks.common.lifetime import request_stop_on_signals
+from tasks.train.plan import CHECKPOINTS, TrainPlan
+
+
+
+class KerasRuntime:
+    """TensorFlow under one strategy: default, mirrored, multiworker (one process per device) or tpu."""
+
+    framework = "tensorflow"
+    checkpoint = CHECKPOINTS["tensorflow"]
+
+    def __init__(self, device: str, strategy: str, world: int, threads: int | None = None):
+        import tensorflow as tf
+
+        from models.device_keras import resolve_strategy
+
+        self.version = tf.__version__
+        self.ctx = resolve_strategy(device, strategy, world, threads)
+        self.threads = (tf.config.threading.get_intra_op_parallelism_threads() or os.cpu_count()) if device == "cpu" else None
+        # MultiWorkerMirroredStrategy installs a SIGTERM handler of its own (its preemption watch), which would
+        # swallow the stop request: the job's handlers are installed again over it.
+        request_stop_on_signals()
+        replicas = self.ctx.strategy.num_replicas_in_sync
+
+        def mean(values):
+            per_replica = self.ctx.strategy.run(lambda v: v / replicas, args=(values,))
+            return self.ctx.strategy.reduce(tf.distribute.ReduceOp.SUM, per_replica, axis=None)
+
+        self._mean = tf.function(mean)
+
+    @property
+    def is_main(self) -> bool:
+        return self.ctx.is_main
+
+    @property
+    def world_size(self) -> int:
+        return self.ctx.world_size
+
+    @property
+    def rank(self) -> int:
+        return self.ctx.rank
+
+    @property
+    def description(self) -> str:
+        return self.ctx.description
+
+    @property
+    def strategy(self) -> str:
+        return self.ctx.name
+
+    def agree(self, values: list[float]) -> list[float]:
+        """The mean over every replica of values each process contributes (a collective: every process calls it)."""
+        import tensorflow as tf
+
+        return [float(x) for x in self._mean(tf.constant(values, tf.float32)).numpy()]
+
+    def seed_epoch(self, seed: int, epoch: int) -> None:
+        """This epoch's noise seed on this worker, whatever ran before (the trainers draw statelessly from it)."""
+        from tasks.common.data import epoch_seed
+
+        self.epoch_seed = epoch_seed(seed, epoch, self.ctx.rank) % 2**31
+
+    def save(self, state: dict, path: Path) -> None:
+        """Weights and optimiser state as one npz of arrays with the history as JSON, written atomically."""
+        tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp.npz")
+        arrays = {k.replace("/", "__"): v for k, v in state["model"].items()}
+        np.savez(tmp, history=np.array(json.dumps(state["history"])), **arrays)
+        os.replace(tmp, path)
+
+    def load(self, path: Path) -> dict:
+        try:
+            with np.load(path) as data:
+                history = json.loads(str(data["history"]))
+                model = {k.replace("__", "/"): data[k] for k in data.files if k != "history"}
+        except Exception as exc:  # numpy and zipfile raise many kinds for a damaged file
+            raise UserError(f"checkpoint {path} is corrupt or truncated ({type(exc).__name__}); start the run afresh") from None
+        return {"model": model, "history": history}
+
+    def epoch_metrics(self, first: bool) -> dict[str, float]:
+        from models.device_keras import peak_memory_mb
+
+        return {"peak_memory_mb": peak_memory_mb(self.ctx) or host_peak_memory_mb()}
+
+    def close(self) -> None:
+        pass
+
+
+def open_runtime(plan: TrainPlan) -> KerasRuntime:
+    """The plan's strategy over its world (this worker's share of it under multiworker)."""
+    return KerasRuntime(plan.spec.device, plan.strategy, plan.world, plan.threads)

@@ -1,0 +1,67 @@
+"""The workload table: every workload the benchmark trains, by name, and how to find its parts.
+
+A workload is a folder: ``workload.py`` holds what is framework-neutral (its data, its quality score
+and target, its record's parameters) as one ``WORKLOAD`` object, and one module per framework
+(``torch.py``, ``tensorflow.py``) builds its trainer for the one training loop (tasks.train.loop).
+Adding a workload is that folder and one line below. Workloads kept outside this repository join
+through ``KARMAN_WORKLOADS=name=package.module,...`` (child processes inherit it).
+"""
+
+import importlib
+import os
+from dataclasses import dataclass, field
+from typing import Callable
+
+from tasks.common.errors import UserError
+
+# name -> the package of its folder
+WORKLOADS: dict[str, str] = {
+    "karman": "tasks.workloads.karman",
+}
+EXTRA_ENV = "KARMAN_WORKLOADS"
+
+
+@dataclass(frozen=True)
+class Workload:
+    """What a workload says of itself, whatever the framework."""
+
+    name: str
+    title: str  # what it trains, in a few words (the report's headings)
+    data: str  # where its data comes from, in words; "synthetic" appears in it when the data is
+    frameworks: tuple[str, ...]  # frameworks with a module in its folder
+    main_loss: str  # the loss the report shows (a key of the step's losses, e.g. loss_l1)
+    target: str  # the quality target, in words
+    prepare: Callable  # (settings, spec) -> the training data and everything the framework modules share (in the child)
+    check: Callable  # (settings, spec, batch_sizes, world, memory bytes or None) -> None; UserError for what cannot run
+    digest: Callable  # (settings, dataset name) -> the dataset's digest (flow process)
+    tags: dict = field(default_factory=dict)
+
+    @property
+    def synthetic(self) -> bool:
+        return "synthetic" in self.data
+
+
+def table() -> dict[str, str]:
+    """The workloads known in this process: the table and those named in KARMAN_WORKLOADS."""
+    extra = {}
+    for item in filter(None, (part.strip() for part in os.environ.get(EXTRA_ENV, "").split(","))):
+        name, _, module = item.partition("=")
+        if not name or not module:
+            raise UserError(f"{EXTRA_ENV}: {item!r} is not name=package.module")
+        extra[name.strip()] = module.strip()
+    return WORKLOADS | extra
+
+
+def get_workload(name: str) -> Workload:
+    """The workload ``name``; UserError listing the valid names for any other."""
+    known = table()
+    if name not in known:
+        raise UserError(f"unknown workload {name!r}; choose one of {', '.join(sorted(known))}")
+    return importlib.import_module(f"{known[name]}.workload").WORKLOAD
+
+
+def framework_module(workload: Workload, framework: str):
+    """The module that builds ``workload``'s trainer in ``framework`` (imported here: its framework loads with it)."""
+    if framework not in workload.frameworks:
+        raise UserError(f"workload {workload.name} has no {framework} version; it runs in {', '.join(workload.frameworks)}")
+    return importlib.import_module(f"{table()[workload.name]}.{framework}")

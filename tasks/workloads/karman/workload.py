@@ -1,0 +1,145 @@
+"""The Kármán workload, framework-neutral: its dataset (solver frames in zarr), split, normalisation, networks' shapes, validation rollouts and quality target.
+
+Both framework modules (torch.py, tensorflow.py) train on what ``prepare`` returns, so the two see
+the same pairs, split, normalisation, recipe and validation.
+"""
+
+import dataclasses
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from models.solver import vorticity
+
+from tasks.common.data import IN_MEMORY_BYTES, INPUTS, OUTPUTS, Normalizer, PairSource, StepCodec, split_of, training_net
+from tasks.common.errors import UserError
+from tasks.common.plots import vorticity_panels
+from tasks.common.store import file_sha256, load_manifest
+from tasks.workloads import Workload
+
+
+@dataclass
+class KarmanData:
+    """What a Kármán training run trains on, the same in every framework."""
+
+    dataset_dir: Path
+    manifest: dict
+    split: dict[str, list[str]]
+    recipe: object  # models.recipe.Recipe
+    train: PairSource
+    codec: StepCodec
+    net: object  # models.nets.config.NetConfig
+    validation: object | None  # tasks.infer.scoring.Validation on rank 0, else None
+
+    @property
+    def dataset_digest(self) -> str:
+        return self.manifest["digest"]
+
+    @property
+    def in_memory(self) -> bool:
+        return self.train.in_memory
+
+    def params(self, g_params: int, d_params: int) -> dict:
+        """The workload's own parameters of a run's record (MLflow params under their long-standing names)."""
+        return {"image_height": self.train.height, "image_width": self.train.width, "generator_depth": self.net.generator_depth,
+                "generator_params": g_params, "discriminator_params": d_params, "recipe_label": self.recipe.name,
+                **{f"recipe_{k}": v for k, v in dataclasses.asdict(self.recipe).items() if k != "name"}}
+
+
+def _pairs(settings, spec) -> tuple[Path, dict, dict, object, PairSource]:
+    dataset_dir = settings.dataset_dir(spec.dataset)
+    manifest = load_manifest(dataset_dir)
+    split = split_of(manifest, spec.val_simulations, spec.test_simulations, spec.seed)
+    recipe = spec.resolved_recipe()
+    return dataset_dir, manifest, split, recipe, PairSource(dataset_dir, split["train"], spec.frame_stride, unroll=recipe.unroll)
+
+
+def _net(source: PairSource, spec, recipe):
+    return training_net(source.height, source.width, spec.crop, spec.depth, ngf=recipe.ngf, ndf=recipe.ndf, norm=spec.norm,
+                        dropout=recipe.dropout, upsample=recipe.upsample, output=recipe.output)
+
+
+def prepare(settings, spec, main: bool = True) -> KarmanData:
+    """The training data of ``spec``: training sets that fit are decoded once and held in memory; the
+    normalisation is fitted by streaming over the training frames; rank 0 (``main``) loads the
+    validation simulations."""
+    from tasks.infer.scoring import Validation
+
+    dataset_dir, manifest, split, recipe, train = _pairs(settings, spec)
+    if train.nbytes <= IN_MEMORY_BYTES:  # decoded once, not per batch on the cores that train
+        train.hold_in_memory()
+    codec = StepCodec(Normalizer.fit(train), train.change_rms().tolist() if recipe.predict == "delta" else None)
+    net = _net(train, spec, recipe)
+    validation = (Validation.of(dataset_dir, manifest, split["val"], codec, net, spec.frame_stride, spec.validate_every,
+                                spec.validate_steps, spec.target_vorticity, spec.target_steps) if main else None)
+    return KarmanData(dataset_dir, manifest, split, recipe, train, codec, net, validation)
+
+
+def check(settings, spec, batch_sizes: list[int], world: int, memory: int | None = None) -> None:
+    """What can be refused before any run starts (reads the dataset's metadata only): the frames must
+    fit the U-Net, each batch must split over the devices and fit in the training pairs, and (given a
+    device's ``memory`` in bytes) the estimated memory of a step must fit it."""
+    _, _, _, recipe, source = _pairs(settings, spec)
+    net = _net(source, spec, recipe)
+    for b in batch_sizes:
+        if b % world:
+            raise UserError(f"batch size {b} does not split evenly over {world} devices; use a multiple of {world}")
+        if b > len(source):
+            raise UserError(f"batch size {b} exceeds the {len(source)} training pairs of dataset {spec.dataset!r}")
+    if memory:
+        side = (spec.crop, spec.crop) if spec.crop else (source.height, source.width)
+        need = net.training_bytes(max(batch_sizes) // world, *side, recipe.unroll)
+        if need > 0.8 * memory:  # the rest for the data, the framework and everything else on the host
+            raise UserError(f"ngf {recipe.ngf} and ndf {recipe.ndf} at batch {max(batch_sizes)} need about {need / 2**30:.3g} GiB a device "
+                            f"to train ({sum(net.weight_count()):,} parameters), more than 80% of the {memory / 2**30:.3g} GiB this {spec.device} "
+                            "device has; use narrower networks or a smaller batch (the paper's width is 64)")
+
+
+def digest(settings, dataset: str) -> str:
+    return load_manifest(settings.dataset_dir(dataset))["digest"]
+
+
+def largest_corner(x: np.ndarray, unit: int) -> np.ndarray:
+    """The largest top-left corner of (..., H, W) whose sides are multiples of ``unit`` (what a U-Net
+    trained on crops takes)."""
+    return x[..., : x.shape[-2] - x.shape[-2] % unit, : x.shape[-1] - x.shape[-1] % unit]
+
+
+def sample_figure(forward: Callable[[np.ndarray], np.ndarray], source: PairSource, codec: StepCodec, path: Path, unit: int) -> Path:
+    """Vorticity of one-step predictions against targets for three training pairs; ``forward`` maps
+    encoded states (B, 4, H, W) to the network's outputs (B, 3, H, W) (any framework, on the CPU)."""
+    picks = np.linspace(0, len(source) - 1, 3).astype(int)
+    cond, ref = source.physical(picks)  # (3, 4, H, W), (3, 3, H, W)
+    # A model trained on crops may not take whole frames: show the largest corner it takes.
+    cond, ref = largest_corner(cond, unit), largest_corner(ref[:, :3], unit)  # the first step's target
+    pred = codec.next_state(cond, forward(codec.norm.encode(cond)))  # (3, 3, H, W)
+    mask = cond[:, 3] > 0.5
+    w_pred = vorticity(pred[:, 0], pred[:, 1], mask)
+    w_ref = vorticity(ref[:, 0], ref[:, 1], mask)
+    return vorticity_panels(w_pred, w_ref, [f"pair {j}" for j in picks], path, "one-step predictions (training pairs)")
+
+
+def model_meta(net, codec: StepCodec, spec, manifest: dict, split: dict, framework: str, weights: Path) -> dict:
+    """meta.json of a trained model: what a rollout needs besides the weights, and the weights file's name, size and checksum."""
+    return {"net": dataclasses.asdict(net), "normalizer": dataclasses.asdict(codec.norm), "inputs": INPUTS, "outputs": OUTPUTS,
+            "predict": "delta" if codec.delta_scale is not None else "state", "delta_scale": codec.delta_scale,
+            "recipe": spec.resolved_recipe().name, "frame_stride": spec.frame_stride, "dataset": spec.dataset, "dataset_digest": manifest["digest"],
+            "split": split, "framework": framework, "weights_file": weights.name,
+            "train_reynolds": sorted(float(manifest["simulations"][s]["spec"]["reynolds"]) for s in split["train"]),
+            # what a rollout checks before it uses the weights: their size (before any work) and checksum (on loading)
+            "generator_bytes": weights.stat().st_size, "generator_sha256": file_sha256(weights)}
+
+
+WORKLOAD = Workload(
+    name="karman",
+    title="Pix2Pix surrogate of a Kármán vortex street",
+    data="lattice-Boltzmann simulations of channel flow past obstacles (python -m flows generate)",
+    frameworks=("torch", "tensorflow"),
+    main_loss="loss_l1",
+    target="vorticity relative L2 within the target for the first target-steps steps of every validation rollout",
+    prepare=prepare,
+    check=check,
+    digest=digest,
+)
