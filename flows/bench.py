@@ -163,20 +163,26 @@ def add_bench_commands(sub) -> None:
 
 
 def _bench_quality(args: argparse.Namespace) -> dict:
-    from tasks.bench.quality import QualityTarget, bench_quality
+    from pydantic import ValidationError
+
+    from tasks.bench.quality import bench_quality
     from tasks.common.settings import Settings
+    from tasks.common.specs import TrainSpec
 
     settings = Settings.from_env()
     folders = [settings.dataset_dir(name) for name in [args.dataset, *args.extra_dataset]]
     for folder in folders:
         if not (folder / "manifest.json").is_file():
             raise ValueError(f"no dataset at {folder} (no manifest.json); make one with python -m flows generate --dataset {folder.name}")
-    overrides = {name: getattr(args, name) for name in ("predict", "upsample", "schedule", "noise", "unroll", "gan_weight",
-                                                         "l1_weight", "lr", "ngf", "ndf")}
-    return bench_quality(folders[0], args.device, args.batch_size, args.time_budget, args.epochs, args.recipe, overrides,
-                         tuple(range(args.seed, args.seed + args.repeats)), QualityTarget(args.target_vorticity, args.target_steps),
-                         args.validate_every, args.validate_steps, args.stop_at_target, args.test_steps,
-                         tuple((f, args.extra_steps) for f in folders[1:]), args.threads, args.compile)
+    fields = ("dataset", "device", "time_budget", "epochs", "recipe", "predict", "upsample", "schedule", "noise", "unroll", "gan_weight",
+              "l1_weight", "lr", "ngf", "ndf", "seed", "target_vorticity", "target_steps", "validate_every", "validate_steps",
+              "stop_at_target", "threads", "compile")
+    try:
+        spec = TrainSpec(batch_sizes=[args.batch_size], **{name: getattr(args, name) for name in fields if getattr(args, name) is not None})
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        raise ValueError(f"--{'-'.join(str(p) for p in err['loc']).replace('_', '-')}: {err['msg']}".replace("Value error, ", "")) from None
+    return bench_quality(settings, spec, args.repeats, args.test_steps, tuple((f, args.extra_steps) for f in folders[1:]))
 
 
 def run_bench(args: argparse.Namespace) -> int:

@@ -67,6 +67,7 @@ class TrainSummary(Record):
     epochs_to_target: int | None = None
     samples_to_target: int | None = None
     validation: dict[str, float | None] = Field(default_factory=dict, description="The last validation's scores")
+    ended_by: Literal["epoch limit", "step limit", "time budget", "target reached", "?"] = Field(default="?", description="Why training ended")
 
 
 class TrainRecord(Record):

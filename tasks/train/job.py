@@ -8,32 +8,20 @@ each global batch.
 """
 
 import contextlib
-import importlib
 import logging
 import socket
 
-from tasks.common.errors import UserError
 from tasks.common.names import Tag
 from tasks.common.records import RECORD_FILE, TrainConfig, TrainRecord
 from tasks.common.settings import Settings
 from tasks.common.tracking import Run, client_for, code_version, system_metrics
 from tasks.train import loop
+from tasks.train.frameworks import open_runtime
 from tasks.train.plan import TrainPlan
 from tasks.workloads import framework_module, get_workload
 
 log = logging.getLogger("karman.train")
 SYSTEM_METRICS_EVERY_S = 5
-# The framework seam: each framework's runtime for the loop, a module with open_runtime(plan),
-# imported only in its own child (tensorflow and torch_xla never meet in one process).
-RUNTIMES = {"torch": "tasks.train.runtime_torch", "tensorflow": "tasks.train.runtime_keras"}
-
-
-def runtime_module(framework: str):
-    if framework not in RUNTIMES:
-        raise UserError(f"unknown framework {framework!r}; choose one of {', '.join(RUNTIMES)}")
-    return importlib.import_module(RUNTIMES[framework])
-
-
 class MlflowRecorder:
     """The loop's measurements into the run (rank 0): step metrics in batches, epoch metrics by epoch."""
 
@@ -51,7 +39,7 @@ def run_training(job: dict) -> dict | None:
     """Train one configuration; rank 0 returns the run's record, other ranks None."""
     plan, settings = TrainPlan(**job["plan"]), Settings(**job["settings"])
     spec, batch_size, run_id, resume = plan.spec, int(job["batch_size"]), job["run_id"], plan.resume is not None
-    runtime = runtime_module(plan.framework).open_runtime(plan)
+    runtime = open_runtime(plan)
     if not runtime.is_main:  # one voice per run: rank 0 reports
         log.setLevel(logging.WARNING)
     try:

@@ -204,7 +204,7 @@ def train(trainer: Trainer, runtime: Runtime, recorder: Recorder, spec: TrainSpe
         last_epoch = stopping is not None or epoch == limits.epochs or at_step_limit
         reached = 0.0
         if runtime.is_main and trainer.has_validation and limits.validate_every > 0 and (epoch % limits.validate_every == 0 or last_epoch):
-            reached = _validate(trainer, history, epoch, time.perf_counter() - clock_t0, metrics, limits, log)
+            reached = _validate(trainer, history, epoch, clock_t0, metrics, limits, log)
         if runtime.world_size > 1:  # rank 0 judged the target: every rank stops with it
             reached = runtime.agree([reached])[0]
         if reached > 0 and stopping is None:
@@ -219,6 +219,7 @@ def train(trainer: Trainer, runtime: Runtime, recorder: Recorder, spec: TrainSpe
         fraction = 1.0 if ends else spec.progress(history.train_s, history.global_step, steps_per_epoch)
         progress.epoch(epoch, metrics, history.last_losses, fraction, history.train_s)
         if at_step_limit:
+            stopping = stopping or "step limit"
             break
         if stopping is not None:
             log.info("training stops after epoch %d: %s (%.1f s of training)", epoch, stopping, history.train_s)
@@ -226,24 +227,25 @@ def train(trainer: Trainer, runtime: Runtime, recorder: Recorder, spec: TrainSpe
     history.warmup_s.append(warmup_s if warmup_s is not None else float("nan"))
     if not runtime.is_main:
         return None
-    return summary(history, steps_per_epoch * batch_size)
+    return summary(history, steps_per_epoch * batch_size, stopping or "epoch limit")
 
 
-def _validate(trainer: Trainer, history: History, epoch: int, train_s: float, metrics: dict, limits: Limits, log) -> float:
+def _validate(trainer: Trainer, history: History, epoch: int, clock_t0: float, metrics: dict, limits: Limits, log) -> float:
     """Score validation into the epoch's ``metrics`` and, the first time the target holds, the time to
-    target into ``history``; 1.0 if training should stop at it."""
+    target into ``history`` (validation counts as training time); 1.0 if training should stop at it."""
     scores = trainer.evaluate()
+    train_s = time.perf_counter() - clock_t0
     history.validation = scores
     metrics |= {f"val_{k}": v for k, v in scores.items() if math.isfinite(v)}
     if not trainer.reached(scores) or history.target is not None:
         return 0.0
-    history.target = {"time_to_target_s": train_s, "epochs_to_target": epoch, "samples_to_target": history.samples}  # validation counts as training time
+    history.target = {"time_to_target_s": train_s, "epochs_to_target": epoch, "samples_to_target": history.samples}
     metrics |= history.target
     log.info("quality target reached after %.1f s, epoch %d, %d samples", train_s, epoch, history.samples)
     return float(limits.stop_at_target)
 
 
-def summary(history: History, samples_per_epoch: int) -> TrainSummary:
+def summary(history: History, samples_per_epoch: int, ended_by: str) -> TrainSummary:
     """The finished run's summary: its epoch time is the median epoch without the first (the warm-up)."""
     steady = history.epoch_s[1:] or history.epoch_s
     time_per_epoch = float(np.median(steady))
@@ -255,7 +257,7 @@ def summary(history: History, samples_per_epoch: int) -> TrainSummary:
         samples_seen=history.samples, final_losses={k: finite(v) for k, v in history.last_losses.items()},
         target_reached=history.target is not None, time_to_target_s=target.get("time_to_target_s"),
         epochs_to_target=target.get("epochs_to_target"), samples_to_target=target.get("samples_to_target"),
-        validation={k: finite(v) for k, v in history.validation.items()})
+        validation={k: finite(v) for k, v in history.validation.items()}, ended_by=ended_by)
 
 
 def _check_finite(values: dict[str, float], epoch: int, global_step: int, checkpoint: Path | None, rows: _StepRows) -> None:

@@ -14,15 +14,10 @@ from tasks.common.settings import Settings
 from tasks.common.specs import TrainSpec
 from tasks.common.store import load_manifest, writer_lock
 from tasks.common.tracking import training_run
+from tasks.train.frameworks import framework
 from tasks.workloads import get_workload
 
 JOB_FILE = "job.json"  # the run's configuration, kept with its checkpoint for --resume
-CHECKPOINTS = {"torch": "checkpoint.pt", "tensorflow": "checkpoint.npz"}  # each framework's runtime writes it after every epoch
-
-
-def checkpoint_name(framework: str) -> str:
-    """The file name of a ``framework`` run's checkpoint (beside its job file)."""
-    return CHECKPOINTS[framework]
 
 
 class TrainPlan(BaseModel):
@@ -120,7 +115,7 @@ def resume_plan(settings: Settings, spec: TrainSpec) -> tuple[TrainSpec, int]:
         pass
     stored = json.loads(job_file.read_text())
     stored_spec = TrainSpec(**stored["spec"])
-    check_checkpoint(settings.run_dir(run_id) / checkpoint_name(stored_spec.framework))
+    check_checkpoint(settings.run_dir(run_id) / framework(stored_spec.framework).checkpoint)
     for name in sorted(spec.model_fields_set - {"resume"}):
         mine, theirs = getattr(spec, name), getattr(stored_spec, name)
         if mine != theirs:

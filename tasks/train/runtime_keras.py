@@ -9,7 +9,7 @@ import numpy as np
 from models.host import host_peak_memory_mb
 from tasks.common.errors import UserError
 from tasks.common.lifetime import request_stop_on_signals
-from tasks.train.plan import CHECKPOINTS, TrainPlan
+from tasks.train.frameworks import FRAMEWORKS
 
 
 
@@ -17,7 +17,7 @@ class KerasRuntime:
     """TensorFlow under one strategy: default, mirrored, multiworker (one process per device) or tpu."""
 
     framework = "tensorflow"
-    checkpoint = CHECKPOINTS["tensorflow"]
+    checkpoint = FRAMEWORKS["tensorflow"].checkpoint
 
     def __init__(self, device: str, strategy: str, world: int, threads: int | None = None):
         import tensorflow as tf
@@ -95,6 +95,6 @@ class KerasRuntime:
         pass
 
 
-def open_runtime(plan: TrainPlan) -> KerasRuntime:
+def open_runtime(plan) -> KerasRuntime:
     """The plan's strategy over its world (this worker's share of it under multiworker)."""
     return KerasRuntime(plan.spec.device, plan.strategy, plan.world, plan.threads)

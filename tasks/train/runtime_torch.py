@@ -8,7 +8,7 @@ import torch
 from models.device import DeviceContext, keep_freed_memory, resolve_device
 from models.host import host_peak_memory_mb
 from tasks.common.errors import UserError
-from tasks.train.plan import CHECKPOINTS, TrainPlan
+from tasks.train.frameworks import FRAMEWORKS
 
 
 
@@ -28,7 +28,7 @@ class TorchRuntime:
 
     framework = "torch"
     version = torch.__version__
-    checkpoint = CHECKPOINTS["torch"]
+    checkpoint = FRAMEWORKS["torch"].checkpoint
 
     def __init__(self, device: str, precision: str = "fp32", threads: int | None = None, data_parallel: bool = True):
         if threads:
@@ -124,6 +124,6 @@ class TorchRuntime:
         self.ctx.close()
 
 
-def open_runtime(plan: TrainPlan) -> TorchRuntime:
+def open_runtime(plan) -> TorchRuntime:
     """The plan's device for this rank (torchrun's environment says which)."""
     return TorchRuntime(plan.spec.device, plan.spec.precision, plan.threads)

@@ -60,7 +60,7 @@ def test_a_missed_target_is_reported_as_such_and_stop_at_target_ends_the_run_the
     ((), "give a time budget or an epoch limit"),
     (("--epochs", "1", "--dataset", "nowhere"), "no dataset at"),
     (("--time-budget", "-5"), "-5.0 must be a positive number"),
-    (("--epochs", "1", "--target-steps", "9"), "target steps 9 exceed the validation rollout's 3 steps"),
+    (("--epochs", "1", "--target-steps", "9"), "target_steps 9 exceeds validate_steps 3"),
     (("--epochs", "1", "--batch-size", "500"), "batch size 500 exceeds the"),
 ])
 def test_bad_input_is_refused_with_one_line(data, args, fragment):

@@ -1,0 +1,30 @@
+"""The training stage's framework table: each framework's runtime module and checkpoint file, named without importing any framework."""
+
+import importlib
+from dataclasses import dataclass
+
+from tasks.common.errors import UserError
+
+
+@dataclass(frozen=True)
+class Framework:
+    runtime: str  # module with open_runtime(plan) -> the loop's Runtime, imported only in its own child
+    checkpoint: str  # the file the runtime writes after every epoch, beside the run's job file
+
+
+FRAMEWORKS = {
+    "torch": Framework("tasks.train.runtime_torch", "checkpoint.pt"),
+    "tensorflow": Framework("tasks.train.runtime_keras", "checkpoint.npz"),
+}
+
+
+def framework(name: str) -> Framework:
+    """The framework ``name``; UserError listing the valid names for any other."""
+    if name not in FRAMEWORKS:
+        raise UserError(f"unknown framework {name!r}; choose one of {', '.join(FRAMEWORKS)}")
+    return FRAMEWORKS[name]
+
+
+def open_runtime(plan):
+    """The plan's framework on its device, for this rank (imports the framework)."""
+    return importlib.import_module(framework(plan.framework).runtime).open_runtime(plan)
