@@ -76,3 +76,24 @@ def test_a_run_of_bench_quality_loads_neither_prefect_nor_mlflow(data):
                          env={**os.environ, "PYTHONPATH": str(ROOT)})
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.strip().splitlines()[-1] == "[]"
+
+
+def test_bench_quality_trains_as_train_does_the_same_seed_gives_the_same_losses(data):
+    """One loop: the same spec through `train` (a child process, MLflow) and through bench-quality (in
+    process, nothing recorded) takes the same steps and ends with the same losses."""
+    from mlflow.tracking import MlflowClient
+
+    from tasks.common.records import RECORD_FILE, TrainRecord
+
+    common = ("--dataset", "tiny", "--ngf", "8", "--ndf", "8", "--threads", "1", "--epochs", "2", "--seed", "5", "--validate-steps", "3",
+              "--target-steps", "1")
+    trained = run_cli("train", *common, "--batch-sizes", "4", "--validate-every", "0", "--json", cwd=data)
+    assert trained.returncode == 0, trained.stderr[-3000:]
+    run_id = json.loads(trained.stdout.strip().splitlines()[-1])["run_id"]
+    client = MlflowClient(tracking_uri=os.environ["MLFLOW_TRACKING_URI"])
+    record = TrainRecord.model_validate_json((data / client.download_artifacts(run_id, RECORD_FILE, str(data))).read_text())
+    benched = bench(data, "--epochs", "2", "--seed", "5", "--validate-every", "2")["runs"][0]
+    assert benched["steps"] == record.summary.steps and benched["epochs"] == record.summary.epochs == 2
+    assert set(benched["final_losses"]) == set(record.summary.final_losses) >= {"loss_l1"}
+    for name, value in record.summary.final_losses.items():
+        assert benched["final_losses"][name] == pytest.approx(value, rel=1e-6, abs=1e-9), name
