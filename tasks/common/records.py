@@ -129,7 +129,7 @@ class TrainRecord(Record):
             batch = config.batch_size
             # runs of that version logged every epoch's samples/s under samples_per_s (MLflow shows the last): an epoch's
             # samples over the median epoch time is the run's value
-            samples = (config.train_samples // batch) * batch / m["time_per_epoch_s"] if batch and config.train_samples else m.get("samples_per_s")
+            samples = (config.train_samples // batch) * batch / m["time_per_epoch_s"] if batch and config.train_samples else m.get("samples_per_s", math.nan)
             summary = TrainSummary(
                 epochs=int(m.get("epochs", 0)), steps=int(m.get("steps", 0)), warmup_s=m.get("warmup_s"), time_per_epoch_s=m["time_per_epoch_s"],
                 samples_per_s=samples, train_time_s=m.get("train_time_s", 0.0), samples_seen=int(m.get("samples_seen", 0)),

@@ -2,11 +2,14 @@
 
 import datetime as dt
 import re
+import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 
 from prefect import get_run_logger, task
 
 from tasks.common.names import Tag
+from tasks.common.records import RECORD_FILE, TrainRecord
 from tasks.common.plots import bar_chart
 from tasks.common.settings import Settings
 from tasks.common.specs import AggregateSpec
@@ -38,29 +41,30 @@ def study_table(results: list[dict]) -> list[dict]:
     return sorted(rows, key=lambda r: (r["device"], r["batch_size"], r["run"]))
 
 
-def quality_table(runs) -> list[dict]:
-    """Time to the quality target per configuration (framework, device, batch size, recipe, target),
+def quality_table(entries: list["TrainEntry"]) -> list[dict]:
+    """Time to the quality target per configuration (workload, framework, device, batch size, setting, target),
     MLPerf-style over its repeated runs (seeds): the mean time-to-target with the fastest and slowest
     dropped when at least three runs reached it, their spread, and how many runs never reached it."""
     groups: dict[tuple, list] = {}
-    for r in runs:
-        p, m = r.data.params, r.data.metrics
-        if r.info.status != "FINISHED" or "train_time_s" not in m:
-            continue  # runs from before time-to-target was recorded have no place here
-        key = (p.get("framework", "torch"), p.get("device", "?"), int(p.get("world_size", 1)), int(p.get("batch_size", 0)),
-               p.get("recipe_label", "?"), f"vorticity <= {p.get('target_vorticity', '?')} for {p.get('target_steps', '?')} steps")
-        groups.setdefault(key, []).append(r)
+    for e in entries:
+        if e.status != "FINISHED" or e.record.summary is None:
+            continue
+        c, spec = e.record.config, e.record.config.spec
+        target = (f"vorticity <= {spec.target_vorticity:g} for {spec.target_steps} steps" if c.workload == "karman"
+                  else _workload_words(c.workload, "target"))
+        key = (c.framework, c.device, c.world_size, c.batch_size, c.workload_params.get("recipe_label", c.workload), target)
+        groups.setdefault(key, []).append(e)
     rows = []
     nan = float("nan")
     for (framework, device, world, batch, recipe, target), members in sorted(groups.items()):
-        times = sorted(m.data.metrics["time_to_target_s"] for m in members if m.data.metrics.get("target_reached") == 1.0)
+        times = sorted(m.record.summary.time_to_target_s for m in members if m.record.summary.target_reached)
         kept = times[1:-1] if len(times) >= 3 else times
-        missed = [m.info.run_id[:8] for m in members if m.data.metrics.get("target_reached") != 1.0]
+        missed = [m.run_id[:8] for m in members if not m.record.summary.target_reached]
         rows.append({"framework": framework, "device": f"{device} x{world}", "batch_size": batch, "recipe": recipe, "target": target,
                      "runs": len(members), "reached": len(times),
                      "time_to_target_s": sum(kept) / len(kept) if kept else nan,
                      "fastest_s": times[0] if times else nan, "slowest_s": times[-1] if times else nan,
-                     "time_per_epoch_s": sorted(m.data.metrics.get("time_per_epoch_s", nan) for m in members)[len(members) // 2],
+                     "time_per_epoch_s": sorted(m.record.summary.time_per_epoch_s for m in members)[len(members) // 2],
                      "not_reached": ", ".join(missed) or "-"})
     return rows
 
@@ -157,68 +161,103 @@ def table_markdown(rows: list[dict], columns: dict[str, str], links=None) -> str
     return "\n".join(lines) + "\n"
 
 
-def _threads(params: dict) -> int | None:
-    found = re.search(r"\((\d+) threads\)", params.get("device_name", ""))
-    return int(found.group(1)) if found else None
+@dataclass(frozen=True)
+class TrainEntry:
+    """A training run as the report reads it: MLflow's facts of the run and its typed record."""
+
+    run_id: str
+    run_name: str
+    status: str
+    error: str
+    record: TrainRecord
 
 
-def _budget(params: dict) -> str:
-    if params.get("time_budget", "None") != "None":
-        return f"{float(params['time_budget']):g} s"
-    if params.get("max_steps", "None") != "None":
-        return f"{params['max_steps']} steps"
-    return f"{params['epochs']} epochs" if params.get("epochs", "None") != "None" else "3 epochs"
+def training_records(client, runs) -> tuple[list[TrainEntry], list[str]]:
+    """The record of every finished or failed training run: its record.json, or for a run logged before
+    records existed, the record read back from its params. Also one line for each run left out and why."""
+    from pydantic import ValidationError
 
-
-def setting_label(params: dict, framework: bool = True) -> str:
-    """What a training run's setting is, in words: framework (unless not asked for), precision, recipe, widths, budget, threads."""
-    threads = _threads(params)
-    recipe = params.get("recipe_label", "?")
-    parts = ([params.get("framework", "torch")] if framework else []) + [params.get("precision", "fp32"), f"recipe {recipe}"]
-    if "ngf=" not in recipe:
-        parts.append(f"ngf {params.get('recipe_ngf', params.get('ngf', '?'))}")
-    parts.append(f"budget {_budget(params)}")
-    if params.get("crop", "None") != "None":
-        parts.append(f"crop {params['crop']}")
-    if threads:
-        parts.append(f"{threads} CPU thread{'s' if threads > 1 else ''}")
-    if params.get("dataset_digest"):
-        parts.append(f"data {params['dataset_digest'][:8]}")
-    return ", ".join(parts)
-
-
-def _samples_per_s(params: dict, metrics: dict) -> float:
-    """The run's samples/s over its s/epoch (the median epoch without the first): an epoch's samples
-    over ``time_per_epoch_s``, which the metric of that name holds. Runs logged before each epoch's
-    value moved to ``epoch_samples_per_s`` hold every epoch's under it too, and MLflow shows the last
-    epoch's: hence the computation; runs without ``train_pairs`` fall back to the metric."""
-    pairs, batch = params.get("train_pairs"), int(params.get("batch_size", 0) or 0)
-    if pairs and pairs.isdigit() and batch and metrics.get("time_per_epoch_s"):
-        return (int(pairs) // batch) * batch / metrics["time_per_epoch_s"]
-    return metrics.get("samples_per_s", float("nan"))
-
-
-def train_rows(runs) -> list[dict]:
-    """One row per training run (finished or failed) with the settings that define it."""
-    rows = []
-    nan = float("nan")
+    entries, left_out = [], []
     for r in runs:
         if r.info.status not in ("FINISHED", "FAILED"):
             continue
-        p, m = r.data.params, r.data.metrics
-        finished = r.info.status == "FINISHED" and "time_per_epoch_s" in m
-        rows.append({"run": r.info.run_id, "setting": setting_label(p), "shared_setting": setting_label(p, framework=False),
-                     "framework": p.get("framework", "torch"), "strategy": p.get("strategy", "?"),
-                     "device": f"{p.get('device', '?')} x{p.get('world_size', 1)}", "batch_size": int(p.get("batch_size", 0) or 0),
-                     "threads": _threads(p), "precision": p.get("precision", "fp32"), "recipe": p.get("recipe_label", "?"),
-                     "budget": _budget(p), "epochs": int(m["epochs"]) if "epochs" in m else None, "seed": p.get("seed", "?"),
-                     "status": "FINISHED" if finished else "FAILED",
-                     "time_per_epoch_s": m.get("time_per_epoch_s", nan) if finished else nan,
-                     "samples_per_s": _samples_per_s(p, m) if finished else nan,
-                     "final_l1": m.get("final_l1", nan) if finished else nan,
-                     "time_to_target_s": m.get("time_to_target_s", nan) if finished else nan,
-                     "val_horizon_vorticity": m.get("val_horizon_vorticity", nan) if finished else nan,
-                     "error": r.data.tags.get(Tag.ERROR, "")[:120] if not finished else ""})
+        finished = r.info.status == "FINISHED" and "time_per_epoch_s" in r.data.metrics
+        try:
+            if any(a.path == RECORD_FILE for a in client.list_artifacts(r.info.run_id)):
+                with tempfile.TemporaryDirectory() as tmp:
+                    record = TrainRecord.model_validate_json(Path(client.download_artifacts(r.info.run_id, RECORD_FILE, tmp)).read_text())
+            else:
+                record = TrainRecord.from_mlflow(r.data.params, r.data.metrics, finished)
+        except ValidationError as exc:
+            left_out.append(f"{r.info.run_name} ({r.info.run_id[:8]}): its record does not read ({exc.errors()[0]['msg']})")
+            continue
+        status = "FINISHED" if finished and record.summary is not None else "FAILED"
+        entries.append(TrainEntry(r.info.run_id, r.info.run_name or "", status, r.data.tags.get(Tag.ERROR, "")[:120], record))
+    return entries, left_out
+
+
+def _workload_words(name: str, what: str) -> str:
+    """A workload's ``what`` (title, target) from the table; the bare name where this process does not know it."""
+    from tasks.common.errors import UserError
+    from tasks.workloads import get_workload
+
+    try:
+        return getattr(get_workload(name), what)
+    except UserError:
+        return name
+
+
+def _budget(spec) -> str:
+    if spec.time_budget is not None:
+        return f"{spec.time_budget:g} s"
+    if spec.max_steps is not None:
+        return f"{spec.max_steps} steps"
+    return f"{spec.epoch_limit} epochs"
+
+
+def setting_label(record: TrainRecord, framework: bool = True) -> str:
+    """What a training run's setting is, in words: workload, framework (unless not asked for), precision, the
+    workload's own settings (recipe, widths), budget, threads, data."""
+    from tasks.common.errors import UserError
+    from tasks.workloads import get_workload
+
+    c = record.config
+    try:
+        own = get_workload(c.workload).setting(c.spec)
+    except UserError:  # a workload this process does not know: its recorded label
+        own = str(c.workload_params.get("recipe_label", "?"))
+    parts = [c.workload] + ([c.framework] if framework else []) + [c.spec.precision, own, f"budget {_budget(c.spec)}"]
+    if c.threads:
+        parts.append(f"{c.threads} CPU thread{'s' if c.threads > 1 else ''}")
+    if c.dataset_digest:
+        parts.append(f"data {c.dataset_digest[:8]}")
+    return ", ".join(parts)
+
+
+def _number(value: float | None) -> float:
+    return float("nan") if value is None else value
+
+
+def train_rows(entries: list[TrainEntry]) -> list[dict]:
+    """One row per training run (finished or failed) with the settings that define it."""
+    rows = []
+    nan = float("nan")
+    for e in entries:
+        c, s = e.record.config, e.record.summary
+        done = e.status == "FINISHED"
+        main_loss = s.final_losses.get("loss_l1", next(iter(s.final_losses.values()), None)) if done else None
+        rows.append({"run": e.run_id, "setting": setting_label(e.record), "shared_setting": setting_label(e.record, framework=False),
+                     "workload": c.workload, "framework": c.framework, "strategy": c.strategy,
+                     "device": f"{c.device} x{c.world_size}", "batch_size": c.batch_size,
+                     "threads": c.threads, "precision": c.spec.precision, "recipe": c.workload_params.get("recipe_label", "–"),
+                     "budget": _budget(c.spec), "epochs": s.epochs if s else None, "seed": c.spec.seed,
+                     "status": e.status, "older": e.record.version < 2,
+                     "time_per_epoch_s": s.time_per_epoch_s if done else nan,
+                     "samples_per_s": s.samples_per_s if done else nan,
+                     "final_l1": main_loss if main_loss is not None else nan,
+                     "time_to_target_s": s.time_to_target_s if done and s.time_to_target_s is not None else nan,
+                     "val_horizon_vorticity": _number(s.validation.get("horizon_vorticity")) if done else nan,
+                     "error": e.error if not done else ""})
     return sorted(rows, key=lambda row: (row["setting"], row["device"], row["batch_size"], str(row["seed"])))
 
 
@@ -316,7 +355,7 @@ def infer_rows(runs) -> list[dict]:
 
 # Tables narrow enough to read in the Prefect UI: a run's settings and its results side by side would
 # run off the right edge, so each is a table of its own, keyed by the run.
-TRAIN_SETTINGS_COLUMNS = {"run": "run", "framework": "framework", "device": "device", "batch_size": "batch", "threads": "threads", "precision": "precision",
+TRAIN_SETTINGS_COLUMNS = {"run": "run", "workload": "workload", "framework": "framework", "device": "device", "batch_size": "batch", "threads": "threads", "precision": "precision",
                           "recipe": "recipe", "budget": "budget", "seed": "seed", "status": "status"}
 TRAIN_RESULT_COLUMNS = {"run": "run", "epochs": "epochs", "time_per_epoch_s": "s/epoch", "samples_per_s": "samples/s",
                         "final_l1": "final L1", "time_to_target_s": "to target [s]"}
@@ -414,8 +453,10 @@ def publish_artifacts(name: str, markdown: str, train_table: list[dict], infer_t
 
 def build_report(settings: Settings, name: str, scope: str, runs, exp_id: str, out: Path) -> tuple[str, list[Path], dict]:
     """report.md's text and figures (written to ``out``) over ``runs``; returns the text, the figures and the tables."""
-    trains = train_rows([r for r in runs if r.data.tags.get(Tag.STAGE) == "train"])
-    quality = quality_table([r for r in runs if r.data.tags.get(Tag.STAGE) == "train"])
+    entries, left_out = training_records(client_for(settings), [r for r in runs if r.data.tags.get(Tag.STAGE) == "train"])
+    trains = train_rows(entries)
+    quality = quality_table(entries)
+    older = [r["run"][:8] for r in trains if r["older"]]
     rollouts = infer_rows([r for r in runs if r.data.tags.get(Tag.STAGE) == "infer"])
     failed = [r for r in runs if r.info.status == "FAILED"]
     link = lambda rid: run_link(settings, exp_id, rid)  # noqa: E731
@@ -461,7 +502,9 @@ def build_report(settings: Settings, name: str, scope: str, runs, exp_id: str, o
              "## Is the surrogate worth it?\n",
              "\n".join(f"- {link(r['run'])} ({r['mode']} x{r['workers']}, {r['regime']}): {r['verdict']}" for r in rollouts if r["verdict"])
              or "_no rollout with a verdict_", "",
-             f"## Failed runs\n\n{len(failed)} failed run(s)" + (": " + ", ".join(f"{r.info.run_name} ({link(r.info.run_id)})" for r in failed) if failed else "") + "\n"]
+             (f"Runs logged before run records existed, read back from their MLflow params: {', '.join(older)}.\n" if older else "")
+            + "".join(f"- left out: {line}\n" for line in left_out),
+            f"## Failed runs\n\n{len(failed)} failed run(s)" + (": " + ", ".join(f"{r.info.run_name} ({link(r.info.run_id)})" for r in failed) if failed else "") + "\n"]
     text += [f"![{f.stem}]({f.name})\n" for f in figures]
     return "\n".join(text), figures, {"train_rows": trains, "infer_rows": rollouts, "quality_rows": quality,
                                       "framework_rows": [row for table in frameworks.values() for row in table]}

@@ -12,10 +12,10 @@ from tasks.common.errors import UserError
 from tasks.common.launch import device_env, run_child
 from tasks.common.settings import Settings
 from tasks.common.specs import TrainSpec
-from tasks.common.store import load_manifest, writer_lock
+from tasks.common.store import writer_lock
 from tasks.common.tracking import training_run
 from tasks.train.frameworks import framework
-from tasks.workloads import get_workload
+from tasks.workloads import check_framework, get_workload
 
 JOB_FILE = "job.json"  # the run's configuration, kept with its checkpoint for --resume
 
@@ -135,9 +135,10 @@ def plan_training(settings: Settings, spec: TrainSpec, log) -> TrainPlan:
     if resume:
         spec, batch = resume_plan(settings, spec)
         batch_sizes = [batch]
+    check_framework(get_workload(spec.workload), spec.framework)
     if spec.threads and spec.threads > cpu_cores():
         raise UserError(f"--threads {spec.threads} exceeds the {cpu_cores()} CPU cores of this host; use at most {cpu_cores()}")
-    load_manifest(settings.dataset_dir(spec.dataset))
+    get_workload(spec.workload).dataset_info(settings, spec.dataset)  # UserError for a dataset that is not there
     probed = None
     if spec.device != "cpu":
         probed = run_child("probe", probe.BODY, {"device": spec.device}, log, env=device_env(spec.device, spec.world_size, spec.framework),

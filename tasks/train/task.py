@@ -11,10 +11,11 @@ from tasks.common.progress import Progress
 from tasks.common.records import TrainRecord
 from tasks.common.settings import Settings
 from tasks.common.specs import TrainSpec
-from tasks.common.store import load_manifest, write_json_atomic, writer_lock
+from tasks.common.store import write_json_atomic, writer_lock
 from tasks.common.tracking import client_for, mlflow_run, run_url
 from tasks.report.task import markdown_table, study_table
 from tasks.train.plan import JOB_FILE, TrainPlan
+from tasks.workloads import get_workload
 
 BODY = "tasks.train.job:run_training"  # the training job's body, run in the child
 
@@ -40,13 +41,12 @@ def train_model(settings: Settings, plan: TrainPlan, batch_size: int, parent_run
     logger = get_run_logger()
     spec, world, resume_run_id = plan.spec, plan.world, plan.resume
     dataset_dir = settings.dataset_dir(spec.dataset)
-    manifest = load_manifest(dataset_dir)
-    digest = manifest["digest"]
+    workload = get_workload(spec.workload)
+    digest, profile = workload.dataset_info(settings, spec.dataset)
     name = f"train-{spec.device}-b{batch_size}" if spec.framework == "torch" else f"train-{spec.framework}-{spec.device}-b{batch_size}"
-    description = (f"Pix2Pix, recipe {spec.resolved_recipe().name}, trained with {spec.framework} on dataset `{spec.dataset}` ({len(manifest['simulations'])} "
-                   f"simulations) on {spec.device} x{world}{f' ({plan.strategy} strategy)' if spec.framework == 'tensorflow' else ''}, global batch {batch_size}, {spec.precision}, for {_budget_words(spec)}, seed {spec.seed}. "
+    description = (f"{workload.title}, {workload.setting(spec)}, trained with {spec.framework} on dataset `{spec.dataset}` ({', '.join(f'{v} {k}' for k, v in profile.items())}) on {spec.device} x{world}{f' ({plan.strategy} strategy)' if spec.framework == 'tensorflow' else ''}, global batch {batch_size}, {spec.precision}, for {_budget_words(spec)}, seed {spec.seed}. "
                    "Metrics: epoch_time_s per epoch; time_per_epoch_s is their median without the first epoch (warm-up); "
-                   "val_* are validation rollouts, logged against epochs; the generator is under Models.")
+                   "val_* are validation scores, logged against epochs; record.json holds the run's configuration and summary.")
     # batch_size, world_size and strategy are logged by the run itself, as they resolved
     params = None if resume_run_id else spec.model_dump(exclude={"batch_sizes", "resume", "world_size", "strategy", "cell"})
     with contextlib.ExitStack() as held:
@@ -58,7 +58,7 @@ def train_model(settings: Settings, plan: TrainPlan, batch_size: int, parent_run
         run_dir.mkdir(parents=True, exist_ok=True)
         if not resume_run_id:
             held.enter_context(writer_lock(run_dir, f"run {run.run_id}"))
-            run.log_dataset(spec.dataset, digest, dataset_dir, "training", {"simulations": len(manifest["simulations"])})
+            run.log_dataset(spec.dataset, digest, dataset_dir, "training", profile)
         job = {"plan": plan.model_dump(mode="json"), "settings": settings.model_dump(mode="json"), "run_id": run.run_id, "batch_size": batch_size}
         if not resume_run_id:
             write_json_atomic(run_dir / JOB_FILE, {"spec": spec.model_dump(mode="json"), "batch_size": batch_size})
@@ -94,7 +94,7 @@ def log_study_table(settings: Settings, parent_run_id: str, results: list[dict])
 
 def sweep_run(settings: Settings, spec: TrainSpec, parent_run_id: str | None = None):
     """The parent MLflow run of a batch-size sweep (a context manager; see tasks.common.tracking.mlflow_run)."""
-    digest = load_manifest(settings.dataset_dir(spec.dataset))["digest"]
+    digest, _ = get_workload(spec.workload).dataset_info(settings, spec.dataset)
     sizes = ",".join(map(str, spec.batch_sizes))
     return mlflow_run(settings, "train-sweep", f"train-sweep-{spec.device}-b{sizes}", params=spec.model_dump(exclude={"resume"}),
                       tags={Tag.DEVICE: spec.device, Tag.DATASET: spec.dataset, Tag.DATASET_DIGEST: digest},

@@ -9,7 +9,7 @@ through ``KARMAN_WORKLOADS=name=package.module,...`` (child processes inherit it
 
 import importlib
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Callable
 
 from tasks.common.errors import UserError
@@ -33,8 +33,8 @@ class Workload:
     target: str  # the quality target, in words
     prepare: Callable  # (settings, spec) -> the training data and everything the framework modules share (in the child)
     check: Callable  # (settings, spec, batch_sizes, world, memory bytes or None) -> None; UserError for what cannot run
-    digest: Callable  # (settings, dataset name) -> the dataset's digest (flow process)
-    tags: dict = field(default_factory=dict)
+    dataset_info: Callable  # (settings, dataset name) -> (its digest, a few facts for MLflow's dataset profile); UserError if missing
+    setting: Callable  # (spec) -> the workload's own settings of a run in a few words (recipe, widths), for descriptions and the report
 
     @property
     def synthetic(self) -> bool:
@@ -60,8 +60,13 @@ def get_workload(name: str) -> Workload:
     return importlib.import_module(f"{known[name]}.workload").WORKLOAD
 
 
-def framework_module(workload: Workload, framework: str):
-    """The module that builds ``workload``'s trainer in ``framework`` (imported here: its framework loads with it)."""
+def check_framework(workload: Workload, framework: str) -> None:
+    """UserError if ``workload`` has no module for ``framework``, naming those it has."""
     if framework not in workload.frameworks:
         raise UserError(f"workload {workload.name} has no {framework} version; it runs in {', '.join(workload.frameworks)}")
+
+
+def framework_module(workload: Workload, framework: str):
+    """The module that builds ``workload``'s trainer in ``framework`` (imported here: its framework loads with it)."""
+    check_framework(workload, framework)
     return importlib.import_module(f"{table()[workload.name]}.{framework}")

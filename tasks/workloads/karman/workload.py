@@ -97,8 +97,10 @@ def check(settings, spec, batch_sizes: list[int], world: int, memory: int | None
                             "device has; use narrower networks or a smaller batch (the paper's width is 64)")
 
 
-def digest(settings, dataset: str) -> str:
-    return load_manifest(settings.dataset_dir(dataset))["digest"]
+def dataset_info(settings, dataset: str) -> tuple[str, dict]:
+    """The dataset's digest and how many simulations it holds."""
+    manifest = load_manifest(settings.dataset_dir(dataset))
+    return manifest["digest"], {"simulations": len(manifest["simulations"])}
 
 
 def largest_corner(x: np.ndarray, unit: int) -> np.ndarray:
@@ -132,6 +134,12 @@ def model_meta(net, codec: StepCodec, spec, manifest: dict, split: dict, framewo
             "generator_bytes": weights.stat().st_size, "generator_sha256": file_sha256(weights)}
 
 
+def setting(spec) -> str:
+    """The recipe and its widths, in words."""
+    recipe = spec.resolved_recipe()
+    return f"recipe {recipe.name}" + ("" if "ngf=" in recipe.name else f", ngf {recipe.ngf}") + (f", crop {spec.crop}" if spec.crop else "")
+
+
 WORKLOAD = Workload(
     name="karman",
     title="Pix2Pix surrogate of a Kármán vortex street",
@@ -141,5 +149,6 @@ WORKLOAD = Workload(
     target="vorticity relative L2 within the target for the first target-steps steps of every validation rollout",
     prepare=prepare,
     check=check,
-    digest=digest,
+    dataset_info=dataset_info,
+    setting=setting,
 )

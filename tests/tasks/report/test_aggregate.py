@@ -5,7 +5,7 @@ import math
 import pytest
 from mlflow.tracking import MlflowClient
 
-from tasks.report.task import quality_table
+from tasks.report.task import quality_table, training_records
 
 
 def _run(client, exp, batch: int, seed: int, reached: bool, time_to_target: float, status: str = "FINISHED"):
@@ -23,6 +23,14 @@ def _run(client, exp, batch: int, seed: int, reached: bool, time_to_target: floa
     return rid
 
 
+def _records(client, exp):
+    """The entries of the experiment's training runs as the report reads them (these runs, logged as the
+    version before run records logged them, are read back from their params)."""
+    entries, left_out = training_records(client, client.search_runs([exp], "tags.`karman.stage` = 'train'"))
+    assert left_out == [] and all(e.record.version == 1 for e in entries)
+    return entries
+
+
 def test_time_to_quality_drops_the_fastest_and_slowest_and_lists_runs_that_missed(workdir):
     client = MlflowClient(tracking_uri=f"sqlite:///{workdir / 'q.db'}")
     exp = client.create_experiment("q", artifact_location=str(workdir / "art"))
@@ -32,7 +40,7 @@ def test_time_to_quality_drops_the_fastest_and_slowest_and_lists_runs_that_misse
     _run(client, exp, 8, 5, True, 1.0, status="FAILED")  # a failed run is no evidence either way
     _run(client, exp, 16, 0, True, 50.0)
     _run(client, exp, 16, 1, True, 30.0)
-    rows = quality_table(client.search_runs([exp], "tags.`karman.stage` = 'train'"))
+    rows = quality_table(_records(client, exp))
     b8, b16 = rows
     assert (b8["batch_size"], b8["runs"], b8["reached"]) == (8, 5, 4)
     assert b8["time_to_target_s"] == (70.0 + 100.0) / 2  # 40 and 160 dropped
@@ -46,7 +54,7 @@ def test_a_configuration_that_never_reached_the_target_has_no_time(workdir):
     client = MlflowClient(tracking_uri=f"sqlite:///{workdir / 'q.db'}")
     exp = client.create_experiment("q", artifact_location=str(workdir / "art"))
     _run(client, exp, 8, 0, False, 0.0)
-    (row,) = quality_table(client.search_runs([exp], "tags.`karman.stage` = 'train'"))
+    (row,) = quality_table(_records(client, exp))
     assert row["reached"] == 0 and math.isnan(row["time_to_target_s"]) and row["not_reached"] != "-"
 
 
@@ -76,7 +84,7 @@ def test_rows_are_compared_only_within_one_setting(workdir):
     _timed_run(client, exp, "cpu", 4, 2, 3, 12.0)
     for seed, t in enumerate((2.0, 3.0, 100.0)):  # the median of three seeds, not their mean
         _timed_run(client, exp, "cuda", 8, 2, 3, t, seed)
-    rows = train_rows(client.search_runs([exp], "tags.`karman.stage` = 'train'"))
+    rows = train_rows(_records(client, exp))
     assert {(r["threads"], r["budget"], r["epochs"]) for r in rows} == {(1, "10 epochs", 10), (2, "3 epochs", 3)}
     tables = comparison(rows)
     assert len(tables) == 2
@@ -102,5 +110,5 @@ def test_a_runs_samples_per_s_is_its_epochs_samples_over_its_s_per_epoch(workdir
     rid = _timed_run(client, exp, "cpu", 8, 2, 3, 8.0)
     client.log_param(rid, "train_pairs", 427)
     client.log_metric(rid, "samples_per_s", 30.0, step=3)  # the last epoch's, slower than the median epoch
-    (row,) = train_rows([client.get_run(rid)])
+    (row,) = train_rows(training_records(client, [client.get_run(rid)])[0])
     assert row["samples_per_s"] == pytest.approx(424 / 8.0)

@@ -1,0 +1,60 @@
+"""A workload joins with its own folder and one table entry: the toy workload (tests/workloads/toy) trains
+through the CLI, is evaluated against its target, is logged with its record and
+appears in the report; nothing outside its folder names it."""
+
+import json
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+from mlflow.tracking import MlflowClient
+
+from tasks.common.records import RECORD_FILE, TrainRecord
+from tests.conftest import ROOT, run_cli
+from tests.flows.test_cli import assert_refused
+from tests.workloads.toy.workload import generate
+
+TOY = {"KARMAN_WORKLOADS": "toy=tests.workloads.toy"}  # the table entry, for this test's commands
+
+
+@pytest.fixture
+def toy(workdir):
+    generate(workdir / "data" / "datasets" / "blobs", samples=240, seed=1)
+    return workdir
+
+
+def _train(workdir, *args) -> dict:
+    proc = run_cli("train", "--workload", "toy", "--dataset", "blobs", "--threads", "1", *args, "--json", cwd=workdir, env=TOY)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def test_a_workload_from_its_own_folder_trains_is_evaluated_logged_and_reported(toy):
+    out = _train(toy, "--epochs", "6", "--batch-sizes", "16", "--validate-every", "2", "--stop-at-target")
+    client = MlflowClient(tracking_uri=os.environ["MLFLOW_TRACKING_URI"])
+    run = client.get_run(out["run_id"])
+    assert run.info.status == "FINISHED" and run.data.tags["karman.workload"] == "toy"
+    record = TrainRecord.model_validate_json(Path(client.download_artifacts(out["run_id"], RECORD_FILE, str(toy))).read_text())
+    assert record.config.workload == "toy" and record.config.train_samples == 144 and record.config.workload_params["hidden_units"] == 16
+    summary = record.summary
+    assert summary.validation["accuracy"] >= 0.9 and summary.target_reached and summary.ended_by == "target reached"
+    assert summary.epochs == summary.epochs_to_target and summary.epochs % 2 == 0 and summary.steps == summary.epochs * (144 // 16)
+    assert run.data.metrics["final_ce"] == pytest.approx(summary.final_losses["loss_ce"])
+    assert [m.step for m in client.get_metric_history(out["run_id"], "val_accuracy")] == list(range(2, summary.epochs + 1, 2))
+    assert "model/mlp.pt" in {a.path for a in client.list_artifacts(out["run_id"], "model")}
+
+    report = run_cli("aggregate", "--runs", "all", "--name", "toy", "--json", cwd=toy, env=TOY)
+    assert report.returncode == 0, report.stderr[-3000:]
+    text = Path(json.loads(report.stdout.strip().splitlines()[-1])["report"]).read_text()
+    row = next(line for line in text.splitlines() if f"`{out['run_id'][:8]}`" in line and "| toy |" in line)
+    assert "FINISHED" in row
+    assert "toy, torch, fp32, MLP 2-16-2, budget 6 epochs, 1 CPU thread" in text
+
+
+def test_the_table_knows_a_workload_only_where_it_is_named(toy):
+    assert_refused(run_cli("train", "--workload", "toy", "--dataset", "blobs", cwd=toy), "unknown workload 'toy'; choose one of karman")
+    assert_refused(run_cli("train", "--workload", "toy", "--dataset", "blobs", "--framework", "tensorflow", cwd=toy, env=TOY),
+                   "workload toy has no tensorflow version; it runs in torch")
+    names = subprocess.run(["git", "grep", "-l", "-i", "toy", "--", "flows", "tasks", "models", "infra"], cwd=ROOT, capture_output=True, text=True)
+    assert names.stdout == ""  # nothing outside the workload's own folder knows it
