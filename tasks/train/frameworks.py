@@ -28,3 +28,25 @@ def framework(name: str) -> Framework:
 def open_runtime(plan):
     """The plan's framework on its device, for this rank (imports the framework)."""
     return importlib.import_module(framework(plan.framework).runtime).open_runtime(plan)
+
+
+class DeviceRuntime:
+    """What every framework's runtime reads off its device context ``ctx`` (which rank, of how many, on what)."""
+
+    ctx: object  # models.device.DeviceContext or models.device_keras.KerasContext
+
+    @property
+    def is_main(self) -> bool:
+        return self.ctx.is_main
+
+    @property
+    def world_size(self) -> int:
+        return self.ctx.world_size
+
+    @property
+    def rank(self) -> int:
+        return self.ctx.rank
+
+    @property
+    def description(self) -> str:
+        return self.ctx.description

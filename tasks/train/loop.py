@@ -87,10 +87,10 @@ class History:
     """What a run has done so far; a checkpoint carries it, so a resumed run goes on counting."""
 
     epoch: int = 0
+    epoch_s: list[float] = field(default_factory=list)  # each epoch's seconds
     global_step: int = 0
     train_s: float = 0.0
     samples: int = 0
-    epoch_s: list[float] = field(default_factory=list)
     warmup_s: list[float] = field(default_factory=list)
     target: dict[str, float] | None = None
     last_losses: dict[str, float] = field(default_factory=dict)

@@ -9,11 +9,11 @@ import numpy as np
 from models.host import host_peak_memory_mb
 from tasks.common.errors import UserError
 from tasks.common.lifetime import request_stop_on_signals
-from tasks.train.frameworks import FRAMEWORKS
+from tasks.train.frameworks import FRAMEWORKS, DeviceRuntime
 
 
 
-class KerasRuntime:
+class KerasRuntime(DeviceRuntime):
     """TensorFlow under one strategy: default, mirrored, multiworker (one process per device) or tpu."""
 
     framework = "tensorflow"
@@ -37,22 +37,6 @@ class KerasRuntime:
             return self.ctx.strategy.reduce(tf.distribute.ReduceOp.SUM, per_replica, axis=None)
 
         self._mean = tf.function(mean)
-
-    @property
-    def is_main(self) -> bool:
-        return self.ctx.is_main
-
-    @property
-    def world_size(self) -> int:
-        return self.ctx.world_size
-
-    @property
-    def rank(self) -> int:
-        return self.ctx.rank
-
-    @property
-    def description(self) -> str:
-        return self.ctx.description
 
     @property
     def strategy(self) -> str:

@@ -8,7 +8,7 @@ import torch
 from models.device import DeviceContext, keep_freed_memory, resolve_device
 from models.host import host_peak_memory_mb
 from tasks.common.errors import UserError
-from tasks.train.frameworks import FRAMEWORKS
+from tasks.train.frameworks import FRAMEWORKS, DeviceRuntime
 
 
 
@@ -23,7 +23,7 @@ def to_cpu(obj):
     return obj
 
 
-class TorchRuntime:
+class TorchRuntime(DeviceRuntime):
     """torch on one device kind, data-parallel where the launch made several ranks."""
 
     framework = "torch"
@@ -38,23 +38,6 @@ class TorchRuntime:
         # A training process runs one job: its heap may keep freed memory (no per-step page faults).
         self.keeps_freed_memory = keep_freed_memory() if device == "cpu" else False
         self._compiled = self._xla_compilations()[0] if self.ctx.kind == "xla" else 0
-
-    # what the loop reads
-    @property
-    def is_main(self) -> bool:
-        return self.ctx.is_main
-
-    @property
-    def world_size(self) -> int:
-        return self.ctx.world_size
-
-    @property
-    def rank(self) -> int:
-        return self.ctx.rank
-
-    @property
-    def description(self) -> str:
-        return self.ctx.description
 
     @property
     def strategy(self) -> str:
