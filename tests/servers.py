@@ -1,4 +1,6 @@
-"""Real servers for tests: free ports on 127.0.0.1, waiting for a health URL, background processes
+"""Real servers for tests, on 127.0.0.1.
+
+Real servers for tests: free ports on 127.0.0.1, waiting for a health URL, background processes
 stopped together."""
 
 import os

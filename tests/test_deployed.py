@@ -1,4 +1,6 @@
-"""The benchmark as users drive it: a real Prefect server and MLflow tracking server started by the
+"""The benchmark as users drive it through deployed servers, pools and workers.
+
+The benchmark as users drive it: a real Prefect server and MLflow tracking server started by the
 infra scripts on 127.0.0.1 (free ports), the pools and ``prefect deploy --all`` from prefect.yaml
 (infra/deploy.sh), a process worker
 on the ``cpu`` pool, and ``benchmark/quick`` triggered through the API as the UI does. The worker is

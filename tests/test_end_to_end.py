@@ -1,4 +1,6 @@
-"""The quick benchmark exactly as a user runs it: ``python -m flows demo --json`` in a fresh folder,
+"""The quick benchmark exactly as a user runs it.
+
+The quick benchmark exactly as a user runs it: ``python -m flows demo --json`` in a fresh folder,
 logging to an MLflow store named by MLFLOW_TRACKING_URI; then a rerun of the sweep reuses the data."""
 
 import json

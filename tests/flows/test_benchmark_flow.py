@@ -1,4 +1,6 @@
-"""The benchmark flow in process against a real Prefect API, a real Dask cluster, real zarr stores and
+"""The benchmark flow's matrix, cell by cell, against real servers and stores.
+
+The benchmark flow in process against a real Prefect API, a real Dask cluster, real zarr stores and
 a real MLflow store: every cell its own flow run, reruns skip finished cells, a failed cell fails
 alone and shows in the report; bad matrices are refused."""
 

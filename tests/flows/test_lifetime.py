@@ -1,4 +1,6 @@
-"""Faults an operator meets, with real processes and signals: a command stopped by SIGTERM or Ctrl-C,
+"""Faults an operator meets: signals, kills, concurrent writers and a tracking server that is down.
+
+Faults an operator meets, with real processes and signals: a command stopped by SIGTERM or Ctrl-C,
 one killed outright, two writers of one run or one dataset, a tracking server that is down. Each ends
 with one verdict line, the run's status saying what happened, nothing left running, and a clean resume."""
 

@@ -1,4 +1,6 @@
-"""Smoke run of every flow on a tiny grid, in process against a real Prefect API, a real Dask
+"""Smoke run of every flow on a tiny grid.
+
+Smoke run of every flow on a tiny grid, in process against a real Prefect API, a real Dask
 LocalCluster, real zarr stores and a real MLflow store."""
 
 import json

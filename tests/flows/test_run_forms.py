@@ -1,4 +1,6 @@
-"""What the Prefect UI's run forms show, from the flows' parameter schemas (the schema a deployment
+"""What the Prefect UI's run forms show, from the flows' parameter schemas.
+
+What the Prefect UI's run forms show, from the flows' parameter schemas (the schema a deployment
 stores, from which the UI draws its form): the fields a user chooses, not those the benchmark sets for
 its cells. Validated with the function Prefect's server applies to a deployment's runs."""
 

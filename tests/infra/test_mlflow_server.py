@@ -1,4 +1,6 @@
-"""The MLflow server the infra scripts start: MLflow's own, whose UI opens an experiment on its runs in
+"""The MLflow server the infra scripts start, and the view its UI opens.
+
+The MLflow server the infra scripts start: MLflow's own, whose UI opens an experiment on its runs in
 the model-training view (MLflow 3.17's UI would open its GenAI view in a new browser)."""
 
 import json

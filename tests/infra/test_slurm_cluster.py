@@ -1,4 +1,6 @@
-"""The SLURM cluster settings load into dask-jobqueue and give the intended job script. Nothing is
+"""The SLURM cluster settings load into dask-jobqueue and give the intended job script.
+
+The SLURM cluster settings load into dask-jobqueue and give the intended job script. Nothing is
 submitted: constructing a SLURMCluster starts only its local scheduler, so this runs without SLURM."""
 
 import importlib.util

@@ -1,3 +1,5 @@
+"""Flow metrics checked on signals of known answer: relative L2, horizons, shedding frequency and Strouhal number, rollout scores."""
+
 import numpy as np
 import pytest
 

@@ -1,3 +1,5 @@
+"""The torch networks: the paper's sizes, output ranges, batch independence in eval mode, shapes refused, the device helper."""
+
 import pytest
 import torch
 

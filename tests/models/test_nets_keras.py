@@ -1,4 +1,6 @@
-"""The Keras networks are the torch ones: the same parameter count for every width, depth, norm and
+"""The Keras networks and training step are the torch ones.
+
+The Keras networks are the torch ones: the same parameter count for every width, depth, norm and
 upsampling option, and, with the torch weights copied in, the same outputs in inference mode.
 
 Run in a child process: TensorFlow and torch_xla abort when they meet in one process, and the test

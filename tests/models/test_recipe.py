@@ -1,4 +1,6 @@
-"""Training recipes: the named recipes and their overrides, the delta target and the next state, the
+"""Training recipes: names, overrides, targets and upsampling.
+
+Training recipes: the named recipes and their overrides, the delta target and the next state, the
 pushforward step, and upsampling that cannot paint a checkerboard."""
 
 import contextlib

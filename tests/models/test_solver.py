@@ -1,3 +1,5 @@
+"""The lattice Boltzmann solver: lattice isotropy, exact conservation of TRT collision, backends equal, boundaries and obstacles."""
+
 import numpy as np
 import pytest
 

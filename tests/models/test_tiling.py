@@ -1,3 +1,5 @@
+"""Map-reduce tiling: tiles cover the frame and merge back, keep the U-Net's stride grid, and equal full-frame where the trim covers the receptive field."""
+
 import numpy as np
 import pytest
 import torch

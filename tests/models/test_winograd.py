@@ -1,3 +1,5 @@
+"""Winograd F(3x3, 4x4): the convolution exactly in float64, rounding-sized in float32, and its gradients kept in step with the weights."""
+
 import copy
 import pickle
 

@@ -1,4 +1,6 @@
-"""A workload joins with its own folder and one table entry: the toy workload (tests/workloads/toy) trains
+"""A workload joins with its own folder and one table entry.
+
+A workload joins with its own folder and one table entry: the toy workload (tests/workloads/toy) trains
 through the CLI, is evaluated against its target, is logged with its record and
 appears in the report; nothing outside its folder names it."""
 

@@ -1,4 +1,6 @@
-"""bench-quality, as a user runs it: a recipe trained on a real zarr dataset until its rollout target
+"""bench-quality as a user runs it, and the one training loop it shares with train.
+
+bench-quality, as a user runs it: a recipe trained on a real zarr dataset until its rollout target
 holds, the test and extra rollouts scored, the solver timed beside it; bad input refused in one line;
 no Prefect or MLflow in its process."""
 

@@ -1,3 +1,5 @@
+"""The zarr store: simulations round-trip with their parameters, digests, the manifest's guards, and clear errors for missing datasets."""
+
 import json
 
 import pytest

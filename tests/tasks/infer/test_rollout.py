@@ -1,4 +1,6 @@
-"""Rollouts through the CLI, as a user runs them: full-frame and map-reduce on CPU and on two virtual
+"""Rollouts through the CLI, full-frame and map-reduce, scored against the reference frames.
+
+Rollouts through the CLI, as a user runs them: full-frame and map-reduce on CPU and on two virtual
 XLA CPU devices (SPMD), scored against the reference frames; bad requests refused before any work.
 A real zarr dataset, a real training run in a real MLflow store, real child processes."""
 

@@ -1,4 +1,6 @@
-"""The TensorFlow version through the CLI, as a user runs it: Keras Pix2Pix under the default strategy, MirroredStrategy
+"""The TensorFlow version of training and rollouts through the CLI.
+
+The TensorFlow version through the CLI, as a user runs it: Keras Pix2Pix under the default strategy, MirroredStrategy
 over two logical CPUs and MultiWorkerMirroredStrategy over two local processes; the same MLflow names as a torch
 run; a logged Keras model; resume after SIGKILL; rollouts of the model full-frame and map-reduce. Real zarr data,
 a real MLflow store, real child processes (TensorFlow never enters the test process)."""

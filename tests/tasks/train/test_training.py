@@ -1,4 +1,6 @@
-"""Training end to end through the CLI, as a user runs it: CPU, DDP over two CPU processes, SPMD over
+"""Training end to end through the CLI: CPU, DDP, SPMD, sweeps, resume and failures.
+
+Training end to end through the CLI, as a user runs it: CPU, DDP over two CPU processes, SPMD over
 two virtual XLA CPU devices, a sweep with its study table, resume after SIGKILL, and a NaN stop.
 Real zarr datasets (written by the simulation task), a real MLflow store, real child processes."""
 
