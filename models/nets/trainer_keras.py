@@ -58,7 +58,6 @@ class KerasPix2Pix:
         ratio = optim.delta_ratio
         self.delta_ratio = None if ratio is None else tf.constant(np.asarray(ratio, np.float32).reshape(1, 1, 1, -1))
         self._step = tf.function(self._distributed_step, jit_compile=jit_compile, reduce_retracing=True)
-        self._agree = tf.function(self._distributed_mean)
 
     # -- the recipe's algebra (NHWC; network units) ----------------------------------------------
     def next_state(self, cond, out):
@@ -124,14 +123,6 @@ class KerasPix2Pix:
 
         per_replica = self.strategy.run(replica, args=(cond, target, flags, seed))
         return {k: self.strategy.reduce(tf.distribute.ReduceOp.SUM, v, axis=None) for k, v in per_replica.items()}
-
-    def _distributed_mean(self, values):
-        per_replica = self.strategy.run(lambda v: v / self.strategy.num_replicas_in_sync, args=(values,))
-        return self.strategy.reduce(tf.distribute.ReduceOp.SUM, per_replica, axis=None)
-
-    def agree(self, values: list[float]) -> np.ndarray:
-        """The mean over every replica of values each process contributes (a collective: every process calls it)."""
-        return self._agree(tf.constant(values, tf.float32)).numpy()
 
     def train_step(self, cond, target, flags=None, seed: tuple[int, int] = (0, 0)) -> dict:
         """One step on a distributed batch (what the strategy's distributed dataset yields); the global

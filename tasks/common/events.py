@@ -25,9 +25,9 @@ def strict(value):
     return value
 
 
-def emit(kind: str, **fields) -> None:
-    """Write one event line to stdout (flushed at once; one write, so lines of other writers never split it)."""
-    sys.stdout.write(json.dumps({KEY: kind, **strict(fields)}, allow_nan=False) + "\n")
+def emit(event: str, /, **fields) -> None:
+    """Write the event ``event`` as one line to stdout (flushed at once; one write, so lines of other writers never split it)."""
+    sys.stdout.write(json.dumps({KEY: event, **strict(fields)}, allow_nan=False) + "\n")
     sys.stdout.flush()
 
 

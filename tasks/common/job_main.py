@@ -29,8 +29,8 @@ def job_body(name: str):
     from tasks.common.errors import UserError
 
     module, _, function = name.partition(":")
-    if not module.startswith("tasks.") or not function:
-        raise UserError(f"job body {name!r} is not a tasks module:function")
+    if not module or not function:
+        raise UserError(f"job body {name!r} is not module:function")
     body = getattr(importlib.import_module(module), function, None)
     if body is None:
         raise UserError(f"job body {name!r}: module {module} has no function {function}")

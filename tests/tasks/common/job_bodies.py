@@ -1,0 +1,26 @@
+"""Job bodies for the tests of the parent-child protocol: they say misleading things in their log and the truth in events."""
+
+import logging
+
+from tasks.common import events
+from tasks.common.errors import RunFailed
+
+log = logging.getLogger("karman.test")
+
+
+def chatty_failure(job: dict) -> dict:
+    """Log lines that look like the old progress and verdict lines, events that say otherwise, then fail."""
+    log.info("epoch 1: 3.0 s; 90% done")
+    events.emit(events.PROGRESS, fraction=0.25, epoch=1, step=1, steps=4)
+    log.info("error: this line is only words")
+    events.emit(events.PROGRESS, fraction=0.5, epoch=1, step=2, steps=4)
+    print("stopped: neither is this one", flush=True)
+    raise RunFailed(job["reason"])
+
+
+def chatty_success(job: dict) -> dict:
+    """Words that read like a failure, and a result."""
+    log.info("failed: the loss diverged (not really)")
+    print("crashed: nothing did", flush=True)
+    events.emit(events.PROGRESS, fraction=1.0, epoch=2, step=None, steps=None)
+    return {"answer": 42, "missing": float("nan")}
