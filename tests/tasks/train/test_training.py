@@ -170,7 +170,7 @@ def test_a_loss_turning_nan_stops_the_run_and_keeps_the_last_good_checkpoint(tra
     last = next(line for line in proc.stderr.splitlines() if line.startswith("python -m flows train: failed:"))
     assert "loss became non-finite at epoch 2" in last and "last good checkpoint (epoch 1) is kept" in last
     run_dir = next(p for p in (trainable / "data" / "runs").iterdir() if p.is_dir())  # (beside it: the run's writer lock)
-    assert torch.load(run_dir / "checkpoint.pt", weights_only=True)["epoch"] == 1
+    assert torch.load(run_dir / "checkpoint.pt", weights_only=True)["history"]["epoch"] == 1
     run = client().get_run(run_dir.name)
     assert run.info.status == "FAILED" and "non-finite" in run.data.tags["karman.error"]
     # a corrupt checkpoint is refused on resume, and left as it was
@@ -215,7 +215,7 @@ def test_a_time_budget_ends_training_at_the_step_that_crosses_it_and_saves_that_
     assert (trainable / "data" / "runs" / out["run_id"] / "model" / "generator.pt").exists()
     state = torch.load(trainable / "data" / "runs" / out["run_id"] / "checkpoint.pt", weights_only=True)
     assert_same_weights(state["model"]["generator"], generator_state(trainable, out["run_id"]))  # the model of that moment
-    assert state["global_step"] == out["steps"]
+    assert state["history"]["global_step"] == out["steps"]  # the loop's count, kept with the model
 
 
 def test_validation_rollouts_score_quality_over_training_time_and_record_time_to_target(trainable):
