@@ -12,7 +12,7 @@ import numpy as np
 from models.flow_metrics import RolloutScore
 from models.solver import vorticity
 from tasks.common.data import StepCodec, load_frames
-from tasks.generate.simulation import SimulationSpec
+from tasks.common.simulation import SimulationSpec
 
 
 def probe_point(sim: SimulationSpec) -> tuple[int, int]:

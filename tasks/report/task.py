@@ -10,32 +10,12 @@ from tasks.common.names import Tag
 from tasks.common.plots import bar_chart
 from tasks.common.settings import Settings
 from tasks.common.specs import AggregateSpec
+from tasks.common.tables import markdown_table
 from tasks.common.tracking import client_for, experiment_id, mlflow_run, run_url
 
 
 def _rows(client, exp_id: str, stage: str) -> list:
     return client.search_runs([exp_id], f"tags.`{Tag.STAGE}` = '{stage}'", order_by=["attributes.start_time ASC"], max_results=1000)
-
-
-def study_table(results: list[dict]) -> list[dict]:
-    """The study's table from training results (one dict per configuration, as train_model returns
-    or as read back from MLflow): device, batch size, world size, status, time per epoch, samples/s,
-    and speedup = slowest finished time per epoch / this one. Failed configurations stay in the
-    table with their status."""
-    rows = []
-    for r in results:
-        finished = r.get("status", "FINISHED") == "FINISHED" and "time_per_epoch_s" in r
-        rows.append({"run": str(r.get("run_id", ""))[:8], "device": str(r.get("device_kind", r.get("device", "?"))),
-                     "batch_size": int(r.get("batch_size", 0)), "world_size": int(r.get("world_size", 1)),
-                     "status": "FINISHED" if finished else r.get("status", "FAILED"),
-                     "time_per_epoch_s": float(r["time_per_epoch_s"]) if finished else float("nan"),
-                     "samples_per_s": float(r.get("samples_per_s", float("nan"))) if finished else float("nan"),
-                     "final_l1": float(r.get("final_l1", float("nan"))) if finished else float("nan")})
-    done = [r["time_per_epoch_s"] for r in rows if r["status"] == "FINISHED"]
-    slowest = max(done) if done else float("nan")
-    for r in rows:
-        r["speedup"] = slowest / r["time_per_epoch_s"] if r["status"] == "FINISHED" else float("nan")
-    return sorted(rows, key=lambda r: (r["device"], r["batch_size"], r["run"]))
 
 
 def quality_table(runs) -> list[dict]:
@@ -63,16 +43,6 @@ def quality_table(runs) -> list[dict]:
                      "time_per_epoch_s": sorted(m.data.metrics.get("time_per_epoch_s", nan) for m in members)[len(members) // 2],
                      "not_reached": ", ".join(missed) or "-"})
     return rows
-
-
-def markdown_table(rows: list[dict]) -> str:
-    if not rows:
-        return "_no finished runs_\n"
-    cols = list(rows[0])
-    fmt = lambda v: f"{v:.4g}" if isinstance(v, float) else str(v)  # noqa: E731
-    lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
-    lines += ["| " + " | ".join(fmt(r[c]) for c in cols) + " |" for r in rows]
-    return "\n".join(lines) + "\n"
 
 
 ABLATION_COLUMNS = ("one_step_rel_l2_u", "one_step_rel_l2_vorticity", "one_step_skill_u", "horizon_u", "horizon_vorticity",

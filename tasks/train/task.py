@@ -11,8 +11,8 @@ from tasks.common.progress import Progress
 from tasks.common.settings import Settings
 from tasks.common.specs import TrainSpec
 from tasks.common.store import load_manifest, write_json_atomic, writer_lock
+from tasks.common.tables import markdown_table
 from tasks.common.tracking import client_for, mlflow_run, run_url
-from tasks.report.task import markdown_table, study_table
 from tasks.train.plan import JOB_FILE, TrainPlan
 
 def _budget_words(spec: TrainSpec) -> str:
@@ -72,6 +72,27 @@ def train_model(settings: Settings, plan: TrainPlan, batch_size: int, parent_run
         result = run_child("train", job, logger, env=plan.child_env(), procs=plan.procs, on_line=on_line, framework=plan.framework)
         progress.update(1.0)
     return {**result, "run_id": run.run_id, "batch_size": batch_size}
+
+
+def study_table(results: list[dict]) -> list[dict]:
+    """The study's table from training results (one dict per configuration, as train_model returns
+    or as read back from MLflow): device, batch size, world size, status, time per epoch, samples/s,
+    and speedup = slowest finished time per epoch / this one. Failed configurations stay in the
+    table with their status."""
+    rows = []
+    for r in results:
+        finished = r.get("status", "FINISHED") == "FINISHED" and "time_per_epoch_s" in r
+        rows.append({"run": str(r.get("run_id", ""))[:8], "device": str(r.get("device_kind", r.get("device", "?"))),
+                     "batch_size": int(r.get("batch_size", 0)), "world_size": int(r.get("world_size", 1)),
+                     "status": "FINISHED" if finished else r.get("status", "FAILED"),
+                     "time_per_epoch_s": float(r["time_per_epoch_s"]) if finished else float("nan"),
+                     "samples_per_s": float(r.get("samples_per_s", float("nan"))) if finished else float("nan"),
+                     "final_l1": float(r.get("final_l1", float("nan"))) if finished else float("nan")})
+    done = [r["time_per_epoch_s"] for r in rows if r["status"] == "FINISHED"]
+    slowest = max(done) if done else float("nan")
+    for r in rows:
+        r["speedup"] = slowest / r["time_per_epoch_s"] if r["status"] == "FINISHED" else float("nan")
+    return sorted(rows, key=lambda r: (r["device"], r["batch_size"], r["run"]))
 
 
 @task(name="log-study-table")
