@@ -14,7 +14,7 @@ from tasks.common.cells import cell_error, cell_key, finished_cell, interrupted_
 from tasks.common.names import Tag
 from tasks.common.progress import Progress
 from tasks.common.settings import Settings
-from tasks.common.specs import AblationSpec, AggregateSpec, BenchmarkSpec, DemoSpec, GenerateSpec, InferSpec, TrainSpec, ValidateSpec
+from tasks.common.specs import DEFAULT_EPOCHS, AblationSpec, AggregateSpec, BenchmarkSpec, DemoSpec, GenerateSpec, InferSpec, TrainSpec, ValidateSpec
 from tasks.common.tracking import mlflow_run, reap_orphans, run_url
 from tasks.generate.task import run_sweep
 from tasks.infer.task import rollout
@@ -274,7 +274,7 @@ def _run_cell(kind: str, spec, settings: Settings, deployment: str | None, paren
 
 
 def _benchmark_description(spec: BenchmarkSpec) -> str:
-    budget = f"{spec.train.time_budget:g} s" if spec.train.time_budget else f"{spec.train.epochs or 3} epochs"
+    budget = f"{spec.train.time_budget:g} s" if spec.train.time_budget else f"{spec.train.epochs or DEFAULT_EPOCHS} epochs"
     return (f"Benchmark `{spec.aggregate.name}`: Pix2Pix ({'/'.join(spec.frameworks)}) trained on {', '.join(spec.devices)} at global batch sizes "
             f"{', '.join(map(str, spec.batch_sizes))} ({spec.repeats} seed(s) each, {budget}, recipe {spec.train.recipe}) on dataset "
             f"`{spec.generate.dataset}`; each framework's first trained model rolled out {spec.infer.steps} steps "

@@ -16,10 +16,8 @@ from typing import Callable, ContextManager, Literal
 
 import torch
 
-from models.host import DeviceUnavailable  # noqa: F401  (raised here, caught by the job entry)
+from models.host import DEVICE_KINDS, DeviceKind, DeviceUnavailable  # noqa: F401  (DeviceUnavailable: raised here, caught by the job entry)
 
-DeviceKind = Literal["cpu", "cuda", "xla"]
-DEVICE_KINDS: tuple[str, ...] = ("cpu", "cuda", "xla")
 Precision = Literal["fp32", "bf16"]
 
 

@@ -7,7 +7,10 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, PositiveFloat, PositiveInt, field_validator, model_validator
 
+from models.host import DeviceKind as Device
 from models.tiling import DEFAULT_HALO
+
+DEFAULT_EPOCHS = 3  # a training run's epoch limit when it gives neither epochs nor a time budget
 
 DatasetName = Field(
     default="karman-demo",
@@ -75,11 +78,11 @@ class TrainSpec(Spec):
 
     dataset: str = DatasetName
     framework: Literal["torch", "tensorflow"] = Field(default="torch", description="torch (PyTorch) or tensorflow (Keras 3 under a tf.distribute strategy): the same networks, recipe, data and metrics")
-    device: Literal["cpu", "cuda", "xla"] = Field(default="cpu", description="cpu, cuda (all visible GPUs) or xla (TPU cores: torch_xla, or TPUStrategy for tensorflow)")
+    device: Device = Field(default="cpu", description="cpu, cuda (all visible GPUs) or xla (TPU cores: torch_xla, or TPUStrategy for tensorflow)")
     strategy: Literal["auto", "default", "mirrored", "multiworker", "tpu"] = Field(default="auto", description="tensorflow's distribution strategy: default (one device), mirrored (the world's devices in one process; on cpu, logical CPUs), multiworker (one process per device on 127.0.0.1), tpu (a TPU host); auto = default for one device, mirrored for more, tpu for xla. torch takes auto: DDP processes on cpu and cuda, SPMD on xla")
     batch_sizes: list[PositiveInt] = Field(default=[8], min_length=1, description="Global batch sizes; several make a sweep: one run each, children of one parent run")
     world_size: PositiveInt | None = Field(default=None, description="Devices to train on, data-parallel; None = every GPU or TPU core, 1 process on cpu (cpu > 1: DDP processes over gloo)")
-    epochs: PositiveInt | None = Field(default=None, le=100_000, description="Training epochs at most; None = 3, or no limit with a time budget")
+    epochs: PositiveInt | None = Field(default=None, le=100_000, description=f"Training epochs at most; None = {DEFAULT_EPOCHS}, or no limit with a time budget")
     time_budget: PositiveFloat | None = Field(default=None, le=30 * 86400, description="Wall-clock seconds of training (validation included): training stops at the end of the step that crosses it and saves the model of that moment")
     validate_every: int = Field(default=2, ge=0, description="Epochs between validation rollouts on the validation simulations, logged against training time (0 = none)")
     validate_steps: PositiveInt = Field(default=60, le=100_000, description="Steps of each validation rollout")
@@ -137,10 +140,10 @@ class TrainSpec(Spec):
 
     @property
     def epoch_limit(self) -> int:
-        """Epochs to run at most: the given number, else 3, or (with a time budget) until the budget ends."""
+        """Epochs to run at most: the given number, else DEFAULT_EPOCHS, or (with a time budget) until the budget ends."""
         if self.epochs is not None:
             return self.epochs
-        return 10**9 if self.time_budget is not None else 3
+        return 10**9 if self.time_budget is not None else DEFAULT_EPOCHS
 
     def progress(self, train_s: float, step: int, steps_per_epoch: int) -> float:
         """How far the run is, 0 to 1, for the learning-rate schedule: training time over the time
@@ -165,7 +168,7 @@ class InferSpec(Spec):
     map-reduce tiled over several workers."""
 
     model_run: str = Field(default="latest", description="MLflow run id of a training run, or 'latest'")
-    device: Literal["cpu", "cuda", "xla"] = Field(default="cpu", description="Device of the rollout")
+    device: Device = Field(default="cpu", description="Device of the rollout")
     mode: Literal["full", "mapreduce"] = Field(default="full", description="full: the whole frame on one worker; mapreduce: tiles with a halo, grouped, mapped over the workers, blended back")
     workers: PositiveInt = Field(default=1, le=4096, description="Compute units: CPU cores (one thread each), GPUs, or XLA devices (1 or all); full mode uses 1")
     tile: list[PositiveInt] | None = Field(default=None, min_length=1, max_length=2, description="Tile side, or height,width; multiples of the U-Net's 2^depth; None = the model's training size")
@@ -262,9 +265,6 @@ class DemoSpec(Spec):
         if self.train.dataset != self.generate.dataset:
             raise ValueError(f"train.dataset {self.train.dataset!r} must equal generate.dataset {self.generate.dataset!r}")
         return self
-
-
-Device = Literal["cpu", "cuda", "xla"]
 
 
 def options_of(model: type[Spec], matrix: set[str], doc: str) -> type[Spec]:

@@ -9,7 +9,7 @@ from prefect import get_run_logger, task
 from tasks.common.names import Tag
 from tasks.common.plots import bar_chart
 from tasks.common.settings import Settings
-from tasks.common.specs import AggregateSpec
+from tasks.common.specs import DEFAULT_EPOCHS, AggregateSpec
 from tasks.common.tables import markdown_table
 from tasks.common.tracking import client_for, experiment_id, mlflow_run, run_url
 
@@ -137,7 +137,7 @@ def _budget(params: dict) -> str:
         return f"{float(params['time_budget']):g} s"
     if params.get("max_steps", "None") != "None":
         return f"{params['max_steps']} steps"
-    return f"{params['epochs']} epochs" if params.get("epochs", "None") != "None" else "3 epochs"
+    return f"{params['epochs']} epochs" if params.get("epochs", "None") != "None" else f"{DEFAULT_EPOCHS} epochs"
 
 
 def setting_label(params: dict, framework: bool = True) -> str:

@@ -1,0 +1,62 @@
+"""Each decision made once: the places that show or use a shared choice (device kinds, the default epochs, a child's environment, names, presets) take it from its one home."""
+
+import typing
+
+import pytest
+
+from models.host import DEVICE_KINDS, DeviceKind
+from tasks.common.specs import DEFAULT_EPOCHS, BenchmarkSpec, InferSpec, TrainSpec
+
+
+def _choices(model, field: str) -> tuple:
+    return typing.get_args(model.model_fields[field].annotation)
+
+
+def test_device_kinds_are_named_once():
+    assert DEVICE_KINDS == ("cpu", "cuda", "xla") == typing.get_args(DeviceKind)
+    assert _choices(TrainSpec, "device") == _choices(InferSpec, "device") == DEVICE_KINDS
+    assert typing.get_args(typing.get_args(BenchmarkSpec.model_fields["devices"].annotation)[0]) == DEVICE_KINDS
+    assert set(typing.get_args(BenchmarkSpec.model_fields["pools"].annotation)[0].__args__) == set(DEVICE_KINDS)
+
+
+def test_the_device_commands_offer_every_device_kind():
+    from flows.bench import DEVICES  # the bench commands' own copy, which must agree
+
+    assert tuple(DEVICES) == DEVICE_KINDS
+
+
+def test_the_default_epochs_are_the_specs():
+    assert TrainSpec().epoch_limit == DEFAULT_EPOCHS
+    assert TrainSpec(epochs=5).epoch_limit == 5
+    assert TrainSpec(time_budget=10).epoch_limit > 10**6
+    assert f"None = {DEFAULT_EPOCHS}," in TrainSpec.model_fields["epochs"].description
+    from tasks.report.task import setting_label
+
+    assert f"budget {DEFAULT_EPOCHS} epochs" in setting_label({"epochs": "None", "time_budget": "None", "max_steps": "None"})
+    assert "budget 7 epochs" in setting_label({"epochs": "7", "time_budget": "None", "max_steps": "None"})
+
+
+@pytest.mark.parametrize("device", ["cpu", "cuda"])
+def test_the_keras_bench_step_gets_the_training_childs_environment(device, monkeypatch):
+    """bench-train --framework tensorflow starts its Keras process with the environment a tensorflow
+    training child gets (tasks.common.launch.device_env), not a copy of it."""
+    import tasks.bench.train as bench_train
+    from tasks.common.launch import device_env
+
+    monkeypatch.delenv("TF_CPP_MIN_LOG_LEVEL", raising=False)
+    seen = {}
+
+    class Started(Exception):
+        pass
+
+    class FakeProcess:
+        def __init__(self, server, config, env, what):
+            seen["env"] = env
+            raise Started
+
+    monkeypatch.setattr(bench_train, "StepProcess", FakeProcess)
+    with pytest.raises(Started):
+        bench_train.bench_train_keras(device=device, size=32, baseline=False)
+    assert seen["env"] == device_env(device, framework="tensorflow")
+    assert seen["env"]["TF_CPP_MIN_LOG_LEVEL"] == "2"
+    assert ("CUDA_VISIBLE_DEVICES" in seen["env"]) == (device == "cpu")
