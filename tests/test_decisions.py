@@ -3,9 +3,10 @@
 import typing
 
 import pytest
+from pydantic import ValidationError
 
 from models.host import DEVICE_KINDS, DeviceKind
-from tasks.common.specs import DEFAULT_EPOCHS, BenchmarkSpec, InferSpec, TrainSpec
+from tasks.common.specs import DEFAULT_EPOCHS, FOLDER_NAME, AblationSpec, AggregateSpec, BenchmarkSpec, GenerateSpec, InferSpec, TrainSpec
 
 
 def _choices(model, field: str) -> tuple:
@@ -60,3 +61,15 @@ def test_the_keras_bench_step_gets_the_training_childs_environment(device, monke
     assert seen["env"] == device_env(device, framework="tensorflow")
     assert seen["env"]["TF_CPP_MIN_LOG_LEVEL"] == "2"
     assert ("CUDA_VISIBLE_DEVICES" in seen["env"]) == (device == "cpu")
+
+
+NAMED_FOLDERS = [(GenerateSpec, "dataset"), (TrainSpec, "dataset"), (InferSpec, "dataset"), (AggregateSpec, "name"), (AblationSpec, "name")]
+
+
+@pytest.mark.parametrize("model, field", NAMED_FOLDERS)
+def test_every_folder_name_follows_the_one_pattern(model, field):
+    assert model.model_fields[field].metadata[0].pattern == FOLDER_NAME
+    assert getattr(model(**{field: "re-100_v2.1"}), field) == "re-100_v2.1"
+    for bad in ("../up", ".hidden", "a/b", "x" * 65, ""):
+        with pytest.raises(ValidationError):
+            model(**{field: bad})

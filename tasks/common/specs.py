@@ -12,9 +12,12 @@ from models.tiling import DEFAULT_HALO
 
 DEFAULT_EPOCHS = 3  # a training run's epoch limit when it gives neither epochs nor a time budget
 
+# A dataset's or a report's name: a folder of its own under the data root (no separators, no leading dot).
+FOLDER_NAME = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$"
+
 DatasetName = Field(
     default="karman-demo",
-    pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$",
+    pattern=FOLDER_NAME,
     description="Dataset name: a folder in the data root's datasets folder",
 )
 
@@ -174,7 +177,7 @@ class InferSpec(Spec):
     tile: list[PositiveInt] | None = Field(default=None, min_length=1, max_length=2, description="Tile side, or height,width; multiples of the U-Net's 2^depth; None = the model's training size")
     halo: int = Field(default=DEFAULT_HALO, ge=0, description="Pixels each tile reaches into its neighbours (the overlap is twice this)")
     group: PositiveInt | None = Field(default=None, description="Tiles per batch; None = tiles / workers, rounded up (one batch per worker and frame)")
-    dataset: str | None = Field(default=None, pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$", description="Dataset of the reference simulation; None = the model's training dataset")
+    dataset: str | None = Field(default=None, pattern=FOLDER_NAME, description="Dataset of the reference simulation; None = the model's training dataset")
     steps: PositiveInt = Field(default=20, le=100_000, description="Rollout steps (each advances k frames)")
     simulation: str | None = Field(default=None, description="Simulation id; None = the model's first test simulation")
     start_frame: int = Field(default=0, ge=0, description="Reference frame the rollout starts from")
@@ -193,7 +196,7 @@ class InferSpec(Spec):
 class AggregateSpec(Spec):
     """Comparison tables, figures and a report over the experiment's runs."""
 
-    name: str = Field(default="latest", pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$", description="Report folder name in the data root's reports folder")
+    name: str = Field(default="latest", pattern=FOLDER_NAME, description="Report folder name in the data root's reports folder")
     runs: str = Field(default="latest", pattern=r"^(latest|all|[0-9a-f]{32})$", description="Which runs the report covers: latest (the newest benchmark or demo run's), the MLflow run id of a benchmark or demo run, or all (every run of the experiment)")
 
 
@@ -239,7 +242,7 @@ class AblationSpec(Spec):
     threads: PositiveInt | None = Field(default=None, le=4096, description="CPU threads for torch, at most the host's cores; None = all cores")
     seed: int = Field(default=0, ge=0, le=2**31 - 1, description="Seed of weights, split and shuffling")
     steps: PositiveInt = Field(default=60, le=100_000, description="Rollout steps on the test simulation")
-    name: str = Field(default="ablation", pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$", description="Report folder name under the data root's reports folder")
+    name: str = Field(default="ablation", pattern=FOLDER_NAME, description="Report folder name under the data root's reports folder")
 
     @field_validator("variants")
     @classmethod
