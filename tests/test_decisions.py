@@ -73,3 +73,40 @@ def test_every_folder_name_follows_the_one_pattern(model, field):
     for bad in ("../up", ".hidden", "a/b", "x" * 65, ""):
         with pytest.raises(ValidationError):
             model(**{field: bad})
+
+
+@pytest.mark.parametrize("spec, mlflow_name, prefect_name", [
+    (TrainSpec(batch_sizes=[8]), "train-cpu-b8", "train cpu b8"),
+    (TrainSpec(framework="tensorflow", device="cuda", batch_sizes=[16], seed=2), "train-tensorflow-cuda-b16", "train tensorflow cuda b16 seed 2"),
+])
+def test_a_training_run_has_one_name_in_mlflow_and_prefect(spec, mlflow_name, prefect_name):
+    from types import SimpleNamespace
+
+    from flows import pipeline
+    from tasks.common.names import train_label, train_run_name
+    from tasks.train.task import train_model
+
+    assert train_run_name(spec, spec.batch_sizes[0]) == mlflow_name
+    assert train_label(spec) == prefect_name
+    assert train_model.task_run_name(parameters={"plan": SimpleNamespace(spec=spec), "batch_size": spec.batch_sizes[0]}) == prefect_name
+    assert pipeline._cell_label("train", spec) == prefect_name
+    assert train_label(spec.model_copy(update={"batch_sizes": [4, 8]})).startswith(prefect_name.replace(f"b{spec.batch_sizes[0]}", "b4,8"))
+
+
+def test_a_sweep_and_a_resumed_run_say_so():
+    from tasks.common.names import sweep_run_name, train_label
+
+    spec = TrainSpec(framework="tensorflow", batch_sizes=[4, 8])
+    assert sweep_run_name(spec) == "train-sweep-tensorflow-cpu-b4,8"
+    assert train_label(spec, [8]) == "train tensorflow cpu b8"
+    assert train_label(TrainSpec(resume="0" * 32)) == "train cpu b8 (resume)"
+
+
+def test_a_rollout_has_one_name_in_mlflow_and_prefect():
+    from flows import pipeline
+    from tasks.common.names import infer_label, infer_run_name
+    from tasks.infer.task import rollout
+
+    spec = InferSpec(mode="mapreduce", workers=2)
+    assert infer_run_name(spec) == "infer-mapreduce-cpu-w2"
+    assert infer_label(spec) == rollout.task_run_name(parameters={"spec": spec}) == pipeline._cell_label("infer", spec) == "infer mapreduce cpu x2"

@@ -6,7 +6,7 @@ import re
 from prefect import get_run_logger, task
 
 from tasks.common.launch import run_child
-from tasks.common.names import Tag
+from tasks.common.names import Tag, sweep_run_name, train_label, train_run_name
 from tasks.common.progress import Progress
 from tasks.common.settings import Settings
 from tasks.common.specs import TrainSpec
@@ -33,7 +33,7 @@ def training_tags(spec: TrainSpec, batch_size: int, digest: str) -> dict[str, st
 EPOCH_LINE = re.compile(r"^epoch \d+: .*; (\d+)% done")
 
 
-@task(name="train-model", task_run_name="train {plan.framework} {plan.spec.device} b{batch_size}")
+@task(name="train-model", task_run_name=lambda parameters: train_label(parameters["plan"].spec, [parameters["batch_size"]]))
 def train_model(settings: Settings, plan: TrainPlan, batch_size: int, parent_run_id: str | None = None) -> dict:
     """Train Pix2Pix at one batch size of the plan in child process(es); returns its summary.
     The run's progress (the child's epoch lines) is a Prefect progress artifact of this task run."""
@@ -42,7 +42,7 @@ def train_model(settings: Settings, plan: TrainPlan, batch_size: int, parent_run
     dataset_dir = settings.dataset_dir(spec.dataset)
     manifest = load_manifest(dataset_dir)
     digest = manifest["digest"]
-    name = f"train-{spec.device}-b{batch_size}" if spec.framework == "torch" else f"train-{spec.framework}-{spec.device}-b{batch_size}"
+    name = train_run_name(spec, batch_size)
     description = (f"Pix2Pix, recipe {spec.resolved_recipe().name}, trained with {spec.framework} on dataset `{spec.dataset}` ({len(manifest['simulations'])} "
                    f"simulations) on {spec.device} x{world}{f' ({plan.strategy} strategy)' if spec.framework == 'tensorflow' else ''}, global batch {batch_size}, {spec.precision}, for {_budget_words(spec)}, seed {spec.seed}. "
                    "Metrics: epoch_time_s per epoch; time_per_epoch_s is their median without the first epoch (warm-up); "
@@ -114,7 +114,7 @@ def sweep_run(settings: Settings, spec: TrainSpec, parent_run_id: str | None = N
     """The parent MLflow run of a batch-size sweep (a context manager; see tasks.common.tracking.mlflow_run)."""
     digest = load_manifest(settings.dataset_dir(spec.dataset))["digest"]
     sizes = ",".join(map(str, spec.batch_sizes))
-    return mlflow_run(settings, "train-sweep", f"train-sweep-{spec.device}-b{sizes}", params=spec.model_dump(exclude={"resume"}),
+    return mlflow_run(settings, "train-sweep", sweep_run_name(spec), params=spec.model_dump(exclude={"resume"}),
                       tags={Tag.DEVICE: spec.device, Tag.DATASET: spec.dataset, Tag.DATASET_DIGEST: digest},
                       parent_run_id=parent_run_id,
                       description=f"Batch-size sweep ({sizes}) on {spec.device}: one child run per batch size; study_table.md compares them "
