@@ -119,7 +119,10 @@ def infer(spec: InferSpec = InferSpec(), parent_run: ParentRun = None) -> dict:
 def aggregate(spec: AggregateSpec = AggregateSpec(), parent_run: ParentRun = None) -> dict:
     """Build comparison tables, figures and a report over one benchmark's or demo's runs (or all)."""
     _tag_run("stage:aggregate", f"report:{spec.name}")
-    return aggregate_runs(_settings(), spec, parent_run_id=parent_run)
+    report = aggregate_runs(_settings(), spec, parent_run_id=parent_run)
+    if parent_run is None:  # a benchmark's or the demo's report is published by that flow, on its own run
+        publish_artifacts(report)
+    return report
 
 
 @flow(name="validate-solver", flow_run_name=_named(ValidateSpec, lambda s: f"validate solver {s.case} {s.backend}"))
@@ -167,6 +170,7 @@ def demo(spec: DemoSpec = DemoSpec()) -> dict:
         inferred = infer(spec.infer.model_copy(update={"model_run": trained["run_id"]}), parent_run=parent.run_id)
         parent.client.log_dict(parent.run_id, {"runs": [trained["run_id"], inferred["run_id"]]}, "runs.json")
         report = aggregate(spec.aggregate.model_copy(update={"runs": parent.run_id}), parent_run=parent.run_id)
+        publish_artifacts(report)
         for path in (report["report"], report["html"], *report["figures"]):
             parent.log_artifact(Path(path), "report")
     logger.info("report: %s; runs: %s", report["report"], run_url(settings, parent.run_id))
@@ -323,7 +327,7 @@ def benchmark(spec: BenchmarkSpec = BenchmarkSpec()) -> dict:
         bench.client.log_dict(bench.run_id, {"runs": [c["run_id"] for c in cells if c.get("run_id")], "cells": cells}, "runs.json")
         report = aggregate(spec.aggregate.model_copy(update={"runs": bench.run_id}), parent_run=bench.run_id)
         # The report on the benchmark's own runs: its Prefect artifacts and its MLflow run's artifacts.
-        publish_artifacts(name, report["markdown"], report["train_rows"], report["infer_rows"])
+        publish_artifacts(report)
         for path in (report["report"], report["html"], *report["figures"]):
             bench.log_artifact(Path(path), "report")
         failed = [c for c in cells if c["status"] == "FAILED"]

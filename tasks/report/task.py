@@ -369,16 +369,18 @@ def _embed(markdown: str, folder: Path) -> str:
     return re.sub(r"!\[([^\]]*)\]\(([^)/:]+\.png)\)", inline, markdown)
 
 
-def publish_artifacts(name: str, markdown: str, train_table: list[dict], infer_table: list[dict]) -> None:
-    """The report (figures inline) and its tables as Prefect artifacts of the running flow (keys from the report name)."""
+def publish_artifacts(report: dict) -> None:
+    """The report that ``aggregate_runs`` returned (figures inline) and its tables as Prefect artifacts of the
+    running flow, under keys from the report's name; called once per report, by the flow whose run owns it."""
     from prefect.artifacts import create_markdown_artifact, create_table_artifact
 
+    name = report["name"]
     key = re.sub(r"[^a-z0-9-]+", "-", name.lower()).strip("-") or "report"
     clean = lambda rows: [{k: fmt(v) for k, v in r.items() if k not in ("setting", "shared_setting")} for r in rows]  # noqa: E731
-    create_markdown_artifact(markdown=markdown, key=f"{key}-report", description=f"Kármán Bench report {name}")
-    create_table_artifact(table=clean(train_table) or [{"status": "no training runs"}], key=f"{key}-training",
+    create_markdown_artifact(markdown=report["markdown"], key=f"{key}-report", description=f"Kármán Bench report {name}")
+    create_table_artifact(table=clean(report["train_rows"]) or [{"status": "no training runs"}], key=f"{key}-training",
                           description="Training runs: setting, device, batch size, time per epoch")
-    create_table_artifact(table=clean(infer_table) or [{"status": "no rollouts"}], key=f"{key}-inference",
+    create_table_artifact(table=clean(report["infer_rows"]) or [{"status": "no rollouts"}], key=f"{key}-inference",
                           description="Rollouts: mode x workers -> frames/s, accuracy, solver comparison")
 
 
@@ -440,7 +442,7 @@ def build_report(settings: Settings, name: str, scope: str, runs, exp_id: str, o
 @task(name="aggregate-runs", task_run_name="report {spec.name}")
 def aggregate_runs(settings: Settings, spec: AggregateSpec, parent_run_id: str | None = None) -> dict:
     """report.md, report.html and figures under the report folder, over the runs the spec names,
-    logged to an aggregate MLflow run and published as Prefect artifacts."""
+    logged to an aggregate MLflow run; the flow that owns the report publishes it (publish_artifacts)."""
     logger = get_run_logger()
     client = client_for(settings)
     exp_id = experiment_id(client, settings)
@@ -452,7 +454,6 @@ def aggregate_runs(settings: Settings, spec: AggregateSpec, parent_run_id: str |
     report.write_text(text)
     html_report = write_html(report, f"Kármán Bench report {spec.name}")
     embedded = _embed(text, out)
-    publish_artifacts(spec.name, embedded, tables["train_rows"], tables["infer_rows"])
     with mlflow_run(settings, "aggregate", f"aggregate-{spec.name}", params=spec.model_dump(), parent_run_id=parent_run_id,
                     description=f"Report `{spec.name}` over {scope}.") as run:
         run.log_metrics({"train_runs": len(tables["train_rows"]), "infer_runs": len(tables["infer_rows"])})
@@ -460,5 +461,5 @@ def aggregate_runs(settings: Settings, spec: AggregateSpec, parent_run_id: str |
             run.log_artifact(path, "report")
     logger.info("report over %s: %d training and %d rollout rows, written to %s", scope, len(tables["train_rows"]),
                 len(tables["infer_rows"]), report)
-    return {"report": str(report), "html": str(html_report), "markdown": embedded, "figures": [str(f) for f in figures],
+    return {"name": spec.name, "report": str(report), "html": str(html_report), "markdown": embedded, "figures": [str(f) for f in figures],
             "run_id": run.run_id, "scope": scope, **tables}
