@@ -110,3 +110,13 @@ def test_a_rollout_has_one_name_in_mlflow_and_prefect():
     spec = InferSpec(mode="mapreduce", workers=2)
     assert infer_run_name(spec) == "infer-mapreduce-cpu-w2"
     assert infer_label(spec) == rollout.task_run_name(parameters={"spec": spec}) == pipeline._cell_label("infer", spec) == "infer mapreduce cpu x2"
+
+
+def test_the_quick_matrix_is_its_preset():
+    from tasks.common.specs import BENCHMARK_PRESETS
+
+    quick = BenchmarkSpec.quick()
+    assert quick == BenchmarkSpec.preset("quick") == BenchmarkSpec.model_validate(BENCHMARK_PRESETS["quick"])
+    assert (quick.batch_sizes, quick.train.epochs, quick.infer.steps, quick.aggregate.name) == ([4, 8], 3, 40, "quick")
+    with pytest.raises(ValueError, match="unknown benchmark preset 'fast'; choose one of quick, frameworks"):
+        BenchmarkSpec.preset("fast")

@@ -351,9 +351,27 @@ class BenchmarkSpec(Spec):
         return [(d, m, w) for d in self.infer_devices for m in self.modes for w in self.workers if m == "mapreduce" or w == 1]
 
     @classmethod
+    def preset(cls, name: str) -> "BenchmarkSpec":
+        """The named matrix of BENCHMARK_PRESETS; ValueError naming the presets for any other name."""
+        if name not in BENCHMARK_PRESETS:
+            raise ValueError(f"unknown benchmark preset {name!r}; choose one of {', '.join(BENCHMARK_PRESETS)}")
+        return cls.model_validate(BENCHMARK_PRESETS[name])
+
+    @classmethod
     def quick(cls) -> "BenchmarkSpec":
-        """The demo matrix on CPU: a small sweep, a narrow Pix2Pix at two batch sizes, rollouts full-frame
-        and map-reduce on one and two workers."""
-        return cls(train=TrainOptions(ngf=16, ndf=16, epochs=3), batch_sizes=[4, 8],
-                   infer=InferOptions(steps=40), workers=[1, 2], aggregate=AggregateSpec(name="quick"))
+        """The quick matrix on CPU (``--quick``): a small sweep, a narrow Pix2Pix at two batch sizes, rollouts
+        full-frame and map-reduce on one and two workers."""
+        return cls.preset("quick")
+
+
+# The named benchmark matrices, each written once: the CLI's --quick is "quick", and prefect.yaml's quick
+# and frameworks deployments of the benchmark pass these values (tests/test_decisions.py holds them equal).
+_QUICK = {"train": {"ngf": 16, "ndf": 16, "epochs": 3}, "batch_sizes": [4, 8], "infer": {"steps": 40}, "workers": [1, 2],
+          "aggregate": {"name": "quick"}}
+BENCHMARK_PRESETS: dict[str, dict] = {
+    # The demo's sizes: a narrow Pix2Pix at batch 4 and 8, rollouts full-frame and map-reduce on 1 and 2 workers.
+    "quick": _QUICK,
+    # PyTorch and TensorFlow side by side at the quick matrix's sizes, batch 8, two seeds each.
+    "frameworks": _QUICK | {"frameworks": ["torch", "tensorflow"], "batch_sizes": [8], "repeats": 2, "aggregate": {"name": "frameworks"}},
+}
 
