@@ -1,4 +1,4 @@
-"""The MLflow tag names users filter and group runs on, defined once (no MLflow import, so any process may use them)."""
+"""The names users filter and find runs by, each made once: MLflow tag names and the runs' names in MLflow and Prefect (no MLflow import, so any process may use them)."""
 
 
 class Tag:
