@@ -11,10 +11,10 @@ from prefect import flow, get_run_logger
 from pydantic.json_schema import SkipJsonSchema
 
 from tasks.common.cells import cell_error, cell_key, finished_cell, interrupted_cell, record_failed_cell
-from tasks.common.names import Tag
+from tasks.common.names import Tag, infer_label, infer_run_name, train_label, train_run_name
 from tasks.common.progress import Progress
 from tasks.common.settings import Settings
-from tasks.common.specs import AblationSpec, AggregateSpec, BenchmarkSpec, DemoSpec, GenerateSpec, InferSpec, TrainSpec, ValidateSpec
+from tasks.common.specs import DEFAULT_EPOCHS, AblationSpec, AggregateSpec, BenchmarkSpec, DemoSpec, GenerateSpec, InferSpec, TrainSpec, ValidateSpec
 from tasks.common.tracking import mlflow_run, reap_orphans, run_url
 from tasks.generate.task import run_sweep
 from tasks.infer.task import rollout
@@ -55,16 +55,6 @@ def _named(model, name_of):
     return name
 
 
-def _framework_word(spec: TrainSpec) -> str:
-    """'' for torch (the default), 'tensorflow ' otherwise: run names say the framework when it is not the default."""
-    return "" if spec.framework == "torch" else f"{spec.framework} "
-
-
-def _train_name(spec: TrainSpec) -> str:
-    return (f"train {_framework_word(spec)}{spec.device} b{','.join(map(str, spec.batch_sizes))}" + (f" seed {spec.seed}" if spec.seed else "")
-            + (" (resume)" if spec.resume else ""))
-
-
 def _tag_run(*tags: str) -> None:
     """Add ``tags`` to the running flow run (whether started here, as a subflow or from a deployment),
     so the Prefect UI's runs list filters on them."""
@@ -90,7 +80,7 @@ def generate(spec: GenerateSpec = GenerateSpec(), parent_run: ParentRun = None) 
     return run_sweep(_settings(), spec, parent_run_id=parent_run)
 
 
-@flow(name="train", flow_run_name=_named(TrainSpec, _train_name))
+@flow(name="train", flow_run_name=_named(TrainSpec, train_label))
 def train(spec: TrainSpec = TrainSpec(), parent_run: ParentRun = None) -> dict:
     """Train Pix2Pix on a dataset on the chosen device: one run per batch size (several make a sweep,
     whose runs are children of one parent run holding the study's table), or resume an interrupted run."""
@@ -118,7 +108,7 @@ def train(spec: TrainSpec = TrainSpec(), parent_run: ParentRun = None) -> dict:
             "run_id": next(r["run_id"] for r in reversed(results) if r["status"] == "FINISHED")}
 
 
-@flow(name="infer", flow_run_name=_named(InferSpec, lambda s: f"infer {s.mode} {s.device} x{s.workers}"))
+@flow(name="infer", flow_run_name=_named(InferSpec, infer_label))
 def infer(spec: InferSpec = InferSpec(), parent_run: ParentRun = None) -> dict:
     """Roll a trained generator out on a held-out simulation and score it against the solver."""
     _tag_run("stage:infer", f"device:{spec.device}", f"mode:{spec.mode}", f"workers:{spec.workers}")
@@ -129,7 +119,10 @@ def infer(spec: InferSpec = InferSpec(), parent_run: ParentRun = None) -> dict:
 def aggregate(spec: AggregateSpec = AggregateSpec(), parent_run: ParentRun = None) -> dict:
     """Build comparison tables, figures and a report over one benchmark's or demo's runs (or all)."""
     _tag_run("stage:aggregate", f"report:{spec.name}")
-    return aggregate_runs(_settings(), spec, parent_run_id=parent_run)
+    report = aggregate_runs(_settings(), spec, parent_run_id=parent_run)
+    if parent_run is None:  # a benchmark's or the demo's report is published by that flow, on its own run
+        publish_artifacts(report)
+    return report
 
 
 @flow(name="validate-solver", flow_run_name=_named(ValidateSpec, lambda s: f"validate solver {s.case} {s.backend}"))
@@ -177,6 +170,7 @@ def demo(spec: DemoSpec = DemoSpec()) -> dict:
         inferred = infer(spec.infer.model_copy(update={"model_run": trained["run_id"]}), parent_run=parent.run_id)
         parent.client.log_dict(parent.run_id, {"runs": [trained["run_id"], inferred["run_id"]]}, "runs.json")
         report = aggregate(spec.aggregate.model_copy(update={"runs": parent.run_id}), parent_run=parent.run_id)
+        publish_artifacts(report)
         for path in (report["report"], report["html"], *report["figures"]):
             parent.log_artifact(Path(path), "report")
     logger.info("report: %s; runs: %s", report["report"], run_url(settings, parent.run_id))
@@ -224,9 +218,7 @@ def check_deployments(spec: BenchmarkSpec) -> None:
 
 
 def _cell_label(kind: str, spec) -> str:
-    if kind == "train":
-        return f"train {_framework_word(spec)}{spec.device} b{spec.batch_sizes[0]}" + (f" seed {spec.seed}" if spec.seed else "")
-    return f"infer {spec.mode} {spec.device} x{spec.workers}"
+    return train_label(spec) if kind == "train" else infer_label(spec)
 
 
 def _run_cell(kind: str, spec, settings: Settings, deployment: str | None, parent_run: str) -> dict:
@@ -266,7 +258,8 @@ def _run_cell(kind: str, spec, settings: Settings, deployment: str | None, paren
             error = message or "no finished run was recorded"
             shown = ({"device": spec.device, "batch_size": spec.batch_sizes[0]} if kind == "train"
                      else {"device": spec.device, "mode": spec.mode, "workers": spec.workers})
-            run_id = record_failed_cell(settings, kind, f"{kind}-{spec.device}-cell-{spec.cell}", spec.cell, error, shown, parent_run)
+            name = train_run_name(spec, spec.batch_sizes[0]) if kind == "train" else infer_run_name(spec)  # the name its run would have had
+            run_id = record_failed_cell(settings, kind, name, spec.cell, error, shown, parent_run)
         else:
             run_id, error = found
         return {"cell": spec.cell, "kind": kind, "label": label, "status": "FAILED", "run_id": run_id, "error": error}
@@ -274,7 +267,7 @@ def _run_cell(kind: str, spec, settings: Settings, deployment: str | None, paren
 
 
 def _benchmark_description(spec: BenchmarkSpec) -> str:
-    budget = f"{spec.train.time_budget:g} s" if spec.train.time_budget else f"{spec.train.epochs or 3} epochs"
+    budget = f"{spec.train.time_budget:g} s" if spec.train.time_budget else f"{spec.train.epochs or DEFAULT_EPOCHS} epochs"
     return (f"Benchmark `{spec.aggregate.name}`: Pix2Pix ({'/'.join(spec.frameworks)}) trained on {', '.join(spec.devices)} at global batch sizes "
             f"{', '.join(map(str, spec.batch_sizes))} ({spec.repeats} seed(s) each, {budget}, recipe {spec.train.recipe}) on dataset "
             f"`{spec.generate.dataset}`; each framework's first trained model rolled out {spec.infer.steps} steps "
@@ -334,7 +327,7 @@ def benchmark(spec: BenchmarkSpec = BenchmarkSpec()) -> dict:
         bench.client.log_dict(bench.run_id, {"runs": [c["run_id"] for c in cells if c.get("run_id")], "cells": cells}, "runs.json")
         report = aggregate(spec.aggregate.model_copy(update={"runs": bench.run_id}), parent_run=bench.run_id)
         # The report on the benchmark's own runs: its Prefect artifacts and its MLflow run's artifacts.
-        publish_artifacts(name, report["markdown"], report["train_rows"], report["infer_rows"])
+        publish_artifacts(report)
         for path in (report["report"], report["html"], *report["figures"]):
             bench.log_artifact(Path(path), "report")
         failed = [c for c in cells if c["status"] == "FAILED"]

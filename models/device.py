@@ -16,10 +16,8 @@ from typing import Callable, ContextManager, Literal
 
 import torch
 
-from models.host import DeviceUnavailable  # noqa: F401  (raised here, caught by the job entry)
+from models.host import DEVICE_KINDS, DeviceKind, DeviceUnavailable  # noqa: F401  (DeviceUnavailable: raised here, caught by the job entry)
 
-DeviceKind = Literal["cpu", "cuda", "xla"]
-DEVICE_KINDS: tuple[str, ...] = ("cpu", "cuda", "xla")
 Precision = Literal["fp32", "bf16"]
 
 
@@ -186,3 +184,14 @@ def _resolve_xla(precision: str, data_parallel: bool) -> DeviceContext:
         ctx.strategy, ctx.shard = "spmd", shard
         ctx.description = f"xla:{pjrt} x{world} (SPMD, batch sharded over {world} devices)"
     return ctx
+
+
+def to_cpu(obj):
+    """The same nested structure with every tensor detached and on the CPU (XLA and CUDA state)."""
+    if isinstance(obj, torch.Tensor):
+        return obj.detach().cpu()
+    if isinstance(obj, dict):
+        return {k: to_cpu(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(to_cpu(v) for v in obj)
+    return obj

@@ -1,6 +1,11 @@
 """What this host offers the computation (CPU cores, devices that can be opened), framework-free."""
 
 import os
+from typing import Literal, get_args
+
+# The device kinds a run can ask for: cpu, cuda (NVIDIA GPUs) and xla (TPU cores), named once.
+DeviceKind = Literal["cpu", "cuda", "xla"]
+DEVICE_KINDS: tuple[str, ...] = get_args(DeviceKind)
 
 
 class DeviceUnavailable(RuntimeError):

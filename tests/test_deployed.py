@@ -39,12 +39,19 @@ def wait_for_finished_train_cell(uri: str, worker: subprocess.Popen, log: Path, 
 
 
 def test_quick_prefect_yaml_parameters_are_the_quick_matrix():
-    from tasks.common.specs import BenchmarkSpec
+    from tasks.common.specs import BENCHMARK_PRESETS, BenchmarkSpec
 
     deployments = yaml.safe_load((Path(ROOT) / "prefect.yaml").read_text())["deployments"]
     quick = next(d for d in deployments if d["entrypoint"].endswith(":benchmark") and d["name"] == "quick")
     assert BenchmarkSpec.model_validate(quick["parameters"]["spec"]) == BenchmarkSpec.quick()
     assert quick["work_pool"]["name"] == "cpu"
+    # every preset is a deployment of the benchmark with the preset's matrix, as the run form shows it
+    benchmarks = {d["name"]: d for d in deployments if d["entrypoint"].endswith(":benchmark")}
+    assert set(BENCHMARK_PRESETS) <= set(benchmarks)
+    for name in BENCHMARK_PRESETS:
+        assert BenchmarkSpec.model_validate(benchmarks[name]["parameters"]["spec"]) == BenchmarkSpec.preset(name), name
+    frameworks = BenchmarkSpec.preset("frameworks")
+    assert (frameworks.frameworks, frameworks.batch_sizes, frameworks.repeats, frameworks.train.ngf) == (["torch", "tensorflow"], [8], 2, 16)
     nightly = next(d for d in deployments if d["entrypoint"].endswith(":benchmark") and d["name"] == "nightly")
     assert nightly["schedules"][0]["cron"] == "0 2 * * *"
     pools = {(d["entrypoint"].rsplit(":", 1)[1], d["name"]): d["work_pool"] for d in deployments}

@@ -6,7 +6,8 @@ import time
 import numpy as np
 
 from models.solver import ChannelSolver
-from tasks.bench.solver import bench_config, time_solver
+from models.solver.timing import time_solver
+from tasks.bench.solver import bench_config
 
 
 def bench_frame(height: int, width: int, warmup_steps: int = 200) -> np.ndarray:

@@ -1,7 +1,7 @@
 """bench-quality: time to quality of a recipe on one device, its rollout scores and its cost against the solver's.
 
 It trains through the same loop, runtime, workload trainer, split, normaliser, recipe, validation
-and target as ``python -m flows train`` (tasks.train.loop), in this process, with a recorder that
+and target as ``python -m flows train`` (tasks.common.training.loop), in this process, with a recorder that
 keeps the validations in memory and sends nothing anywhere: no MLflow run, checkpoint or child
 process. It imports no Prefect or MLflow, so it runs on a machine that has only the compute and data
 stack (numpy, numba, torch, zarr, pydantic). Then it scores the test rollout and times the surrogate's
@@ -20,9 +20,9 @@ import torch
 from tasks.common.data import StepCodec
 from tasks.common.specs import TrainSpec
 from tasks.common.store import load_manifest
-from tasks.infer.scoring import load_simulation, score_generator
-from tasks.train import loop
-from tasks.train.runtime_torch import TorchRuntime
+from tasks.workloads.karman.scoring import load_simulation, score_generator
+from tasks.common.training import loop
+from tasks.common.training.runtime_torch import TorchRuntime
 from tasks.workloads import framework_module, get_workload
 
 log = logging.getLogger("karman.bench")

@@ -1,6 +1,6 @@
 """bench-solver: the solver's full production step (collision, streaming, obstacle, walls, inflow and outflow) in MLUPS.
 
-Also the solver timings the other benchmarks compare a surrogate with. Imports no Prefect or MLflow."""
+Imports no Prefect or MLflow."""
 
 import statistics
 import time
@@ -8,6 +8,7 @@ import time
 import numpy as np
 
 from models.solver import ChannelSolver, FlowConfig, Obstacle
+from models.solver.timing import time_solver, timed_advances  # noqa: F401  (time_solver: bench-quality imports it from here)
 
 BENCH_TAU = 0.6  # any stable relaxation time: the cost of a step does not depend on it
 
@@ -26,7 +27,7 @@ def bench_solver(nx: int, ny: int, steps: int, backend: str = "numba", dtype: st
     """Median MLUPS over ``repeats`` timed runs of ``steps`` steps, after a warm-up that compiles."""
     config = bench_config(nx, ny, dtype)
     solver = ChannelSolver(config, backend=backend, device=device)
-    rates = [nx * ny * steps / t / 1e6 for t in _timed_advances(solver, steps, repeats, _synchroniser(backend, device))]
+    rates = [nx * ny * steps / t / 1e6 for t in timed_advances(solver, steps, repeats, _synchroniser(backend, device))]
     itemsize = np.dtype(dtype).itemsize
     return {
         "mlups": statistics.median(rates), "backend": backend, "dtype": dtype,
@@ -36,46 +37,9 @@ def bench_solver(nx: int, ny: int, steps: int, backend: str = "numba", dtype: st
     }
 
 
-def _timed_advances(solver: ChannelSolver, steps: int, repeats: int, sync) -> list[float]:
-    """Seconds of ``repeats`` runs of ``steps`` steps each, after a warm-up that compiles and touches the memory."""
-    solver.advance(2)
-    runs = []
-    for _ in range(repeats):
-        sync()
-        t0 = time.perf_counter()
-        solver.advance(steps)
-        sync()
-        runs.append(time.perf_counter() - t0)
-    return runs
-
-
 def _synchroniser(backend: str, device: str):
     if backend == "torch" and device.startswith("cuda"):
         import torch
 
         return torch.cuda.synchronize
     return lambda: None
-
-
-
-def time_solver(config: FlowConfig, steps: int, device: str, workers: int, repeats: int = 3) -> tuple[float, str]:
-    """Median seconds for the solver to advance ``steps`` steps of ``config``'s flow, and which solver:
-    on cpu the numba kernel on ``workers`` cores (the surrogate's compute units), on cuda the torch
-    backend on the GPU, otherwise the numba kernel on every host core."""
-    import numba
-
-    if device == "cuda":
-        import torch
-
-        solver, sync, name = ChannelSolver(config, backend="torch", device="cuda"), torch.cuda.synchronize, "torch on cuda"
-    else:
-        solver, sync = ChannelSolver(config, backend="numba"), lambda: None
-        name = f"numba on {workers if device == 'cpu' else numba.config.NUMBA_NUM_THREADS} cores"
-    threads = min(workers if device == "cpu" else numba.config.NUMBA_NUM_THREADS, numba.config.NUMBA_NUM_THREADS)
-    before = numba.get_num_threads()
-    numba.set_num_threads(threads)
-    try:
-        runs = _timed_advances(solver, steps, repeats, sync)
-    finally:
-        numba.set_num_threads(before)
-    return statistics.median(runs), name

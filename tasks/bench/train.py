@@ -6,6 +6,8 @@ import statistics
 import time
 from pathlib import Path
 
+from tasks.common.launch import device_env
+
 
 # Dense bf16 tensor-core peaks (TFLOP/s) of GPUs we know, by a substring of the device name.
 GPU_PEAK_BF16_TFLOPS = {"H200": 989.4, "H100 SXM": 989.4, "H100 80GB HBM3": 989.4, "H100 PCIe": 756.0, "H100 NVL": 835.0,
@@ -262,10 +264,9 @@ def bench_train_keras(device: str = "cpu", size: int = 256, batch_size: int = 1,
 
     NetConfig(size=size).check_image(size, size)
     threads = torch.get_num_threads()
-    env = {"TF_CPP_MIN_LOG_LEVEL": "2", **({"CUDA_VISIBLE_DEVICES": ""} if device == "cpu" else {})}
     config = {"size": size, "batch_size": batch_size, "seed": seed, "threads": threads, "device": device, "jit_compile": jit_compile}
     with contextlib.ExitStack() as stack:
-        keras = StepProcess("tasks.bench.train_keras:keras_step_server", config, env, "Keras-step")
+        keras = StepProcess("tasks.bench.train_keras:keras_step_server", config, device_env(device, framework="tensorflow"), "Keras-step")
         stack.callback(keras.close)
         sides = {"keras": keras.run}
         if baseline:

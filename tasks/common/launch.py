@@ -11,6 +11,7 @@ import threading
 from collections import deque
 from pathlib import Path
 
+from models.host import DeviceKind
 from tasks.common import events
 from tasks.common.errors import RunFailed, RunStopped, UserError, signal_name
 from tasks.common.lifetime import JOB_DIR_PREFIX, PARENT_ENV, defer, raise_pending, signal_of, stop_child
@@ -70,7 +71,7 @@ def _raise_verdict(kind: str, rc: int, tail: deque, verdicts: list, result_path:
     raise cls(error["message"])
 
 
-def device_env(device: str, world_size: int | None = None, framework: str = "torch") -> dict[str, str]:
+def device_env(device: DeviceKind, world_size: int | None = None, framework: str = "torch") -> dict[str, str]:
     """Environment a child needs for its device, set before any framework import. On the XLA CPU
     runtime (PJRT_DEVICE=CPU, for tests) ``world_size`` sets the number of virtual devices."""
     env: dict[str, str] = {}

@@ -1,4 +1,4 @@
-"""The MLflow tag names users filter and group runs on, defined once (no MLflow import, so any process may use them)."""
+"""The names users filter and find runs by, each made once: MLflow tag names and the runs' names in MLflow and Prefect (no MLflow import, so any process may use them)."""
 
 
 class Tag:
@@ -26,3 +26,40 @@ class Tag:
     VALIDATION_INSIDE = "karman.validation.inside"
     DRIVER = "karman.driver"  # host:pid:start of the process that holds the run open (for reaping)
     DESCRIPTION = "mlflow.note.content"  # the run's description in the MLflow UI
+
+
+# Run names, made here only: MLflow's (``train-cpu-b8``) and Prefect's flow and task runs' (``train cpu b8``)
+# for the same run say the same things. ``spec`` is a TrainSpec or an InferSpec (duck-typed, so that any
+# process may import this module without pydantic models).
+
+def _framework(spec) -> str:
+    """'' for torch (the default), the framework otherwise: names say the framework when it is not the default."""
+    return "" if spec.framework == "torch" else spec.framework
+
+
+def train_run_name(spec, batch_size: int) -> str:
+    """The MLflow run name of one training run: ``train-cpu-b8``, ``train-tensorflow-cpu-b8``."""
+    return "-".join(filter(None, ["train", _framework(spec), spec.device, f"b{batch_size}"]))
+
+
+def sweep_run_name(spec) -> str:
+    """The MLflow run name of a batch-size sweep's parent run: ``train-sweep-cpu-b8,16``."""
+    return "-".join(filter(None, ["train-sweep", _framework(spec), spec.device, f"b{','.join(map(str, spec.batch_sizes))}"]))
+
+
+def infer_run_name(spec) -> str:
+    """The MLflow run name of one rollout: ``infer-mapreduce-cpu-w2``."""
+    return f"infer-{spec.mode}-{spec.device}-w{spec.workers}"
+
+
+def train_label(spec, batch_sizes: list[int] | None = None) -> str:
+    """A training run's name in Prefect: ``train cpu b8``, ``train tensorflow cuda b8,16 seed 1 (resume)``;
+    ``batch_sizes`` (default: the spec's) names one run of a sweep."""
+    sizes = ",".join(map(str, batch_sizes or spec.batch_sizes))
+    return (" ".join(filter(None, ["train", _framework(spec), spec.device, f"b{sizes}"]))
+            + (f" seed {spec.seed}" if spec.seed else "") + (" (resume)" if spec.resume else ""))
+
+
+def infer_label(spec) -> str:
+    """A rollout's name in Prefect: ``infer mapreduce cpu x2``."""
+    return f"infer {spec.mode} {spec.device} x{spec.workers}"

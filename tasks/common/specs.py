@@ -7,11 +7,17 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, PositiveFloat, PositiveInt, field_validator, model_validator
 
+from models.host import DeviceKind as Device
 from models.tiling import DEFAULT_HALO
+
+DEFAULT_EPOCHS = 3  # a training run's epoch limit when it gives neither epochs nor a time budget
+
+# A dataset's or a report's name: a folder of its own under the data root (no separators, no leading dot).
+FOLDER_NAME = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$"
 
 DatasetName = Field(
     default="karman-demo",
-    pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$",
+    pattern=FOLDER_NAME,
     description="Dataset name: a folder in the data root's datasets folder",
 )
 
@@ -76,11 +82,11 @@ class TrainSpec(Spec):
     workload: str = Field(default="karman", pattern=r"^[a-z][a-z0-9_-]{0,31}$", description="Workload, by name from the workload table: karman (the Pix2Pix surrogate of a vortex street); the fields from ngf on are karman's")
     dataset: str = DatasetName
     framework: Literal["torch", "tensorflow"] = Field(default="torch", description="torch (PyTorch) or tensorflow (Keras 3 under a tf.distribute strategy): the same networks, recipe, data and metrics")
-    device: Literal["cpu", "cuda", "xla"] = Field(default="cpu", description="cpu, cuda (all visible GPUs) or xla (TPU cores: torch_xla, or TPUStrategy for tensorflow)")
+    device: Device = Field(default="cpu", description="cpu, cuda (all visible GPUs) or xla (TPU cores: torch_xla, or TPUStrategy for tensorflow)")
     strategy: Literal["auto", "default", "mirrored", "multiworker", "tpu"] = Field(default="auto", description="tensorflow's distribution strategy: default (one device), mirrored (the world's devices in one process; on cpu, logical CPUs), multiworker (one process per device on 127.0.0.1), tpu (a TPU host); auto = default for one device, mirrored for more, tpu for xla. torch takes auto: DDP processes on cpu and cuda, SPMD on xla")
     batch_sizes: list[PositiveInt] = Field(default=[8], min_length=1, description="Global batch sizes; several make a sweep: one run each, children of one parent run")
     world_size: PositiveInt | None = Field(default=None, description="Devices to train on, data-parallel; None = every GPU or TPU core, 1 process on cpu (cpu > 1: DDP processes over gloo)")
-    epochs: PositiveInt | None = Field(default=None, le=100_000, description="Training epochs at most; None = 3, or no limit with a time budget")
+    epochs: PositiveInt | None = Field(default=None, le=100_000, description=f"Training epochs at most; None = {DEFAULT_EPOCHS}, or no limit with a time budget")
     time_budget: PositiveFloat | None = Field(default=None, le=30 * 86400, description="Wall-clock seconds of training (validation included): training stops at the end of the step that crosses it and saves the model of that moment")
     validate_every: int = Field(default=2, ge=0, description="Epochs between validation rollouts on the validation simulations, logged against training time (0 = none)")
     validate_steps: PositiveInt = Field(default=60, le=100_000, description="Steps of each validation rollout")
@@ -138,10 +144,10 @@ class TrainSpec(Spec):
 
     @property
     def epoch_limit(self) -> int:
-        """Epochs to run at most: the given number, else 3, or (with a time budget) until the budget ends."""
+        """Epochs to run at most: the given number, else DEFAULT_EPOCHS, or (with a time budget) until the budget ends."""
         if self.epochs is not None:
             return self.epochs
-        return 10**9 if self.time_budget is not None else 3
+        return 10**9 if self.time_budget is not None else DEFAULT_EPOCHS
 
     def progress(self, train_s: float, step: int, steps_per_epoch: int) -> float:
         """How far the run is, 0 to 1, for the learning-rate schedule: training time over the time
@@ -166,13 +172,13 @@ class InferSpec(Spec):
     map-reduce tiled over several workers."""
 
     model_run: str = Field(default="latest", description="MLflow run id of a training run, or 'latest'")
-    device: Literal["cpu", "cuda", "xla"] = Field(default="cpu", description="Device of the rollout")
+    device: Device = Field(default="cpu", description="Device of the rollout")
     mode: Literal["full", "mapreduce"] = Field(default="full", description="full: the whole frame on one worker; mapreduce: tiles with a halo, grouped, mapped over the workers, blended back")
     workers: PositiveInt = Field(default=1, le=4096, description="Compute units: CPU cores (one thread each), GPUs, or XLA devices (1 or all); full mode uses 1")
     tile: list[PositiveInt] | None = Field(default=None, min_length=1, max_length=2, description="Tile side, or height,width; multiples of the U-Net's 2^depth; None = the model's training size")
     halo: int = Field(default=DEFAULT_HALO, ge=0, description="Pixels each tile reaches into its neighbours (the overlap is twice this)")
     group: PositiveInt | None = Field(default=None, description="Tiles per batch; None = tiles / workers, rounded up (one batch per worker and frame)")
-    dataset: str | None = Field(default=None, pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$", description="Dataset of the reference simulation; None = the model's training dataset")
+    dataset: str | None = Field(default=None, pattern=FOLDER_NAME, description="Dataset of the reference simulation; None = the model's training dataset")
     steps: PositiveInt = Field(default=20, le=100_000, description="Rollout steps (each advances k frames)")
     simulation: str | None = Field(default=None, description="Simulation id; None = the model's first test simulation")
     start_frame: int = Field(default=0, ge=0, description="Reference frame the rollout starts from")
@@ -191,7 +197,7 @@ class InferSpec(Spec):
 class AggregateSpec(Spec):
     """Comparison tables, figures and a report over the experiment's runs."""
 
-    name: str = Field(default="latest", pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$", description="Report folder name in the data root's reports folder")
+    name: str = Field(default="latest", pattern=FOLDER_NAME, description="Report folder name in the data root's reports folder")
     runs: str = Field(default="latest", pattern=r"^(latest|all|[0-9a-f]{32})$", description="Which runs the report covers: latest (the newest benchmark or demo run's), the MLflow run id of a benchmark or demo run, or all (every run of the experiment)")
 
 
@@ -237,7 +243,7 @@ class AblationSpec(Spec):
     threads: PositiveInt | None = Field(default=None, le=4096, description="CPU threads for torch, at most the host's cores; None = all cores")
     seed: int = Field(default=0, ge=0, le=2**31 - 1, description="Seed of weights, split and shuffling")
     steps: PositiveInt = Field(default=60, le=100_000, description="Rollout steps on the test simulation")
-    name: str = Field(default="ablation", pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$", description="Report folder name under the data root's reports folder")
+    name: str = Field(default="ablation", pattern=FOLDER_NAME, description="Report folder name under the data root's reports folder")
 
     @field_validator("variants")
     @classmethod
@@ -263,9 +269,6 @@ class DemoSpec(Spec):
         if self.train.dataset != self.generate.dataset:
             raise ValueError(f"train.dataset {self.train.dataset!r} must equal generate.dataset {self.generate.dataset!r}")
         return self
-
-
-Device = Literal["cpu", "cuda", "xla"]
 
 
 def options_of(model: type[Spec], matrix: set[str], doc: str) -> type[Spec]:
@@ -349,9 +352,27 @@ class BenchmarkSpec(Spec):
         return [(d, m, w) for d in self.infer_devices for m in self.modes for w in self.workers if m == "mapreduce" or w == 1]
 
     @classmethod
+    def preset(cls, name: str) -> "BenchmarkSpec":
+        """The named matrix of BENCHMARK_PRESETS; ValueError naming the presets for any other name."""
+        if name not in BENCHMARK_PRESETS:
+            raise ValueError(f"unknown benchmark preset {name!r}; choose one of {', '.join(BENCHMARK_PRESETS)}")
+        return cls.model_validate(BENCHMARK_PRESETS[name])
+
+    @classmethod
     def quick(cls) -> "BenchmarkSpec":
-        """The demo matrix on CPU: a small sweep, a narrow Pix2Pix at two batch sizes, rollouts full-frame
-        and map-reduce on one and two workers."""
-        return cls(train=TrainOptions(ngf=16, ndf=16, epochs=3), batch_sizes=[4, 8],
-                   infer=InferOptions(steps=40), workers=[1, 2], aggregate=AggregateSpec(name="quick"))
+        """The quick matrix on CPU (``--quick``): a small sweep, a narrow Pix2Pix at two batch sizes, rollouts
+        full-frame and map-reduce on one and two workers."""
+        return cls.preset("quick")
+
+
+# The named benchmark matrices, each written once: the CLI's --quick is "quick", and prefect.yaml's quick
+# and frameworks deployments of the benchmark pass these values (tests/test_decisions.py holds them equal).
+_QUICK = {"train": {"ngf": 16, "ndf": 16, "epochs": 3}, "batch_sizes": [4, 8], "infer": {"steps": 40}, "workers": [1, 2],
+          "aggregate": {"name": "quick"}}
+BENCHMARK_PRESETS: dict[str, dict] = {
+    # The demo's sizes: a narrow Pix2Pix at batch 4 and 8, rollouts full-frame and map-reduce on 1 and 2 workers.
+    "quick": _QUICK,
+    # PyTorch and TensorFlow side by side at the quick matrix's sizes, batch 8, two seeds each.
+    "frameworks": _QUICK | {"frameworks": ["torch", "tensorflow"], "batch_sizes": [8], "repeats": 2, "aggregate": {"name": "frameworks"}},
+}
 

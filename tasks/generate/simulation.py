@@ -1,51 +1,17 @@
 """One reference simulation (on a Dask worker), its snapshots stored as an xarray Dataset in the zarr store."""
 
-import hashlib
-import json
 import logging
 import time
 from pathlib import Path
-from typing import Literal
 
 import numpy as np
 import xarray as xr
-from pydantic import BaseModel, Field
 
-from models.solver import SOLVER_VERSION, ChannelSolver, FlowConfig, Obstacle
+from models.solver import SOLVER_VERSION, ChannelSolver
+from tasks.common.simulation import SimulationSpec
 from tasks.common.store import VARIABLES, content_digest, write_simulation
 
 log = logging.getLogger("karman.simulate")
-
-
-class SimulationSpec(BaseModel):
-    """One simulation of the sweep, in lattice units."""
-
-    nx: int = Field(gt=0)
-    ny: int = Field(gt=0)
-    reynolds: float
-    u_max: float
-    inflow: Literal["parabolic", "uniform"] = "parabolic"
-    shape: Literal["circle", "square", "rectangle", "ellipse"] = "circle"
-    size: float
-    cx: float
-    cy: float
-    aspect: float = 1.0
-    warmup_steps: int = Field(ge=0)
-    frames: int = Field(gt=0)
-    frame_every: int = Field(gt=0)
-    seed: int = 0
-    backend: Literal["numba", "numpy"] = "numba"
-    threads: int = Field(default=1, gt=0)
-
-    def flow_config(self) -> FlowConfig:
-        ob = Obstacle(shape=self.shape, cx=self.cx, cy=self.cy, size=self.size, aspect=self.aspect)
-        return FlowConfig(nx=self.nx, ny=self.ny, reynolds=self.reynolds, u_max=self.u_max, inflow=self.inflow, obstacle=ob)
-
-    @property
-    def sim_id(self) -> str:
-        physics = self.model_dump(exclude={"backend", "threads"})
-        key = hashlib.sha256(json.dumps(physics, sort_keys=True).encode()).hexdigest()[:8]
-        return f"{self.shape}-re{self.reynolds:g}-{key}"
 
 
 def simulate(spec: SimulationSpec) -> tuple[xr.Dataset, dict]:

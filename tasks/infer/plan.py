@@ -15,11 +15,11 @@ from tasks.common import probe
 from tasks.common.launch import device_env, run_child
 from tasks.common.names import Tag
 from tasks.common.settings import Settings
+from tasks.common.simulation import SimulationSpec
 from tasks.common.specs import InferSpec
 from tasks.common.store import file_sha256, load_manifest
 from tasks.common.tracking import client_for, experiment_id, training_run
-from tasks.generate.simulation import SimulationSpec
-from tasks.infer.scoring import rollout_steps
+from tasks.workloads.karman.scoring import rollout_steps
 
 
 def download(settings: Settings, model_run: str, path: str, tmp: str) -> Path:

@@ -15,11 +15,11 @@ from models.inference import Predictor, StepTimes
 from tasks.common.data import OUTPUTS, StepCodec, load_frames
 from tasks.common.plots import error_curves, rollout_animation, vorticity_panels
 from tasks.common.settings import Settings
+from tasks.common.simulation import SimulationSpec
 from tasks.common.specs import InferSpec
 from tasks.common.tracking import Run
-from tasks.generate.simulation import SimulationSpec
 from tasks.infer.plan import RolloutPlan
-from tasks.infer.scoring import roll, rollout_steps, step_time
+from tasks.workloads.karman.scoring import roll, rollout_steps, step_time
 
 log = logging.getLogger("karman.infer")
 PHASES = ("split", "transfer", "compute", "merge")
@@ -67,7 +67,7 @@ def run_scored(spec: InferSpec, settings: Settings, run: Run, setup: RolloutPlan
     warm = statistics.median(latencies[1:]) if steps > 1 else latencies[0]
     warm_phases = phases[1:] or phases
     errors = score.errors
-    from tasks.bench.solver import time_solver
+    from models.solver.timing import time_solver
 
     solver_s, solver_name = time_solver(setup.sim_spec.flow_config(), stride * setup.sim_spec.frame_every, spec.device, spec.workers)
     quality = score.summary()

@@ -3,7 +3,7 @@
 from prefect import get_run_logger, task
 
 from tasks.common.launch import device_env, run_child
-from tasks.common.names import Tag
+from tasks.common.names import Tag, infer_label, infer_run_name
 from tasks.common.settings import Settings
 from tasks.common.specs import InferSpec
 from tasks.common.store import load_manifest
@@ -14,7 +14,7 @@ from tasks.infer.plan import plan_rollout
 ROLLOUT_BODIES = {"torch": "tasks.infer.job:run_rollout", "tensorflow": "tasks.infer.job_keras:run_rollout"}
 
 
-@task(name="rollout", task_run_name="infer {spec.mode} {spec.device} x{spec.workers}")
+@task(name="rollout", task_run_name=lambda parameters: infer_label(parameters["spec"]))
 def rollout(settings: Settings, spec: InferSpec, parent_run_id: str | None = None) -> dict:
     logger = get_run_logger()
     plan = plan_rollout(settings, spec, logger)
@@ -23,7 +23,7 @@ def rollout(settings: Settings, spec: InferSpec, parent_run_id: str | None = Non
             Tag.DATASET: dataset, Tag.FRAMEWORK: plan.framework}
     if spec.cell:
         tags[Tag.CELL] = spec.cell
-    name = f"infer-{spec.mode}-{spec.device}-w{spec.workers}"
+    name = infer_run_name(spec)
     how = "the whole frame on one worker" if spec.mode == "full" else f"map-reduce tiles over {spec.workers} workers"
     description = (f"Rollout of {spec.steps} steps of the generator of training run {model_run_id} on {spec.device}, {how}, "
                    f"against the solver's frames of dataset `{dataset}` (simulation {plan.simulation}). "

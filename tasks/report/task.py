@@ -13,32 +13,12 @@ from tasks.common.records import RECORD_FILE, TrainRecord
 from tasks.common.plots import bar_chart
 from tasks.common.settings import Settings
 from tasks.common.specs import AggregateSpec
+from tasks.common.tables import markdown_table
 from tasks.common.tracking import client_for, experiment_id, mlflow_run, run_url
 
 
 def _rows(client, exp_id: str, stage: str) -> list:
     return client.search_runs([exp_id], f"tags.`{Tag.STAGE}` = '{stage}'", order_by=["attributes.start_time ASC"], max_results=1000)
-
-
-def study_table(results: list[dict]) -> list[dict]:
-    """The study's table from training results (one dict per configuration, as train_model returns
-    or as read back from MLflow): device, batch size, world size, status, time per epoch, samples/s,
-    and speedup = slowest finished time per epoch / this one. Failed configurations stay in the
-    table with their status."""
-    rows = []
-    for r in results:
-        finished = r.get("status", "FINISHED") == "FINISHED" and "time_per_epoch_s" in r
-        rows.append({"run": str(r.get("run_id", ""))[:8], "device": str(r.get("device_kind", r.get("device", "?"))),
-                     "batch_size": int(r.get("batch_size", 0)), "world_size": int(r.get("world_size", 1)),
-                     "status": "FINISHED" if finished else r.get("status", "FAILED"),
-                     "time_per_epoch_s": float(r["time_per_epoch_s"]) if finished else float("nan"),
-                     "samples_per_s": float(r.get("samples_per_s", float("nan"))) if finished else float("nan"),
-                     "final_l1": float(r.get("final_l1", float("nan"))) if finished else float("nan")})
-    done = [r["time_per_epoch_s"] for r in rows if r["status"] == "FINISHED"]
-    slowest = max(done) if done else float("nan")
-    for r in rows:
-        r["speedup"] = slowest / r["time_per_epoch_s"] if r["status"] == "FINISHED" else float("nan")
-    return sorted(rows, key=lambda r: (r["device"], r["batch_size"], r["run"]))
 
 
 def quality_table(entries: list["TrainEntry"]) -> list[dict]:
@@ -67,16 +47,6 @@ def quality_table(entries: list["TrainEntry"]) -> list[dict]:
                      "time_per_epoch_s": sorted(m.record.summary.time_per_epoch_s for m in members)[len(members) // 2],
                      "not_reached": ", ".join(missed) or "-"})
     return rows
-
-
-def markdown_table(rows: list[dict]) -> str:
-    if not rows:
-        return "_no finished runs_\n"
-    cols = list(rows[0])
-    fmt = lambda v: f"{v:.4g}" if isinstance(v, float) else str(v)  # noqa: E731
-    lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
-    lines += ["| " + " | ".join(fmt(r[c]) for c in cols) + " |" for r in rows]
-    return "\n".join(lines) + "\n"
 
 
 ABLATION_COLUMNS = ("one_step_rel_l2_u", "one_step_rel_l2_vorticity", "one_step_skill_u", "horizon_u", "horizon_vorticity",
@@ -438,16 +408,18 @@ def _embed(markdown: str, folder: Path) -> str:
     return re.sub(r"!\[([^\]]*)\]\(([^)/:]+\.png)\)", inline, markdown)
 
 
-def publish_artifacts(name: str, markdown: str, train_table: list[dict], infer_table: list[dict]) -> None:
-    """The report (figures inline) and its tables as Prefect artifacts of the running flow (keys from the report name)."""
+def publish_artifacts(report: dict) -> None:
+    """The report that ``aggregate_runs`` returned (figures inline) and its tables as Prefect artifacts of the
+    running flow, under keys from the report's name; called once per report, by the flow whose run owns it."""
     from prefect.artifacts import create_markdown_artifact, create_table_artifact
 
+    name = report["name"]
     key = re.sub(r"[^a-z0-9-]+", "-", name.lower()).strip("-") or "report"
     clean = lambda rows: [{k: fmt(v) for k, v in r.items() if k not in ("setting", "shared_setting")} for r in rows]  # noqa: E731
-    create_markdown_artifact(markdown=markdown, key=f"{key}-report", description=f"Kármán Bench report {name}")
-    create_table_artifact(table=clean(train_table) or [{"status": "no training runs"}], key=f"{key}-training",
+    create_markdown_artifact(markdown=report["markdown"], key=f"{key}-report", description=f"Kármán Bench report {name}")
+    create_table_artifact(table=clean(report["train_rows"]) or [{"status": "no training runs"}], key=f"{key}-training",
                           description="Training runs: setting, device, batch size, time per epoch")
-    create_table_artifact(table=clean(infer_table) or [{"status": "no rollouts"}], key=f"{key}-inference",
+    create_table_artifact(table=clean(report["infer_rows"]) or [{"status": "no rollouts"}], key=f"{key}-inference",
                           description="Rollouts: mode x workers -> frames/s, accuracy, solver comparison")
 
 
@@ -513,7 +485,7 @@ def build_report(settings: Settings, name: str, scope: str, runs, exp_id: str, o
 @task(name="aggregate-runs", task_run_name="report {spec.name}")
 def aggregate_runs(settings: Settings, spec: AggregateSpec, parent_run_id: str | None = None) -> dict:
     """report.md, report.html and figures under the report folder, over the runs the spec names,
-    logged to an aggregate MLflow run and published as Prefect artifacts."""
+    logged to an aggregate MLflow run; the flow that owns the report publishes it (publish_artifacts)."""
     logger = get_run_logger()
     client = client_for(settings)
     exp_id = experiment_id(client, settings)
@@ -525,7 +497,6 @@ def aggregate_runs(settings: Settings, spec: AggregateSpec, parent_run_id: str |
     report.write_text(text)
     html_report = write_html(report, f"Kármán Bench report {spec.name}")
     embedded = _embed(text, out)
-    publish_artifacts(spec.name, embedded, tables["train_rows"], tables["infer_rows"])
     with mlflow_run(settings, "aggregate", f"aggregate-{spec.name}", params=spec.model_dump(), parent_run_id=parent_run_id,
                     description=f"Report `{spec.name}` over {scope}.") as run:
         run.log_metrics({"train_runs": len(tables["train_rows"]), "infer_runs": len(tables["infer_rows"])})
@@ -533,5 +504,5 @@ def aggregate_runs(settings: Settings, spec: AggregateSpec, parent_run_id: str |
             run.log_artifact(path, "report")
     logger.info("report over %s: %d training and %d rollout rows, written to %s", scope, len(tables["train_rows"]),
                 len(tables["infer_rows"]), report)
-    return {"report": str(report), "html": str(html_report), "markdown": embedded, "figures": [str(f) for f in figures],
+    return {"name": spec.name, "report": str(report), "html": str(html_report), "markdown": embedded, "figures": [str(f) for f in figures],
             "run_id": run.run_id, "scope": scope, **tables}

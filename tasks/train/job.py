@@ -15,8 +15,8 @@ from tasks.common.names import Tag
 from tasks.common.records import RECORD_FILE, TrainConfig, TrainRecord
 from tasks.common.settings import Settings
 from tasks.common.tracking import Run, client_for, code_version, system_metrics
-from tasks.train import loop
-from tasks.train.frameworks import open_runtime
+from tasks.common.training import loop
+from tasks.common.training.frameworks import open_runtime
 from tasks.train.plan import TrainPlan
 from tasks.workloads import framework_module, get_workload
 

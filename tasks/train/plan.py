@@ -14,7 +14,7 @@ from tasks.common.settings import Settings
 from tasks.common.specs import TrainSpec
 from tasks.common.store import writer_lock
 from tasks.common.tracking import training_run
-from tasks.train.frameworks import framework
+from tasks.common.training.frameworks import framework
 from tasks.workloads import check_framework, get_workload
 
 JOB_FILE = "job.json"  # the run's configuration, kept with its checkpoint for --resume

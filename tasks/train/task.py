@@ -6,14 +6,14 @@ from prefect import get_run_logger, task
 
 from tasks.common import events
 from tasks.common.launch import run_child
-from tasks.common.names import Tag
+from tasks.common.names import Tag, sweep_run_name, train_label, train_run_name
 from tasks.common.progress import Progress
 from tasks.common.records import TrainRecord
 from tasks.common.settings import Settings
 from tasks.common.specs import TrainSpec
 from tasks.common.store import write_json_atomic, writer_lock
+from tasks.common.tables import markdown_table
 from tasks.common.tracking import client_for, mlflow_run, run_url
-from tasks.report.task import markdown_table, study_table
 from tasks.train.plan import JOB_FILE, TrainPlan
 from tasks.workloads import get_workload
 
@@ -34,7 +34,7 @@ def training_tags(spec: TrainSpec, batch_size: int, digest: str) -> dict[str, st
     return tags
 
 
-@task(name="train-model", task_run_name="train {plan.framework} {plan.spec.device} b{batch_size}")
+@task(name="train-model", task_run_name=lambda parameters: train_label(parameters["plan"].spec, [parameters["batch_size"]]))
 def train_model(settings: Settings, plan: TrainPlan, batch_size: int, parent_run_id: str | None = None) -> dict:
     """Train the plan's workload at one batch size in child process(es); returns its summary.
     The run's progress (the child's progress events) is a Prefect progress artifact of this task run."""
@@ -43,7 +43,7 @@ def train_model(settings: Settings, plan: TrainPlan, batch_size: int, parent_run
     dataset_dir = settings.dataset_dir(spec.dataset)
     workload = get_workload(spec.workload)
     digest, profile = workload.dataset_info(settings, spec.dataset)
-    name = f"train-{spec.device}-b{batch_size}" if spec.framework == "torch" else f"train-{spec.framework}-{spec.device}-b{batch_size}"
+    name = train_run_name(spec, batch_size)
     description = (f"{workload.title}, {workload.setting(spec)}, trained with {spec.framework} on dataset `{spec.dataset}` ({', '.join(f'{v} {k}' for k, v in profile.items())}) on {spec.device} x{world}{f' ({plan.strategy} strategy)' if spec.framework == 'tensorflow' else ''}, global batch {batch_size}, {spec.precision}, for {_budget_words(spec)}, seed {spec.seed}. "
                    "Metrics: epoch_time_s per epoch; time_per_epoch_s is their median without the first epoch (warm-up); "
                    "val_* are validation scores, logged against epochs; record.json holds the run's configuration and summary.")
@@ -77,6 +77,27 @@ def train_model(settings: Settings, plan: TrainPlan, batch_size: int, parent_run
             "strategy": config.strategy, "run_id": run.run_id, "batch_size": batch_size}
 
 
+def study_table(results: list[dict]) -> list[dict]:
+    """The study's table from training results (one dict per configuration, as train_model returns
+    or as read back from MLflow): device, batch size, world size, status, time per epoch, samples/s,
+    and speedup = slowest finished time per epoch / this one. Failed configurations stay in the
+    table with their status."""
+    rows = []
+    for r in results:
+        finished = r.get("status", "FINISHED") == "FINISHED" and "time_per_epoch_s" in r
+        rows.append({"run": str(r.get("run_id", ""))[:8], "device": str(r.get("device_kind", r.get("device", "?"))),
+                     "batch_size": int(r.get("batch_size", 0)), "world_size": int(r.get("world_size", 1)),
+                     "status": "FINISHED" if finished else r.get("status", "FAILED"),
+                     "time_per_epoch_s": float(r["time_per_epoch_s"]) if finished else float("nan"),
+                     "samples_per_s": float(r.get("samples_per_s", float("nan"))) if finished else float("nan"),
+                     "final_l1": float(r.get("final_l1", float("nan"))) if finished else float("nan")})
+    done = [r["time_per_epoch_s"] for r in rows if r["status"] == "FINISHED"]
+    slowest = max(done) if done else float("nan")
+    for r in rows:
+        r["speedup"] = slowest / r["time_per_epoch_s"] if r["status"] == "FINISHED" else float("nan")
+    return sorted(rows, key=lambda r: (r["device"], r["batch_size"], r["run"]))
+
+
 @task(name="log-study-table")
 def log_study_table(settings: Settings, parent_run_id: str, results: list[dict]) -> list[dict]:
     """The sweep's table (batch size x device -> time per epoch, samples/s, speedup) in the parent run."""
@@ -96,7 +117,7 @@ def sweep_run(settings: Settings, spec: TrainSpec, parent_run_id: str | None = N
     """The parent MLflow run of a batch-size sweep (a context manager; see tasks.common.tracking.mlflow_run)."""
     digest, _ = get_workload(spec.workload).dataset_info(settings, spec.dataset)
     sizes = ",".join(map(str, spec.batch_sizes))
-    return mlflow_run(settings, "train-sweep", f"train-sweep-{spec.device}-b{sizes}", params=spec.model_dump(exclude={"resume"}),
+    return mlflow_run(settings, "train-sweep", sweep_run_name(spec), params=spec.model_dump(exclude={"resume"}),
                       tags={Tag.DEVICE: spec.device, Tag.DATASET: spec.dataset, Tag.DATASET_DIGEST: digest},
                       parent_run_id=parent_run_id,
                       description=f"Batch-size sweep ({sizes}) on {spec.device}: one child run per batch size; study_table.md compares them "

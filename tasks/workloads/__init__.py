@@ -2,7 +2,7 @@
 
 A workload is a folder: ``workload.py`` holds what is framework-neutral (its data, its quality score
 and target, its record's parameters) as one ``WORKLOAD`` object, and one module per framework
-(``torch.py``, ``tensorflow.py``) builds its trainer for the one training loop (tasks.train.loop).
+(``torch.py``, ``tensorflow.py``) builds its trainer for the one training loop (tasks.common.training.loop).
 Adding a workload is that folder and one line below. Workloads kept outside this repository join
 through ``KARMAN_WORKLOADS=name=package.module,...`` (child processes inherit it).
 """

@@ -43,6 +43,10 @@ def test_benchmark_runs_every_cell_then_skips_the_finished_ones(workdir, prefect
     with get_client(sync_client=True) as prefect:
         artifacts = {a.key: a for a in prefect.read_artifacts(artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=keys)))}
     assert set(artifacts) == set(keys)
+    with get_client(sync_client=True) as prefect:  # published once, on the benchmark's own flow run
+        versions = prefect.read_artifacts(artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=keys)))
+        owners = {prefect.read_flow_run(a.flow_run_id).name for a in versions}
+    assert sorted(a.key for a in versions) == sorted(keys) and owners == {"benchmark tiny-bench"}
     assert artifacts["tiny-bench-report"].type == "markdown" and "Training: device × batch size" in artifacts["tiny-bench-report"].data
     assert artifacts["tiny-bench-inference"].type == "table"
 

@@ -13,7 +13,6 @@ import numpy as np
 from models.recipe import OptimConfig, lr_factor
 from tasks.common.data import crop_offsets, crop_pairs, epoch_order
 from tasks.common.names import Tag
-from tasks.train.runtime_keras import KerasRuntime
 from tasks.workloads.karman.workload import KarmanData, largest_corner, model_meta, sample_figure
 
 MODEL_FILE = "generator.keras"
@@ -27,7 +26,7 @@ class KarmanKeras:
     """KerasPix2Pix made in the strategy's scope; each worker reads its own slice of every global batch
     (as a torch rank does), cut into its replicas' shares."""
 
-    def __init__(self, data: KarmanData, spec, batch_size: int, runtime: KerasRuntime):
+    def __init__(self, data: KarmanData, spec, batch_size: int, runtime):
         import tensorflow as tf
 
         from models.nets.pix2pix_keras import trainable_count
@@ -155,5 +154,5 @@ class KarmanKeras:
         return info.model_uri
 
 
-def build(data: KarmanData, spec, batch_size: int, runtime: KerasRuntime) -> KarmanKeras:
+def build(data: KarmanData, spec, batch_size: int, runtime) -> KarmanKeras:
     return KarmanKeras(data, spec, batch_size, runtime)

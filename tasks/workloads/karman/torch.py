@@ -6,12 +6,12 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from models.device import to_cpu
 from models.nets.pix2pix import build_generator
 from models.nets.trainer import NoClock, PhaseClock, build_trainer, speed_options
 from models.recipe import OptimConfig, lr_factor
 from tasks.common.data import INPUTS, OUTPUTS, crop_offsets, crop_pairs, epoch_order
 from tasks.common.names import Tag
-from tasks.train.runtime_torch import TorchRuntime, to_cpu
 from tasks.workloads.karman.workload import KarmanData, largest_corner, model_meta, sample_figure
 
 
@@ -19,7 +19,7 @@ class KarmanTorch:
     """Pix2Pix (generator, discriminator, their optimisers) on the runtime's device; rank r trains on
     its slice of every global batch."""
 
-    def __init__(self, data: KarmanData, spec, batch_size: int, runtime: TorchRuntime):
+    def __init__(self, data: KarmanData, spec, batch_size: int, runtime):
         self.data, self.spec, self.batch_size, self.runtime = data, spec, batch_size, runtime
         ctx = runtime.ctx
         self.local_batch = batch_size // ctx.world_size if ctx.strategy == "ddp" else batch_size
@@ -108,7 +108,7 @@ class KarmanTorch:
         log_surrogate(settings, run, cpu_generator, data, meta)
 
 
-def build(data: KarmanData, spec, batch_size: int, runtime: TorchRuntime) -> KarmanTorch:
+def build(data: KarmanData, spec, batch_size: int, runtime) -> KarmanTorch:
     return KarmanTorch(data, spec, batch_size, runtime)
 
 

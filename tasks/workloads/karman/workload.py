@@ -31,7 +31,7 @@ class KarmanData:
     train: PairSource
     codec: StepCodec
     net: object  # models.nets.config.NetConfig
-    validation: object | None  # tasks.infer.scoring.Validation on rank 0, else None
+    validation: object | None  # tasks.workloads.karman.scoring.Validation on rank 0, else None
 
     @property
     def dataset_digest(self) -> str:
@@ -65,7 +65,7 @@ def prepare(settings, spec, main: bool = True) -> KarmanData:
     """The training data of ``spec``: training sets that fit are decoded once and held in memory; the
     normalisation is fitted by streaming over the training frames; rank 0 (``main``) loads the
     validation simulations."""
-    from tasks.infer.scoring import Validation
+    from tasks.workloads.karman.scoring import Validation
 
     dataset_dir, manifest, split, recipe, train = _pairs(settings, spec)
     if train.nbytes <= IN_MEMORY_BYTES:  # decoded once, not per batch on the cores that train

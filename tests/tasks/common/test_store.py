@@ -5,8 +5,9 @@ import json
 import pytest
 
 from tasks.common.errors import UserError
+from tasks.common.simulation import SimulationSpec
 from tasks.common.store import Manifest, consolidate, content_digest, load_manifest, open_simulation, remove_stale_groups
-from tasks.generate.simulation import SimulationSpec, run_simulation
+from tasks.generate.simulation import run_simulation
 
 
 def tiny_spec(**kw):

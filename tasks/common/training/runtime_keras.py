@@ -9,7 +9,7 @@ import numpy as np
 from models.host import host_peak_memory_mb
 from tasks.common.errors import UserError
 from tasks.common.lifetime import request_stop_on_signals
-from tasks.train.frameworks import FRAMEWORKS, DeviceRuntime
+from tasks.common.training.frameworks import FRAMEWORKS, DeviceRuntime
 
 
 

@@ -1,7 +1,4 @@
-"""The scored autoregressive rollout loop shared by the rollout job, training's validation and bench-quality.
-
-Users: tasks.infer.job, tasks.train.job (validation rollouts) and tasks.bench.quality.
-"""
+"""The Kármán workload's scored autoregressive rollout loop, shared by the rollout stage, training's validation and bench-quality."""
 
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -12,7 +9,7 @@ import numpy as np
 from models.flow_metrics import RolloutScore
 from models.solver import vorticity
 from tasks.common.data import StepCodec, load_frames
-from tasks.generate.simulation import SimulationSpec
+from tasks.common.simulation import SimulationSpec
 
 
 def probe_point(sim: SimulationSpec) -> tuple[int, int]:

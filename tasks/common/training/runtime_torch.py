@@ -5,22 +5,11 @@ from pathlib import Path
 
 import torch
 
-from models.device import DeviceContext, keep_freed_memory, resolve_device
+from models.device import DeviceContext, keep_freed_memory, resolve_device, to_cpu
 from models.host import host_peak_memory_mb
 from tasks.common.errors import UserError
-from tasks.train.frameworks import FRAMEWORKS, DeviceRuntime
+from tasks.common.training.frameworks import FRAMEWORKS, DeviceRuntime
 
-
-
-def to_cpu(obj):
-    """The same nested structure with every tensor detached and on the CPU (XLA and CUDA state)."""
-    if isinstance(obj, torch.Tensor):
-        return obj.detach().cpu()
-    if isinstance(obj, dict):
-        return {k: to_cpu(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return type(obj)(to_cpu(v) for v in obj)
-    return obj
 
 
 class TorchRuntime(DeviceRuntime):

@@ -13,8 +13,8 @@ class Framework:
 
 
 FRAMEWORKS = {
-    "torch": Framework("tasks.train.runtime_torch", "checkpoint.pt"),
-    "tensorflow": Framework("tasks.train.runtime_keras", "checkpoint.npz"),
+    "torch": Framework("tasks.common.training.runtime_torch", "checkpoint.pt"),
+    "tensorflow": Framework("tasks.common.training.runtime_keras", "checkpoint.npz"),
 }
 
 

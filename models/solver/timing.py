@@ -1,0 +1,43 @@
+"""Wall-clock timing of the solver: the seconds a step costs, the figure a surrogate's rollout is compared with."""
+
+import statistics
+import time
+
+from models.solver.config import FlowConfig
+from models.solver.solver import ChannelSolver
+
+
+def timed_advances(solver: ChannelSolver, steps: int, repeats: int, sync) -> list[float]:
+    """Seconds of ``repeats`` runs of ``steps`` steps each, after a warm-up that compiles and touches the memory."""
+    solver.advance(2)
+    runs = []
+    for _ in range(repeats):
+        sync()
+        t0 = time.perf_counter()
+        solver.advance(steps)
+        sync()
+        runs.append(time.perf_counter() - t0)
+    return runs
+
+
+def time_solver(config: FlowConfig, steps: int, device: str, workers: int, repeats: int = 3) -> tuple[float, str]:
+    """Median seconds for the solver to advance ``steps`` steps of ``config``'s flow, and which solver:
+    on cpu the numba kernel on ``workers`` cores (the surrogate's compute units), on cuda the torch
+    backend on the GPU, otherwise the numba kernel on every host core."""
+    import numba
+
+    if device == "cuda":
+        import torch
+
+        solver, sync, name = ChannelSolver(config, backend="torch", device="cuda"), torch.cuda.synchronize, "torch on cuda"
+    else:
+        solver, sync = ChannelSolver(config, backend="numba"), lambda: None
+        name = f"numba on {workers if device == 'cpu' else numba.config.NUMBA_NUM_THREADS} cores"
+    threads = min(workers if device == "cpu" else numba.config.NUMBA_NUM_THREADS, numba.config.NUMBA_NUM_THREADS)
+    before = numba.get_num_threads()
+    numba.set_num_threads(threads)
+    try:
+        runs = timed_advances(solver, steps, repeats, sync)
+    finally:
+        numba.set_num_threads(before)
+    return statistics.median(runs), name

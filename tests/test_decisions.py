@@ -1,0 +1,124 @@
+"""Each decision made once: the places that show or use a shared choice (device kinds, the default epochs, a child's environment, names, presets) take it from its one home."""
+
+import typing
+
+import pytest
+from pydantic import ValidationError
+
+from models.host import DEVICE_KINDS, DeviceKind
+from tasks.common.specs import DEFAULT_EPOCHS, FOLDER_NAME, AblationSpec, AggregateSpec, BenchmarkSpec, GenerateSpec, InferSpec, TrainSpec
+
+
+def _choices(model, field: str) -> tuple:
+    return typing.get_args(model.model_fields[field].annotation)
+
+
+def test_device_kinds_are_named_once():
+    assert DEVICE_KINDS == ("cpu", "cuda", "xla") == typing.get_args(DeviceKind)
+    assert _choices(TrainSpec, "device") == _choices(InferSpec, "device") == DEVICE_KINDS
+    assert typing.get_args(typing.get_args(BenchmarkSpec.model_fields["devices"].annotation)[0]) == DEVICE_KINDS
+    assert set(typing.get_args(BenchmarkSpec.model_fields["pools"].annotation)[0].__args__) == set(DEVICE_KINDS)
+
+
+def test_the_device_commands_offer_every_device_kind():
+    from flows.bench import DEVICES  # the bench commands' own copy, which must agree
+
+    assert tuple(DEVICES) == DEVICE_KINDS
+
+
+def test_the_default_epochs_are_the_specs():
+    assert TrainSpec().epoch_limit == DEFAULT_EPOCHS
+    assert TrainSpec(epochs=5).epoch_limit == 5
+    assert TrainSpec(time_budget=10).epoch_limit > 10**6
+    assert f"None = {DEFAULT_EPOCHS}," in TrainSpec.model_fields["epochs"].description
+    from tasks.common.records import TrainRecord
+    from tasks.report.task import setting_label
+
+    older = {"epochs": "None", "time_budget": "None", "max_steps": "None"}  # a run logged before records, params only
+    assert f"budget {DEFAULT_EPOCHS} epochs" in setting_label(TrainRecord.from_mlflow(older, {}, finished=False))
+    assert "budget 7 epochs" in setting_label(TrainRecord.from_mlflow(older | {"epochs": "7"}, {}, finished=False))
+
+
+@pytest.mark.parametrize("device", ["cpu", "cuda"])
+def test_the_keras_bench_step_gets_the_training_childs_environment(device, monkeypatch):
+    """bench-train --framework tensorflow starts its Keras process with the environment a tensorflow
+    training child gets (tasks.common.launch.device_env), not a copy of it."""
+    import tasks.bench.train as bench_train
+    from tasks.common.launch import device_env
+
+    monkeypatch.delenv("TF_CPP_MIN_LOG_LEVEL", raising=False)
+    seen = {}
+
+    class Started(Exception):
+        pass
+
+    class FakeProcess:
+        def __init__(self, server, config, env, what):
+            seen["env"] = env
+            raise Started
+
+    monkeypatch.setattr(bench_train, "StepProcess", FakeProcess)
+    with pytest.raises(Started):
+        bench_train.bench_train_keras(device=device, size=32, baseline=False)
+    assert seen["env"] == device_env(device, framework="tensorflow")
+    assert seen["env"]["TF_CPP_MIN_LOG_LEVEL"] == "2"
+    assert ("CUDA_VISIBLE_DEVICES" in seen["env"]) == (device == "cpu")
+
+
+NAMED_FOLDERS = [(GenerateSpec, "dataset"), (TrainSpec, "dataset"), (InferSpec, "dataset"), (AggregateSpec, "name"), (AblationSpec, "name")]
+
+
+@pytest.mark.parametrize("model, field", NAMED_FOLDERS)
+def test_every_folder_name_follows_the_one_pattern(model, field):
+    assert model.model_fields[field].metadata[0].pattern == FOLDER_NAME
+    assert getattr(model(**{field: "re-100_v2.1"}), field) == "re-100_v2.1"
+    for bad in ("../up", ".hidden", "a/b", "x" * 65, ""):
+        with pytest.raises(ValidationError):
+            model(**{field: bad})
+
+
+@pytest.mark.parametrize("spec, mlflow_name, prefect_name", [
+    (TrainSpec(batch_sizes=[8]), "train-cpu-b8", "train cpu b8"),
+    (TrainSpec(framework="tensorflow", device="cuda", batch_sizes=[16], seed=2), "train-tensorflow-cuda-b16", "train tensorflow cuda b16 seed 2"),
+])
+def test_a_training_run_has_one_name_in_mlflow_and_prefect(spec, mlflow_name, prefect_name):
+    from types import SimpleNamespace
+
+    from flows import pipeline
+    from tasks.common.names import train_label, train_run_name
+    from tasks.train.task import train_model
+
+    assert train_run_name(spec, spec.batch_sizes[0]) == mlflow_name
+    assert train_label(spec) == prefect_name
+    assert train_model.task_run_name(parameters={"plan": SimpleNamespace(spec=spec), "batch_size": spec.batch_sizes[0]}) == prefect_name
+    assert pipeline._cell_label("train", spec) == prefect_name
+    assert train_label(spec.model_copy(update={"batch_sizes": [4, 8]})).startswith(prefect_name.replace(f"b{spec.batch_sizes[0]}", "b4,8"))
+
+
+def test_a_sweep_and_a_resumed_run_say_so():
+    from tasks.common.names import sweep_run_name, train_label
+
+    spec = TrainSpec(framework="tensorflow", batch_sizes=[4, 8])
+    assert sweep_run_name(spec) == "train-sweep-tensorflow-cpu-b4,8"
+    assert train_label(spec, [8]) == "train tensorflow cpu b8"
+    assert train_label(TrainSpec(resume="0" * 32)) == "train cpu b8 (resume)"
+
+
+def test_a_rollout_has_one_name_in_mlflow_and_prefect():
+    from flows import pipeline
+    from tasks.common.names import infer_label, infer_run_name
+    from tasks.infer.task import rollout
+
+    spec = InferSpec(mode="mapreduce", workers=2)
+    assert infer_run_name(spec) == "infer-mapreduce-cpu-w2"
+    assert infer_label(spec) == rollout.task_run_name(parameters={"spec": spec}) == pipeline._cell_label("infer", spec) == "infer mapreduce cpu x2"
+
+
+def test_the_quick_matrix_is_its_preset():
+    from tasks.common.specs import BENCHMARK_PRESETS
+
+    quick = BenchmarkSpec.quick()
+    assert quick == BenchmarkSpec.preset("quick") == BenchmarkSpec.model_validate(BENCHMARK_PRESETS["quick"])
+    assert (quick.batch_sizes, quick.train.epochs, quick.infer.steps, quick.aggregate.name) == ([4, 8], 3, 40, "quick")
+    with pytest.raises(ValueError, match="unknown benchmark preset 'fast'; choose one of quick, frameworks"):
+        BenchmarkSpec.preset("fast")
