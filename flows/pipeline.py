@@ -84,7 +84,7 @@ def generate(spec: GenerateSpec = GenerateSpec(), parent_run: ParentRun = None) 
 def train(spec: TrainSpec = TrainSpec(), parent_run: ParentRun = None) -> dict:
     """Train Pix2Pix on a dataset on the chosen device: one run per batch size (several make a sweep,
     whose runs are children of one parent run holding the study's table), or resume an interrupted run."""
-    _tag_run("stage:train", f"framework:{spec.framework}", f"device:{spec.device}", *(f"batch:{b}" for b in spec.batch_sizes), f"dataset:{spec.dataset}")
+    _tag_run("stage:train", f"workload:{spec.workload}", f"framework:{spec.framework}", f"device:{spec.device}", *(f"batch:{b}" for b in spec.batch_sizes), f"dataset:{spec.dataset}")
     settings = _settings()
     logger = get_run_logger()
     plan = plan_training(settings, spec, logger)
