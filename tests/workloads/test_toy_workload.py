@@ -54,9 +54,27 @@ def test_a_workload_from_its_own_folder_trains_is_evaluated_logged_and_reported(
     assert "toy, torch, fp32, MLP 2-16-2, budget 6 epochs, 1 CPU thread" in text
 
 
+def test_the_same_workload_trains_in_its_second_framework(toy):
+    out = _train(toy, "--framework", "tensorflow", "--epochs", "4", "--batch-sizes", "16", "--validate-every", "4")
+    client = MlflowClient(tracking_uri=os.environ["MLFLOW_TRACKING_URI"])
+    record = TrainRecord.model_validate_json(Path(client.download_artifacts(out["run_id"], RECORD_FILE, str(toy))).read_text())
+    assert (record.config.workload, record.config.framework, record.config.strategy) == ("toy", "tensorflow", "default")
+    assert record.summary.steps == 4 * (144 // 16) and record.summary.validation["accuracy"] >= 0.9
+    assert "model/mlp.keras" in {a.path for a in client.list_artifacts(out["run_id"], "model")}
+
+
 def test_the_table_knows_a_workload_only_where_it_is_named(toy):
     assert_refused(run_cli("train", "--workload", "toy", "--dataset", "blobs", cwd=toy), "unknown workload 'toy'; choose one of karman")
-    assert_refused(run_cli("train", "--workload", "toy", "--dataset", "blobs", "--framework", "tensorflow", cwd=toy, env=TOY),
-                   "workload toy has no tensorflow version; it runs in torch")
+    assert_refused(run_cli("train", "--workload", "toy", "--dataset", "blobs", "--framework", "jax", cwd=toy, env=TOY), "--framework")
     names = subprocess.run(["git", "grep", "-l", "-i", "toy", "--", "flows", "tasks", "models", "infra"], cwd=ROOT, capture_output=True, text=True)
     assert names.stdout == ""  # nothing outside the workload's own folder knows it
+
+
+def test_a_framework_a_workload_lacks_is_refused_by_name():
+    from tasks.common.errors import UserError
+    from tasks.workloads import check_framework, get_workload
+
+    with pytest.raises(UserError, match="^workload karman has no jax version; it runs in torch, tensorflow$"):
+        check_framework(get_workload("karman"), "jax")
+    with pytest.raises(UserError, match="^unknown workload 'digits'; choose one of karman$"):
+        get_workload("digits")

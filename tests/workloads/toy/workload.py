@@ -78,5 +78,5 @@ def setting(spec) -> str:
 
 WORKLOAD = Workload(
     name="toy", title="Two-class MLP (test workload)", data="synthetic: two Gaussian blobs in the plane",
-    frameworks=("torch",), main_loss="loss_ce", target=f"validation accuracy at least {TARGET_ACCURACY}",
+    frameworks=("torch", "tensorflow"), main_loss="loss_ce", target=f"validation accuracy at least {TARGET_ACCURACY}",
     prepare=prepare, check=check, dataset_info=dataset_info, setting=setting)
