@@ -83,7 +83,7 @@ class TrainRecord(Record):
         spec = c.spec.model_dump(mode="json", exclude={"batch_sizes", "resume", "world_size", "strategy", "cell"})
         values = {**spec, "workload": c.workload, "framework": c.framework, "framework_version": c.framework_version,
                   f"{c.framework}_version": c.framework_version, "device_name": c.device_name, "world_size": c.world_size,
-                  "strategy": c.strategy, "threads": c.threads, "batch_size": c.batch_size, "per_device_batch": c.per_device_batch,
+                  "strategy": c.strategy, "cpu_threads": c.threads, "batch_size": c.batch_size, "per_device_batch": c.per_device_batch,
                   "dataset_digest": c.dataset_digest, "train_pairs": c.train_samples, "data_in_memory": c.data_in_memory,
                   "split": json.dumps(c.split), "host": c.host, "code_version": c.code_version, "speed": json.dumps(c.speed),
                   **c.workload_params}
@@ -113,12 +113,12 @@ class TrainRecord(Record):
                             if (text := value(name)) is not None})
         framework = value("framework", "torch")
         known = set(TrainSpec.model_fields) | {"workload", "framework", "framework_version", f"{framework}_version", "device_name",
-                                                "world_size", "strategy", "threads", "batch_size", "per_device_batch", "dataset_digest",
+                                                "world_size", "strategy", "cpu_threads", "batch_size", "per_device_batch", "dataset_digest",
                                                 "train_pairs", "data_in_memory", "split", "host", "code_version", "speed"}
         config = TrainConfig(
             workload=value("workload", "karman"), framework=framework, framework_version=value("framework_version", value(f"{framework}_version", "?")),
             device=spec.device, device_name=value("device_name", "?"), world_size=int(value("world_size", 1)), strategy=value("strategy", "?"),
-            threads=_threads_in(value("device_name", "")), batch_size=int(value("batch_size", 0)), dataset=spec.dataset,
+            threads=int(value("cpu_threads")) if value("cpu_threads") else _threads_in(value("device_name", "")), batch_size=int(value("batch_size", 0)), dataset=spec.dataset,
             dataset_digest=value("dataset_digest", ""), train_samples=int(value("train_pairs", 0)),
             data_in_memory=value("data_in_memory", "False") == "True", split=json.loads(value("split", "{}")), host=value("host", "?"),
             code_version=value("code_version", "?"), spec=spec, workload_params={k: v for k, v in params.items() if k not in known},

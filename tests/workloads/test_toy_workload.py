@@ -32,6 +32,7 @@ def _train(workdir, *args) -> dict:
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
+@pytest.mark.full  # trains through the CLI
 def test_a_workload_from_its_own_folder_trains_is_evaluated_logged_and_reported(toy):
     out = _train(toy, "--epochs", "6", "--batch-sizes", "16", "--validate-every", "2", "--stop-at-target")
     client = MlflowClient(tracking_uri=os.environ["MLFLOW_TRACKING_URI"])
@@ -54,6 +55,7 @@ def test_a_workload_from_its_own_folder_trains_is_evaluated_logged_and_reported(
     assert "toy, torch, fp32, MLP 2-16-2, budget 6 epochs, 1 CPU thread" in text
 
 
+@pytest.mark.full  # trains through the CLI
 def test_the_same_workload_trains_in_its_second_framework(toy):
     out = _train(toy, "--framework", "tensorflow", "--epochs", "4", "--batch-sizes", "16", "--validate-every", "4")
     client = MlflowClient(tracking_uri=os.environ["MLFLOW_TRACKING_URI"])
@@ -63,6 +65,7 @@ def test_the_same_workload_trains_in_its_second_framework(toy):
     assert "model/mlp.keras" in {a.path for a in client.list_artifacts(out["run_id"], "model")}
 
 
+@pytest.mark.full  # trains through the CLI
 def test_the_table_knows_a_workload_only_where_it_is_named(toy):
     assert_refused(run_cli("train", "--workload", "toy", "--dataset", "blobs", cwd=toy), "unknown workload 'toy'; choose one of karman")
     assert_refused(run_cli("train", "--workload", "toy", "--dataset", "blobs", "--framework", "jax", cwd=toy, env=TOY), "--framework")

@@ -80,6 +80,7 @@ def test_a_run_of_bench_quality_loads_neither_prefect_nor_mlflow(data):
     assert out.stdout.strip().splitlines()[-1] == "[]"
 
 
+@pytest.mark.full  # trains twice
 def test_bench_quality_trains_as_train_does_the_same_seed_gives_the_same_losses(data):
     """One loop: the same spec through `train` (a child process, MLflow) and through bench-quality (in
     process, nothing recorded) takes the same steps and ends with the same losses."""
