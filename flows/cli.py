@@ -295,8 +295,7 @@ def main(argv: list[str] | None = None) -> int:
               file=sys.stderr)
         return 1
     finally:
-        if guardian is not None:
-            guardian.terminate()
+        guardian.terminate()
     summary = cmd.summary(result)
     print(json.dumps(summary, default=str) if args.json else json.dumps(summary, indent=2, default=str))
     return 0

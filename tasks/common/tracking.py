@@ -10,6 +10,7 @@ import urllib.request
 from pathlib import Path
 from typing import Any, Iterator
 
+import psutil
 from mlflow.entities import Metric, Param, RunTag
 from mlflow.tracking import MlflowClient
 
@@ -216,12 +217,13 @@ def mlflow_run(
 
 
 def _start_time(pid: int) -> str | None:
-    """The kernel's start time of process ``pid`` (clock ticks since boot), or None if there is none."""
+    """When process ``pid`` started, in the kernel's clock ticks since boot (as /proc/PID/stat counts it:
+    no clock change moves it), or None if there is no such process."""
     try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[19]
-    except (OSError, IndexError):
+        since_boot = psutil.Process(pid).create_time() - psutil.boot_time()
+    except psutil.NoSuchProcess:
         return None
+    return str(round(since_boot * os.sysconf("SC_CLK_TCK")))
 
 
 def driver_id(pid: int | None = None) -> str:
