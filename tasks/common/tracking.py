@@ -12,6 +12,7 @@ from typing import Any, Iterator
 
 import psutil
 from mlflow.entities import Metric, Param, RunTag
+from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 
 from tasks.common.names import Tag
@@ -75,11 +76,10 @@ def experiment_id(client: MlflowClient, settings: Settings) -> str:
         location = settings.artifact_root.as_uri()
     try:
         return client.create_experiment(settings.experiment, artifact_location=location, tags=EXPERIMENT_KIND)
-    except Exception:  # another command created it a moment before
-        exp = client.get_experiment_by_name(settings.experiment)
-        if exp is None:
+    except MlflowException as exc:
+        if exc.error_code != "RESOURCE_ALREADY_EXISTS":
             raise
-        return exp.experiment_id
+        return client.get_experiment_by_name(settings.experiment).experiment_id  # another command created it a moment before
 
 
 def run_url(settings: Settings, run_id: str, exp_id: str | None = None) -> str:
@@ -164,11 +164,19 @@ def training_run(settings: Settings, run_id: str, label: str = "run"):
 
     try:
         run = client_for(settings).get_run(run_id)
-    except Exception:
+    except MlflowException as exc:
+        if not missing(exc):
+            raise
         raise UserError(f"unknown {label} {run_id!r} in the tracking store {settings.tracking_uri}") from None
     if run.data.tags.get(Tag.STAGE) != "train":
         raise UserError(f"run {run_id!r} is not a training run (stage {run.data.tags.get(Tag.STAGE)!r})")
     return run
+
+
+def missing(exc: MlflowException) -> bool:
+    """Whether MLflow refused a request because what it names (a run, an artifact) does not exist or
+    cannot be an id at all, rather than because the store failed."""
+    return exc.error_code in ("RESOURCE_DOES_NOT_EXIST", "INVALID_PARAMETER_VALUE")
 
 
 def client_for(settings: Settings) -> MlflowClient:

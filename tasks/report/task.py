@@ -4,13 +4,14 @@ import datetime as dt
 import re
 from pathlib import Path
 
+from mlflow.exceptions import MlflowException
 from prefect import get_run_logger, task
 
 from tasks.common.names import Tag
 from tasks.common.plots import bar_chart
 from tasks.common.settings import Settings
 from tasks.common.specs import AggregateSpec
-from tasks.common.tracking import client_for, experiment_id, mlflow_run, run_url
+from tasks.common.tracking import client_for, experiment_id, missing, mlflow_run, run_url
 
 
 def _rows(client, exp_id: str, stage: str) -> list:
@@ -337,9 +338,10 @@ INFER_QUALITY_COLUMNS = {"run": "run", "mode": "mode", "workers": "workers", "st
                          "strouhal_ref": "St solver", "surrogate_vs_solver": "× solver"}
 
 
-def covered_runs(settings: Settings, client, exp_id: str, source: str) -> tuple[str, list]:
-    """(what the report covers, in words; the runs): those a benchmark or demo run recorded in its
-    runs.json ('latest' = the newest such run, or its id); or 'all' of the experiment."""
+def covered_runs(settings: Settings, client, exp_id: str, source: str) -> tuple[str, list, list[str]]:
+    """(what the report covers, in words; the runs; one line per run it leaves out, saying why): the runs a
+    benchmark or demo run recorded in its runs.json ('latest' = the newest such run, or its id); or 'all'
+    of the experiment. A recorded run that is deleted since is left out."""
     import json
     import tempfile
 
@@ -347,7 +349,7 @@ def covered_runs(settings: Settings, client, exp_id: str, source: str) -> tuple[
 
     if source == "all":
         runs = [r for stage in ("train", "infer") for r in _rows(client, exp_id, stage)]
-        return f"every training and rollout run of experiment `{settings.experiment}`", runs
+        return f"every training and rollout run of experiment `{settings.experiment}`", runs, []
     if source == "latest":
         found = sorted((r for stage in ("benchmark", "demo") for r in client.search_runs(
             [exp_id], f"tags.`{Tag.STAGE}` = '{stage}'", order_by=["attributes.start_time DESC"], max_results=1)),
@@ -358,23 +360,36 @@ def covered_runs(settings: Settings, client, exp_id: str, source: str) -> tuple[
     else:
         try:
             owner = client.get_run(source)
-        except Exception:
+        except MlflowException as exc:
+            if not missing(exc):
+                raise
             raise UserError(f"unknown run {source!r} in the tracking store {settings.tracking_uri}") from None
         if owner.data.tags.get(Tag.STAGE) not in ("benchmark", "demo"):
             raise UserError(f"run {source!r} is not a benchmark or demo run (stage {owner.data.tags.get(Tag.STAGE)!r}); give one, latest or all")
     with tempfile.TemporaryDirectory() as tmp:
         try:
             run_ids = json.loads(Path(client.download_artifacts(owner.info.run_id, "runs.json", tmp)).read_text())["runs"]
-        except Exception:
+        except MlflowException as exc:
+            if not missing(exc):
+                raise
             raise UserError(f"run {owner.info.run_id} lists no runs (runs.json); it did not get to its cells") from None
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            raise UserError(f"run {owner.info.run_id} has no readable list of runs (runs.json: {type(exc).__name__}: {exc})") from None
     scope = f"the runs of {owner.data.tags.get(Tag.STAGE)} run {owner.info.run_name} ({owner.info.run_id})"
-    runs = []
+    runs, left_out = [], []
     for rid in dict.fromkeys(run_ids):
         try:
-            runs.append(client.get_run(rid))
-        except Exception:
-            pass  # a run deleted since is no longer reported
-    return scope, runs
+            run = client.get_run(rid)
+        except MlflowException as exc:
+            if not missing(exc):
+                raise
+            left_out.append(f"{rid}: no longer in the tracking store ({exc.error_code})")
+            continue
+        if run.info.lifecycle_stage == "deleted":
+            left_out.append(f"{rid} ({run.info.run_name}): deleted")
+            continue
+        runs.append(run)
+    return scope, runs, left_out
 
 
 def check_report_source(settings: Settings, spec: AggregateSpec) -> None:
@@ -412,8 +427,10 @@ def publish_artifacts(name: str, markdown: str, train_table: list[dict], infer_t
                           description="Rollouts: mode x workers -> frames/s, accuracy, solver comparison")
 
 
-def build_report(settings: Settings, name: str, scope: str, runs, exp_id: str, out: Path) -> tuple[str, list[Path], dict]:
-    """report.md's text and figures (written to ``out``) over ``runs``; returns the text, the figures and the tables."""
+def build_report(settings: Settings, name: str, scope: str, runs, exp_id: str, out: Path,
+                 left_out: tuple[str, ...] | list[str] = ()) -> tuple[str, list[Path], dict]:
+    """report.md's text and figures (written to ``out``) over ``runs``, with a line for each run of the
+    scope it ``left_out`` (and why); returns the text, the figures and the tables."""
     trains = train_rows([r for r in runs if r.data.tags.get(Tag.STAGE) == "train"])
     quality = quality_table([r for r in runs if r.data.tags.get(Tag.STAGE) == "train"])
     rollouts = infer_rows([r for r in runs if r.data.tags.get(Tag.STAGE) == "infer"])
@@ -462,6 +479,8 @@ def build_report(settings: Settings, name: str, scope: str, runs, exp_id: str, o
              "\n".join(f"- {link(r['run'])} ({r['mode']} x{r['workers']}, {r['regime']}): {r['verdict']}" for r in rollouts if r["verdict"])
              or "_no rollout with a verdict_", "",
              f"## Failed runs\n\n{len(failed)} failed run(s)" + (": " + ", ".join(f"{r.info.run_name} ({link(r.info.run_id)})" for r in failed) if failed else "") + "\n"]
+    if left_out:
+        text.append(f"## Runs left out\n\n{len(left_out)} recorded run(s) not reported:\n" + "".join(f"\n- {line}" for line in left_out) + "\n")
     text += [f"![{f.stem}]({f.name})\n" for f in figures]
     return "\n".join(text), figures, {"train_rows": trains, "infer_rows": rollouts, "quality_rows": quality,
                                       "framework_rows": [row for table in frameworks.values() for row in table]}
@@ -474,10 +493,12 @@ def aggregate_runs(settings: Settings, spec: AggregateSpec, parent_run_id: str |
     logger = get_run_logger()
     client = client_for(settings)
     exp_id = experiment_id(client, settings)
-    scope, runs = covered_runs(settings, client, exp_id, spec.runs)
+    scope, runs, left_out = covered_runs(settings, client, exp_id, spec.runs)
+    for line in left_out:
+        logger.warning("report %s leaves out run %s", spec.name, line)
     out = settings.report_dir(spec.name)
     out.mkdir(parents=True, exist_ok=True)
-    text, figures, tables = build_report(settings, spec.name, scope, runs, exp_id, out)
+    text, figures, tables = build_report(settings, spec.name, scope, runs, exp_id, out, left_out)
     report = out / "report.md"
     report.write_text(text)
     html_report = write_html(report, f"Kármán Bench report {spec.name}")
