@@ -257,7 +257,7 @@ def _trainer_side(device: str, size: int, batch_size: int, precision: str, seed:
 
 
 def bench_train_keras(spec: BenchTrainSpec, seed: int = 0) -> dict:
-    """Training samples/s of the Keras Pix2Pix step (the same networks and recipe as bench_train's) in
+    """Training samples/s of the Keras Pix2Pix step (the same networks and recipe as bench_train_torch's) in
     its own process, against, in the same run, our torch trainer (``torch_samples_per_s``,
     ``vs_torch``: this process) and the plain eager fp32 torch step (``baseline_samples_per_s``,
     ``speedup``: its own CPU process with default settings, as for torch). Timed blocks alternate
