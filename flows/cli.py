@@ -1,99 +1,26 @@
 """``python -m flows <command> [options] [--json]``: the pipeline from the command line.
 
-Options are generated from the command's Spec model, so the CLI, the Prefect UI form and the
-child processes validate the same fields. Bad input ends with one line on stderr and exit code 2.
+Options are generated from the command's Spec model by flows.options, as the bench-… commands' are, so
+the CLI, the Prefect UI form and the child processes validate the same fields. Bad input ends with one line on stderr and exit code 2.
 """
 
 import argparse
-import json
 import logging
 import os
 import signal
 import sys
-import types
-import typing
 from dataclasses import dataclass
 from typing import Any, Callable
 
 from pydantic import BaseModel, ValidationError
 
-from flows.bench import BENCH_COMMANDS, OneLineParser, add_bench_commands, run_bench
+from flows.bench import BENCH_COMMANDS, add_bench_commands, run_bench
+from flows.jsonline import json_line
+from flows.options import OneLineParser, add_spec_options, spec_from_args, validation_message
 from tasks.common.errors import UserError
 from tasks.common.specs import AblationSpec, AggregateSpec, BenchmarkSpec, DemoSpec, GenerateSpec, InferSpec, TrainSpec, ValidateSpec
 
 EXIT_USAGE = 2
-
-
-def _choices(annotation) -> tuple[list[str] | None, Callable[[str], Any], bool]:
-    """(choices, converter, is_list) for a field annotation."""
-    origin, args = typing.get_origin(annotation), typing.get_args(annotation)
-    if origin in (typing.Union, types.UnionType):
-        inner = [a for a in args if a is not type(None)]
-        return _choices(inner[0])
-    if origin is list:
-        choices, conv, _ = _choices(args[0])
-        return choices, conv, True
-    if origin is typing.Literal:
-        return [str(a) for a in args], str, False
-    if annotation in (int, float):
-        return None, annotation, False
-    return None, str, False
-
-
-def _cli_fields(model: type[BaseModel]) -> dict:
-    """The fields that are command-line options: nested models and mappings are set in the UI or code."""
-    def nested(annotation) -> bool:
-        return isinstance(annotation, type) and issubclass(annotation, BaseModel)
-
-    return {name: field for name, field in model.model_fields.items() if not nested(field.annotation)}
-
-
-def _add_spec_options(parser: argparse.ArgumentParser, model: type[BaseModel]) -> None:
-    for name, field in _cli_fields(model).items():
-        flag = "--" + name.replace("_", "-")
-        annotation = field.annotation
-        if annotation is bool:
-            parser.add_argument(flag, dest=name, action="store_true", default=None, help=field.description)
-            continue
-        if typing.get_origin(annotation) is dict:
-            parser.add_argument(flag, dest=name, default=None, metavar="KEY=VALUE,...",
-                                help=f"{field.description} (default: {','.join(f'{k}={v}' for k, v in field.default.items())})")
-            continue
-        choices, conv, is_list = _choices(annotation)
-        # Scalars stay strings here: pydantic converts and validates them with its own messages.
-        help_text = f"{field.description} (default: {field.default})" if field.description else None
-        if choices and not is_list:
-            parser.add_argument(flag, dest=name, choices=choices, default=None, help=help_text, metavar="{" + ",".join(choices) + "}")
-        else:
-            parser.add_argument(flag, dest=name, default=None, help=help_text + (" — comma-separated" if is_list else "") if help_text else None)
-
-
-def _spec_from_args(model: type[BaseModel], args: argparse.Namespace, base: BaseModel | None = None) -> BaseModel:
-    """The spec from the command line's options, over ``base``'s values when given."""
-    values = base.model_dump() if base is not None else {}
-    for name, field in _cli_fields(model).items():
-        value = getattr(args, name, None)
-        if value is None:
-            continue
-        _, _, is_list = _choices(field.annotation)
-        if typing.get_origin(field.annotation) is dict:
-            pairs = [item.split("=", 1) for item in value.split(",") if item.strip()]
-            if any(len(p) != 2 for p in pairs):
-                raise UserError(f"--{name.replace('_', '-')}: {value!r} is not a list of KEY=VALUE pairs, e.g. cuda=gpu,xla=tpu")
-            value = {k.strip(): v.strip() for k, v in pairs}
-        elif is_list:
-            value = [v.strip() for v in value.split(",") if v.strip()]
-        elif isinstance(value, str) and value.lower() == "none" and type(None) in typing.get_args(field.annotation):
-            value = None
-        values[name] = value
-    return model(**values)
-
-
-def _validation_message(exc: ValidationError) -> str:
-    err = exc.errors()[0]
-    loc = ".".join(str(p) for p in err["loc"] if not isinstance(p, int))
-    flag = "--" + loc.replace("_", "-") if loc else "input"
-    return f"{flag}: {err['msg'].rstrip('.')} (got {err.get('input')!r})"
 
 
 def _log() -> logging.Logger:
@@ -214,7 +141,7 @@ def build_parser() -> argparse.ArgumentParser:
             p.add_argument("--time-budget", dest="time_budget", default=None,
                            help=f"Wall-clock seconds of training (default: {DemoSpec().train.time_budget:g})")
         else:
-            _add_spec_options(p, command.spec)
+            add_spec_options(p, command.spec)
         if command.spec is BenchmarkSpec:
             p.add_argument("--quick", action="store_true", help="Start from the quick CPU matrix (the demo's sizes) instead of the full one")
         p.add_argument("--json", action="store_true", help="Print a one-line JSON summary as the last line of stdout")
@@ -256,7 +183,7 @@ def main(argv: list[str] | None = None) -> int:
             spec: BaseModel = _demo_spec(args)
         else:
             base = BenchmarkSpec.quick() if getattr(args, "quick", False) else None
-            spec = _spec_from_args(cmd.spec, args, base)
+            spec = spec_from_args(cmd.spec, args, base)
         from tasks.common.settings import Settings
         from tasks.common.tracking import reap_orphans, tracking_ready
 
@@ -266,7 +193,7 @@ def main(argv: list[str] | None = None) -> int:
         tracking_ready(settings)  # a new local store: its tables created under a lock
         reap_orphans(settings, logging.getLogger("karman.cli"))  # runs left RUNNING by killed commands
     except ValidationError as exc:
-        print(f"python -m flows {command}: error: {_validation_message(exc)}", file=sys.stderr)
+        print(f"python -m flows {command}: error: {validation_message(exc)}", file=sys.stderr)
         return EXIT_USAGE
     except UserError as exc:
         print(f"python -m flows {command}: error: {exc}", file=sys.stderr)
@@ -295,8 +222,7 @@ def main(argv: list[str] | None = None) -> int:
               file=sys.stderr)
         return 1
     finally:
-        if guardian is not None:
-            guardian.terminate()
+        guardian.terminate()
     summary = cmd.summary(result)
-    print(json.dumps(summary, default=str) if args.json else json.dumps(summary, indent=2, default=str))
+    print(json_line(summary, indent=None if args.json else 2))
     return 0

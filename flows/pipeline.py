@@ -8,6 +8,7 @@ import time
 from pathlib import Path
 
 from prefect import flow, get_run_logger
+from pydantic import ValidationError
 from pydantic.json_schema import SkipJsonSchema
 
 from tasks.common.cells import cell_error, cell_key, finished_cell, interrupted_cell, record_failed_cell
@@ -42,7 +43,7 @@ def _flow_spec(model):
         return value
     try:
         return model.model_validate(value or {})
-    except Exception:
+    except ValidationError:
         return None
 
 

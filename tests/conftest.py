@@ -119,3 +119,13 @@ def run_cli(*args: str, cwd: Path, env: dict | None = None, timeout: int = 900) 
     full_env = {**os.environ, "PYTHONPATH": str(ROOT), "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
                 "PREFECT_API_URL": os.environ.get("PREFECT_API_URL") or shared_prefect_api(), **(env or {})}
     return subprocess.run([sys.executable, "-m", "flows", *args], cwd=cwd, env=full_env, capture_output=True, text=True, timeout=timeout)
+
+
+def strict_json(line: str):
+    """A command's ``--json`` line parsed as strict JSON: a bare NaN or Infinity fails the test."""
+    import json
+
+    def refuse(constant: str):
+        raise AssertionError(f"{constant} in a --json line: not JSON")
+
+    return json.loads(line, parse_constant=refuse)

@@ -21,9 +21,9 @@ def test_device_kinds_are_named_once():
 
 
 def test_the_device_commands_offer_every_device_kind():
-    from flows.bench import DEVICES  # the bench commands' own copy, which must agree
+    from tasks.bench.specs import BenchInferSpec, BenchTrainSpec
 
-    assert tuple(DEVICES) == DEVICE_KINDS
+    assert _choices(BenchTrainSpec, "device") == _choices(BenchInferSpec, "device") == DEVICE_KINDS
 
 
 def test_the_default_epochs_are_the_specs():
@@ -44,6 +44,7 @@ def test_the_keras_bench_step_gets_the_training_childs_environment(device, monke
     """bench-train --framework tensorflow starts its Keras process with the environment a tensorflow
     training child gets (tasks.common.launch.device_env), not a copy of it."""
     import tasks.bench.train as bench_train
+    from tasks.bench.specs import BenchTrainSpec
     from tasks.common.launch import device_env
 
     monkeypatch.delenv("TF_CPP_MIN_LOG_LEVEL", raising=False)
@@ -59,7 +60,7 @@ def test_the_keras_bench_step_gets_the_training_childs_environment(device, monke
 
     monkeypatch.setattr(bench_train, "StepProcess", FakeProcess)
     with pytest.raises(Started):
-        bench_train.bench_train_keras(device=device, size=32, baseline=False)
+        bench_train.bench_train_keras(BenchTrainSpec(framework="tensorflow", device=device, size=32, baseline=False))
     assert seen["env"] == device_env(device, framework="tensorflow")
     assert seen["env"]["TF_CPP_MIN_LOG_LEVEL"] == "2"
     assert ("CUDA_VISIBLE_DEVICES" in seen["env"]) == (device == "cpu")

@@ -8,6 +8,7 @@ import numpy as np
 from models.solver import ChannelSolver
 from models.solver.timing import time_solver
 from tasks.bench.solver import bench_config
+from tasks.bench.specs import BenchInferSpec
 
 
 def bench_frame(height: int, width: int, warmup_steps: int = 200) -> np.ndarray:
@@ -21,18 +22,18 @@ def bench_frame(height: int, width: int, warmup_steps: int = 200) -> np.ndarray:
     return frame.astype(np.float32)
 
 
-def bench_infer(mode: str = "mapreduce", workers: int = 1, size: int = 256, width: int | None = None,
-                tile: tuple[int, int] | None = None, halo: int = 16, train_size: int = 64, ngf: int = 64,
-                group: int | None = None, frames: int = 3, repeats: int = 3, frame_stride: int = 1,
-                frame_every: int | None = None, device: str = "cpu", compare: bool = True, seed: int = 0) -> dict:
-    """Frames/s of one rollout step of the Pix2Pix generator (``ngf`` wide, depth log2(train_size))
-    on a size x width flow frame, full-frame or map-reduce over ``workers``, against the solver
-    advancing the same frame at the same resolution.
+def bench_infer(spec: BenchInferSpec, seed: int = 0) -> dict:
+    """Frames/s of one rollout step of the Pix2Pix generator (``ngf`` wide, depth log2(train_size),
+    weights drawn from ``seed``) on a size x width flow frame, full-frame or map-reduce over ``workers``,
+    against the solver advancing the same frame at the same resolution.
 
     In the same process (``compare``) it also times full-frame and map-reduce on one worker; timed
     blocks of ``frames`` autoregressive steps alternate between the configurations, ``repeats`` each,
     and each reports its median block. ``compile_s`` is the first step's time above a warm step.
     """
+    mode, workers, size, width, tile, halo = spec.mode, spec.workers, spec.size, spec.width, spec.tile, spec.halo
+    train_size, ngf, group, frames, repeats = spec.train_size, spec.ngf, spec.group, spec.frames, spec.repeats
+    frame_stride, frame_every, device, compare = spec.frame_stride, spec.frame_every, spec.device, spec.compare
     import torch
 
     from models.device import resolve_device

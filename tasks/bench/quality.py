@@ -18,6 +18,8 @@ import numpy as np
 import torch
 
 from tasks.common.data import StepCodec
+from tasks.bench.specs import BenchQualitySpec
+from tasks.common.settings import Settings
 from tasks.common.specs import TrainSpec
 from tasks.common.store import load_manifest
 from tasks.workloads.karman.scoring import load_simulation, score_generator
@@ -49,10 +51,16 @@ class Validations:
                               "one_step_rel_l2_vorticity": round(metrics.get("val_one_step_rel_l2_vorticity", math.nan), 4)})
 
 
-def bench_quality(settings, spec: TrainSpec, repeats: int = 1, test_steps: int = 60, extra: tuple[tuple[Path, int], ...] = ()) -> dict:
-    """Train ``spec`` once per seed (spec.seed, spec.seed + 1, ...) and report time to the quality target
-    and the final rollouts. ``extra``: (dataset folder, steps) pairs: every simulation there is rolled
-    out too (same geometry)."""
+def bench_quality(bench: BenchQualitySpec) -> dict:
+    """Train ``bench``'s spec once per seed (seed, seed + 1, ...) and report time to the quality target
+    and the final rollouts; every simulation of each extra dataset is rolled out too (same geometry)."""
+    settings = Settings.from_env()
+    folders = [settings.dataset_dir(name) for name in [bench.dataset, *bench.extra_dataset]]
+    for folder in folders:
+        if not (folder / "manifest.json").is_file():
+            raise ValueError(f"no dataset at {folder} (no manifest.json); make one with python -m flows generate --dataset {folder.name}")
+    spec, repeats, test_steps = bench.train_spec(), bench.repeats, bench.test_steps
+    extra = tuple((folder, bench.extra_steps) for folder in folders[1:])
     if spec.time_budget is None and spec.epochs is None:
         raise ValueError("give a time budget or an epoch limit: without either the run has no end")
     extra_sims = []  # (label, steps, frames, spec) of every extra simulation, read once for all seeds
@@ -135,6 +143,6 @@ def _surrogate_step_s(generator, ctx, codec: StepCodec, frame: np.ndarray, repea
 def _solver_cost(sim, kind: str, threads: int) -> tuple[float, str]:
     """Seconds for the solver to advance one stored frame (frame_every steps) on this device: the torch
     backend on a GPU, numba on the surrogate's ``threads`` cores otherwise."""
-    from tasks.bench.solver import time_solver
+    from models.solver.timing import time_solver
 
     return time_solver(sim.flow_config(), sim.frame_every, "cuda" if kind == "cuda" else "cpu", threads)

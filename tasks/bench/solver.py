@@ -8,7 +8,8 @@ import time
 import numpy as np
 
 from models.solver import ChannelSolver, FlowConfig, Obstacle
-from models.solver.timing import time_solver, timed_advances  # noqa: F401  (time_solver: bench-quality imports it from here)
+from models.solver.timing import timed_advances
+from tasks.bench.specs import BenchSolverSpec
 
 BENCH_TAU = 0.6  # any stable relaxation time: the cost of a step does not depend on it
 
@@ -22,9 +23,9 @@ def bench_config(nx: int, ny: int, dtype: str) -> FlowConfig:
                       obstacle=Obstacle(shape="circle", cx=min(ny / 2, nx / 4), cy=ny / 2 + 0.25, size=size))
 
 
-def bench_solver(nx: int, ny: int, steps: int, backend: str = "numba", dtype: str = "float32",
-                 repeats: int = 5, device: str = "cpu") -> dict:
-    """Median MLUPS over ``repeats`` timed runs of ``steps`` steps, after a warm-up that compiles."""
+def bench_solver(spec: BenchSolverSpec) -> dict:
+    """Median MLUPS over ``spec.repeats`` timed runs of ``spec.steps`` steps, after a warm-up that compiles."""
+    nx, ny, steps, backend, dtype, repeats, device = spec.nx, spec.ny, spec.steps, spec.backend, spec.dtype, spec.repeats, spec.device
     config = bench_config(nx, ny, dtype)
     solver = ChannelSolver(config, backend=backend, device=device)
     rates = [nx * ny * steps / t / 1e6 for t in timed_advances(solver, steps, repeats, _synchroniser(backend, device))]

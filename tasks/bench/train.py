@@ -6,6 +6,7 @@ import statistics
 import time
 from pathlib import Path
 
+from tasks.bench.specs import BenchTrainSpec
 from tasks.common.launch import device_env
 
 
@@ -163,8 +164,16 @@ def _plain_process(size: int, batch_size: int, seed: int) -> StepProcess:
                        {"size": size, "batch_size": batch_size, "seed": seed, "threads": torch.get_num_threads()})
 
 
-def bench_train(device: str = "cpu", size: int = 256, batch_size: int = 1, steps: int = 3, repeats: int = 3,
-                precision: str = "fp32", baseline: bool = True, peak_tflops: float | None = None, seed: int = 0) -> dict:
+def bench_train(spec: BenchTrainSpec, seed: int = 0) -> dict:
+    """Training samples/s of the spec's framework (torch: ours, below; tensorflow: ``bench_train_keras``)."""
+    if spec.framework == "tensorflow":
+        return bench_train_keras(spec, seed)
+    if spec.jit_compile:
+        raise ValueError("--jit-compile is tensorflow's; torch compiles with the trainer's speed options")
+    return bench_train_torch(spec, seed)
+
+
+def bench_train_torch(spec: BenchTrainSpec, seed: int = 0) -> dict:
     """Training samples/s of the default Pix2Pix networks on synthetic (B, 4, size, size) -> (B, 3, ...)
     pairs with the trainer's speed options, against the plain eager fp32 step.
 
@@ -176,6 +185,8 @@ def bench_train(device: str = "cpu", size: int = 256, batch_size: int = 1, steps
     steps alternate between the sides (``repeats`` each) so drifts of the machine hit all alike;
     each side reports its median block. ``compile_s`` is the trainer's first step (warm-up,
     compilation)."""
+    device, size, batch_size, steps, repeats = spec.device, spec.size, spec.batch_size, spec.steps, spec.repeats
+    precision, baseline, peak_tflops = spec.precision, spec.baseline, spec.peak_tflops
     net, ctx, options, model, run_fast, compile_s = _trainer_side(device, size, batch_size, precision, seed)
     sides = {"fast": run_fast}
     with contextlib.ExitStack() as stack:
@@ -246,14 +257,15 @@ def _trainer_side(device: str, size: int, batch_size: int, precision: str, seed:
     return net, ctx, options, model, run, compile_s
 
 
-def bench_train_keras(device: str = "cpu", size: int = 256, batch_size: int = 1, steps: int = 3, repeats: int = 3,
-                      precision: str = "fp32", baseline: bool = True, jit_compile: bool = False, seed: int = 0) -> dict:
-    """Training samples/s of the Keras Pix2Pix step (the same networks and recipe as bench_train's) in
+def bench_train_keras(spec: BenchTrainSpec, seed: int = 0) -> dict:
+    """Training samples/s of the Keras Pix2Pix step (the same networks and recipe as bench_train_torch's) in
     its own process, against, in the same run, our torch trainer (``torch_samples_per_s``,
     ``vs_torch``: this process) and the plain eager fp32 torch step (``baseline_samples_per_s``,
     ``speedup``: its own CPU process with default settings, as for torch). Timed blocks alternate
     between the sides; each reports its median block. ``compile_s`` is the Keras step's first call
     (tracing, and XLA compilation with ``jit_compile``)."""
+    device, size, batch_size, steps, repeats = spec.device, spec.size, spec.batch_size, spec.steps, spec.repeats
+    precision, baseline, jit_compile = spec.precision, spec.baseline, spec.jit_compile
     if precision != "fp32":
         raise ValueError(f"--precision {precision}: the tensorflow step runs in fp32 only")
     if device not in ("cpu", "cuda"):

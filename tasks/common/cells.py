@@ -5,8 +5,6 @@ A cell's key comes from its inputs and the dataset digest.
 
 import hashlib
 import json
-import logging
-import time
 
 from prefect import task
 from pydantic import BaseModel
@@ -15,8 +13,6 @@ from tasks.common.names import Tag
 from tasks.common.settings import Settings
 from tasks.common.tracking import client_for, experiment_id
 
-log = logging.getLogger(__name__)
-
 
 def cell_key(kind: str, spec: BaseModel, dataset_digest: str) -> str:
     """16 hex digits of SHA-256 over the cell's kind, its full spec and the dataset's digest."""
@@ -24,24 +20,17 @@ def cell_key(kind: str, spec: BaseModel, dataset_digest: str) -> str:
     return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:16]
 
 
-# MLflow lookups are retried: the tracking server may be briefly unreachable. They are plain calls,
-# not Prefect tasks, so that a benchmark's graph shows its cells, not a dozen lookups.
-RETRY_DELAYS_S = (2, 5, 15)
-
+# Lookups are plain calls, not Prefect tasks, so that a benchmark's graph shows its cells, not a dozen
+# lookups. Against a tracking server, MLflow's client retries a request itself when the server is briefly
+# unreachable or answers 408, 429 or 5xx (MLFLOW_HTTP_REQUEST_MAX_RETRIES, MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR,
+# MLFLOW_HTTP_REQUEST_TIMEOUT); what still fails after those retries ends the lookup.
 
 def _newest_run(settings: Settings, key: str, condition: str):
     """The newest run tagged with cell ``key`` that meets the MLflow filter ``condition``, or None."""
-    for delay in (*RETRY_DELAYS_S, None):
-        try:
-            client = client_for(settings)
-            runs = client.search_runs([experiment_id(client, settings)], f"tags.`{Tag.CELL}` = '{key}' and {condition}",
-                                      order_by=["attributes.start_time DESC"], max_results=1)
-            return runs[0] if runs else None
-        except Exception as exc:
-            if delay is None:
-                raise
-            log.warning("MLflow lookup of cell %s failed (%s); retrying in %d s", key, exc, delay)
-            time.sleep(delay)
+    client = client_for(settings)
+    runs = client.search_runs([experiment_id(client, settings)], f"tags.`{Tag.CELL}` = '{key}' and {condition}",
+                              order_by=["attributes.start_time DESC"], max_results=1)
+    return runs[0] if runs else None
 
 
 def finished_cell(settings: Settings, key: str) -> str | None:

@@ -8,6 +8,8 @@ import sys
 import threading
 import time
 
+import psutil
+
 from tasks.common.errors import Interrupted
 
 PR_SET_PDEATHSIG = 1
@@ -114,51 +116,35 @@ def stop_child(proc: subprocess.Popen, signum: int = signal.SIGTERM, grace_s: fl
 # gone, stops every process the command had started and left running (its temporary Prefect server,
 # Dask cluster, training children), first with SIGTERM, after a grace period with SIGKILL.
 
-def _processes() -> dict[int, tuple[int, str]]:
-    """pid -> (parent pid, start time) of every process, from /proc."""
-    table = {}
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                with open(f"/proc/{entry}/stat") as f:
-                    fields = f.read().rsplit(")", 1)[1].split()
-                table[int(entry)] = (int(fields[1]), fields[19])  # ppid, starttime
-            except (OSError, IndexError, ValueError):
-                pass
-    return table
-
-
-def descendants(pid: int, table: dict[int, tuple[int, str]]) -> dict[int, str]:
-    """pid -> start time of every process below ``pid``."""
-    children: dict[int, list[int]] = {}
-    for p, (ppid, _) in table.items():
-        children.setdefault(ppid, []).append(p)
-    found, todo = {}, list(children.get(pid, []))
-    while todo:
-        p = todo.pop()
-        found[p] = table[p][1]
-        todo += children.get(p, [])
-    return found
+def _below(command: psutil.Process) -> dict[int, psutil.Process]:
+    """pid -> process of every process below ``command`` now; empty once it is gone."""
+    try:
+        return {p.pid: p for p in command.children(recursive=True)}
+    except psutil.NoSuchProcess:
+        return {}
 
 
 def guard(pid: int, every_s: float = 0.5, grace_s: float = 10.0) -> None:
-    """Watch ``pid``; when it is gone, stop the processes it had below it at the last look."""
-    left: dict[int, str] = {}
-    while True:
-        table = _processes()
-        if pid not in table:
-            break
-        left = descendants(pid, table) | {p: s for p, s in left.items() if p in table and table[p][1] == s}
+    """Watch ``pid``; when it is gone, stop the processes it had below it at the last look. A process is
+    known by its pid and start time (psutil's identity), so a pid reused since is never signalled."""
+    try:
+        command = psutil.Process(pid)
+    except psutil.NoSuchProcess:
+        command = None
+    left: dict[int, psutil.Process] = {}
+    while command is not None and command.is_running():
+        left = _below(command) | {p: proc for p, proc in left.items() if proc.is_running()}
         left.pop(os.getpid(), None)
         time.sleep(every_s)
-    def alive() -> list[int]:
-        table = _processes()
-        return [p for p, start in left.items() if p in table and table[p][1] == start]
+
+    def alive() -> list[psutil.Process]:
+        return [proc for proc in left.values() if proc.is_running()]
+
     for sig, wait_s in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 0)):
-        for p in alive():
+        for proc in alive():
             try:
-                os.kill(p, sig)
-            except ProcessLookupError:
+                proc.send_signal(sig)
+            except psutil.NoSuchProcess:  # ended (or its pid was reused) since the look
                 pass
         deadline = time.monotonic() + wait_s
         while alive() and time.monotonic() < deadline:
@@ -171,10 +157,8 @@ def guard(pid: int, every_s: float = 0.5, grace_s: float = 10.0) -> None:
         shutil.rmtree(folder, ignore_errors=True)
 
 
-def start_guardian() -> subprocess.Popen | None:
-    """A guardian for this process (Linux; None where /proc is missing)."""
-    if not os.path.isdir("/proc/self"):
-        return None
+def start_guardian() -> subprocess.Popen:
+    """A guardian for this process."""
     return subprocess.Popen([sys.executable, "-m", "tasks.common.lifetime", str(os.getpid())], start_new_session=True,
                             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, close_fds=True)
 

@@ -3,9 +3,11 @@
 Flows take these as parameters, so the Prefect UI's run form, the CLI's options and the child processes all read one validated object.
 """
 
-from typing import Literal
+from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, PositiveFloat, PositiveInt, field_validator, model_validator
+from pydantic import (BaseModel, ConfigDict, Field, PositiveFloat, PositiveInt, StringConstraints, TypeAdapter, field_validator,
+                      model_validator)
+from pydantic.json_schema import SkipJsonSchema
 
 from models.host import DeviceKind as Device
 from models.tiling import DEFAULT_HALO
@@ -30,22 +32,20 @@ def once_each(values: list, what: str) -> list:
     return values
 
 
-# A field the benchmark sets for its cells, not a user's choice (``json_schema_extra=INTERNAL``).
-INTERNAL = {"x-karman-internal": True}
+# A benchmark cell's key: the benchmark flow sets it for its cells; it is not a user's choice.
+CellKey = Annotated[str, StringConstraints(pattern=r"^[0-9a-f]{16}$")]
+CELL_DESCRIPTION = "Benchmark cell key, set by the benchmark flow: tags the MLflow run so a rerun can skip it"
 
-
-def _internal_fields_out_of_forms(schema: dict) -> None:
-    """Moves the INTERNAL fields of a spec's JSON schema from ``properties``, which run forms (Prefect's
-    UI) render, to ``patternProperties``, which validation still applies: the form leaves them out, and
-    Prefect's server still accepts and checks them when the benchmark sets them."""
-    props = schema.get("properties", {})
-    internal = [name for name, prop in props.items() if prop.pop(next(iter(INTERNAL)), False)]
-    if internal:
-        schema["patternProperties"] = {f"^{name}$": props.pop(name) for name in internal}
+# Run forms (Prefect's UI) render a spec's schema ``properties``: ``cell`` is left out of them with
+# SkipJsonSchema, as the flows' ``parent_run`` is. A spec forbids unknown fields, so its schema says
+# ``additionalProperties: false``, and Prefect's server validates a deployment's runs against the stored
+# schema: the specs that carry ``cell`` declare it again under ``patternProperties``, which the form does
+# not render and the server still applies, so it takes a cell's key and checks it.
+CELL_IN_SCHEMA = ConfigDict(json_schema_extra={"patternProperties": {"^cell$": TypeAdapter(CellKey | None).json_schema()}})
 
 
 class Spec(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True, json_schema_extra=_internal_fields_out_of_forms)
+    model_config = ConfigDict(extra="forbid", frozen=True)
 
 
 class GenerateSpec(Spec):
@@ -78,6 +78,8 @@ class GenerateSpec(Spec):
 
 class TrainSpec(Spec):
     """One training run of a workload (the Kármán surrogate: Pix2Pix on (frame t -> frame t+k) pairs)."""
+
+    model_config = CELL_IN_SCHEMA
 
     workload: str = Field(default="karman", pattern=r"^[a-z][a-z0-9_-]{0,31}$", description="Workload, by name from the workload table: karman (the Pix2Pix surrogate of a vortex street); the fields from ngf on are karman's")
     dataset: str = DatasetName
@@ -118,8 +120,7 @@ class TrainSpec(Spec):
     threads: PositiveInt | None = Field(default=None, le=4096, description="CPU threads of the framework, at most the host's cores; None = all cores")
     seed: int = Field(default=0, ge=0, le=2**31 - 1, description="Seed of weights, split and shuffling")
     resume: str | None = Field(default=None, pattern=r"^[0-9a-f]{32}$", description="MLflow run id of an interrupted training run to continue from its last checkpoint (other fields are taken from that run)")
-    cell: str | None = Field(default=None, pattern=r"^[0-9a-f]{16}$", json_schema_extra=INTERNAL,
-                             description="Benchmark cell key, set by the benchmark flow: tags the MLflow run so a rerun can skip it")
+    cell: SkipJsonSchema[CellKey | None] = Field(default=None, description=CELL_DESCRIPTION)
 
     @field_validator("batch_sizes")
     @classmethod
@@ -171,6 +172,8 @@ class InferSpec(Spec):
     """An autoregressive rollout of a trained generator on a held-out simulation, full-frame or
     map-reduce tiled over several workers."""
 
+    model_config = CELL_IN_SCHEMA
+
     model_run: str = Field(default="latest", description="MLflow run id of a training run, or 'latest'")
     device: Device = Field(default="cpu", description="Device of the rollout")
     mode: Literal["full", "mapreduce"] = Field(default="full", description="full: the whole frame on one worker; mapreduce: tiles with a halo, grouped, mapped over the workers, blended back")
@@ -184,8 +187,7 @@ class InferSpec(Spec):
     start_frame: int = Field(default=0, ge=0, description="Reference frame the rollout starts from")
     threshold_u: PositiveFloat = Field(default=0.1, description="Relative L2 error of u that ends the rollout's useful horizon (horizon_u)")
     threshold_vorticity: PositiveFloat = Field(default=0.3, description="Relative L2 error of vorticity that ends the rollout's useful horizon (horizon_vorticity)")
-    cell: str | None = Field(default=None, pattern=r"^[0-9a-f]{16}$", json_schema_extra=INTERNAL,
-                             description="Benchmark cell key, set by the benchmark flow: tags the MLflow run so a rerun can skip it")
+    cell: SkipJsonSchema[CellKey | None] = Field(default=None, description=CELL_DESCRIPTION)
 
     @model_validator(mode="after")
     def _one_worker_for_full(self) -> "InferSpec":

@@ -86,17 +86,22 @@ def checked(values: np.ndarray, dataset_dir: Path, sim_id: str, name: str, frame
     return values
 
 
+# What reading a damaged chunk raises: it fails its checksum (ValueError), does not decompress
+# (RuntimeError from Blosc), or its file cannot be read (OSError).
+CHUNK_ERRORS = (ValueError, RuntimeError, OSError)
+
+
 def read_frames(array: zarr.Array, frames, dataset_dir: Path, sim_id: str, name: str) -> np.ndarray:
     """Frames (F, ...) of a stored array, checked: a chunk that fails to decode or its checksum, or a
     frame that is not finite, is the ``damaged`` error naming that frame."""
     frames = np.arange(array.shape[0])[frames] if isinstance(frames, slice) else np.asarray(frames)
     try:
         values = array.oindex[frames]
-    except Exception as exc:
+    except CHUNK_ERRORS as exc:
         for frame in frames:  # which one
             try:
                 array.oindex[[int(frame)]]
-            except Exception:
+            except CHUNK_ERRORS:
                 raise damaged(dataset_dir, sim_id, name, int(frame), f"cannot be read ({type(exc).__name__}: damaged chunk)") from None
         raise
     return checked(values, dataset_dir, sim_id, name, frames)

@@ -10,7 +10,9 @@ import urllib.request
 from pathlib import Path
 from typing import Any, Iterator
 
+import psutil
 from mlflow.entities import Metric, Param, RunTag
+from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 
 from tasks.common.names import Tag
@@ -74,11 +76,10 @@ def experiment_id(client: MlflowClient, settings: Settings) -> str:
         location = settings.artifact_root.as_uri()
     try:
         return client.create_experiment(settings.experiment, artifact_location=location, tags=EXPERIMENT_KIND)
-    except Exception:  # another command created it a moment before
-        exp = client.get_experiment_by_name(settings.experiment)
-        if exp is None:
+    except MlflowException as exc:
+        if exc.error_code != "RESOURCE_ALREADY_EXISTS":
             raise
-        return exp.experiment_id
+        return client.get_experiment_by_name(settings.experiment).experiment_id  # another command created it a moment before
 
 
 def run_url(settings: Settings, run_id: str, exp_id: str | None = None) -> str:
@@ -167,11 +168,19 @@ def training_run(settings: Settings, run_id: str, label: str = "run"):
 
     try:
         run = client_for(settings).get_run(run_id)
-    except Exception:
+    except MlflowException as exc:
+        if not missing(exc):
+            raise
         raise UserError(f"unknown {label} {run_id!r} in the tracking store {settings.tracking_uri}") from None
     if run.data.tags.get(Tag.STAGE) != "train":
         raise UserError(f"run {run_id!r} is not a training run (stage {run.data.tags.get(Tag.STAGE)!r})")
     return run
+
+
+def missing(exc: MlflowException) -> bool:
+    """Whether MLflow refused a request because what it names (a run, an artifact) does not exist or
+    cannot be an id at all, rather than because the store failed."""
+    return exc.error_code in ("RESOURCE_DOES_NOT_EXIST", "INVALID_PARAMETER_VALUE")
 
 
 def client_for(settings: Settings) -> MlflowClient:
@@ -220,12 +229,13 @@ def mlflow_run(
 
 
 def _start_time(pid: int) -> str | None:
-    """The kernel's start time of process ``pid`` (clock ticks since boot), or None if there is none."""
+    """When process ``pid`` started, in the kernel's clock ticks since boot (as /proc/PID/stat counts it:
+    no clock change moves it), or None if there is no such process."""
     try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[19]
-    except (OSError, IndexError):
+        since_boot = psutil.Process(pid).create_time() - psutil.boot_time()
+    except psutil.NoSuchProcess:
         return None
+    return str(round(since_boot * os.sysconf("SC_CLK_TCK")))
 
 
 def driver_id(pid: int | None = None) -> str:

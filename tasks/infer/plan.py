@@ -5,6 +5,8 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from mlflow.exceptions import MlflowException
+
 from models.host import cpu_cores
 from models.nets.config import NetConfig
 from models.tiling import TilePlan, TilingError
@@ -18,7 +20,7 @@ from tasks.common.settings import Settings
 from tasks.common.simulation import SimulationSpec
 from tasks.common.specs import InferSpec
 from tasks.common.store import file_sha256, load_manifest
-from tasks.common.tracking import client_for, experiment_id, training_run
+from tasks.common.tracking import client_for, experiment_id, missing, training_run
 from tasks.workloads.karman.scoring import rollout_steps
 
 
@@ -26,7 +28,9 @@ def download(settings: Settings, model_run: str, path: str, tmp: str) -> Path:
     """A training run's artifact ``path`` downloaded under ``tmp``; UserError if the run has none."""
     try:
         return Path(client_for(settings).download_artifacts(model_run, path, tmp))
-    except Exception as exc:
+    except MlflowException as exc:
+        if not missing(exc):
+            raise
         raise UserError(f"training run {model_run!r} has no {path} artifact ({type(exc).__name__})") from None
 
 

@@ -6,6 +6,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from mlflow.exceptions import MlflowException
 from prefect import get_run_logger, task
 
 from tasks.common.names import Tag
@@ -14,7 +15,7 @@ from tasks.common.plots import bar_chart
 from tasks.common.settings import Settings
 from tasks.common.specs import AggregateSpec
 from tasks.common.tables import markdown_table
-from tasks.common.tracking import client_for, experiment_id, mlflow_run, run_url
+from tasks.common.tracking import client_for, experiment_id, missing, mlflow_run, run_url
 
 
 def _rows(client, exp_id: str, stage: str) -> list:
@@ -346,9 +347,10 @@ INFER_QUALITY_COLUMNS = {"run": "run", "mode": "mode", "workers": "workers", "st
                          "strouhal_ref": "St solver", "surrogate_vs_solver": "× solver"}
 
 
-def covered_runs(settings: Settings, client, exp_id: str, source: str) -> tuple[str, list]:
-    """(what the report covers, in words; the runs): those a benchmark or demo run recorded in its
-    runs.json ('latest' = the newest such run, or its id); or 'all' of the experiment."""
+def covered_runs(settings: Settings, client, exp_id: str, source: str) -> tuple[str, list, list[str]]:
+    """(what the report covers, in words; the runs; one line per run it leaves out, saying why): the runs a
+    benchmark or demo run recorded in its runs.json ('latest' = the newest such run, or its id); or 'all'
+    of the experiment. A recorded run that is deleted since is left out."""
     import json
     import tempfile
 
@@ -356,7 +358,7 @@ def covered_runs(settings: Settings, client, exp_id: str, source: str) -> tuple[
 
     if source == "all":
         runs = [r for stage in ("train", "infer") for r in _rows(client, exp_id, stage)]
-        return f"every training and rollout run of experiment `{settings.experiment}`", runs
+        return f"every training and rollout run of experiment `{settings.experiment}`", runs, []
     if source == "latest":
         found = sorted((r for stage in ("benchmark", "demo") for r in client.search_runs(
             [exp_id], f"tags.`{Tag.STAGE}` = '{stage}'", order_by=["attributes.start_time DESC"], max_results=1)),
@@ -367,23 +369,36 @@ def covered_runs(settings: Settings, client, exp_id: str, source: str) -> tuple[
     else:
         try:
             owner = client.get_run(source)
-        except Exception:
+        except MlflowException as exc:
+            if not missing(exc):
+                raise
             raise UserError(f"unknown run {source!r} in the tracking store {settings.tracking_uri}") from None
         if owner.data.tags.get(Tag.STAGE) not in ("benchmark", "demo"):
             raise UserError(f"run {source!r} is not a benchmark or demo run (stage {owner.data.tags.get(Tag.STAGE)!r}); give one, latest or all")
     with tempfile.TemporaryDirectory() as tmp:
         try:
             run_ids = json.loads(Path(client.download_artifacts(owner.info.run_id, "runs.json", tmp)).read_text())["runs"]
-        except Exception:
+        except MlflowException as exc:
+            if not missing(exc):
+                raise
             raise UserError(f"run {owner.info.run_id} lists no runs (runs.json); it did not get to its cells") from None
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            raise UserError(f"run {owner.info.run_id} has no readable list of runs (runs.json: {type(exc).__name__}: {exc})") from None
     scope = f"the runs of {owner.data.tags.get(Tag.STAGE)} run {owner.info.run_name} ({owner.info.run_id})"
-    runs = []
+    runs, left_out = [], []
     for rid in dict.fromkeys(run_ids):
         try:
-            runs.append(client.get_run(rid))
-        except Exception:
-            pass  # a run deleted since is no longer reported
-    return scope, runs
+            run = client.get_run(rid)
+        except MlflowException as exc:
+            if not missing(exc):
+                raise
+            left_out.append(f"{rid}: no longer in the tracking store ({exc.error_code})")
+            continue
+        if run.info.lifecycle_stage == "deleted":
+            left_out.append(f"{rid} ({run.info.run_name}): deleted")
+            continue
+        runs.append(run)
+    return scope, runs, left_out
 
 
 def check_report_source(settings: Settings, spec: AggregateSpec) -> None:
@@ -423,9 +438,12 @@ def publish_artifacts(report: dict) -> None:
                           description="Rollouts: mode x workers -> frames/s, accuracy, solver comparison")
 
 
-def build_report(settings: Settings, name: str, scope: str, runs, exp_id: str, out: Path) -> tuple[str, list[Path], dict]:
-    """report.md's text and figures (written to ``out``) over ``runs``; returns the text, the figures and the tables."""
-    entries, left_out = training_records(client_for(settings), [r for r in runs if r.data.tags.get(Tag.STAGE) == "train"])
+def build_report(settings: Settings, name: str, scope: str, runs, exp_id: str, out: Path,
+                 left_out: tuple[str, ...] | list[str] = ()) -> tuple[str, list[Path], dict]:
+    """report.md's text and figures (written to ``out``) over ``runs``, with a line for each run of the
+    scope it ``left_out`` (and why) or whose record does not read; returns the text, the figures and the tables."""
+    entries, unread = training_records(client_for(settings), [r for r in runs if r.data.tags.get(Tag.STAGE) == "train"])
+    left_out = [*left_out, *unread]
     trains = train_rows(entries)
     quality = quality_table(entries)
     older = [r["run"][:8] for r in trains if r["older"]]
@@ -474,9 +492,11 @@ def build_report(settings: Settings, name: str, scope: str, runs, exp_id: str, o
              "## Is the surrogate worth it?\n",
              "\n".join(f"- {link(r['run'])} ({r['mode']} x{r['workers']}, {r['regime']}): {r['verdict']}" for r in rollouts if r["verdict"])
              or "_no rollout with a verdict_", "",
-             (f"Runs logged before run records existed, read back from their MLflow params: {', '.join(older)}.\n" if older else "")
-            + "".join(f"- left out: {line}\n" for line in left_out),
-            f"## Failed runs\n\n{len(failed)} failed run(s)" + (": " + ", ".join(f"{r.info.run_name} ({link(r.info.run_id)})" for r in failed) if failed else "") + "\n"]
+             f"## Failed runs\n\n{len(failed)} failed run(s)" + (": " + ", ".join(f"{r.info.run_name} ({link(r.info.run_id)})" for r in failed) if failed else "") + "\n"]
+    if older:
+        text.append(f"Runs logged before run records existed, read back from their MLflow params: {', '.join(older)}.\n")
+    if left_out:
+        text.append(f"## Runs left out\n\n{len(left_out)} recorded run(s) not reported:\n" + "".join(f"\n- {line}" for line in left_out) + "\n")
     text += [f"![{f.stem}]({f.name})\n" for f in figures]
     return "\n".join(text), figures, {"train_rows": trains, "infer_rows": rollouts, "quality_rows": quality,
                                       "framework_rows": [row for table in frameworks.values() for row in table]}
@@ -489,10 +509,12 @@ def aggregate_runs(settings: Settings, spec: AggregateSpec, parent_run_id: str |
     logger = get_run_logger()
     client = client_for(settings)
     exp_id = experiment_id(client, settings)
-    scope, runs = covered_runs(settings, client, exp_id, spec.runs)
+    scope, runs, left_out = covered_runs(settings, client, exp_id, spec.runs)
+    for line in left_out:
+        logger.warning("report %s leaves out run %s", spec.name, line)
     out = settings.report_dir(spec.name)
     out.mkdir(parents=True, exist_ok=True)
-    text, figures, tables = build_report(settings, spec.name, scope, runs, exp_id, out)
+    text, figures, tables = build_report(settings, spec.name, scope, runs, exp_id, out, left_out)
     report = out / "report.md"
     report.write_text(text)
     html_report = write_html(report, f"Kármán Bench report {spec.name}")

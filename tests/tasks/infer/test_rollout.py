@@ -17,7 +17,7 @@ from mlflow.tracking import MlflowClient
 
 from tasks.common.store import Manifest, consolidate
 from tasks.generate.simulation import run_simulation
-from tests.conftest import ROOT, run_cli
+from tests.conftest import ROOT, run_cli, strict_json
 from tests.flows.test_cli import assert_refused
 from tests.tasks.common.test_store import tiny_spec
 
@@ -47,7 +47,7 @@ def infer(trained, *args, env=None) -> dict:
     root, base_env, run_id = trained
     proc = run_cli("infer", "--model-run", run_id, "--steps", "6", *args, "--json", cwd=root, env={**base_env, **(env or {})})
     assert proc.returncode == 0, proc.stderr[-3000:]
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    return strict_json(proc.stdout.strip().splitlines()[-1])
 
 
 def client(trained) -> MlflowClient:
@@ -77,6 +77,7 @@ def test_full_and_mapreduce_rollouts_on_cpu_are_scored_and_logged(trained, cpu_f
         assert name in metrics, name
     # six steps are less than two shedding periods: no Strouhal number, and the verdict says why
     assert "strouhal_ref" not in metrics and "strouhal_pred" not in metrics
+    assert cpu_full["correlation_periods"] is None and tiled["strouhal_pred"] is None  # NaN, written as null in strict JSON
     assert "too short to measure the shedding period" in run.data.params["verdict"]
     history = client(trained).get_metric_history(tiled["run_id"], "step_seam_rel_error")
     assert [m.step for m in history] == [1, 2, 3, 4, 5, 6]

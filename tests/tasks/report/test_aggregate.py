@@ -112,3 +112,30 @@ def test_a_runs_samples_per_s_is_its_epochs_samples_over_its_s_per_epoch(workdir
     client.log_metric(rid, "samples_per_s", 30.0, step=3)  # the last epoch's, slower than the median epoch
     (row,) = train_rows(training_records(client, [client.get_run(rid)])[0])
     assert row["samples_per_s"] == pytest.approx(424 / 8.0)
+
+
+def test_a_recorded_run_deleted_since_is_left_out_and_the_report_says_which_and_why(workdir):
+    import json
+
+    from tasks.common.settings import Settings
+    from tasks.common.tracking import client_for, experiment_id
+    from tasks.report.task import build_report, covered_runs
+
+    settings = Settings.from_env()
+    client = client_for(settings)
+    exp = experiment_id(client, settings)
+    kept, deleted = _run(client, exp, 8, 0, True, 50.0), _run(client, exp, 8, 1, True, 60.0)
+    client.delete_run(deleted)
+    gone = "f" * 32  # never in the store (or removed for good)
+    demo = client.create_run(exp, tags={"karman.stage": "demo"}).info.run_id
+    (workdir / "runs.json").write_text(json.dumps({"runs": [kept, deleted, gone]}))
+    client.log_artifact(demo, str(workdir / "runs.json"))
+    client.set_terminated(demo, "FINISHED")
+
+    scope, runs, left_out = covered_runs(settings, client, exp, "latest")
+    assert demo in scope and [r.info.run_id for r in runs] == [kept]
+    assert len(left_out) == 2 and left_out[0].startswith(f"{deleted} (") and left_out[0].endswith("): deleted")
+    assert left_out[1] == f"{gone}: no longer in the tracking store (RESOURCE_DOES_NOT_EXIST)"
+    text, _, _ = build_report(settings, "r", scope, runs, exp, workdir, left_out)
+    section = text.split("## Runs left out\n", 1)[1]
+    assert section.startswith("\n2 recorded run(s) not reported:") and f"\n- {left_out[0]}\n" in section and f"\n- {left_out[1]}\n" in section

@@ -1,0 +1,118 @@
+"""Command-line options generated from a pydantic spec, for every command of ``python -m flows``; imports no Prefect or MLflow.
+
+Each field of a command's spec is one option: ``--field-name``, its choices from a ``Literal``, a
+``bool`` a flag (``--no-field-name`` where it defaults to on), a list repeatable or comma-separated,
+a mapping KEY=VALUE pairs. Values stay text here: the spec converts and validates them, so bad input
+ends with one line naming the option and the value.
+"""
+
+import argparse
+import types
+import typing
+from typing import Any, Callable
+
+from pydantic import BaseModel, ValidationError
+
+from tasks.common.errors import UserError
+
+
+class OneLineParser(argparse.ArgumentParser):
+    """argparse that reports errors in one line (exit code 2)."""
+
+    def error(self, message: str) -> typing.NoReturn:
+        self.exit(2, f"{self.prog}: error: {message}\n")
+
+
+def _choices(annotation) -> tuple[list[str] | None, Callable[[str], Any], bool]:
+    """(choices, converter, is_list) for a field annotation."""
+    origin, args = typing.get_origin(annotation), typing.get_args(annotation)
+    if origin in (typing.Union, types.UnionType):
+        inner = [a for a in args if a is not type(None)]
+        return _choices(inner[0])
+    if origin is list:
+        choices, conv, _ = _choices(args[0])
+        return choices, conv, True
+    if origin is typing.Literal:
+        return [str(a) for a in args], str, False
+    if annotation in (int, float):
+        return None, annotation, False
+    return None, str, False
+
+
+def cli_fields(model: type[BaseModel]) -> dict:
+    """The fields that are command-line options: nested models and mappings are set in the UI or code."""
+    def nested(annotation) -> bool:
+        return isinstance(annotation, type) and issubclass(annotation, BaseModel)
+
+    return {name: field for name, field in model.model_fields.items() if not nested(field.annotation)}
+
+
+def _flag(name: str) -> str:
+    return "--" + name.replace("_", "-")
+
+
+def _help(model: type[BaseModel], field, is_list: bool) -> str | None:
+    """The option's help: the field's description with its default, unless the description states it.
+    A spec whose help is written for the command line (``cli_help_as_written``) names only a default
+    that is set, and its lists say themselves how they are given."""
+    if not field.description:
+        return None
+    as_written = getattr(model, "cli_help_as_written", False)
+    text = field.description
+    if "(default:" not in text and not (as_written and (field.default is None or field.default == [])):
+        text += f" (default: {field.default})"
+    return text + (" — comma-separated" if is_list and not as_written else "")
+
+
+def add_spec_options(parser: argparse.ArgumentParser, model: type[BaseModel]) -> None:
+    """One option per command-line field of ``model``; each left None when not given, so the spec's default holds."""
+    for name, field in cli_fields(model).items():
+        flag, annotation = _flag(name), field.annotation
+        if annotation is bool:
+            if field.default is True:  # on by default: the option turns it off
+                parser.add_argument("--no-" + flag[2:], dest=name, action="store_false", default=None, help=field.description)
+            else:
+                parser.add_argument(flag, dest=name, action="store_true", default=None, help=field.description)
+            continue
+        if typing.get_origin(annotation) is dict:
+            parser.add_argument(flag, dest=name, default=None, metavar="KEY=VALUE,...",
+                                help=f"{field.description} (default: {','.join(f'{k}={v}' for k, v in field.default.items())})")
+            continue
+        choices, _, is_list = _choices(annotation)
+        help_text = _help(model, field, is_list)
+        if choices and not is_list:
+            parser.add_argument(flag, dest=name, choices=choices, default=None, help=help_text, metavar="{" + ",".join(choices) + "}")
+        elif is_list:  # repeated, comma-separated, or both
+            parser.add_argument(flag, dest=name, action="append", default=None, help=help_text)
+        else:
+            parser.add_argument(flag, dest=name, default=None, help=help_text)
+
+
+def spec_from_args(model: type[BaseModel], args: argparse.Namespace, base: BaseModel | None = None) -> BaseModel:
+    """The spec from the command line's options, over ``base``'s values when given; ValidationError or
+    UserError for bad input."""
+    values = base.model_dump() if base is not None else {}
+    for name, field in cli_fields(model).items():
+        value = getattr(args, name, None)
+        if value is None:
+            continue
+        _, _, is_list = _choices(field.annotation)
+        if typing.get_origin(field.annotation) is dict:
+            pairs = [item.split("=", 1) for item in value.split(",") if item.strip()]
+            if any(len(p) != 2 for p in pairs):
+                raise UserError(f"{_flag(name)}: {value!r} is not a list of KEY=VALUE pairs, e.g. cuda=gpu,xla=tpu")
+            value = {k.strip(): v.strip() for k, v in pairs}
+        elif is_list:
+            value = [v.strip() for given in value for v in given.split(",") if v.strip()]
+        elif isinstance(value, str) and value.lower() == "none" and type(None) in typing.get_args(field.annotation):
+            value = None
+        values[name] = value
+    return model(**values)
+
+
+def validation_message(exc: ValidationError) -> str:
+    """The first error of a spec's validation in one line: the option, what is wrong, the value given."""
+    err = exc.errors()[0]
+    loc = ".".join(str(p) for p in err["loc"] if not isinstance(p, int))
+    flag = _flag(loc) if loc else "input"
+    return f"{flag}: {err['msg'].rstrip('.')} (got {err.get('input')!r})"

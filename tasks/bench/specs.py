@@ -1,0 +1,168 @@
+"""Typed, validated options of the bench-… commands: one spec per command, from which their command lines are generated.
+
+Like the pipeline's specs (tasks.common.specs), but for standalone measurements: they import only
+pydantic and models, so a bench command loads no Prefect or MLflow. Their descriptions are written for
+the command line: an option whose default is unset says there what happens then, and a flag that is on
+by default is described by what its ``--no-…`` form does.
+"""
+
+import math
+from typing import Annotated, ClassVar, Literal
+
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
+from pydantic_core import PydanticCustomError
+
+from models.host import DeviceKind
+from models.tiling import DEFAULT_HALO
+
+
+def _checked_number(value, kind: type, strict: bool):
+    """``value`` (text or a number) as a finite ``kind`` (int or float), above 0 (``strict``) or at least 0; None stays None."""
+    if value is None:
+        return None
+    noun = "integer" if kind is int else "number"
+    if isinstance(value, bool) or not isinstance(value, (str, int, float)) or (kind is int and isinstance(value, float) and not value.is_integer()):
+        raise PydanticCustomError("bench_number", f"{value!r} is not {'an' if kind is int else 'a'} {noun}")
+    try:
+        number = kind(value)
+    except ValueError:
+        raise PydanticCustomError("bench_number", f"{value!r} is not {'an' if kind is int else 'a'} {noun}") from None
+    if not math.isfinite(number):
+        raise PydanticCustomError("bench_number", f"{value!r} is not a finite number")
+    if strict and not number > 0:
+        raise PydanticCustomError("bench_number", f"{number} must be a positive {noun}")
+    if not number >= 0:
+        raise PydanticCustomError("bench_number", f"{number} is negative; use 0 or more")
+    return number
+
+
+def _number(kind: type, strict: bool) -> BeforeValidator:
+    return BeforeValidator(lambda value: _checked_number(value, kind, strict))
+
+
+# The validator sits outside ``| None``, so an error names the field alone, and None passes through.
+PositiveInt = Annotated[int, _number(int, strict=True)]
+NonNegativeInt = Annotated[int, _number(int, strict=False)]
+PositiveFloat = Annotated[float, _number(float, strict=True)]
+OptionalPositiveInt = Annotated[int | None, _number(int, strict=True)]
+OptionalPositiveFloat = Annotated[float | None, _number(float, strict=True)]
+OptionalNonNegativeFloat = Annotated[float | None, _number(float, strict=False)]
+
+
+def _tile_shape(value):
+    """'S' or 'H,W' (the syntax of ``infer --tile``), or one or two sides -> (H, W) positive ints; None stays None."""
+    if value is None:
+        return None
+    if isinstance(value, str):
+        parts = value.split(",")
+        if len(parts) not in (1, 2) or not all(p.strip().isdigit() for p in parts):
+            raise PydanticCustomError("bench_tile", f"{value!r} is not a tile size; write S or H,W, e.g. 64 or 256,576")
+        value = parts
+    if not isinstance(value, (list, tuple)) or len(value) not in (1, 2):
+        raise PydanticCustomError("bench_tile", f"{value!r} is not a tile size; write S or H,W, e.g. 64 or 256,576")
+    sides = [_checked_number(side, int, strict=True) for side in value]
+    return (sides[0], sides[-1])
+
+
+OptionalTileShape = Annotated[tuple[int, int] | None, BeforeValidator(_tile_shape)]
+Device = DeviceKind  # the device kinds, named once (models.host)
+
+
+class BenchSpec(BaseModel):
+    """A bench command's options, validated once at the command's entry."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    # The command line's help is the description as written, with the default where one is set: a
+    # description states what an unset default means, and how a list is given.
+    cli_help_as_written: ClassVar[bool] = True
+
+
+class BenchSolverSpec(BenchSpec):
+    """Time the solver's full production step (MLUPS)."""
+
+    nx: PositiveInt = Field(default=1024, description="Channel length in nodes")
+    ny: PositiveInt = Field(default=256, description="Channel height in nodes")
+    steps: PositiveInt = Field(default=200, description="Steps per timed run")
+    repeats: PositiveInt = Field(default=5, description="Timed runs; the median is reported")
+    backend: Literal["numba", "numpy", "torch"] = Field(default="numba", description="Solver backend")
+    dtype: Literal["float32", "float64"] = Field(default="float32", description="Precision")
+    device: str = Field(default="cpu", description="torch device for --backend torch, e.g. cuda")
+
+
+class BenchTrainSpec(BenchSpec):
+    """Time Pix2Pix training (samples/s) against a plain eager fp32 step, in one run."""
+
+    framework: Literal["torch", "tensorflow"] = Field(default="torch", description="torch (our trainer), or tensorflow (the Keras step in its own process, timed against our torch trainer and the plain torch step in the same run)")
+    device: Device = Field(default="cpu", description="Device kind")
+    size: PositiveInt = Field(default=256, description="Image side; sets the U-Net depth to log2(size)")
+    batch_size: PositiveInt = Field(default=1, description="Batch size")
+    steps: PositiveInt = Field(default=3, description="Training steps per timed block")
+    repeats: PositiveInt = Field(default=3, description="Timed blocks per side; medians are reported")
+    precision: Literal["fp32", "bf16"] = Field(default="fp32", description="fp32, or bf16 autocast")
+    baseline: bool = Field(default=True, description="Skip the plain eager fp32 comparison")
+    peak_tflops: OptionalPositiveFloat = Field(default=None, description="Peak of the device in TFLOP/s for the model FLOP utilization (default: known GPUs only)")
+    jit_compile: bool = Field(default=False, description="tensorflow: XLA-compile the step (jit_compile)")
+
+
+class BenchInferSpec(BenchSpec):
+    """Time a rollout step (frames/s), full-frame or map-reduce over workers, against the solver."""
+
+    mode: Literal["full", "mapreduce"] = Field(default="mapreduce", description="full: the whole frame on one worker; mapreduce: tiles over the workers")
+    workers: PositiveInt = Field(default=1, description="Compute units: CPU cores (one thread each), GPUs or XLA devices")
+    device: Device = Field(default="cpu", description="Device kind")
+    size: PositiveInt = Field(default=256, description="Frame height in cells")
+    width: OptionalPositiveInt = Field(default=None, description="Frame width in cells (default: 4 x size)")
+    tile: OptionalTileShape = Field(default=None, description="Tile side S, or H,W; multiples of 2^depth (default: frame height x half the width plus the halo, rounded up)")
+    halo: NonNegativeInt = Field(default=DEFAULT_HALO, description="Pixels each tile reaches into its neighbours (the overlap is twice this)")
+    group: OptionalPositiveInt = Field(default=None, description="Tiles per batch (default: tiles / workers, rounded up)")
+    train_size: PositiveInt = Field(default=64, description="Side the generator was trained on; sets its depth log2(S)")
+    ngf: PositiveInt = Field(default=64, description="Generator base width (the paper's 64)")
+    frames: PositiveInt = Field(default=3, description="Autoregressive steps per timed block")
+    repeats: PositiveInt = Field(default=3, description="Timed blocks per configuration; medians are reported")
+    frame_stride: PositiveInt = Field(default=1, description="k: the network advances k stored frames per step")
+    frame_every: OptionalPositiveInt = Field(default=None, description="Solver steps between stored frames (default: 50 x size / 64)")
+    compare: bool = Field(default=True, description="Skip timing full-frame and map-reduce on one worker in the same run")
+
+
+class BenchQualitySpec(BenchSpec):
+    """Time to quality: train a recipe on a stored dataset until a rollout target holds, then score rollouts and compare with the solver."""
+
+    dataset: str = Field(default="karman-demo", description="Dataset under the data root (KARMAN_DATA_ROOT, default ./data)")
+    device: Literal["cpu", "cuda"] = Field(default="cpu", description="Device kind")
+    batch_size: PositiveInt = Field(default=8, description="Batch size")
+    time_budget: OptionalPositiveFloat = Field(default=None, description="Wall-clock seconds of training, validation included")
+    epochs: OptionalPositiveInt = Field(default=None, description="Epochs at most (with no time budget, the schedule runs over them)")
+    recipe: Literal["default", "paper"] = Field(default="default", description="Training recipe")
+    predict: Literal["state", "delta"] | None = Field(default=None, description="Override: network output")
+    upsample: Literal["transpose", "resize"] | None = Field(default=None, description="Override: decoder upsampling")
+    schedule: Literal["constant", "cosine"] | None = Field(default=None, description="Override: learning-rate schedule")
+    noise: OptionalNonNegativeFloat = Field(default=None, description="Override: input noise std (network units)")
+    unroll: OptionalPositiveInt = Field(default=None, description="Override: steps of the loss")
+    gan_weight: OptionalNonNegativeFloat = Field(default=None, description="Override: adversarial weight")
+    l1_weight: OptionalNonNegativeFloat = Field(default=None, description="Override: L1 weight")
+    lr: OptionalPositiveFloat = Field(default=None, description="Override: Adam learning rate")
+    ngf: OptionalPositiveInt = Field(default=None, description="Override: generator base width")
+    ndf: OptionalPositiveInt = Field(default=None, description="Override: discriminator base width")
+    seed: NonNegativeInt = Field(default=0, description="First seed")
+    repeats: PositiveInt = Field(default=1, description="Runs, with seeds seed, seed+1, ...")
+    target_vorticity: PositiveFloat = Field(default=0.3, description="Target: vorticity relative L2 at most this ...")
+    target_steps: PositiveInt = Field(default=40, description="... for this many steps of every validation rollout")
+    validate_every: PositiveInt = Field(default=2, description="Epochs between validation rollouts")
+    validate_steps: PositiveInt = Field(default=60, description="Steps of each validation rollout")
+    stop_at_target: bool = Field(default=False, description="End training at the validation that first meets the target")
+    test_steps: PositiveInt = Field(default=60, description="Steps of the final rollout on the test simulation")
+    extra_dataset: list[str] = Field(default=[], description="Also roll out on every simulation of this dataset (repeatable)")
+    extra_steps: PositiveInt = Field(default=600, description="Steps of those rollouts")
+    threads: OptionalPositiveInt = Field(default=None, description="CPU threads for torch (default: all cores)")
+    compile: Literal["auto", "on", "off"] = Field(default="auto", description="torch.compile the networks; auto = on for cuda")
+
+    # what is not a training setting: the repeats, the final rollouts and the batch (a list in TrainSpec)
+    NOT_TRAINING: ClassVar[set[str]] = {"repeats", "test_steps", "extra_dataset", "extra_steps", "batch_size"}
+
+    def train_spec(self):
+        """The training spec the first run trains with (``python -m flows train`` takes the same); ValidationError
+        naming what does not fit (a target longer than the validation rollout, ...)."""
+        from tasks.common.specs import TrainSpec
+
+        given = {k: v for k, v in self.model_dump(exclude=self.NOT_TRAINING).items() if v is not None}
+        return TrainSpec(batch_sizes=[self.batch_size], **given)

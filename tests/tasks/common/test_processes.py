@@ -1,0 +1,62 @@
+"""Which process holds a run open (the driver tag) and the guardian that stops what a killed command left running."""
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import psutil
+
+from tasks.common.tracking import driver_alive, driver_id
+from tests.conftest import ROOT
+
+
+def _proc_stat_start(pid: int) -> str:
+    """The start field of /proc/PID/stat (clock ticks since boot), as tags written before psutil held it."""
+    with open(f"/proc/{pid}/stat") as f:
+        return f.read().rsplit(")", 1)[1].split()[19]
+
+
+def test_a_driver_tag_names_this_process_as_the_kernel_counts_its_start():
+    host, pid, start = driver_id().split(":")
+    assert (host, int(pid)) == (socket.gethostname(), os.getpid())
+    assert start == _proc_stat_start(os.getpid())  # so a tag written by an older version still matches
+    assert driver_alive(driver_id()) is True
+    assert driver_alive(f"{host}:{pid}:{_proc_stat_start(os.getpid())}") is True
+    assert driver_alive(f"{host}:{pid}:?") is True
+
+
+def test_a_driver_that_ended_or_whose_pid_was_reused_is_gone_and_another_host_is_unknown():
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    tag = driver_id(child.pid)
+    child.wait()
+    assert driver_alive(tag) is False
+    host, pid, start = driver_id().split(":")
+    assert driver_alive(f"{host}:{pid}:{int(start) + 1}") is False  # the same pid, started at another time
+    assert driver_alive(f"elsewhere-{host}:{pid}:{start}") is None
+    assert driver_alive(f"{host}:not-a-pid:{start}") is None
+
+
+def test_the_guardian_stops_what_a_killed_command_left_running():
+    # the "command" starts a grandchild in its own session (as a server would be) and prints its pid
+    command = subprocess.Popen(
+        [sys.executable, "-c", "import subprocess, sys, time\n"
+         "p = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(300)'], start_new_session=True)\n"
+         "print(p.pid, flush=True)\ntime.sleep(300)\n"], stdout=subprocess.PIPE, text=True)
+    left = psutil.Process(int(command.stdout.readline()))
+    guardian = subprocess.Popen([sys.executable, "-m", "tasks.common.lifetime", str(command.pid)],
+                                cwd=ROOT)
+    try:
+        time.sleep(1.5)  # the guardian has looked at the command's tree
+        assert guardian.poll() is None and left.is_running()
+        command.send_signal(signal.SIGKILL)
+        command.wait()
+        gone, alive = psutil.wait_procs([left], timeout=20)
+        assert not alive and gone == [left]
+        assert guardian.wait(timeout=20) == 0
+    finally:
+        for proc in (left, psutil.Process(guardian.pid) if guardian.poll() is None else None):
+            if proc is not None and proc.is_running():
+                proc.kill()
