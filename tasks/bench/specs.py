@@ -133,6 +133,7 @@ class BenchQualitySpec(BenchSpec):
     time_budget: OptionalPositiveFloat = Field(default=None, description="Wall-clock seconds of training, validation included")
     epochs: OptionalPositiveInt = Field(default=None, description="Epochs at most (with no time budget, the schedule runs over them)")
     recipe: Literal["default", "paper"] = Field(default="default", description="Training recipe")
+    # the recipe's elements, each None for the recipe's own
     predict: Literal["state", "delta"] | None = Field(default=None, description="Override: network output")
     upsample: Literal["transpose", "resize"] | None = Field(default=None, description="Override: decoder upsampling")
     schedule: Literal["constant", "cosine"] | None = Field(default=None, description="Override: learning-rate schedule")
@@ -145,11 +146,13 @@ class BenchQualitySpec(BenchSpec):
     ndf: OptionalPositiveInt = Field(default=None, description="Override: discriminator base width")
     seed: NonNegativeInt = Field(default=0, description="First seed")
     repeats: PositiveInt = Field(default=1, description="Runs, with seeds seed, seed+1, ...")
+    # the quality target and the validation that checks it
     target_vorticity: PositiveFloat = Field(default=0.3, description="Target: vorticity relative L2 at most this ...")
     target_steps: PositiveInt = Field(default=40, description="... for this many steps of every validation rollout")
     validate_every: PositiveInt = Field(default=2, description="Epochs between validation rollouts")
     validate_steps: PositiveInt = Field(default=60, description="Steps of each validation rollout")
     stop_at_target: bool = Field(default=False, description="End training at the validation that first meets the target")
+    # the rollouts after training
     test_steps: PositiveInt = Field(default=60, description="Steps of the final rollout on the test simulation")
     extra_dataset: list[str] = Field(default=[], description="Also roll out on every simulation of this dataset (repeatable)")
     extra_steps: PositiveInt = Field(default=600, description="Steps of those rollouts")
