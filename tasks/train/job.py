@@ -13,15 +13,16 @@ import socket
 
 from tasks.common.names import Tag
 from tasks.common.records import RECORD_FILE, TrainConfig, TrainRecord
-from tasks.common.settings import Settings
 from tasks.common.tracking import Run, client_for, code_version, system_metrics
 from tasks.common.training import loop
 from tasks.common.training.frameworks import open_runtime
-from tasks.train.plan import TrainPlan
+from tasks.train.plan import TrainJob
 from tasks.workloads import framework_module, get_workload
 
 log = logging.getLogger("karman.train")
 SYSTEM_METRICS_EVERY_S = 5
+
+
 class MlflowRecorder:
     """The loop's measurements into the run (rank 0): step metrics in batches, epoch metrics by epoch."""
 
@@ -37,8 +38,9 @@ class MlflowRecorder:
 
 def run_training(job: dict) -> dict | None:
     """Train one configuration; rank 0 returns the run's record, other ranks None."""
-    plan, settings = TrainPlan(**job["plan"]), Settings(**job["settings"])
-    spec, batch_size, run_id, resume = plan.spec, int(job["batch_size"]), job["run_id"], plan.resume is not None
+    job = TrainJob.model_validate(job)
+    plan, settings, batch_size, run_id = job.plan, job.settings, job.batch_size, job.run_id
+    spec, resume = plan.spec, plan.resume is not None
     runtime = open_runtime(plan)
     if not runtime.is_main:  # one voice per run: rank 0 reports
         log.setLevel(logging.WARNING)

@@ -4,7 +4,7 @@ import json
 import os
 import zipfile
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, ConfigDict, Field
 
 from models.host import cpu_cores
 from tasks.common import plans, probe
@@ -40,6 +40,17 @@ class TrainPlan(BaseModel):
         if self.threads:
             env |= {"OMP_NUM_THREADS": str(self.threads), "MKL_NUM_THREADS": str(self.threads)}  # torch reads both; MKL's wins
         return env
+
+
+class TrainJob(BaseModel):
+    """What the training child receives: one batch size of a plan, the run it reports to, where things are stored."""
+
+    model_config = ConfigDict(extra="ignore")  # the launcher adds the body and framework it ran
+
+    plan: TrainPlan
+    settings: Settings
+    run_id: str = Field(pattern=r"^[0-9a-f]{32}$")
+    batch_size: int = Field(gt=0)
 
 
 def tensorflow_strategy(spec: TrainSpec, world: int) -> str:

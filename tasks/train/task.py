@@ -14,7 +14,7 @@ from tasks.common.specs import TrainSpec
 from tasks.common.store import write_json_atomic, writer_lock
 from tasks.common.tables import markdown_table
 from tasks.common.tracking import client_for, mlflow_run, run_url
-from tasks.train.plan import JOB_FILE, TrainPlan
+from tasks.train.plan import JOB_FILE, TrainJob, TrainPlan
 from tasks.workloads import get_workload
 
 BODY = "tasks.train.job:run_training"  # the training job's body, run in the child
@@ -59,7 +59,7 @@ def train_model(settings: Settings, plan: TrainPlan, batch_size: int, parent_run
         if not resume_run_id:
             held.enter_context(writer_lock(run_dir, f"run {run.run_id}"))
             run.log_dataset(spec.dataset, digest, dataset_dir, "training", profile)
-        job = {"plan": plan.model_dump(mode="json"), "settings": settings.model_dump(mode="json"), "run_id": run.run_id, "batch_size": batch_size}
+        job = TrainJob(plan=plan, settings=settings, run_id=run.run_id, batch_size=batch_size).model_dump(mode="json")
         if not resume_run_id:
             write_json_atomic(run_dir / JOB_FILE, {"spec": spec.model_dump(mode="json"), "batch_size": batch_size})
         logger.info("MLflow run: %s", run_url(settings, run.run_id))
