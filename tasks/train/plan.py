@@ -1,10 +1,9 @@
 """A training request turned into one checked TrainPlan, in the flow process (no framework imported); the training job receives it as JSON."""
 
-import json
 import os
 import zipfile
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from models.host import cpu_cores
 from tasks.common import plans, probe
@@ -17,7 +16,7 @@ from tasks.common.tracking import training_run
 from tasks.common.training.frameworks import framework
 from tasks.workloads import check_framework, get_workload
 
-JOB_FILE = "job.json"  # the run's configuration, kept with its checkpoint for --resume
+JOB_FILE = "job.json"  # the TrainJob the run's child received, kept with its checkpoint for --resume
 
 
 class TrainPlan(BaseModel):
@@ -124,14 +123,18 @@ def resume_plan(settings: Settings, spec: TrainSpec) -> tuple[TrainSpec, int]:
         raise UserError(f"run {run_id} has no {JOB_FILE} under {job_file.parent}; it cannot be resumed")
     with writer_lock(settings.run_dir(run_id), f"run {run_id}"):  # refused here if another process trains it
         pass
-    stored = json.loads(job_file.read_text())
-    stored_spec = TrainSpec(**stored["spec"])
+    try:
+        stored = TrainJob.model_validate_json(job_file.read_text())
+    except ValidationError:
+        raise UserError(f"run {run_id} was started by an earlier version ({job_file} is not a training job of this one); "
+                        "its checkpoint cannot be resumed: start the run afresh") from None
+    stored_spec = stored.plan.spec
     check_checkpoint(settings.run_dir(run_id) / framework(stored_spec.framework).checkpoint)
     for name in sorted(spec.model_fields_set - {"resume"}):
         mine, theirs = getattr(spec, name), getattr(stored_spec, name)
         if mine != theirs:
             raise UserError(f"--{name.replace('_', '-')} {mine} differs from the run being resumed ({theirs}); leave it out to use the run's value")
-    return stored_spec, int(stored["batch_size"])
+    return stored_spec, stored.batch_size
 
 
 def plan_training(settings: Settings, spec: TrainSpec, log) -> TrainPlan:

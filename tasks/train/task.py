@@ -60,8 +60,8 @@ def train_model(settings: Settings, plan: TrainPlan, batch_size: int, parent_run
             held.enter_context(writer_lock(run_dir, f"run {run.run_id}"))
             run.log_dataset(spec.dataset, digest, dataset_dir, "training", profile)
         job = TrainJob(plan=plan, settings=settings, run_id=run.run_id, batch_size=batch_size).model_dump(mode="json")
-        if not resume_run_id:
-            write_json_atomic(run_dir / JOB_FILE, {"spec": spec.model_dump(mode="json"), "batch_size": batch_size})
+        if not resume_run_id:  # what the child receives, kept for --resume
+            write_json_atomic(run_dir / JOB_FILE, job)
         logger.info("MLflow run: %s", run_url(settings, run.run_id))
         progress = Progress(f"training {name}: share of the epochs or time budget done")
 
