@@ -1,4 +1,4 @@
-"""Typed records of a training run: its resolved configuration and its summary, as the child returns them, MLflow logs them and the report reads them.
+"""Typed records of a training run and of a rollout: the resolved configuration and the summary, as the child returns them, MLflow logs them and the report reads them.
 
 One record is the truth about a run. The child writes it when the run starts (configuration only)
 and when it ends (with the summary) as the run's ``record.json`` artifact; MLflow's params and
@@ -13,7 +13,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from tasks.common.specs import TrainSpec
+from tasks.common.specs import InferSpec, TrainSpec
 
 RECORD_FILE = "record.json"  # the run's record, an artifact at the root of its MLflow run
 Scalar = str | int | float | bool | None
@@ -150,3 +150,58 @@ def _threads_in(device_name: str) -> int | None:
 
     found = re.search(r"\((\d+) threads?\)", device_name)
     return int(found.group(1)) if found else None
+
+
+class RolloutConfig(Record):
+    """What a rollout was, resolved: the request, the model, the reference and the tiling."""
+
+    workload: str = "karman"
+    framework: str
+    model_run: str
+    spec: InferSpec
+    device_name: str
+    dataset: str
+    simulation: str
+    steps: int
+    frame_stride: int
+    tile: tuple[int, int]
+    tiles: int
+    regime: dict[str, Scalar] = Field(default_factory=dict, description="The reference simulation against the training range")
+
+
+class RolloutSummary(Record):
+    """How a finished rollout went: speed, accuracy against the solver and the verdict."""
+
+    scores: dict[str, float | None] = Field(description="frames_per_s, latencies, errors, horizons, Strouhal numbers, the solver's speed ...")
+    verdict: str
+    solver: str
+
+
+class RolloutRecord(Record):
+    """A rollout: configuration, and summary once it has finished."""
+
+    version: Literal[1, 2] = 2  # 1: a rollout logged before records (params only), read back by from_mlflow
+    config: RolloutConfig
+    summary: RolloutSummary | None = None
+
+    @classmethod
+    def from_mlflow(cls, params: dict[str, str], metrics: dict[str, float], tags: dict[str, str], finished: bool) -> "RolloutRecord":
+        """The record of a rollout logged before records existed (version 1: params, metrics and tags only)."""
+        from tasks.common.names import Tag
+
+        def value(name: str, default=None):
+            text = params.get(name)
+            return default if text is None or text == "None" else text
+
+        spec = InferSpec(**{name: (json.loads(text) if text[:1] in "[{" else text) for name in InferSpec.model_fields
+                            if name != "cell" if (text := value(name)) is not None})
+        tile = [int(x) for x in value("tile_shape", "0x0").split("x")]
+        config = RolloutConfig(
+            framework=tags.get(Tag.FRAMEWORK, "torch"), model_run=tags.get(Tag.MODEL_RUN, value("model_run_id", "")), spec=spec,
+            device_name=value("device_name", "?"), dataset=value("rollout_dataset", spec.dataset or "?"),
+            simulation=value("rollout_simulation", value("simulation", "?")), steps=int(value("rollout_steps", spec.steps)),
+            frame_stride=int(value("frame_stride", 1)), tile=(tile[0], tile[-1]), tiles=int(value("tiles", 1)),
+            regime={k: value(k) for k in ("reynolds", "regime") if value(k) is not None})
+        summary = (RolloutSummary(scores=dict(metrics), verdict=value("verdict", ""), solver=value("solver_compared", "?"))
+                   if finished and "frames_per_s" in metrics else None)
+        return cls(version=1, config=config, summary=summary)

@@ -17,6 +17,7 @@ from tasks.common.plots import error_curves, rollout_animation, vorticity_panels
 from tasks.common.settings import Settings
 from tasks.common.simulation import SimulationSpec
 from tasks.common.specs import InferSpec
+from tasks.common.records import RECORD_FILE, RolloutConfig, RolloutRecord, RolloutSummary
 from tasks.common.tracking import Run
 from tasks.infer.plan import RolloutPlan
 from tasks.workloads.karman.scoring import roll, rollout_steps, step_time
@@ -38,6 +39,10 @@ def run_scored(spec: InferSpec, settings: Settings, run: Run, setup: RolloutPlan
                     "rollout_dataset": setup.dataset, "dataset_digest": meta["dataset_digest"], "model_run_id": setup.model_run_id,
                     "tile_shape": f"{plan.tile[0]}x{plan.tile[1]}", "tiles": plan.count, "tile_overhead": round(plan.overhead, 4),
                     "group_size": predictor.group, "frame": f"{plan.height}x{plan.width}", **setup.regime})
+    record = RolloutRecord(config=RolloutConfig(
+        framework=setup.framework, model_run=setup.model_run_id, spec=spec, device_name=device_name, dataset=setup.dataset,
+        simulation=sim, steps=steps, frame_stride=stride, tile=tuple(plan.tile), tiles=plan.count, regime=setup.regime))
+    run.log_dict(record.model_dump(mode="json"), RECORD_FILE)
 
     score = RolloutScore(step_time(setup.sim_spec, stride), spec.threshold_u, spec.threshold_vorticity)
     seams: list[float] = []
@@ -86,6 +91,9 @@ def run_scored(spec: InferSpec, settings: Settings, run: Run, setup: RolloutPlan
     run.log_metrics({k: v for k, v in summary.items() if math.isfinite(v)})  # NaN (no frequency found) is left out
     verdict = surrogate_verdict(summary, score.dt, spec.threshold_vorticity, stride, setup.sim_spec)
     run.log_params({"solver_compared": solver_name, "verdict": verdict[:500]})
+    record = record.model_copy(update={"summary": RolloutSummary(scores={k: v if math.isfinite(v) else None for k, v in summary.items()},
+                                                                 verdict=verdict, solver=solver_name)})
+    run.log_dict(record.model_dump(mode="json"), RECORD_FILE)
 
     out_dir = settings.run_dir(job["run_id"])
     out_dir.mkdir(parents=True, exist_ok=True)

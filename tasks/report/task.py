@@ -10,7 +10,7 @@ from mlflow.exceptions import MlflowException
 from prefect import get_run_logger, task
 
 from tasks.common.names import Tag
-from tasks.common.records import RECORD_FILE, TrainRecord
+from tasks.common.records import RECORD_FILE, RolloutRecord, TrainRecord
 from tasks.common.plots import bar_chart
 from tasks.common.settings import Settings
 from tasks.common.specs import AggregateSpec
@@ -22,7 +22,7 @@ def _rows(client, exp_id: str, stage: str) -> list:
     return client.search_runs([exp_id], f"tags.`{Tag.STAGE}` = '{stage}'", order_by=["attributes.start_time ASC"], max_results=1000)
 
 
-def quality_table(entries: list["TrainEntry"]) -> list[dict]:
+def quality_table(entries: list["Entry"]) -> list[dict]:
     """Time to the quality target per configuration (workload, framework, device, batch size, setting, target),
     MLPerf-style over its repeated runs (seeds): the mean time-to-target with the fastest and slowest
     dropped when at least three runs reached it, their spread, and how many runs never reached it."""
@@ -133,38 +133,46 @@ def table_markdown(rows: list[dict], columns: dict[str, str], links=None) -> str
 
 
 @dataclass(frozen=True)
-class TrainEntry:
-    """A training run as the report reads it: MLflow's facts of the run and its typed record."""
+class Entry:
+    """A run as the report reads it: MLflow's facts of the run and its typed record (TrainRecord or RolloutRecord)."""
 
     run_id: str
     run_name: str
     status: str
     error: str
-    record: TrainRecord
+    record: TrainRecord | RolloutRecord
 
 
-def training_records(client, runs) -> tuple[list[TrainEntry], list[str]]:
-    """The record of every finished or failed training run: its record.json, or for a run logged before
-    records existed, the record read back from its params. Also one line for each run left out and why."""
+def read_records(client, runs, kind: type[TrainRecord] | type[RolloutRecord], finished_by: str) -> tuple[list[Entry], list[str]]:
+    """The record of every finished or failed run: its record.json, or for a run logged before records
+    existed, the record read back from its params (``finished_by``: the metric a finished run of that
+    version has). Also one line for each run left out and why."""
     from pydantic import ValidationError
 
     entries, left_out = [], []
     for r in runs:
         if r.info.status not in ("FINISHED", "FAILED"):
             continue
-        finished = r.info.status == "FINISHED" and "time_per_epoch_s" in r.data.metrics
+        finished = r.info.status == "FINISHED" and finished_by in r.data.metrics
         try:
             if any(a.path == RECORD_FILE for a in client.list_artifacts(r.info.run_id)):
                 with tempfile.TemporaryDirectory() as tmp:
-                    record = TrainRecord.model_validate_json(Path(client.download_artifacts(r.info.run_id, RECORD_FILE, tmp)).read_text())
-            else:
+                    record = kind.model_validate_json(Path(client.download_artifacts(r.info.run_id, RECORD_FILE, tmp)).read_text())
+            elif kind is TrainRecord:
                 record = TrainRecord.from_mlflow(r.data.params, r.data.metrics, finished)
+            else:
+                record = RolloutRecord.from_mlflow(r.data.params, r.data.metrics, r.data.tags, finished)
         except ValidationError as exc:
             left_out.append(f"{r.info.run_name} ({r.info.run_id[:8]}): its record does not read ({exc.errors()[0]['msg']})")
             continue
         status = "FINISHED" if finished and record.summary is not None else "FAILED"
-        entries.append(TrainEntry(r.info.run_id, r.info.run_name or "", status, r.data.tags.get(Tag.ERROR, "")[:120], record))
+        entries.append(Entry(r.info.run_id, r.info.run_name or "", status, r.data.tags.get(Tag.ERROR, "")[:120], record))
     return entries, left_out
+
+
+def training_records(client, runs) -> tuple[list[Entry], list[str]]:
+    """The records of training runs (see read_records)."""
+    return read_records(client, runs, TrainRecord, "time_per_epoch_s")
 
 
 def _workload_words(name: str, what: str) -> str:
@@ -209,7 +217,7 @@ def _number(value: float | None) -> float:
     return float("nan") if value is None else value
 
 
-def train_rows(entries: list[TrainEntry]) -> list[dict]:
+def train_rows(entries: list[Entry]) -> list[dict]:
     """One row per training run (finished or failed) with the settings that define it."""
     rows = []
     nan = float("nan")
@@ -294,29 +302,28 @@ def framework_comparison(rows: list[dict]) -> dict[str, list[dict]]:
     return out
 
 
-def infer_rows(runs) -> list[dict]:
+def infer_rows(entries: list[Entry]) -> list[dict]:
     """One row per finished rollout: the setting (model, steps, tiling), mode x workers -> frames/s,
     latency split, accuracy, the solver; frames/s against the full-frame rollout of the same setting."""
     rows = []
     nan = float("nan")
-    for r in runs:
-        if r.info.status != "FINISHED" or "frames_per_s" not in r.data.metrics:
+    for e in entries:
+        if e.status != "FINISHED":
             continue
-        p, m = r.data.params, r.data.metrics
-        mode = p.get("mode", "?")
-        rows.append({"run": r.info.run_id, "model_run": r.data.tags.get(Tag.MODEL_RUN, ""), "framework": r.data.tags.get(Tag.FRAMEWORK, "torch"),
-                     "device": p.get("device", "?"),
-                     "mode": mode, "workers": int(p.get("workers", 1)), "tiles": int(p.get("tiles", 1)), "steps": int(p.get("steps", 0)),
+        c, spec = e.record.config, e.record.config.spec
+        m = {k: (nan if v is None else v) for k, v in e.record.summary.scores.items()}
+        rows.append({"run": e.run_id, "model_run": c.model_run, "framework": c.framework, "device": spec.device,
+                     "mode": spec.mode, "workers": spec.workers, "tiles": c.tiles, "steps": spec.steps,
                      "frames_per_s": m["frames_per_s"], "cold_step_s": m.get("cold_step_s", nan),
                      "compute_s": m.get("latency_compute_s", nan), "split_merge_s": m.get("latency_split_s", nan) + m.get("latency_merge_s", nan),
                      "transfer_s": m.get("latency_transfer_s", nan),
-                     "seam_rel_error": m.get("seam_rel_error", nan) if mode == "mapreduce" else None,
+                     "seam_rel_error": m.get("seam_rel_error", nan) if spec.mode == "mapreduce" else None,
                      "final_rel_l2_u": m.get("final_rel_l2_u", nan), "final_rel_l2_vorticity": m.get("final_rel_l2_vorticity", nan),
                      "horizon_u": int(m.get("horizon_u", 0)), "horizon_vorticity": int(m.get("horizon_vorticity", 0)),
-                     "regime": p.get("regime", "?"), "strouhal_pred": m.get("strouhal_pred", nan), "strouhal_ref": m.get("strouhal_ref", nan),
-                     "solver_frames_per_s": m.get("solver_frames_per_s", nan), "verdict": p.get("verdict", ""),
+                     "regime": c.regime.get("regime", "?"), "strouhal_pred": m.get("strouhal_pred", nan), "strouhal_ref": m.get("strouhal_ref", nan),
+                     "solver_frames_per_s": m.get("solver_frames_per_s", nan), "verdict": e.record.summary.verdict,
                      "surrogate_vs_solver": m.get("surrogate_vs_solver", nan),
-                     "setting": (r.data.tags.get(Tag.MODEL_RUN, ""), p.get("steps"), p.get("simulation"), p.get("tile"), p.get("halo"), p.get("dataset"))})
+                     "setting": (c.model_run, spec.steps, spec.simulation, str(spec.tile), spec.halo, spec.dataset)})
     for r in rows:  # frames/s over the full-frame rollout on the same device, model and setting
         full = [f["frames_per_s"] for f in rows if f["setting"] == r["setting"] and f["device"] == r["device"] and f["mode"] == "full"]
         r["vs_full"] = r["frames_per_s"] / full[0] if full else nan
@@ -442,12 +449,14 @@ def build_report(settings: Settings, name: str, scope: str, runs, exp_id: str, o
                  left_out: tuple[str, ...] | list[str] = ()) -> tuple[str, list[Path], dict]:
     """report.md's text and figures (written to ``out``) over ``runs``, with a line for each run of the
     scope it ``left_out`` (and why) or whose record does not read; returns the text, the figures and the tables."""
-    entries, unread = training_records(client_for(settings), [r for r in runs if r.data.tags.get(Tag.STAGE) == "train"])
-    left_out = [*left_out, *unread]
+    client = client_for(settings)
+    entries, unread = training_records(client, [r for r in runs if r.data.tags.get(Tag.STAGE) == "train"])
+    rolled, unread_rollouts = read_records(client, [r for r in runs if r.data.tags.get(Tag.STAGE) == "infer"], RolloutRecord, "frames_per_s")
+    left_out = [*left_out, *unread, *unread_rollouts]
     trains = train_rows(entries)
     quality = quality_table(entries)
-    older = [r["run"][:8] for r in trains if r["older"]]
-    rollouts = infer_rows([r for r in runs if r.data.tags.get(Tag.STAGE) == "infer"])
+    older = [e.run_id[:8] for e in entries + rolled if e.record.version < 2]
+    rollouts = infer_rows(rolled)
     failed = [r for r in runs if r.info.status == "FAILED"]
     link = lambda rid: run_link(settings, exp_id, rid)  # noqa: E731
     compared = comparison(trains)

@@ -139,3 +139,29 @@ def test_a_recorded_run_deleted_since_is_left_out_and_the_report_says_which_and_
     text, _, _ = build_report(settings, "r", scope, runs, exp, workdir, left_out)
     section = text.split("## Runs left out\n", 1)[1]
     assert section.startswith("\n2 recorded run(s) not reported:") and f"\n- {left_out[0]}\n" in section and f"\n- {left_out[1]}\n" in section
+
+
+def test_a_rollout_logged_before_records_reads_back_into_its_row(workdir):
+    """A rollout of the version before run records (params, metrics and tags only) becomes a typed record and a
+    report row, and is marked as older."""
+    from tasks.common.records import RolloutRecord
+    from tasks.report.task import infer_rows, read_records
+
+    client = MlflowClient(tracking_uri=f"sqlite:///{workdir / 'q.db'}")
+    exp = client.create_experiment("q", artifact_location=str(workdir / "art"))
+    rid = client.create_run(exp, tags={"karman.stage": "infer", "karman.model_run": "ab" * 16, "karman.framework": "tensorflow"}).info.run_id
+    for k, v in {"model_run": "latest", "device": "cpu", "mode": "mapreduce", "workers": 2, "tile": None, "halo": 8, "steps": 40,
+                 "dataset": None, "simulation": None, "rollout_simulation": "circle-re95", "rollout_steps": 40, "frame_stride": 1,
+                 "tile_shape": "64x80", "tiles": 2, "regime": "interpolation", "reynolds": 95.0, "verdict": "slower than the solver",
+                 "solver_compared": "numba on 2 threads"}.items():
+        client.log_param(rid, k, v)
+    for k, v in {"frames_per_s": 20.0, "seam_rel_error": 0.02, "horizon_vorticity": 31, "strouhal_pred": 0.32}.items():
+        client.log_metric(rid, k, v)
+    client.set_terminated(rid, "FINISHED")
+    entries, left_out = read_records(client, client.search_runs([exp]), RolloutRecord, "frames_per_s")
+    assert left_out == [] and [e.record.version for e in entries] == [1]
+    config = entries[0].record.config
+    assert (config.framework, config.simulation, config.tile, config.tiles, config.spec.workers) == ("tensorflow", "circle-re95", (64, 80), 2, 2)
+    (row,) = infer_rows(entries)
+    assert (row["mode"], row["workers"], row["frames_per_s"], row["horizon_vorticity"], row["regime"]) == ("mapreduce", 2, 20.0, 31, "interpolation")
+    assert row["verdict"] == "slower than the solver" and row["seam_rel_error"] == 0.02
