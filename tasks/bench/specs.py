@@ -124,48 +124,41 @@ class BenchInferSpec(BenchSpec):
     compare: bool = Field(default=True, description="Skip timing full-frame and map-reduce on one worker in the same run")
 
 
-class BenchQualitySpec(BenchSpec):
-    """Time to quality: train a recipe on a stored dataset until a rollout target holds, then score rollouts and compare with the solver."""
+# The training settings bench-quality shares with ``python -m flows train``: the same fields, ranges and
+# defaults as TrainSpec's, declared there once.
+QUALITY_TRAINING = ("dataset", "time_budget", "epochs", "recipe", "predict", "upsample", "schedule", "noise", "unroll", "gan_weight",
+                    "l1_weight", "lr", "ngf", "ndf", "seed", "target_vorticity", "target_steps", "validate_every", "validate_steps",
+                    "stop_at_target", "threads", "compile")
 
-    dataset: str = Field(default="karman-demo", description="Dataset under the data root (KARMAN_DATA_ROOT, default ./data)")
+
+class _BenchQualityOwn(BenchSpec):
+    """What bench-quality adds to the training settings: its device and batch, the repeats and the rollouts after training."""
+
     device: Literal["cpu", "cuda"] = Field(default="cpu", description="Device kind")
     batch_size: PositiveInt = Field(default=8, description="Batch size")
-    time_budget: OptionalPositiveFloat = Field(default=None, description="Wall-clock seconds of training, validation included")
-    epochs: OptionalPositiveInt = Field(default=None, description="Epochs at most (with no time budget, the schedule runs over them)")
-    recipe: Literal["default", "paper"] = Field(default="default", description="Training recipe")
-    # the recipe's elements, each None for the recipe's own
-    predict: Literal["state", "delta"] | None = Field(default=None, description="Override: network output")
-    upsample: Literal["transpose", "resize"] | None = Field(default=None, description="Override: decoder upsampling")
-    schedule: Literal["constant", "cosine"] | None = Field(default=None, description="Override: learning-rate schedule")
-    noise: OptionalNonNegativeFloat = Field(default=None, description="Override: input noise std (network units)")
-    unroll: OptionalPositiveInt = Field(default=None, description="Override: steps of the loss")
-    gan_weight: OptionalNonNegativeFloat = Field(default=None, description="Override: adversarial weight")
-    l1_weight: OptionalNonNegativeFloat = Field(default=None, description="Override: L1 weight")
-    lr: OptionalPositiveFloat = Field(default=None, description="Override: Adam learning rate")
-    ngf: OptionalPositiveInt = Field(default=None, description="Override: generator base width")
-    ndf: OptionalPositiveInt = Field(default=None, description="Override: discriminator base width")
-    seed: NonNegativeInt = Field(default=0, description="First seed")
     repeats: PositiveInt = Field(default=1, description="Runs, with seeds seed, seed+1, ...")
-    # the quality target and the validation that checks it
-    target_vorticity: PositiveFloat = Field(default=0.3, description="Target: vorticity relative L2 at most this ...")
-    target_steps: PositiveInt = Field(default=40, description="... for this many steps of every validation rollout")
-    validate_every: PositiveInt = Field(default=2, description="Epochs between validation rollouts")
-    validate_steps: PositiveInt = Field(default=60, description="Steps of each validation rollout")
-    stop_at_target: bool = Field(default=False, description="End training at the validation that first meets the target")
-    # the rollouts after training
     test_steps: PositiveInt = Field(default=60, description="Steps of the final rollout on the test simulation")
     extra_dataset: list[str] = Field(default=[], description="Also roll out on every simulation of this dataset (repeatable)")
     extra_steps: PositiveInt = Field(default=600, description="Steps of those rollouts")
-    threads: OptionalPositiveInt = Field(default=None, description="CPU threads for torch (default: all cores)")
-    compile: Literal["auto", "on", "off"] = Field(default="auto", description="torch.compile the networks; auto = on for cuda")
-
-    # what is not a training setting: the repeats, the final rollouts and the batch (a list in TrainSpec)
-    NOT_TRAINING: ClassVar[set[str]] = {"repeats", "test_steps", "extra_dataset", "extra_steps", "batch_size"}
 
     def train_spec(self):
         """The training spec the first run trains with (``python -m flows train`` takes the same); ValidationError
         naming what does not fit (a target longer than the validation rollout, ...)."""
         from tasks.common.specs import TrainSpec
 
-        given = {k: v for k, v in self.model_dump(exclude=self.NOT_TRAINING).items() if v is not None}
+        given = {k: v for k, v in self.model_dump(include=set(QUALITY_TRAINING) | {"device"}).items() if v is not None}
         return TrainSpec(batch_sizes=[self.batch_size], **given)
+
+
+def _quality_spec() -> type[BenchSpec]:
+    from pydantic import create_model
+
+    from tasks.common.specs import TrainSpec
+
+    fields = {name: (TrainSpec.model_fields[name].annotation, TrainSpec.model_fields[name]) for name in QUALITY_TRAINING}
+    return create_model("BenchQualitySpec", __base__=_BenchQualityOwn, __module__=__name__,
+                        __doc__="Time to quality: train a recipe on a stored dataset until a rollout target holds, then score rollouts "
+                                "and compare with the solver.", **fields)
+
+
+BenchQualitySpec = _quality_spec()

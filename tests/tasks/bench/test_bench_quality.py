@@ -62,7 +62,7 @@ def test_a_missed_target_is_reported_as_such_and_stop_at_target_ends_the_run_the
 @pytest.mark.parametrize("args, fragment", [
     ((), "give a time budget or an epoch limit"),
     (("--epochs", "1", "--dataset", "nowhere"), "no dataset at"),
-    (("--time-budget", "-5"), "-5.0 must be a positive number"),
+    (("--time-budget", "-5"), "--time-budget: Input should be greater than 0 (got '-5')"),
     (("--epochs", "1", "--target-steps", "9"), "target_steps 9 exceeds validate_steps 3"),
     (("--epochs", "1", "--batch-size", "500"), "batch size 500 exceeds the"),
 ])
