@@ -39,6 +39,7 @@ class Trainer(Protocol):
 
     samples: int  # training samples of an epoch
     has_validation: bool
+    headline: dict[str, str]  # the validation scores an epoch's log line shows, with their words (all are in the metrics)
 
     def batches(self, epoch: int, steps: int) -> Iterator[Any]: ...  # this rank's share of each global batch, in order
     def step(self, batch: Any, flags: list[float], progress: float) -> tuple[dict[str, float], list[float]]: ...
@@ -217,7 +218,7 @@ def train(trainer: Trainer, runtime: Runtime, recorder: Recorder, spec: TrainSpe
                 runtime.save({"model": trainer.state(), "history": history.as_dict()}, checkpoint)
         ends = stopping is not None or last_epoch
         fraction = 1.0 if ends else spec.progress(history.train_s, history.global_step, steps_per_epoch)
-        progress.epoch(epoch, metrics, history.last_losses, fraction, history.train_s)
+        progress.epoch(epoch, metrics, history.last_losses, fraction, history.train_s, trainer.headline)
         if at_step_limit:
             stopping = stopping or "step limit"
             break
@@ -295,15 +296,14 @@ class _Progress:
         self.log.info("epoch %d: step %d/%d; %.0f%% done%s", epoch, step, steps, 100 * fraction, f", {left}" if left else "")
         events.emit(events.PROGRESS, fraction=fraction, epoch=epoch, step=step, steps=steps)
 
-    def epoch(self, epoch: int, metrics: dict, losses: dict, fraction: float, train_s: float) -> None:
+    def epoch(self, epoch: int, metrics: dict, losses: dict, fraction: float, train_s: float, headline: dict[str, str]) -> None:
         self.last = time.monotonic()  # the next line within an epoch comes a whole interval later
         if not self.enabled:
             return
         left = time_left(train_s, fraction)
+        scores = [f"{words} {metrics['val_' + name]:.3g}" for name, words in headline.items() if "val_" + name in metrics]
         self.log.info("epoch %d: %.1f s, %.2f samples/s, %s, data wait %.1f%%%s; %.0f%% done%s", epoch, metrics["epoch_time_s"],
                       metrics["epoch_samples_per_s"], ", ".join(f"{k.removeprefix('loss_')} {v:.4g}" for k, v in sorted(losses.items())),
-                      100 * metrics["data_wait_fraction"],
-                      f", validation: {', '.join(f'{k} {v:.3g}' for k, v in metrics.items() if k.startswith('val_horizon'))}"
-                      if any(k.startswith("val_horizon") for k in metrics) else "",
+                      100 * metrics["data_wait_fraction"], f", validation: {', '.join(scores)}" if scores else "",
                       100 * fraction, f", {left}" if left else "")
         events.emit(events.PROGRESS, fraction=fraction, epoch=epoch, step=None, steps=None)

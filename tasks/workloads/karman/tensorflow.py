@@ -13,7 +13,7 @@ import numpy as np
 from models.recipe import OptimConfig, lr_factor
 from tasks.common.data import crop_offsets, crop_pairs, epoch_order
 from tasks.common.names import Tag
-from tasks.workloads.karman.workload import KarmanData, largest_corner, model_meta, sample_figure
+from tasks.workloads.karman.workload import HEADLINE, KarmanData, largest_corner, model_meta, sample_figure
 
 MODEL_FILE = "generator.keras"
 
@@ -39,6 +39,7 @@ class KarmanKeras:
                                   jit_compile=jit, seed=spec.seed)
         self.samples = len(data.train)
         self.has_validation = data.validation is not None and bool(data.validation.sims)
+        self.headline = HEADLINE
         self.side = (spec.crop, spec.crop) if spec.crop else (data.train.height, data.train.width)
         self.channels = (data.net.in_channels, data.net.out_channels * data.recipe.unroll)
         self.local = batch_size // ctx.workers  # this worker's share of a global batch

@@ -12,7 +12,7 @@ from models.nets.trainer import NoClock, PhaseClock, build_trainer, speed_option
 from models.recipe import OptimConfig, lr_factor
 from tasks.common.data import INPUTS, OUTPUTS, crop_offsets, crop_pairs, epoch_order
 from tasks.common.names import Tag
-from tasks.workloads.karman.workload import KarmanData, largest_corner, model_meta, sample_figure
+from tasks.workloads.karman.workload import HEADLINE, KarmanData, largest_corner, model_meta, sample_figure
 
 
 class KarmanTorch:
@@ -29,6 +29,7 @@ class KarmanTorch:
         self.model = build_trainer(data.net, OptimConfig.from_recipe(data.recipe, data.codec.delta_ratio), ctx, self.options)
         self.samples = len(data.train)
         self.has_validation = data.validation is not None and bool(data.validation.sims)
+        self.headline = HEADLINE
         self.clock = NoClock()
         g = sum(p.numel() for p in self.model.generator.parameters())
         d = sum(p.numel() for p in self.model.discriminator.parameters())

@@ -20,6 +20,9 @@ from tasks.common.store import file_sha256, load_manifest
 from tasks.workloads import Workload
 
 
+HEADLINE = {"horizon_vorticity": "vorticity horizon", "horizon_u": "u horizon"}  # the validation scores an epoch's line shows, in words
+
+
 @dataclass
 class KarmanData:
     """What a Kármán training run trains on, the same in every framework."""

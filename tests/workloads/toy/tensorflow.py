@@ -20,6 +20,7 @@ class ToyKeras:
             self.opt.build(self.net.trainable_variables)
         self.samples = len(data.y["train"])
         self.has_validation = True
+        self.headline = {"accuracy": "accuracy"}
         self.params = {"hidden_units": 16, "parameters": int(sum(np.prod(v.shape) for v in self.net.trainable_variables))}
         self.speed = {}
         replicas = strategy.num_replicas_in_sync

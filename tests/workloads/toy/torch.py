@@ -17,6 +17,7 @@ class ToyTorch:
         self.opt = torch.optim.SGD(self.net.parameters(), lr=0.2)
         self.samples = len(data.y["train"])
         self.has_validation = True
+        self.headline = {"accuracy": "accuracy"}
         self.params = {"hidden_units": 16, "parameters": sum(p.numel() for p in self.net.parameters())}
         self.speed = {}
 
