@@ -105,12 +105,9 @@ class TrainRecord(Record):
     def from_mlflow(cls, params: dict[str, str], metrics: dict[str, float], finished: bool) -> "TrainRecord":
         """The record of a run logged before records existed (version 1: params and metrics only)."""
         def value(name: str, default=None):
-            text = params.get(name)
-            return default if text is None or text == "None" else text
+            return _param(params, name, default)
 
-        spec = TrainSpec(**{name: (json.loads(text) if text[:1] in "[{" else text)
-                            for name in TrainSpec.model_fields if name not in ("batch_sizes", "resume", "world_size", "strategy", "cell")
-                            if (text := value(name)) is not None})
+        spec = _spec_from_params(TrainSpec, params, skip={"batch_sizes", "resume", "world_size", "strategy", "cell"})
         framework = value("framework", "torch")
         known = set(TrainSpec.model_fields) | {"workload", "framework", "framework_version", f"{framework}_version", "device_name",
                                                 "world_size", "strategy", "cpu_threads", "batch_size", "per_device_batch", "dataset_digest",
@@ -138,6 +135,18 @@ class TrainRecord(Record):
                 samples_to_target=_int_or_none(m.get("samples_to_target")),
                 validation={k.removeprefix("val_"): v for k, v in m.items() if k.startswith("val_")})
         return cls(version=1, config=config, summary=summary)
+
+
+def _param(params: dict[str, str], name: str, default=None):
+    """A version-1 run's param as MLflow kept it (a string), ``default`` where it is missing or was None."""
+    text = params.get(name)
+    return default if text is None or text == "None" else text
+
+
+def _spec_from_params(model: type[BaseModel], params: dict[str, str], skip: set[str]):
+    """The spec a version-1 run logged field by field as strings (lists and mappings as JSON), validated again."""
+    given = {name: _param(params, name) for name in model.model_fields if name not in skip}
+    return model(**{name: json.loads(text) if text[:1] in "[{" else text for name, text in given.items() if text is not None})
 
 
 def _int_or_none(value: float | None) -> int | None:
@@ -190,11 +199,9 @@ class RolloutRecord(Record):
         from tasks.common.names import Tag
 
         def value(name: str, default=None):
-            text = params.get(name)
-            return default if text is None or text == "None" else text
+            return _param(params, name, default)
 
-        spec = InferSpec(**{name: (json.loads(text) if text[:1] in "[{" else text) for name in InferSpec.model_fields
-                            if name != "cell" if (text := value(name)) is not None})
+        spec = _spec_from_params(InferSpec, params, skip={"cell"})
         tile = [int(x) for x in value("tile_shape", "0x0").split("x")]
         config = RolloutConfig(
             framework=tags.get(Tag.FRAMEWORK, "torch"), model_run=tags.get(Tag.MODEL_RUN, value("model_run_id", "")), spec=spec,

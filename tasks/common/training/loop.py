@@ -53,7 +53,7 @@ class Trainer(Protocol):
 
 
 class Runtime(Protocol):
-    """A framework on a device (tasks/train/runtimes.py)."""
+    """A framework on a device (runtime_torch.py, runtime_keras.py beside this module)."""
 
     framework: str
     is_main: bool
@@ -101,22 +101,6 @@ class History:
         return dict(self.__dict__)
 
 
-@dataclass
-class Limits:
-    """When a run ends and what it checks, from its spec."""
-
-    epochs: int
-    time_budget: float | None
-    max_steps: int | None
-    validate_every: int
-    stop_at_target: bool
-    seed: int
-
-    @classmethod
-    def of(cls, spec: TrainSpec) -> "Limits":
-        return cls(spec.epoch_limit, spec.time_budget, spec.max_steps, spec.validate_every, spec.stop_at_target, spec.seed)
-
-
 METRIC_FLUSH = 50  # per-step metrics go to the recorder in batches of this many steps
 
 
@@ -140,7 +124,6 @@ def train(trainer: Trainer, runtime: Runtime, recorder: Recorder, spec: TrainSpe
     """Train until the epoch limit, the step limit, the time budget or (if asked) the quality target;
     rank 0 returns the summary, other ranks None. ``checkpoint``: where the state goes after every
     epoch (None: nowhere); ``resume``: start from it. ``announce``: progress events for a parent."""
-    limits = Limits.of(spec)
     steps_per_epoch = trainer.samples // batch_size  # at least 1: the plan checked the batch against the samples
     history = History()
     if resume:
@@ -155,8 +138,8 @@ def train(trainer: Trainer, runtime: Runtime, recorder: Recorder, spec: TrainSpe
     warmup_t0, session_steps, warmup_s = time.perf_counter(), 0, None
     train_s = history.train_s  # the ranks' agreed training time, for the schedule
     stopping = None  # why training ends before its epoch limit: "time budget" or "target reached"
-    for epoch in range(history.epoch + 1, limits.epochs + 1):
-        runtime.seed_epoch(limits.seed, epoch)
+    for epoch in range(history.epoch + 1, spec.epoch_limit + 1):
+        runtime.seed_epoch(spec.seed, epoch)
         t_epoch, data_s, sums, done = time.perf_counter(), 0.0, {}, 0
         batches = trainer.batches(epoch, steps_per_epoch)
         try:
@@ -167,7 +150,7 @@ def train(trainer: Trainer, runtime: Runtime, recorder: Recorder, spec: TrainSpe
                 # Every rank must stop at the same step and use the same learning rate: the budget's
                 # verdict, a stop request and the training time travel with the losses.
                 elapsed = time.perf_counter() - clock_t0
-                over = float(limits.time_budget is not None and elapsed >= limits.time_budget)
+                over = float(spec.time_budget is not None and elapsed >= spec.time_budget)
                 signalled = stop_requested()  # SIGTERM or SIGINT: every rank stops after the same step
                 fraction = spec.progress(train_s, history.global_step, steps_per_epoch)
                 values, (over, stop, train_s) = trainer.step(batch, [over, float(signalled or 0), elapsed], fraction)
@@ -184,7 +167,7 @@ def train(trainer: Trainer, runtime: Runtime, recorder: Recorder, spec: TrainSpe
                 if stop > 0:
                     rows.flush()
                     raise _stopped(signalled, epoch, history.global_step, checkpoint, run_id)
-                if limits.max_steps and history.global_step >= limits.max_steps:
+                if spec.max_steps and history.global_step >= spec.max_steps:
                     break
                 if over > 0:
                     stopping = "time budget"
@@ -201,11 +184,11 @@ def train(trainer: Trainer, runtime: Runtime, recorder: Recorder, spec: TrainSpe
                    "learning_rate": trainer.learning_rate(), **runtime.epoch_metrics(epoch == 1), **trainer.epoch_metrics(),
                    **{f"epoch_{k}": v for k, v in history.last_losses.items()}}
         rows.flush()
-        at_step_limit = bool(limits.max_steps and history.global_step >= limits.max_steps)
-        last_epoch = stopping is not None or epoch == limits.epochs or at_step_limit
+        at_step_limit = bool(spec.max_steps and history.global_step >= spec.max_steps)
+        last_epoch = stopping is not None or epoch == spec.epoch_limit or at_step_limit
         reached = 0.0
-        if runtime.is_main and trainer.has_validation and limits.validate_every > 0 and (epoch % limits.validate_every == 0 or last_epoch):
-            reached = _validate(trainer, history, epoch, clock_t0, metrics, limits, log)
+        if runtime.is_main and trainer.has_validation and spec.validate_every > 0 and (epoch % spec.validate_every == 0 or last_epoch):
+            reached = _validate(trainer, history, epoch, clock_t0, metrics, spec.stop_at_target, log)
         if runtime.world_size > 1:  # rank 0 judged the target: every rank stops with it
             reached = runtime.agree([reached])[0]
         if reached > 0 and stopping is None:
@@ -231,7 +214,7 @@ def train(trainer: Trainer, runtime: Runtime, recorder: Recorder, spec: TrainSpe
     return summary(history, steps_per_epoch * batch_size, stopping or "epoch limit")
 
 
-def _validate(trainer: Trainer, history: History, epoch: int, clock_t0: float, metrics: dict, limits: Limits, log) -> float:
+def _validate(trainer: Trainer, history: History, epoch: int, clock_t0: float, metrics: dict, stop_at_target: bool, log) -> float:
     """Score validation into the epoch's ``metrics`` and, the first time the target holds, the time to
     target into ``history`` (validation counts as training time); 1.0 if training should stop at it."""
     scores = trainer.evaluate()
@@ -243,7 +226,7 @@ def _validate(trainer: Trainer, history: History, epoch: int, clock_t0: float, m
     history.target = {"time_to_target_s": train_s, "epochs_to_target": epoch, "samples_to_target": history.samples}
     metrics |= history.target
     log.info("quality target reached after %.1f s, epoch %d, %d samples", train_s, epoch, history.samples)
-    return float(limits.stop_at_target)
+    return float(stop_at_target)
 
 
 def summary(history: History, samples_per_epoch: int, ended_by: str) -> TrainSummary:
