@@ -70,12 +70,34 @@ class TrainSummary(Record):
     ended_by: Literal["epoch limit", "step limit", "time budget", "target reached", "?"] = Field(default="?", description="Why training ended")
 
 
+class Utilisation(Record):
+    """How much of its devices a finished run used: the network's FLOPs at the run's speed, against
+    what a matrix product reaches on the same devices, framework and dtype, and against the datasheet."""
+
+    flops_per_sample: float = Field(description="Training FLOPs of one sample (forward and backward, a multiply-add counts 2), from the network's layer shapes")
+    achieved_tflops: float = Field(description="flops_per_sample x samples_per_s / 1e12, over all the run's devices")
+    dtype: str = Field(description="The matmul dtype of the ceiling and peak: fp32 or bf16, as the run trained")
+    ceiling_tflops: float | None = Field(default=None, description="Warm matmul TFLOPS of the run's devices in its framework and dtype (bench-matmul's, else a quick one of this run)")
+    ceiling_source: str | None = None
+    peak_tflops: float | None = Field(default=None, description="Datasheet (GPU, TPU) or derived (CPU: cores x clock x FLOPs per cycle) peak of the run's devices")
+    peak_source: str | None = None
+
+    @property
+    def of_ceiling(self) -> float | None:
+        return self.achieved_tflops / self.ceiling_tflops if self.ceiling_tflops else None
+
+    @property
+    def of_peak(self) -> float | None:
+        return self.achieved_tflops / self.peak_tflops if self.peak_tflops else None
+
+
 class TrainRecord(Record):
     """A training run: configuration, and summary once it has finished."""
 
     version: Literal[1, 2] = 2  # 1: a run logged before records (params only), read back by from_mlflow
     config: TrainConfig
     summary: TrainSummary | None = None
+    utilisation: Utilisation | None = None
 
     def mlflow_params(self) -> dict[str, str]:
         """Flat MLflow params, under the names runs have always had (strings, as MLflow keeps them)."""
@@ -99,6 +121,9 @@ class TrainRecord(Record):
                   "target_reached": float(s.target_reached), "time_to_target_s": s.time_to_target_s,
                   "epochs_to_target": s.epochs_to_target, "samples_to_target": s.samples_to_target,
                   **{"final_" + k.removeprefix("loss_"): v for k, v in s.final_losses.items()}}
+        if (u := self.utilisation) is not None:
+            values |= {"flops_per_sample": u.flops_per_sample, "achieved_tflops": u.achieved_tflops, "ceiling_tflops": u.ceiling_tflops,
+                       "peak_tflops": u.peak_tflops, "mfu_ceiling": u.of_ceiling, "mfu_peak": u.of_peak}
         return {k: float(v) for k, v in values.items() if v is not None and math.isfinite(float(v))}
 
     @classmethod

@@ -165,3 +165,30 @@ def test_the_weight_count_from_the_shapes_is_the_built_networks(options):
     cfg = NetConfig(**options)
     built = (sum(p.numel() for p in build_generator(cfg).parameters()), sum(p.numel() for p in build_discriminator(cfg).parameters()))
     assert cfg.weight_count() == built
+
+
+@pytest.mark.parametrize("recipe, upsample, crop, small_maps", [("default", None, None, False), ("paper", None, None, True),
+                                                                 ("default", "transpose", None, True), ("paper", "resize", 32, False)])
+def test_the_training_flops_from_the_shapes_are_what_torch_counts_in_a_step(recipe, upsample, crop, small_maps):
+    """MFU's numerator: the count from the layer shapes (NetConfig.training_flops) against torch's own
+    FlopCounterMode over one real training step (forward, backward, with and without the adversarial
+    term, unrolled or not, through the small-map GEMM path or not), within 2 %."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from models.device import resolve_device
+    from models.nets.trainer import build_trainer, speed_options
+    from models.recipe import OptimConfig, get_recipe
+
+    r = get_recipe(recipe).with_overrides(upsample=upsample)
+    height, width = (crop, crop) if crop else (32, 64)
+    net = NetConfig(size=min(height, width), ngf=8, ndf=8, upsample=r.upsample, output=r.output, dropout=r.dropout)
+    ctx = resolve_device("cpu", "fp32", data_parallel=False)
+    options = speed_options("cpu", "fp32", "off", "off", "off") | {"keep_freed_memory": False, "gemm_max_side": 8 if small_maps else 0}
+    trainer = build_trainer(net, OptimConfig.from_recipe(r, [0.1, 0.1, 0.1] if r.predict == "delta" else None), ctx, options)
+    batch = 2
+    cond, target = torch.randn(batch, 4, height, width), torch.randn(batch, 3 * r.unroll, height, width)
+    with FlopCounterMode(display=False) as counter:
+        trainer.train_step(cond, target, ctx.autocast)
+    counted = counter.get_total_flops() / batch
+    assert counted > 0
+    assert net.training_flops(height, width, r.unroll, r.gan_weight > 0) == pytest.approx(counted, rel=0.02)

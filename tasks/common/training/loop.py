@@ -40,6 +40,7 @@ class Trainer(Protocol):
     samples: int  # training samples of an epoch
     has_validation: bool
     headline: dict[str, str]  # the validation scores an epoch's log line shows, with their words (all are in the metrics)
+    flops_per_sample: float  # training FLOPs of one sample, from the network's layer shapes (for MFU)
 
     def batches(self, epoch: int, steps: int) -> Iterator[Any]: ...  # this rank's share of each global batch, in order
     def step(self, batch: Any, flags: list[float], progress: float) -> tuple[dict[str, float], list[float]]: ...

@@ -40,6 +40,7 @@ class KarmanKeras:
         self.samples = len(data.train)
         self.has_validation = data.validation is not None and bool(data.validation.sims)
         self.headline = HEADLINE
+        self.flops_per_sample = data.flops_per_sample
         self.side = (spec.crop, spec.crop) if spec.crop else (data.train.height, data.train.width)
         self.channels = (data.net.in_channels, data.net.out_channels * data.recipe.unroll)
         self.local = batch_size // ctx.workers  # this worker's share of a global batch

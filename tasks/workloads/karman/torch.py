@@ -30,6 +30,7 @@ class KarmanTorch:
         self.samples = len(data.train)
         self.has_validation = data.validation is not None and bool(data.validation.sims)
         self.headline = HEADLINE
+        self.flops_per_sample = data.flops_per_sample
         self.clock = NoClock()
         g = sum(p.numel() for p in self.model.generator.parameters())
         d = sum(p.numel() for p in self.model.discriminator.parameters())

@@ -35,6 +35,7 @@ class KarmanData:
     codec: StepCodec
     net: object  # models.nets.config.NetConfig
     validation: object | None  # tasks.workloads.karman.scoring.Validation on rank 0, else None
+    spec_crop: int | None = None  # the side of the training crops (None: whole frames)
 
     @property
     def dataset_digest(self) -> str:
@@ -43,6 +44,12 @@ class KarmanData:
     @property
     def in_memory(self) -> bool:
         return self.train.in_memory
+
+    @property
+    def flops_per_sample(self) -> float:
+        """Training FLOPs of one (frame, next frames) pair: the recipe's step on the training image (or crop)."""
+        side = (self.spec_crop, self.spec_crop) if self.spec_crop else (self.train.height, self.train.width)
+        return self.net.training_flops(*side, self.recipe.unroll, self.recipe.gan_weight > 0)
 
     def params(self, g_params: int, d_params: int) -> dict:
         """The workload's own parameters of a run's record (MLflow params under their long-standing names)."""
@@ -77,7 +84,7 @@ def prepare(settings, spec, main: bool = True) -> KarmanData:
     net = _net(train, spec, recipe)
     validation = (Validation.of(dataset_dir, manifest, split["val"], codec, net, spec.frame_stride, spec.validate_every,
                                 spec.validate_steps, spec.target_vorticity, spec.target_steps) if main else None)
-    return KarmanData(dataset_dir, manifest, split, recipe, train, codec, net, validation)
+    return KarmanData(dataset_dir, manifest, split, recipe, train, codec, net, validation, spec.crop)
 
 
 def check(settings, spec, batch_sizes: list[int], world: int, memory: int | None = None) -> None:

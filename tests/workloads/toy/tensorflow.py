@@ -3,7 +3,7 @@
 import numpy as np
 
 from tasks.common.data import epoch_order
-from tests.workloads.toy.workload import TARGET_ACCURACY, ToyData
+from tests.workloads.toy.workload import FLOPS_PER_SAMPLE, TARGET_ACCURACY, ToyData
 
 
 class ToyKeras:
@@ -21,6 +21,7 @@ class ToyKeras:
         self.samples = len(data.y["train"])
         self.has_validation = True
         self.headline = {"accuracy": "accuracy"}
+        self.flops_per_sample = FLOPS_PER_SAMPLE
         self.params = {"hidden_units": 16, "parameters": int(sum(np.prod(v.shape) for v in self.net.trainable_variables))}
         self.speed = {}
         replicas = strategy.num_replicas_in_sync

@@ -5,7 +5,7 @@ import torch
 from torch import nn
 
 from tasks.common.data import epoch_order
-from tests.workloads.toy.workload import TARGET_ACCURACY, ToyData
+from tests.workloads.toy.workload import FLOPS_PER_SAMPLE, TARGET_ACCURACY, ToyData
 
 
 class ToyTorch:
@@ -18,6 +18,7 @@ class ToyTorch:
         self.samples = len(data.y["train"])
         self.has_validation = True
         self.headline = {"accuracy": "accuracy"}
+        self.flops_per_sample = FLOPS_PER_SAMPLE
         self.params = {"hidden_units": 16, "parameters": sum(p.numel() for p in self.net.parameters())}
         self.speed = {}
 

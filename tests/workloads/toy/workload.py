@@ -17,6 +17,9 @@ from tasks.workloads import Workload
 
 MANIFEST = "manifest.json"
 TARGET_ACCURACY = 0.9
+# The MLP 2-16-2's training FLOPs per sample: forward 2·(2·16 + 16·2), backward twice that less the
+# first layer's input gradient (2·2·16).
+FLOPS_PER_SAMPLE = 3 * 2 * (2 * 16 + 16 * 2) - 2 * 2 * 16
 
 
 def generate(folder: Path, samples: int = 240, seed: int = 0) -> None:
