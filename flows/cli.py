@@ -62,9 +62,11 @@ def _check_infer(settings, spec: InferSpec) -> None:
 
 
 def _check_benchmark(settings, spec: BenchmarkSpec) -> None:
-    from flows.pipeline import check_deployments
+    from flows.pipeline import benchmark_matrix, check_deployments
 
-    _check_generate(settings, spec.generate)
+    matrix = benchmark_matrix(spec)
+    if any(m.workload.name == "karman" for m in matrix):
+        _check_generate(settings, spec.generate)
     check_deployments(spec)
 
 

@@ -5,6 +5,7 @@ device, batch size, mode), so the Prefect UI's runs list tells them apart and fi
 """
 
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 from prefect import flow, get_run_logger
@@ -15,7 +16,7 @@ from tasks.common.cells import cell_error, cell_key, finished_cell, interrupted_
 from tasks.common.names import Tag, infer_label, infer_run_name, train_label, train_run_name
 from tasks.common.progress import Progress
 from tasks.common.settings import Settings
-from tasks.common.specs import DEFAULT_EPOCHS, AblationSpec, AggregateSpec, BenchmarkSpec, DemoSpec, GenerateSpec, InferSpec, TrainSpec, ValidateSpec
+from tasks.common.specs import AblationSpec, AggregateSpec, BenchmarkSpec, DemoSpec, GenerateSpec, InferSpec, TrainSpec, ValidateSpec
 from tasks.common.tracking import mlflow_run, reap_orphans, run_url
 from tasks.generate.task import run_sweep
 from tasks.infer.task import rollout
@@ -267,35 +268,86 @@ def _run_cell(kind: str, spec, settings: Settings, deployment: str | None, paren
     return {"cell": spec.cell, "kind": kind, "label": label, "status": "FINISHED", "run_id": done}
 
 
-def _benchmark_description(spec: BenchmarkSpec) -> str:
-    budget = f"{spec.train.time_budget:g} s" if spec.train.time_budget else f"{spec.train.epochs or DEFAULT_EPOCHS} epochs"
-    return (f"Benchmark `{spec.aggregate.name}`: Pix2Pix ({'/'.join(spec.frameworks)}) trained on {', '.join(spec.devices)} at global batch sizes "
-            f"{', '.join(map(str, spec.batch_sizes))} ({spec.repeats} seed(s) each, {budget}, recipe {spec.train.recipe}) on dataset "
-            f"`{spec.generate.dataset}`; each framework's first trained model rolled out {spec.infer.steps} steps "
-            f"({', '.join(f'{m} x{w}' for _, m, w in spec.infer_cells())}) on {', '.join(spec.infer_devices)}. "
-            "New cells are child runs; cells that finished in an earlier benchmark are reused (runs.json lists every run the report covers). "
+def _benchmark_description(spec: BenchmarkSpec, matrix: list["WorkloadCells"]) -> str:
+    budget = f"{spec.train.time_budget:g} s" if spec.train.time_budget else None
+    parts = []
+    for m in matrix:
+        epochs = budget or f"{m.epochs} epochs"
+        parts.append(f"{m.workload.title} ({'/'.join(m.frameworks)}) trained on {', '.join(spec.devices)} at global batch sizes "
+                     f"{', '.join(map(str, m.batch_sizes))} ({spec.repeats} seed(s) each, {epochs}) on dataset `{m.dataset}`"
+                     + (f", data {m.workload.data}" if m.workload.synthetic else ""))
+    rollouts = (f" Each framework's first trained Kármán model is rolled out {spec.infer.steps} steps "
+                f"({', '.join(f'{m} x{w}' for _, m, w in spec.infer_cells())}) on {', '.join(spec.infer_devices)}."
+                if any(m.workload.name == "karman" for m in matrix) else "")
+    return (f"Benchmark `{spec.aggregate.name}`: " + "; ".join(parts) + "." + rollouts +
+            " New cells are child runs; cells that finished in an earlier benchmark are reused (runs.json lists every run the report covers). "
             "The report compares rows only within one setting.")
+
+
+@dataclass
+class WorkloadCells:
+    """One workload's part of the benchmark matrix: the frameworks it has of those asked for, its batch sizes, dataset and epochs."""
+
+    workload: object  # tasks.workloads.Workload
+    frameworks: list[str]
+    batch_sizes: list[int]
+    dataset: str
+    epochs: int
+
+    def train_cells(self, spec: BenchmarkSpec) -> int:
+        return len(self.frameworks) * len(spec.devices) * len(self.batch_sizes) * spec.repeats
+
+
+def benchmark_matrix(spec: BenchmarkSpec) -> list[WorkloadCells]:
+    """Each workload's cells; UserError for an unknown workload, or a framework no workload of the matrix has."""
+    from tasks.common.errors import UserError
+    from tasks.workloads import get_workload
+
+    matrix = []
+    for name in spec.workloads:
+        workload = get_workload(name)
+        dataset = spec.generate.dataset if name == "karman" else workload.dataset
+        matrix.append(WorkloadCells(workload, [f for f in spec.frameworks if f in workload.frameworks],
+                                    list(spec.batch_sizes or workload.batch_sizes), dataset, workload.epochs))
+    unused = [f for f in spec.frameworks if not any(f in m.frameworks for m in matrix)]
+    if unused:
+        raise UserError(f"framework(s) {', '.join(unused)}: no workload of the benchmark ({', '.join(spec.workloads)}) has a version in them; "
+                        + "; ".join(f"{m.workload.name} runs in {', '.join(m.workload.frameworks)}" for m in matrix))
+    return matrix
+
+
+def _generate_spec(spec: BenchmarkSpec, cells: WorkloadCells) -> GenerateSpec:
+    """The dataset a workload's cells train on: the benchmark's sweep for karman, the workload's own dataset for the others."""
+    if cells.workload.name == "karman":
+        return spec.generate
+    return GenerateSpec(workload=cells.workload.name, dataset=cells.dataset)
 
 
 @flow(name="benchmark", flow_run_name=_named(BenchmarkSpec, lambda s: f"benchmark {s.aggregate.name}"))
 def benchmark(spec: BenchmarkSpec = BenchmarkSpec()) -> dict:
-    """The benchmark matrix: generate, train every (framework, device, batch size) cell, roll the first
-    trained model out in every (device, mode, workers) cell, and aggregate; finished cells are skipped.
-    One MLflow run holds it all: the cells are its children, the report its artifacts."""
+    """The benchmark matrix: per workload, generate its data and train every (framework, device, batch
+    size, seed) cell; roll the first trained Kármán model out in every (device, mode, workers) cell;
+    aggregate. Finished cells are skipped. One MLflow run holds it all: the cells are its children,
+    the report its artifacts."""
     name = spec.aggregate.name
-    _tag_run("stage:benchmark", f"benchmark:{name}", *(f"device:{d}" for d in spec.devices))
+    _tag_run("stage:benchmark", f"benchmark:{name}", *(f"device:{d}" for d in spec.devices), *(f"workload:{w}" for w in spec.workloads))
     settings = _settings()
     logger = get_run_logger()
     reap_orphans(settings, logger)  # cells left RUNNING by a killed worker on this host become KILLED: resumable
+    matrix = benchmark_matrix(spec)
     check_deployments(spec)
-    total = len(spec.frameworks) * (len(spec.devices) * len(spec.batch_sizes) * spec.repeats + len(spec.infer_cells()))
-    with mlflow_run(settings, "benchmark", f"benchmark-{name}", params=spec.model_dump(), description=_benchmark_description(spec),
+    for m in matrix:
+        skipped = [f for f in spec.frameworks if f not in m.frameworks]
+        if skipped:
+            logger.info("workload %s has no %s version: those cells are not part of the matrix", m.workload.name, ", ".join(skipped))
+    rollouts = [m for m in matrix if m.workload.name == "karman"]
+    total = sum(m.train_cells(spec) for m in matrix) + sum(len(m.frameworks) * len(spec.infer_cells()) for m in rollouts)
+    with mlflow_run(settings, "benchmark", f"benchmark-{name}", params=spec.model_dump(), description=_benchmark_description(spec, matrix),
                     tags={Tag.BENCHMARK: name, Tag.DEVICES: ",".join(spec.devices)}) as bench:
         logger.info("benchmark %s: %d cells; MLflow: %s", name, total, run_url(settings, bench.run_id))
-        data = generate(spec.generate, parent_run=bench.run_id)
-        bench.log_dataset(data["dataset"], data["digest"], Path(data["path"]), "training", {"simulations": len(data["simulations"])})
         cells: list[dict] = []
         progress = Progress(f"cells of benchmark {name} done")
+        datasets = {}
 
         def record(cell: dict, started: float) -> None:
             cells.append(cell)
@@ -305,26 +357,33 @@ def benchmark(spec: BenchmarkSpec = BenchmarkSpec()) -> dict:
             logger.info("cell %d/%d %s: %s in %.0f s%s%s; MLflow: %s", len(cells), total, cell["label"], cell["status"],
                         time.monotonic() - started, extra, f" ({left})" if left else "", where)
 
-        for framework in spec.frameworks:
-            for device in spec.devices:
-                for batch in spec.batch_sizes:
-                    for seed in range(spec.train.seed, spec.train.seed + spec.repeats):
-                        cell = spec.train_cell(device, batch, seed, framework)
-                        cell = cell.model_copy(update={"cell": cell_key(f"train/{framework}", cell, data["digest"])})
-                        started = time.monotonic()
-                        record({**_run_cell("train", cell, settings, deployment_for("train", device, spec.pools), bench.run_id),
-                                "framework": framework, "device": device, "batch_size": batch, "seed": seed}, started)
-        for framework in spec.frameworks:  # each framework's first trained model is rolled out in every rollout cell
-            model = next((c["run_id"] for c in cells if c.get("framework") == framework and c["status"] != "FAILED"), None)
-            if model is None:
-                logger.error("no %s training cell finished; its rollout cells are skipped", framework)
-                continue
-            for device, mode, workers in spec.infer_cells():
-                cell = spec.infer_cell(model, device, mode, workers)
-                cell = cell.model_copy(update={"cell": cell_key("infer", cell, data["digest"])})
-                started = time.monotonic()
-                record({**_run_cell("infer", cell, settings, deployment_for("infer", device, spec.pools), bench.run_id),
-                        "framework": framework, "device": device, "mode": mode, "workers": workers}, started)
+        for m in matrix:
+            data = generate(_generate_spec(spec, m), parent_run=bench.run_id)
+            datasets[m.workload.name] = data
+            bench.log_dataset(data["dataset"], data["digest"], Path(data["path"]), "training", m.workload.dataset_info(settings, data["dataset"])[1])
+            for framework in m.frameworks:
+                for device in spec.devices:
+                    for batch in m.batch_sizes:
+                        for seed in range(spec.train.seed, spec.train.seed + spec.repeats):
+                            cell = spec.train_cell(device, batch, seed, framework, m.workload.name, m.dataset, m.epochs)
+                            cell = cell.model_copy(update={"cell": cell_key(f"train/{framework}", cell, data["digest"])})
+                            started = time.monotonic()
+                            record({**_run_cell("train", cell, settings, deployment_for("train", device, spec.pools), bench.run_id),
+                                    "workload": m.workload.name, "framework": framework, "device": device, "batch_size": batch, "seed": seed},
+                                   started)
+        for m in rollouts:
+            for framework in m.frameworks:  # each framework's first trained model is rolled out in every rollout cell
+                model = next((c["run_id"] for c in cells if c.get("workload") == "karman" and c.get("framework") == framework
+                              and c["status"] != "FAILED"), None)
+                if model is None:
+                    logger.error("no %s training cell finished; its rollout cells are skipped", framework)
+                    continue
+                for device, mode, workers in spec.infer_cells():
+                    cell = spec.infer_cell(model, device, mode, workers)
+                    cell = cell.model_copy(update={"cell": cell_key("infer", cell, datasets["karman"]["digest"])})
+                    started = time.monotonic()
+                    record({**_run_cell("infer", cell, settings, deployment_for("infer", device, spec.pools), bench.run_id),
+                            "framework": framework, "device": device, "mode": mode, "workers": workers}, started)
         bench.client.log_dict(bench.run_id, {"runs": [c["run_id"] for c in cells if c.get("run_id")], "cells": cells}, "runs.json")
         report = aggregate(spec.aggregate.model_copy(update={"runs": bench.run_id}), parent_run=bench.run_id)
         # The report on the benchmark's own runs: its Prefect artifacts and its MLflow run's artifacts.
@@ -336,5 +395,7 @@ def benchmark(spec: BenchmarkSpec = BenchmarkSpec()) -> dict:
         bench.set_tags({Tag.CELLS: f"{len(cells)}: {counts['FINISHED']} run, {counts['SKIPPED']} reused, {counts['FAILED']} failed"})
     logger.info("benchmark %s: %d cells, %d run, %d skipped as finished, %d failed; report %s; MLflow: %s", name, len(cells),
                 counts["FINISHED"], counts["SKIPPED"], len(failed), report["report"], run_url(settings, bench.run_id))
-    return {"dataset": {"name": data["dataset"], "digest": data["digest"]}, "cells": cells, "report": report["report"],
+    first = datasets[matrix[0].workload.name]
+    return {"dataset": {"name": first["dataset"], "digest": first["digest"]},
+            "datasets": {w: {"name": d["dataset"], "digest": d["digest"]} for w, d in datasets.items()}, "cells": cells, "report": report["report"],
             "benchmark_run_id": bench.run_id, "aggregate_run_id": report["run_id"], "failed": len(failed)}

@@ -316,19 +316,11 @@ def bench_train_keras(spec: BenchTrainSpec, seed: int = 0) -> dict:
 
 
 def _flops_per_sample(net) -> float:
-    """Model FLOPs of one training step of the trainer (D frozen during G's update) per sample,
-    counted by torch on the CPU for a batch of one: the count depends on neither device nor batch."""
-    import torch
-    from torch.utils.flop_counter import FlopCounterMode
+    """FLOPs of one training step of the benchmarked trainer (the default OptimConfig: adversarial term, one step) per sample, from the layer shapes."""
+    from models.recipe import OptimConfig
 
-    from models.nets.trainer import OptimConfig, Pix2Pix
-
-    model = Pix2Pix(net, OptimConfig())
-    cond = torch.zeros(1, net.in_channels, net.size, net.size)
-    target = torch.zeros(1, net.out_channels, net.size, net.size)
-    with FlopCounterMode(display=False) as counter:
-        model.train_step(cond, target, contextlib.nullcontext)
-    return float(counter.get_total_flops())
+    o = OptimConfig()
+    return net.training_flops(net.size, net.size, o.unroll, o.gan_weight > 0)
 
 
 def _known_peak(ctx, precision: str) -> float | None:

@@ -32,6 +32,8 @@ def once_each(values: list, what: str) -> list:
     return values
 
 
+WORKLOAD_NAME = r"^[a-z][a-z0-9_-]{0,31}$"  # a workload's name in the workload table
+
 # A benchmark cell's key: the benchmark flow sets it for its cells; it is not a user's choice.
 CellKey = Annotated[str, StringConstraints(pattern=r"^[0-9a-f]{16}$")]
 CELL_DESCRIPTION = "Benchmark cell key, set by the benchmark flow: tags the MLflow run so a rerun can skip it"
@@ -81,7 +83,7 @@ class TrainSpec(Spec):
 
     model_config = CELL_IN_SCHEMA
 
-    workload: str = Field(default="karman", pattern=r"^[a-z][a-z0-9_-]{0,31}$", description="Workload, by name from the workload table: karman (the Pix2Pix surrogate of a vortex street); the fields from ngf on are karman's")
+    workload: str = Field(default="karman", pattern=WORKLOAD_NAME, description="Workload, by name from the workload table: karman (the Pix2Pix surrogate of a vortex street); the fields from ngf on are karman's")
     dataset: str = DatasetName
     framework: Literal["torch", "tensorflow"] = Field(default="torch", description="torch (PyTorch) or tensorflow (Keras 3 under a tf.distribute strategy): the same networks, recipe, data and metrics")
     device: Device = Field(default="cpu", description="cpu, cuda (all visible GPUs) or xla (TPU cores: torch_xla, or TPUStrategy for tensorflow)")
@@ -283,8 +285,8 @@ def options_of(model: type[Spec], matrix: set[str], doc: str) -> type[Spec]:
 
 
 # What a benchmark's train and infer sections offer: every field but the matrix's and the internal ones.
-TrainOptions = options_of(TrainSpec, {"framework", "device", "batch_sizes", "resume", "cell"},
-                          "Everything of a training cell but its framework, device and batch size, which come from the matrix (strategy applies to tensorflow cells)")
+TrainOptions = options_of(TrainSpec, {"workload", "framework", "device", "batch_sizes", "resume", "cell"},
+                          "Everything of a training cell but its workload, framework, device and batch size, which come from the matrix (strategy applies to tensorflow cells; dataset to karman's, the other workloads train on their own)")
 InferOptions = options_of(InferSpec, {"model_run", "device", "mode", "workers", "cell"},
                           "Everything of a rollout cell but its device, mode and workers (the matrix) and its model (the first trained cell)")
 
@@ -295,9 +297,10 @@ class BenchmarkSpec(Spec):
     run, tagged in MLflow with a key of its inputs and the dataset digest, so a rerun skips the cells
     that finished."""
 
+    workloads: list[Annotated[str, StringConstraints(pattern=WORKLOAD_NAME)]] = Field(default=["karman"], min_length=1, description="Workloads, by name from the workload table: karman (the Pix2Pix surrogate, with rollouts), digits (the MNIST CNN of seed 004); each trains in the frameworks it has")
     frameworks: list[Literal["torch", "tensorflow"]] = Field(default=["torch"], min_length=1, description="Training frameworks: torch, tensorflow (Keras 3 under tf.distribute; the report puts the two side by side, cell by cell)")
     devices: list[Device] = Field(default=["cpu"], min_length=1, description="Training devices: cpu, cuda (a GPU pool), xla (a TPU pool)")
-    batch_sizes: list[PositiveInt] = Field(default=[8, 16, 32, 64], min_length=1, description="Global batch sizes of the training matrix")
+    batch_sizes: list[PositiveInt] | None = Field(default=None, min_length=1, description="Global batch sizes of the training matrix; None = each workload's (karman 8, 16, 32, 64)")
     repeats: PositiveInt = Field(default=1, le=100, description="Training runs per cell, with seeds train.seed, train.seed + 1, ...: the report's time to quality is their mean, the fastest and slowest dropped from three on")
     infer_devices: list[Device] = Field(default=["cpu"], min_length=1, description="Rollout devices")
     modes: list[Literal["full", "mapreduce"]] = Field(default=["full", "mapreduce"], min_length=1, description="Rollout modes: full (the whole frame on one worker) and mapreduce (tiles spread over the workers)")
@@ -308,10 +311,10 @@ class BenchmarkSpec(Spec):
     aggregate: AggregateSpec = Field(default_factory=lambda: AggregateSpec(name="benchmark"), description="The report")
     pools: dict[Device, str] = Field(default={"cuda": "gpu", "xla": "tpu"}, description="Work pool of each device's cells: a cell on device D runs deployment train/POOL or infer/POOL of D's pool; a device not listed (or mapped to local) runs in this flow's process")
 
-    @field_validator("devices", "batch_sizes", "infer_devices", "modes", "workers", "frameworks")
+    @field_validator("workloads", "devices", "batch_sizes", "infer_devices", "modes", "workers", "frameworks")
     @classmethod
-    def _distinct(cls, values: list) -> list:
-        return once_each(values, "value of the matrix")
+    def _distinct(cls, values: list | None) -> list | None:
+        return values if values is None else once_each(values, "value of the matrix")
 
     @field_validator("pools")
     @classmethod
@@ -333,17 +336,23 @@ class BenchmarkSpec(Spec):
 
         try:  # the checks of a whole training spec (recipe, target, strategy) hold for the shared settings
             for framework in self.frameworks:
-                self.train_cell(self.devices[0], self.batch_sizes[0], self.train.seed, framework)
+                self.train_cell(self.devices[0], (self.batch_sizes or [8])[0], self.train.seed, framework)
         except ValidationError as exc:
             err = exc.errors()[0]
             raise ValueError(f"train: {err.get('ctx', {}).get('error', err['msg'])}") from None
         return self
 
-    def train_cell(self, device: str, batch_size: int, seed: int, framework: str = "torch") -> TrainSpec:
-        """The training spec of the cell (device, batch size, seed, framework); the strategy is tensorflow's only."""
+    def train_cell(self, device: str, batch_size: int, seed: int, framework: str = "torch", workload: str = "karman",
+                   dataset: str | None = None, epochs: int | None = None) -> TrainSpec:
+        """The training spec of the cell (device, batch size, seed, framework, workload and its dataset; the
+        strategy is tensorflow's only); ``epochs``: the workload's own epoch limit where the benchmark gives
+        neither epochs nor a time budget."""
         strategy = self.train.strategy if framework == "tensorflow" else "auto"
-        return TrainSpec(**(self.train.model_dump() | {"device": device, "batch_sizes": [batch_size], "seed": seed,
-                                                       "framework": framework, "strategy": strategy}))
+        values = {"device": device, "batch_sizes": [batch_size], "seed": seed, "framework": framework, "strategy": strategy,
+                  "workload": workload, "dataset": dataset or self.train.dataset}
+        if epochs is not None and self.train.epochs is None and self.train.time_budget is None:
+            values["epochs"] = epochs
+        return TrainSpec(**(self.train.model_dump() | values))
 
     def infer_cell(self, model_run: str, device: str, mode: str, workers: int) -> InferSpec:
         """The rollout spec of the cell (device, mode, workers) for the trained model ``model_run``."""
@@ -376,5 +385,8 @@ BENCHMARK_PRESETS: dict[str, dict] = {
     "quick": _QUICK,
     # PyTorch and TensorFlow side by side at the quick matrix's sizes, batch 8, two seeds each.
     "frameworks": _QUICK | {"frameworks": ["torch", "tensorflow"], "batch_sizes": [8], "repeats": 2, "aggregate": {"name": "frameworks"}},
+    # Seed 004 done right: the digits CNN in the three frameworks on CPU, three seeds each, ranked by time to the target.
+    "seeds-quick": {"workloads": ["digits"], "frameworks": ["torch", "tensorflow", "jax"], "devices": ["cpu"], "repeats": 3,
+                    "aggregate": {"name": "seeds-quick"}},
 }
 
