@@ -121,5 +121,5 @@ def test_the_quick_matrix_is_its_preset():
     quick = BenchmarkSpec.quick()
     assert quick == BenchmarkSpec.preset("quick") == BenchmarkSpec.model_validate(BENCHMARK_PRESETS["quick"])
     assert (quick.batch_sizes, quick.train.epochs, quick.infer.steps, quick.aggregate.name) == ([4, 8], 3, 40, "quick")
-    with pytest.raises(ValueError, match="unknown benchmark preset 'fast'; choose one of quick, frameworks"):
+    with pytest.raises(ValueError, match="unknown benchmark preset 'fast'; choose one of quick, frameworks, seeds-quick"):
         BenchmarkSpec.preset("fast")

@@ -98,6 +98,7 @@ class TrainRecord(Record):
     config: TrainConfig
     summary: TrainSummary | None = None
     utilisation: Utilisation | None = None
+    test: dict[str, float | None] = Field(default_factory=dict, description="Scores on the test split after training (workloads that score one, e.g. digits' accuracy)")
 
     def mlflow_params(self) -> dict[str, str]:
         """Flat MLflow params, under the names runs have always had (strings, as MLflow keeps them)."""
@@ -121,6 +122,7 @@ class TrainRecord(Record):
                   "target_reached": float(s.target_reached), "time_to_target_s": s.time_to_target_s,
                   "epochs_to_target": s.epochs_to_target, "samples_to_target": s.samples_to_target,
                   **{"final_" + k.removeprefix("loss_"): v for k, v in s.final_losses.items()}}
+        values |= {f"test_{k}": v for k, v in self.test.items()}
         if (u := self.utilisation) is not None:
             values |= {"flops_per_sample": u.flops_per_sample, "achieved_tflops": u.achieved_tflops, "ceiling_tflops": u.ceiling_tflops,
                        "peak_tflops": u.peak_tflops, "mfu_ceiling": u.of_ceiling, "mfu_peak": u.of_peak}

@@ -236,8 +236,57 @@ def train_rows(entries: list[Entry]) -> list[dict]:
                      "final_l1": main_loss if main_loss is not None else nan,
                      "time_to_target_s": s.time_to_target_s if done and s.time_to_target_s is not None else nan,
                      "val_horizon_vorticity": _number(s.validation.get("horizon_vorticity")) if done else nan,
+                     "test_accuracy": _number(e.record.test.get("accuracy")) if done else nan,
+                     **_utilisation(e.record.utilisation if done else None),
                      "error": e.error if not done else ""})
     return sorted(rows, key=lambda row: (row["setting"], row["device"], row["batch_size"], str(row["seed"])))
+
+
+def _utilisation(u) -> dict:
+    """A run's achieved TFLOPS and its utilisation, in percent, of the measured ceiling and of the peak (NaN where unknown)."""
+    nan = float("nan")
+    if u is None:
+        return {"achieved_tflops": nan, "mfu_ceiling": nan, "mfu_peak": nan}
+    return {"achieved_tflops": u.achieved_tflops, "mfu_ceiling": 100 * u.of_ceiling if u.of_ceiling else nan,
+            "mfu_peak": 100 * u.of_peak if u.of_peak else nan}
+
+
+def ranking(rows: list[dict]) -> dict[str, list[dict]]:
+    """Per workload other than karman (whose quality is the rollouts'), seed 004's table done right: per
+    (framework, device, batch size), over its repeated runs, the median time to the quality target with its
+    spread (min-max), the runs that reached it, the median test accuracy at the end and its spread, s/epoch,
+    samples/s, TFLOPS and utilisation; ranked by median time to target (cells that never reached it last)."""
+    import statistics
+
+    nan = float("nan")
+    groups: dict[tuple, list[dict]] = {}
+    for r in rows:
+        if r["status"] == "FINISHED" and r["workload"] != "karman":
+            groups.setdefault((r["workload"], r["framework"], r["device"], r["batch_size"], r["shared_setting"]), []).append(r)
+
+    def median(members, key):
+        values = [m[key] for m in members if m[key] == m[key]]
+        return statistics.median(values) if values else nan
+
+    def spread(members, key, scale=1.0, digits=3):
+        values = sorted(m[key] * scale for m in members if m[key] == m[key])
+        return f"{values[0]:.{digits}g}–{values[-1]:.{digits}g}" if len(values) > 1 else "–"
+
+    out: dict[str, list[dict]] = {}
+    for (workload, framework, device, batch, _), members in groups.items():
+        reached = [m for m in members if m["time_to_target_s"] == m["time_to_target_s"]]
+        out.setdefault(workload, []).append({
+            "framework": framework, "device": device, "batch_size": batch, "runs": len(members), "reached": len(reached),
+            "time_to_target_s": median(reached, "time_to_target_s") if reached else nan, "target_spread": spread(reached, "time_to_target_s"),
+            "test_accuracy": 100 * median(members, "test_accuracy"), "accuracy_spread": spread(members, "test_accuracy", 100, 4),
+            "time_per_epoch_s": median(members, "time_per_epoch_s"), "samples_per_s": median(members, "samples_per_s"),
+            "achieved_tflops": median(members, "achieved_tflops"), "mfu_ceiling": median(members, "mfu_ceiling"),
+            "mfu_peak": median(members, "mfu_peak")})
+    for table in out.values():
+        table.sort(key=lambda c: (c["time_to_target_s"] != c["time_to_target_s"], c["time_to_target_s"], c["framework"]))
+        for rank, c in enumerate(table, 1):
+            c["rank"] = rank if c["time_to_target_s"] == c["time_to_target_s"] else "–"
+    return out
 
 
 def comparison(rows: list[dict]) -> dict[str, list[dict]]:
@@ -336,7 +385,12 @@ def infer_rows(entries: list[Entry]) -> list[dict]:
 TRAIN_SETTINGS_COLUMNS = {"run": "run", "workload": "workload", "framework": "framework", "device": "device", "batch_size": "batch", "threads": "threads", "precision": "precision",
                           "recipe": "recipe", "budget": "budget", "seed": "seed", "status": "status"}
 TRAIN_RESULT_COLUMNS = {"run": "run", "epochs": "epochs", "time_per_epoch_s": "s/epoch", "samples_per_s": "samples/s",
-                        "final_l1": "final L1", "time_to_target_s": "to target [s]"}
+                        "final_l1": "final loss", "time_to_target_s": "to target [s]", "achieved_tflops": "TFLOPS",
+                        "mfu_ceiling": "% of ceiling", "mfu_peak": "% of peak"}
+RANKING_COLUMNS = {"rank": "rank", "framework": "framework", "device": "device", "batch_size": "batch", "runs": "runs", "reached": "reached",
+                   "time_to_target_s": "to target [s]", "target_spread": "to target over seeds", "test_accuracy": "test accuracy [%]",
+                   "accuracy_spread": "accuracy over seeds", "time_per_epoch_s": "s/epoch", "samples_per_s": "samples/s",
+                   "achieved_tflops": "TFLOPS", "mfu_ceiling": "% of ceiling", "mfu_peak": "% of peak"}
 COMPARE_COLUMNS = {"batch_size": "batch", "device": "device", "runs": "runs", "time_per_epoch_s": "s/epoch",
                    "samples_per_s": "samples/s", "speedup": "× slowest device"}
 FRAMEWORK_COLUMNS = {"device": "device", "batch_size": "batch", "framework": "framework", "strategy": "strategy", "runs": "runs",
@@ -489,6 +543,14 @@ def build_report(settings: Settings, name: str, scope: str, runs, exp_id: str, o
                  "their spread is the range over the seeds.\n"]
         for setting, table in frameworks.items():
             text += [f"**Setting**: {setting}\n", table_markdown(table, FRAMEWORK_COLUMNS)]
+    ranked = ranking(trains)
+    for workload, table in ranked.items():
+        text += [f"## {_workload_words(workload, 'title')}: frameworks and devices ranked by time to target\n",
+                 f"Data: {_workload_words(workload, 'data')}. Target: {_workload_words(workload, 'target')}, judged on the validation split "
+                 "after each validation; test accuracy is the held-out test split's after the last epoch. Medians over the repeated runs "
+                 "(seeds), with their range; TFLOPS are the network's training FLOPs at the run's samples/s, % of ceiling against the "
+                 "warm matmul ceiling of the same device, framework and dtype, % of peak against the device's datasheet (CPU: derived) peak.\n",
+                 table_markdown(table, RANKING_COLUMNS)]
     text += ["### Every training run\n", "s/epoch is the median epoch time without the first epoch (which carries the warm-up).\n",
              table_markdown(trains, TRAIN_SETTINGS_COLUMNS, link), "Their results:\n", table_markdown(trains, TRAIN_RESULT_COLUMNS, link),
              "## Time to quality\n", "Wall-clock seconds of training until the validation rollouts first meet the run's quality "
@@ -508,6 +570,7 @@ def build_report(settings: Settings, name: str, scope: str, runs, exp_id: str, o
         text.append(f"## Runs left out\n\n{len(left_out)} recorded run(s) not reported:\n" + "".join(f"\n- {line}" for line in left_out) + "\n")
     text += [f"![{f.stem}]({f.name})\n" for f in figures]
     return "\n".join(text), figures, {"train_rows": trains, "infer_rows": rollouts, "quality_rows": quality,
+                                      "ranking_rows": [row | {"workload": w} for w, table in ranked.items() for row in table],
                                       "framework_rows": [row for table in frameworks.values() for row in table]}
 
 

@@ -16,6 +16,7 @@ from tasks.common.records import RECORD_FILE, TrainConfig, TrainRecord
 from tasks.common.tracking import Run, client_for, code_version, system_metrics
 from tasks.common.training import loop
 from tasks.common.training.frameworks import open_runtime
+from tasks.common.training.utilisation import utilisation
 from tasks.train.plan import TrainJob
 from tasks.workloads import framework_module, get_workload
 
@@ -69,8 +70,8 @@ def run_training(job: dict) -> dict | None:
                                  run_dir / runtime.checkpoint, log, resume=resume, run_id=run_id)
         if run is None:
             return None
-        trainer.finish(run_dir, run, settings)
-        record = record.model_copy(update={"summary": summary})
+        tested = trainer.finish(run_dir, run, settings) or {}  # the test split's scores, for workloads that score one
+        record = record.model_copy(update={"summary": summary, "test": tested, "utilisation": utilisation(trainer, runtime, summary, spec, settings)})
         run.log_metrics(record.mlflow_metrics())
         run.log_dict(record.model_dump(mode="json"), RECORD_FILE)
         run.set_tags({Tag.TARGET: "reached" if summary.target_reached else "not reached"})
