@@ -100,15 +100,19 @@ def _child_env(framework: str, device: str) -> dict[str, str]:
     return env
 
 
-def _row(framework: str, device: str, result: dict) -> dict:
+def _row(framework: str, device: str, cores: int, result: dict) -> dict:
     """One (framework, dtype): its sizes, the best warm figure, the peak it is set against and the fraction reached."""
-    sizes = [{k: r[k] for k in ("n", "cold_s", "warm_s", "cold_tflops", "warm_tflops", "warm_runs_s")} for r in result["sizes"]]
+    sizes = [{k: r[k] for k in ("n", "cold_s", "warm_s", "cold_tflops", "warm_tflops", "warm_runs_s", "warm_busy_cores")} for r in result["sizes"]]
     best = max(sizes, key=lambda r: r["warm_tflops"])
     peak = peak_tflops(device, result["device_name"], result["dtype"])
+    per_core = {}
+    if device == "cpu" and peak:  # on a shared host: the rate per core the process actually got, against one core's peak
+        per_core = {"best_warm_tflops_per_busy_core": best["warm_tflops"] / best["warm_busy_cores"],
+                    "per_busy_core_fraction_of_core_peak": best["warm_tflops"] / best["warm_busy_cores"] / (peak[0] / cores)}
     return {"framework": framework, "device": device, "device_name": result["device_name"], "dtype": result["dtype"],
             "init_s": result["init_s"], "sizes": sizes, "best_warm_tflops": best["warm_tflops"], "best_n": best["n"],
             "peak_tflops": peak[0] if peak else None, "peak_source": peak[1] if peak else None,
-            "warm_fraction_of_peak": best["warm_tflops"] / peak[0] if peak else None}
+            "warm_fraction_of_peak": best["warm_tflops"] / peak[0] if peak else None, **per_core}
 
 
 def bench_matmul(spec: BenchMatmulSpec) -> dict:
@@ -127,14 +131,17 @@ def bench_matmul(spec: BenchMatmulSpec) -> dict:
             from tasks.common.tracking import tracking_ready
 
             tracking_ready(settings)
+    load_before = os.getloadavg()[0]
     job = {"device": spec.device, "dtypes": dtypes, "sizes": sizes, "repeats": spec.repeats, "threads": spec.threads}
     children = [run_child("matmul", BODY, {**job, "framework": fw}, log, env=_child_env(fw, spec.device), framework=fw)
                 for fw in spec.frameworks]
-    rows = [_row(child["framework"], spec.device, result) for child in children for result in child["results"]]
     cpu = this_cpu()
+    rows = [_row(child["framework"], spec.device, cpu.cores, result) for child in children for result in child["results"]]
     summary = {"device": spec.device, "cpu_name": cpu_name(cpu), "isa": list(cpu.isa), "host_key": host_key(cpu),
                "cores": children[0]["cores"], "sizes": sizes, "repeats": spec.repeats,
-               "versions": {child["framework"]: child["version"] for child in children}, "results": rows}
+               "versions": {child["framework"]: child["version"] for child in children},
+               # the host's 1-minute load average before and after: above its core count, other work shared the cores
+               "load_average": {"before": load_before, "after": os.getloadavg()[0]}, "results": rows}
     if not spec.log:
         return {**summary, "logged": "nothing (--no-log)"}
     for row in rows:
@@ -161,9 +168,11 @@ def _log_run(settings, summary: dict, row: dict) -> str:
     for size in row["sizes"]:
         n = size["n"]
         metrics |= {f"cold_tflops_n{n}": size["cold_tflops"], f"warm_tflops_n{n}": size["warm_tflops"],
-                    f"cold_s_n{n}": size["cold_s"], f"warm_s_n{n}": size["warm_s"]}
+                    f"cold_s_n{n}": size["cold_s"], f"warm_s_n{n}": size["warm_s"], f"warm_busy_cores_n{n}": size["warm_busy_cores"]}
     if row["peak_tflops"] is not None:
         metrics |= {"peak_tflops": row["peak_tflops"], "warm_fraction_of_peak": row["warm_fraction_of_peak"]}
+    if "per_busy_core_fraction_of_core_peak" in row:
+        metrics["per_busy_core_fraction_of_core_peak"] = row["per_busy_core_fraction_of_core_peak"]
     tags = {Tag.FRAMEWORK: row["framework"], Tag.DEVICE: row["device"]}
     name = f"ceiling-{row['framework']}-{row['device']}-{row['dtype']}"
     with mlflow_run(settings, STAGE, name, params=params, tags=tags,

@@ -186,9 +186,13 @@ class Timer:
         self.init_s = self._call(*self.backend.operands(16)) + (time.perf_counter() - t0)  # the runtime's start, not a size's
 
     def _call(self, a, b) -> float:
-        t = time.perf_counter()
+        return self._timed(a, b)[0]
+
+    def _timed(self, a, b) -> tuple[float, float]:
+        """(wall seconds, this process's CPU seconds over all its threads) of one synchronised product."""
+        t, cpu = time.perf_counter(), time.process_time()
         self.backend.sync(self.backend.matmul(a, b))
-        return time.perf_counter() - t
+        return time.perf_counter() - t, time.process_time() - cpu
 
     def measure(self, n: int, repeats: int) -> dict:
         """One size: the first product (cold) and the median of ``repeats`` more (warm), in s and TFLOP/s."""
@@ -196,16 +200,20 @@ class Timer:
             raise UserError(f"size {n} and repeats {repeats} must be positive")
         a, b = self.backend.operands(n)
         cold = self._call(a, b)
-        warm_runs = [self._call(a, b) for _ in range(repeats)]
+        timed = [self._timed(a, b) for _ in range(repeats)]
+        warm_runs = [wall for wall, _ in timed]
         warm = statistics.median(warm_runs)
+        # CPU seconds per wall second while warm: the cores the process got (a host shared with other work
+        # gives fewer than it asked for; spinning threads count as busy)
+        busy = sum(cpu for _, cpu in timed) / sum(warm_runs)
         return {"framework": self.framework, "device": self.device, "device_name": self.device_name, "dtype": self.dtype, "n": n,
-                "repeats": repeats, "cold_s": cold, "warm_s": warm, "warm_runs_s": warm_runs,
+                "repeats": repeats, "cold_s": cold, "warm_s": warm, "warm_runs_s": warm_runs, "warm_busy_cores": busy,
                 "cold_tflops": tflops(n, cold), "warm_tflops": tflops(n, warm)}
 
 
 def measure(framework: str, device: str, dtype: str, n: int, repeats: int) -> dict:
     """Cold and warm timing of an n x n product in ``framework`` on ``device`` at ``dtype``, in this process:
-    {framework, device, device_name, dtype, n, repeats, cold_s, warm_s, warm_runs_s, cold_tflops, warm_tflops, init_s}."""
+    {framework, device, device_name, dtype, n, repeats, cold_s, warm_s, warm_runs_s, warm_busy_cores, cold_tflops, warm_tflops, init_s}."""
     timer = Timer(framework, device, dtype)
     return {**timer.measure(n, repeats), "init_s": timer.init_s}
 
