@@ -76,7 +76,12 @@ def _torch(device: str, dtype: str) -> _Backend:
             torch_xla.sync()
             xm.wait_device_ops()
 
-        b.name, b.sync = f"xla:{xm.xla_device_hw(dev)}", sync
+        hw = xm.xla_device_hw(dev)
+        if hw == "TPU":  # the chip's generation, as the peak table names it
+            from torch_xla._internal import tpu
+
+            hw = f"TPU v{tpu.version()}"
+        b.name, b.sync = hw, sync
     elif device == "cuda":
         if not torch.cuda.is_available():
             raise UserError("device cuda requested but no CUDA GPU is visible to torch")
@@ -194,20 +199,24 @@ class Timer:
         self.backend.sync(self.backend.matmul(a, b))
         return time.perf_counter() - t, time.process_time() - cpu
 
-    def measure(self, n: int, repeats: int) -> dict:
-        """One size: the first product (cold) and the median of ``repeats`` more (warm), in s and TFLOP/s."""
+    def measure(self, n: int, repeats: int, budget_s: float | None = None) -> dict:
+        """One size: the first product (cold) and the median of ``repeats`` more (warm), in s and TFLOP/s;
+        with ``budget_s``, the warm products stop once that much time has passed since the first began (one at least)."""
         if n <= 0 or repeats <= 0:
             raise UserError(f"size {n} and repeats {repeats} must be positive")
         a, b = self.backend.operands(n)
+        start = time.perf_counter()
         cold = self._call(a, b)
-        timed = [self._timed(a, b) for _ in range(repeats)]
+        timed = [self._timed(a, b)]
+        while len(timed) < repeats and (budget_s is None or time.perf_counter() - start < budget_s):
+            timed.append(self._timed(a, b))
         warm_runs = [wall for wall, _ in timed]
         warm = statistics.median(warm_runs)
         # CPU seconds per wall second while warm: the cores the process got (a host shared with other work
         # gives fewer than it asked for; spinning threads count as busy)
         busy = sum(cpu for _, cpu in timed) / sum(warm_runs)
         return {"framework": self.framework, "device": self.device, "device_name": self.device_name, "dtype": self.dtype, "n": n,
-                "repeats": repeats, "cold_s": cold, "warm_s": warm, "warm_runs_s": warm_runs, "warm_busy_cores": busy,
+                "repeats": len(timed), "cold_s": cold, "warm_s": warm, "warm_runs_s": warm_runs, "warm_busy_cores": busy,
                 "cold_tflops": tflops(n, cold), "warm_tflops": tflops(n, warm)}
 
 
@@ -218,8 +227,9 @@ def measure(framework: str, device: str, dtype: str, n: int, repeats: int) -> di
     return {**timer.measure(n, repeats), "init_s": timer.init_s}
 
 
-def quick_ceiling(framework: str, device: str, dtype: str, repeats: int = 3) -> dict:
+def quick_ceiling(framework: str, device: str, dtype: str, repeats: int = 3, budget_s: float = 2.0) -> dict:
     """A quick warm ceiling for a training run, in its own process (framework already loaded): one size
-    (2048 on cpu, 8192 on cuda and xla), ``repeats`` warm products; a couple of seconds on a small CPU.
-    Returns ``measure``'s dictionary."""
-    return measure(framework, device, dtype, QUICK_SIZE[device], repeats)
+    (2048 on cpu, 8192 on cuda and xla), up to ``repeats`` warm products while ``budget_s`` lasts (one at
+    least). Returns ``measure``'s dictionary; ``repeats`` in it is the number of warm products made."""
+    timer = Timer(framework, device, dtype)
+    return {**timer.measure(QUICK_SIZE[device], repeats, budget_s), "init_s": timer.init_s}

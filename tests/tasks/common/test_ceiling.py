@@ -6,7 +6,7 @@ import pytest
 
 from tasks.common.ceiling import BENCH, CEILINGS_FILE, QUICK, cpu_name, cpu_peak, host_key, parse_cpuinfo, peak_tflops, read_ceiling, write_ceiling
 from tasks.common.errors import UserError
-from tasks.common.matmul import check, measure, tflops
+from tasks.common.matmul import check, measure, quick_ceiling, tflops
 from tasks.common.settings import Settings
 
 
@@ -35,6 +35,12 @@ def test_measure_reports_the_median_warm_product_and_its_rate():
     assert result["warm_tflops"] == pytest.approx(2 * 64**3 / result["warm_s"] / 1e12)
     assert result["cold_tflops"] == pytest.approx(2 * 64**3 / result["cold_s"] / 1e12)
     assert result["device_name"] == cpu_name()
+
+
+def test_a_quick_ceiling_stops_its_warm_products_when_its_budget_is_spent():
+    result = quick_ceiling("torch", "cpu", "fp32", repeats=5, budget_s=0.0)
+    assert (result["n"], result["repeats"], len(result["warm_runs_s"])) == (2048, 1, 1)
+    assert result["warm_tflops"] == pytest.approx(2 * 2048**3 / result["warm_s"] / 1e12)
 
 
 @pytest.mark.parametrize("text, fp32, bf16, cores, ghz, clock", [
