@@ -106,7 +106,7 @@ def _row(framework: str, device: str, cores: int, result: dict) -> dict:
     best = max(sizes, key=lambda r: r["warm_tflops"])
     peak = peak_tflops(device, result["device_name"], result["dtype"])
     per_core = {}
-    if device == "cpu" and peak:  # on a shared host: the rate per core the process actually got, against one core's peak
+    if peak and peak[1].startswith("derived"):  # on a shared host: the rate per core the process actually got, against one core's peak
         per_core = {"best_warm_tflops_per_busy_core": best["warm_tflops"] / best["warm_busy_cores"],
                     "per_busy_core_fraction_of_core_peak": best["warm_tflops"] / best["warm_busy_cores"] / (peak[0] / cores)}
     return {"framework": framework, "device": device, "device_name": result["device_name"], "dtype": result["dtype"],
@@ -146,7 +146,7 @@ def bench_matmul(spec: BenchMatmulSpec) -> dict:
         return {**summary, "logged": "nothing (--no-log)"}
     for row in rows:
         write_ceiling(settings, spec.device, row["framework"], row["dtype"], row["best_warm_tflops"], row["best_n"], BENCH,
-                      device_name=None if spec.device == "cpu" else row["device_name"])
+                      device_name=row["device_name"])
     summary["ceilings_file"] = str(settings.data_root / CEILINGS_FILE)
     if tracked:
         for row in rows:

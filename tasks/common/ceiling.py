@@ -171,11 +171,16 @@ def cpu_peak(info: CpuInfo | None = None) -> CpuPeak:
     return CpuPeak(cores=info.cores, ghz=ghz, clock=clock, family=family, flops_per_cycle={"fp32": fp32, "bf16": bf16 or fp32}, assumption=why)
 
 
+def _on_host_cpu(device_kind: str, device_name: str | None) -> bool:
+    """Whether the device is this host's CPU: device cpu, or an XLA device on the CPU runtime (PJRT_DEVICE=CPU)."""
+    return device_kind == "cpu" or (device_kind == "xla" and device_name == "CPU")
+
+
 def peak_tflops(device_kind: str, device_name: str | None, dtype: str, cpu: CpuInfo | None = None) -> tuple[float, str] | None:
     """(dense peak TFLOP/s, its source) of a device for a dtype (fp32, tf32, bf16, fp16), or None where
-    none is known. A cpu's is derived from ``cpu`` (default: this host's /proc/cpuinfo; ``device_name``
-    is then not read); a GPU's or TPU's is the datasheet's, looked up by its exact name."""
-    if device_kind == "cpu":
+    none is known. A cpu's (or an XLA device's named "CPU") is derived from ``cpu`` (default: this host's
+    /proc/cpuinfo); a GPU's or TPU's is the datasheet's, looked up by its exact name."""
+    if _on_host_cpu(device_kind, device_name):
         derived = cpu_peak(cpu)
         value = derived.tflops(dtype)
         return None if value is None else (value, derived.source(dtype))
@@ -186,8 +191,8 @@ def peak_tflops(device_kind: str, device_name: str | None, dtype: str, cpu: CpuI
 # ---- the cache of measured ceilings: <data root>/ceilings.json ----
 
 def _key(device_kind: str, device_name: str | None, framework: str, dtype: str) -> str:
-    if device_kind == "cpu":
-        device_name = device_name or host_key()
+    if _on_host_cpu(device_kind, device_name):
+        device_name = host_key()
     elif not device_name:
         raise UserError(f"a {device_kind} ceiling needs the device's name (e.g. NVIDIA H100 80GB HBM3)")
     return "|".join([device_name, device_kind, framework, dtype])
@@ -204,7 +209,7 @@ def _load(path: Path) -> dict:
 
 def read_ceiling(settings: Settings, device_kind: str, framework: str, dtype: str, device_name: str | None = None) -> dict | None:
     """The cached ceiling of (device, framework, dtype): {"tflops", "n", "when", "source", ...}, or None.
-    ``device_name``: a GPU's or TPU's name; for cpu leave it None (this host's ``host_key()``)."""
+    ``device_name``: a GPU's or TPU's name; a CPU (device cpu, or xla named "CPU") is keyed by this host's ``host_key()``."""
     return _load(settings.data_root / CEILINGS_FILE).get(_key(device_kind, device_name, framework, dtype))
 
 
