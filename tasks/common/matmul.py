@@ -150,8 +150,9 @@ def _jax(device: str, dtype: str) -> _Backend:
     platform = {"cpu": "cpu", "cuda": "gpu", "xla": "tpu"}[device]
     try:
         dev = jax.devices(platform)[0]
-    except RuntimeError as exc:
-        raise UserError(f"device {device} requested but jax has no {platform} backend here ({str(exc).splitlines()[0]})") from None
+    except Exception as exc:  # a missing backend raises RuntimeError, or an AssertionError when its plugin is absent
+        why = str(exc).strip().splitlines()[0] if str(exc).strip() else f"{type(exc).__name__}; is jax's {platform} plugin installed?"
+        raise UserError(f"device {device} requested but jax has no {platform} backend here ({why})") from None
     b = _Backend()
     if device == "cpu":
         from tasks.common.ceiling import cpu_name
