@@ -14,7 +14,7 @@ from pydantic import BaseModel, ValidationError
 
 from flows.jsonline import json_line
 from flows.options import OneLineParser, add_spec_options, spec_from_args, validation_message
-from tasks.bench.specs import BenchInferSpec, BenchQualitySpec, BenchSolverSpec, BenchTrainSpec
+from tasks.bench.specs import BenchInferSpec, BenchMatmulSpec, BenchQualitySpec, BenchSolverSpec, BenchTrainSpec
 
 JSON_HELP = "Print a one-line JSON summary as the last line of stdout"
 
@@ -43,6 +43,12 @@ def _quality(spec: BenchQualitySpec) -> dict:
     return bench_quality(spec)
 
 
+def _matmul(spec: BenchMatmulSpec) -> dict:
+    from tasks.bench.matmul import bench_matmul
+
+    return bench_matmul(spec)
+
+
 @dataclass(frozen=True)
 class BenchCommand:
     """One bench command: its spec (options and help from the spec's fields), its help line, and what runs it."""
@@ -58,6 +64,8 @@ BENCH_COMMANDS: dict[str, BenchCommand] = {
     "bench-infer": BenchCommand(BenchInferSpec, "Time a rollout step (frames/s), full-frame or map-reduce over workers, against the solver", _infer),
     "bench-quality": BenchCommand(BenchQualitySpec, "Time to quality: train a recipe on a stored dataset until a rollout target holds, "
                                   "then score rollouts and compare with the solver", _quality),
+    "bench-matmul": BenchCommand(BenchMatmulSpec, "The FLOP ceiling: square matmuls (TFLOP/s, cold and warm) per framework and dtype, "
+                                 "against the device's peak", _matmul),
 }
 
 

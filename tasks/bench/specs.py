@@ -9,7 +9,7 @@ by default is described by what its ``--no-…`` form does.
 import math
 from typing import Annotated, ClassVar, Literal
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field
 from pydantic_core import PydanticCustomError
 
 from models.host import DeviceKind
@@ -122,6 +122,37 @@ class BenchInferSpec(BenchSpec):
     frame_stride: PositiveInt = Field(default=1, description="k: the network advances k stored frames per step")
     frame_every: OptionalPositiveInt = Field(default=None, description="Solver steps between stored frames (default: 50 x size / 64)")
     compare: bool = Field(default=True, description="Skip timing full-frame and map-reduce on one worker in the same run")
+
+
+MatmulFramework = Literal["torch", "tensorflow", "jax"]
+MatmulDtype = Literal["fp32", "tf32", "bf16", "fp16"]
+
+
+def _unique(values: list) -> list:
+    return list(dict.fromkeys(values))
+
+
+class BenchMatmulSpec(BenchSpec):
+    """Time square matrix products (TFLOP/s, cold and warm) per framework and dtype, against the device's peak."""
+
+    frameworks: Annotated[list[MatmulFramework], AfterValidator(_unique)] = Field(
+        default=["torch", "tensorflow", "jax"], min_length=1, description="Frameworks, each in its own process; comma-separated (default: torch,tensorflow,jax)")
+    device: Device = Field(default="cpu", description="Device kind")
+    dtypes: Annotated[list[MatmulDtype], AfterValidator(_unique)] = Field(
+        default=[], description="Dtypes, comma-separated (default: the device's own: fp32,bf16 on cpu and xla; fp32,tf32,bf16,fp16 on cuda)")
+    sizes: Annotated[list[PositiveInt], AfterValidator(_unique)] = Field(
+        default=[], description="Matrix sides n, comma-separated (default: 1024,2048,4096 on cpu; 2048,4096,8192 on cuda and xla)")
+    repeats: PositiveInt = Field(default=5, description="Warm products per size; the median is reported")
+    threads: OptionalPositiveInt = Field(default=None, description="CPU cores the children may run on (default: all this process may use)")
+    log: bool = Field(default=True, description="Write nothing: no MLflow runs, no entry in the ceiling cache")
+
+    def resolved_dtypes(self) -> list[str]:
+        from tasks.common.matmul import DEFAULT_DTYPES
+
+        return list(self.dtypes or DEFAULT_DTYPES[self.device])
+
+    def resolved_sizes(self) -> list[int]:
+        return list(self.sizes or ([1024, 2048, 4096] if self.device == "cpu" else [2048, 4096, 8192]))
 
 
 # The training settings bench-quality shares with ``python -m flows train``: the same fields, ranges and

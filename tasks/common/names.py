@@ -4,7 +4,7 @@
 class Tag:
     """``karman.*`` run tags; experiment-level ones are in tasks.common.tracking."""
 
-    STAGE = "karman.stage"  # generate, train, train-sweep, infer, aggregate, benchmark, demo, ablation, validate
+    STAGE = "karman.stage"  # generate, train, train-sweep, infer, aggregate, benchmark, demo, ablation, validate, ceiling
     WORKLOAD = "karman.workload"  # the workload a run trains or evaluates (tasks.workloads' table)
     CELL = "karman.cell"  # the benchmark cell a run belongs to (a key of its inputs and dataset digest)
     BENCHMARK = "karman.benchmark"  # on a benchmark's own run: its name

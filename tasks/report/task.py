@@ -16,6 +16,7 @@ from tasks.common.settings import Settings
 from tasks.common.specs import AggregateSpec
 from tasks.common.tables import markdown_table
 from tasks.common.tracking import client_for, experiment_id, missing, mlflow_run, run_url
+from tasks.report.ceiling import ceiling_section
 
 
 def _rows(client, exp_id: str, stage: str) -> list:
@@ -564,6 +565,7 @@ def build_report(settings: Settings, name: str, scope: str, runs, exp_id: str, o
              "\n".join(f"- {link(r['run'])} ({r['mode']} x{r['workers']}, {r['regime']}): {r['verdict']}" for r in rollouts if r["verdict"])
              or "_no rollout with a verdict_", "",
              f"## Failed runs\n\n{len(failed)} failed run(s)" + (": " + ", ".join(f"{r.info.run_name} ({link(r.info.run_id)})" for r in failed) if failed else "") + "\n"]
+    text.append(ceiling_section(client, exp_id))
     if older:
         text.append(f"Runs logged before run records existed, read back from their MLflow params: {', '.join(older)}.\n")
     if left_out:
