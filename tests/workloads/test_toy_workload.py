@@ -46,6 +46,14 @@ def test_a_workload_from_its_own_folder_trains_is_evaluated_logged_and_reported(
     assert run.data.metrics["final_ce"] == pytest.approx(summary.final_losses["loss_ce"])
     assert [m.step for m in client.get_metric_history(out["run_id"], "val_accuracy")] == list(range(2, summary.epochs + 1, 2))
     assert "model/mlp.pt" in {a.path for a in client.list_artifacts(out["run_id"], "model")}
+    # MFU: the trainer's FLOPs at the run's speed, against a ceiling measured in the run (none cached yet) and the derived peak
+    u = record.utilisation
+    assert u.flops_per_sample == 320 and u.achieved_tflops == pytest.approx(320 * summary.samples_per_s / 1e12)
+    assert u.dtype == "fp32" and u.ceiling_source.startswith("quick ceiling of a training run") and "of the host's" in u.peak_source
+    assert 0 < u.of_ceiling < 1 and 0 < u.of_peak < u.of_ceiling * 3
+    assert run.data.metrics["mfu_ceiling"] == pytest.approx(u.of_ceiling) and run.data.metrics["mfu_peak"] == pytest.approx(u.of_peak)
+    cached = json.loads((toy / "data" / "ceilings.json").read_text())["ceilings"]
+    assert [c["framework"] for c in cached.values()] == ["torch"]  # the next run of this host reads it
 
     report = run_cli("aggregate", "--runs", "all", "--name", "toy", "--json", cwd=toy, env=TOY)
     assert report.returncode == 0, report.stderr[-3000:]
