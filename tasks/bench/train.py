@@ -10,10 +10,6 @@ from tasks.bench.specs import BenchTrainSpec
 from tasks.common.launch import device_env
 
 
-# Dense bf16 tensor-core peaks (TFLOP/s) of GPUs we know, by a substring of the device name.
-GPU_PEAK_BF16_TFLOPS = {"H200": 989.4, "H100 SXM": 989.4, "H100 80GB HBM3": 989.4, "H100 PCIe": 756.0, "H100 NVL": 835.0,
-                        "A100": 312.0, "A6000": 154.8, "L40S": 362.0, "L4": 121.0}
-
 
 def _plain_step(gen, disc, opt_g, opt_d, cond, target, l1_weight: float) -> None:
     """The textbook eager float32 Pix2Pix step the trainer is compared with: same networks, losses
@@ -324,7 +320,12 @@ def _flops_per_sample(net) -> float:
 
 
 def _known_peak(ctx, precision: str) -> float | None:
+    """The GPU's datasheet bf16 peak (tasks.common.ceiling's table), for bf16 runs on cuda."""
     if ctx.kind != "cuda" or precision != "bf16":
         return None
-    name = ctx.description
-    return next((v for k, v in GPU_PEAK_BF16_TFLOPS.items() if k in name), None)
+    import torch
+
+    from tasks.common.ceiling import peak_tflops
+
+    peak = peak_tflops("cuda", torch.cuda.get_device_name(ctx.device), "bf16")
+    return peak[0] if peak else None

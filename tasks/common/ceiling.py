@@ -44,6 +44,11 @@ PEAKS: dict[str, dict[str, Peak]] = {
     "NVIDIA A100-SXM4-80GB": {"fp32": Peak(19.5, A100), "tf32": Peak(156.0, A100), "bf16": Peak(312.0, A100), "fp16": Peak(312.0, A100)},
     "NVIDIA A100-SXM4-40GB": {"fp32": Peak(19.5, A100), "tf32": Peak(156.0, A100), "bf16": Peak(312.0, A100), "fp16": Peak(312.0, A100)},
     "NVIDIA RTX A6000": {"fp32": Peak(38.7, GA102), "tf32": Peak(77.4, GA102), "bf16": Peak(154.8, GA102), "fp16": Peak(154.8, GA102)},
+    # Parts whose bf16 rate bench-train has always known (the datasheets' sparse figures halved).
+    "NVIDIA H100 PCIe": {"bf16": Peak(756.0, "NVIDIA H100 Tensor Core GPU datasheet (PCIe; tensor-core figures with sparsity halved)")},
+    "NVIDIA H100 NVL": {"bf16": Peak(835.0, "NVIDIA H100 Tensor Core GPU datasheet (NVL; tensor-core figures with sparsity halved)")},
+    "NVIDIA L40S": {"bf16": Peak(362.0, "NVIDIA L40S datasheet (tensor-core figures with sparsity halved)")},
+    "NVIDIA L4": {"bf16": Peak(121.0, "NVIDIA L4 datasheet (tensor-core figures with sparsity halved)")},
     # TPUs: the matrix units multiply bf16; fp32 matmuls are done in several bf16 passes, with no quoted peak.
     "TPU v2": {"bf16": Peak(45.0, TPU)},
     "TPU v3": {"bf16": Peak(123.0, TPU)},
