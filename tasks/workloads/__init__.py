@@ -2,7 +2,7 @@
 
 A workload is a folder: ``workload.py`` holds what is framework-neutral (its data, its quality score
 and target, its record's parameters) as one ``WORKLOAD`` object, and one module per framework
-(``torch.py``, ``tensorflow.py``) builds its trainer for the one training loop (tasks.common.training.loop).
+(``torch.py``, ``tensorflow.py``, ``jax.py``) builds its trainer for the one training loop (tasks.common.training.loop).
 Adding a workload is that folder and one line below. Workloads kept outside this repository join
 through ``KARMAN_WORKLOADS=name=package.module,...`` (child processes inherit it).
 """
@@ -17,6 +17,7 @@ from tasks.common.errors import UserError
 # name -> the package of its folder
 WORKLOADS: dict[str, str] = {
     "karman": "tasks.workloads.karman",
+    "digits": "tasks.workloads.digits",
 }
 EXTRA_ENV = "KARMAN_WORKLOADS"
 
@@ -35,6 +36,9 @@ class Workload:
     check: Callable  # (settings, spec, batch_sizes, world, memory bytes or None) -> None; UserError for what cannot run
     dataset_info: Callable  # (settings, dataset name) -> (its digest, a few facts for MLflow's dataset profile); UserError if missing
     setting: Callable  # (spec) -> the workload's own settings of a run in a few words (recipe, widths), for descriptions and the report
+    # (settings, GenerateSpec, parent MLflow run id or None) -> the dataset's summary (dataset, path, digest, run_id): writes the
+    # workload's dataset into the store as an MLflow generate run; None = the stage's own solver sweep (karman)
+    generate: Callable | None = None
 
     @property
     def synthetic(self) -> bool:

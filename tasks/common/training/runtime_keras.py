@@ -1,15 +1,12 @@
 """TensorFlow (Keras 3) as the training loop's runtime: a tf.distribute strategy, the collective that agrees, seeding, npz checkpoints, memory."""
 
-import json
 import os
 from pathlib import Path
 
-import numpy as np
-
 from models.host import host_peak_memory_mb
-from tasks.common.errors import UserError
 from tasks.common.lifetime import request_stop_on_signals
 from tasks.common.training.frameworks import FRAMEWORKS, DeviceRuntime
+from tasks.common.training.npz import load_npz, save_npz
 
 
 
@@ -56,19 +53,10 @@ class KerasRuntime(DeviceRuntime):
 
     def save(self, state: dict, path: Path) -> None:
         """Weights and optimiser state as one npz of arrays with the history as JSON, written atomically."""
-        tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp.npz")
-        arrays = {k.replace("/", "__"): v for k, v in state["model"].items()}
-        np.savez(tmp, history=np.array(json.dumps(state["history"])), **arrays)
-        os.replace(tmp, path)
+        save_npz(state, path)
 
     def load(self, path: Path) -> dict:
-        try:
-            with np.load(path) as data:
-                history = json.loads(str(data["history"]))
-                model = {k.replace("__", "/"): data[k] for k in data.files if k != "history"}
-        except Exception as exc:  # numpy and zipfile raise many kinds for a damaged file
-            raise UserError(f"checkpoint {path} is corrupt or truncated ({type(exc).__name__}); start the run afresh") from None
-        return {"model": model, "history": history}
+        return load_npz(path)
 
     def epoch_metrics(self, first: bool) -> dict[str, float]:
         from models.device_keras import peak_memory_mb
