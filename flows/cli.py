@@ -33,7 +33,7 @@ def _log() -> logging.Logger:
 def _check_generate(settings, spec: GenerateSpec) -> None:
     from tasks.generate.task import check_generate
 
-    check_generate(spec)
+    check_generate(settings, spec)
 
 
 def _check_demo(settings, spec: DemoSpec) -> None:

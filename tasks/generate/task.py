@@ -53,12 +53,14 @@ def _sweep_key(spec: GenerateSpec) -> dict:
     return key
 
 
-def check_generate(spec: GenerateSpec) -> None:
-    """What a generate request can have refused before anything runs: an unknown workload, one that writes
-    no dataset of its own, or (karman) a sweep member that does not validate."""
+def check_generate(settings: Settings, spec: GenerateSpec) -> None:
+    """What a generate request can have refused before anything runs: an unknown workload, what the
+    workload's own generate refuses (a damaged dataset), or (karman) a sweep member that does not validate."""
     workload = get_workload(spec.workload)
     if workload.generate is None:
         expand(spec)
+    elif workload.check_generate is not None:
+        workload.check_generate(settings, spec)
 
 
 @task(name="write-dataset", task_run_name="write {spec.workload} dataset {spec.dataset}", retries=0)

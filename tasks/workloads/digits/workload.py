@@ -195,6 +195,14 @@ def write_dataset(dataset_dir: Path) -> dict:
     return manifest
 
 
+def check_generate(settings, spec) -> None:
+    """UserError if generate would refuse ``spec``: an existing dataset of that name that is damaged or
+    another workload's, unless it is to be overwritten."""
+    dataset_dir = settings.dataset_dir(spec.dataset)
+    if not spec.overwrite and (dataset_dir / MANIFEST).is_file():
+        load_checked(dataset_dir)
+
+
 def generate(settings, spec, parent_run_id: str | None = None) -> dict:
     """Write the digits dataset ``spec.dataset`` (a no-op for a complete one; ``spec.overwrite`` writes it
     afresh; a damaged one is refused), recorded as an MLflow ``generate`` run with the dataset logged."""
@@ -204,6 +212,7 @@ def generate(settings, spec, parent_run_id: str | None = None) -> dict:
     with writer_lock(dataset_dir, f"dataset {spec.dataset!r}"):
         if spec.overwrite and dataset_dir.exists():
             shutil.rmtree(dataset_dir)
+        check_generate(settings, spec)
         written = not (dataset_dir / MANIFEST).is_file()
         t0 = time.perf_counter()
         if written:
@@ -264,7 +273,8 @@ def check(settings, spec, batch_sizes: list[int], world: int, memory: int | None
 
 
 def dataset_info(settings, dataset: str) -> tuple[str, dict]:
-    manifest = _manifest(settings.dataset_dir(dataset))
+    """The digest and image count of a sound digits dataset (its content is checked: 4 MB); UserError otherwise."""
+    manifest = load_checked(settings.dataset_dir(dataset))[0]
     return manifest["digest"], {"images": manifest["count"]}
 
 
@@ -347,4 +357,5 @@ WORKLOAD = Workload(
     dataset_info=dataset_info,
     setting=setting,
     generate=generate,
+    check_generate=check_generate,
 )
