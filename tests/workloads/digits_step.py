@@ -6,6 +6,8 @@ jax never share one), with the framework's device environment (tasks.common.laun
 
 import json
 import sys
+import tempfile
+from pathlib import Path
 
 import numpy as np
 
@@ -41,7 +43,16 @@ def one_step(framework: str, batch: int = 32) -> dict:
     before = trainer.score("train")["loss"]
     step_losses, flags = trainer.step(next(trainer.batches(1, 1)), [0.0, 0.0, 1.5], 0.0)
     weights = trainer.weights()
-    return {"parameters": int(sum(v.size for v in weights.values())), "params": trainer.params["parameters"], "before": before,
+    runtime = trainer.runtime
+    with tempfile.TemporaryDirectory() as tmp:  # the checkpoint round trip: a fresh trainer takes the stepped one's state
+        path = Path(tmp) / runtime.checkpoint
+        runtime.save({"model": trainer.state(), "history": {"epoch": 1}}, path)
+        fresh = framework_module(get_workload("digits"), framework).build(data, spec.model_copy(update={"seed": 1}), batch, runtime)
+        fresh.load_state(runtime.load(path)["model"])
+        restored = all(np.array_equal(weights[k], v) for k, v in fresh.weights().items())
+        second = [trainer.step(next(trainer.batches(2, 1)), [0.0] * 3, 0.0)[0]["loss_ce"],
+                  fresh.step(next(fresh.batches(2, 1)), [0.0] * 3, 0.0)[0]["loss_ce"]]  # the optimiser's momentum came along too
+    return {"restored": restored, "second_steps": second, "parameters": int(sum(v.size for v in weights.values())), "params": trainer.params["parameters"], "before": before,
             "step_loss": step_losses["loss_ce"], "after": trainer.score("train")["loss"], "flags": flags,
             "flops_per_sample": trainer.flops_per_sample}
 

@@ -30,7 +30,7 @@ def stepped() -> dict[str, dict]:
     return out
 
 
-def test_the_three_networks_have_the_same_parameters_and_take_the_same_first_step(stepped):
+def test_the_three_networks_have_the_same_parameters_take_the_same_first_step_and_restore_from_a_checkpoint(stepped):
     from tasks.workloads.digits.workload import parameter_count
 
     assert {f: (r["parameters"], r["params"]) for f, r in stepped.items()} == {f: (parameter_count(),) * 2 for f in FRAMEWORKS}
@@ -43,6 +43,8 @@ def test_the_three_networks_have_the_same_parameters_and_take_the_same_first_ste
         assert r["step_loss"] == pytest.approx(reference["step_loss"], abs=1e-5)
         assert r["after"] == pytest.approx(reference["after"], abs=1e-5), framework  # the same optimiser step
         assert r["flags"] == pytest.approx([0.0, 0.0, 1.5])  # agreed through the runtime (one device: themselves)
+    for framework, r in stepped.items():  # a checkpoint restores weights and optimiser state exactly
+        assert r["restored"] and r["second_steps"][0] == r["second_steps"][1], framework
 
 
 def test_flops_per_sample_match_torchs_flop_counter_on_a_real_training_step():

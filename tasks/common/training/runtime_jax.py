@@ -6,11 +6,10 @@ import os
 os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
 
 from dataclasses import dataclass  # noqa: E402
-from pathlib import Path  # noqa: E402
 
 from models.host import DeviceUnavailable, host_peak_memory_mb  # noqa: E402
-from tasks.common.training.frameworks import FRAMEWORKS, DeviceRuntime  # noqa: E402
-from tasks.common.training.npz import load_npz, save_npz  # noqa: E402
+from tasks.common.training.frameworks import FRAMEWORKS  # noqa: E402
+from tasks.common.training.npz import NpzRuntime  # noqa: E402
 
 PLATFORMS = {"cpu": "cpu", "cuda": "gpu", "xla": "tpu"}  # the run's device kind -> jax's platform
 
@@ -48,7 +47,7 @@ def resolve_jax(device: str, world: int = 1) -> JaxContext:
     return JaxContext(device, picked, f"{picked[0].device_kind} (jax {PLATFORMS[device]})" + (f" x{world}" if world > 1 else ""))
 
 
-class JaxRuntime(DeviceRuntime):
+class JaxRuntime(NpzRuntime):
     """jax on its devices in one process: the mean over them is the collective that agrees."""
 
     framework = "jax"
@@ -61,7 +60,6 @@ class JaxRuntime(DeviceRuntime):
         self.version = jax.__version__
         self.ctx = resolve_jax(device, world)
         self.threads = threads if device == "cpu" else None
-        self.epoch_seed = 0
         # values each device contributes (devices, n) -> their mean on every device; one device: the values themselves
         self._mean = jax.pmap(lambda v: jax.lax.pmean(v, "devices"), axis_name="devices", devices=self.ctx.devices)
 
@@ -71,18 +69,6 @@ class JaxRuntime(DeviceRuntime):
 
         per_device = np.tile(np.asarray(values, np.float32), (self.ctx.world_size, 1))  # (devices, n)
         return [float(x) for x in np.asarray(self._mean(per_device))[0]]
-
-    def seed_epoch(self, seed: int, epoch: int) -> None:
-        """This epoch's seed (the trainers draw from jax.random.key of it), whatever ran before."""
-        from tasks.common.data import epoch_seed
-
-        self.epoch_seed = epoch_seed(seed, epoch, self.ctx.rank) % 2**31
-
-    def save(self, state: dict, path: Path) -> None:
-        save_npz(state, path)
-
-    def load(self, path: Path) -> dict:
-        return load_npz(path)
 
     def epoch_metrics(self, first: bool) -> dict[str, float]:
         stats = self.ctx.device.memory_stats() if self.ctx.kind != "cpu" else None

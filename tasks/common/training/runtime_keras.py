@@ -1,16 +1,15 @@
 """TensorFlow (Keras 3) as the training loop's runtime: a tf.distribute strategy, the collective that agrees, seeding, npz checkpoints, memory."""
 
 import os
-from pathlib import Path
 
 from models.host import host_peak_memory_mb
 from tasks.common.lifetime import request_stop_on_signals
-from tasks.common.training.frameworks import FRAMEWORKS, DeviceRuntime
-from tasks.common.training.npz import load_npz, save_npz
+from tasks.common.training.frameworks import FRAMEWORKS
+from tasks.common.training.npz import NpzRuntime
 
 
 
-class KerasRuntime(DeviceRuntime):
+class KerasRuntime(NpzRuntime):
     """TensorFlow under one strategy: default, mirrored, multiworker (one process per device) or tpu."""
 
     framework = "tensorflow"
@@ -44,19 +43,6 @@ class KerasRuntime(DeviceRuntime):
         import tensorflow as tf
 
         return [float(x) for x in self._mean(tf.constant(values, tf.float32)).numpy()]
-
-    def seed_epoch(self, seed: int, epoch: int) -> None:
-        """This epoch's noise seed on this worker, whatever ran before (the trainers draw statelessly from it)."""
-        from tasks.common.data import epoch_seed
-
-        self.epoch_seed = epoch_seed(seed, epoch, self.ctx.rank) % 2**31
-
-    def save(self, state: dict, path: Path) -> None:
-        """Weights and optimiser state as one npz of arrays with the history as JSON, written atomically."""
-        save_npz(state, path)
-
-    def load(self, path: Path) -> dict:
-        return load_npz(path)
 
     def epoch_metrics(self, first: bool) -> dict[str, float]:
         from models.device_keras import peak_memory_mb
