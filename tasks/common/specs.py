@@ -82,7 +82,7 @@ class TrainSpec(Spec):
 
     model_config = CELL_IN_SCHEMA
 
-    workload: str = Field(default="karman", pattern=r"^[a-z][a-z0-9_-]{0,31}$", description="Workload, by name from the workload table: karman (the Pix2Pix surrogate of a vortex street) or digits (a CNN on 5,000 real MNIST digits); the fields from validate_steps on, target_accuracy aside, are karman's")
+    workload: str = Field(default="karman", pattern=r"^[a-z][a-z0-9_-]{0,31}$", description="Workload, by name from the workload table: karman (the Pix2Pix surrogate of a vortex street) or digits (a CNN on 5,000 real MNIST digits); the recipe, rollout-validation and simulation-split fields are karman's")
     dataset: str = DatasetName
     framework: Literal["torch", "tensorflow", "jax"] = Field(default="torch", description="torch (PyTorch), tensorflow (Keras 3 under a tf.distribute strategy) or jax (one device): the same networks, recipe, data and metrics; a workload runs in the frameworks it has")
     device: Device = Field(default="cpu", description="cpu, cuda (all visible GPUs) or xla (TPU cores: torch_xla, or TPUStrategy for tensorflow)")
