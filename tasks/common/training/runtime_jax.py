@@ -55,11 +55,14 @@ class JaxRuntime(NpzRuntime):
     strategy = "auto"
 
     def __init__(self, device: str, world: int = 1, threads: int | None = None):
+        single = device == "cpu" and threads == 1
+        if single:  # before jax starts: XLA's CPU runtime on one thread (other counts are XLA's own choice, not set here)
+            os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} --xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1".strip()
         import jax
 
         self.version = jax.__version__
         self.ctx = resolve_jax(device, world)
-        self.threads = threads if device == "cpu" else None
+        self.threads = 1 if single else None  # None: XLA sizes its own thread pool
         # values each device contributes (devices, n) -> their mean on every device; one device: the values themselves
         self._mean = jax.pmap(lambda v: jax.lax.pmean(v, "devices"), axis_name="devices", devices=self.ctx.devices)
 
