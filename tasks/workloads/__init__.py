@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from tasks.common.errors import UserError
+from tasks.common.specs import DEFAULT_EPOCHS
 
 # name -> the package of its folder
 WORKLOADS: dict[str, str] = {
@@ -36,6 +37,9 @@ class Workload:
     check: Callable  # (settings, spec, batch_sizes, world, memory bytes or None) -> None; UserError for what cannot run
     dataset_info: Callable  # (settings, dataset name) -> (its digest, a few facts for MLflow's dataset profile); UserError if missing
     setting: Callable  # (spec) -> the workload's own settings of a run in a few words (recipe, widths), for descriptions and the report
+    dataset: str = ""  # the dataset a benchmark trains it on when the benchmark does not name one (karman's comes from the sweep)
+    batch_sizes: tuple[int, ...] = (8, 16, 32, 64)  # a benchmark's global batch sizes when it names none
+    epochs: int = DEFAULT_EPOCHS  # a benchmark's epoch limit when it sets neither epochs nor a time budget
     # (settings, GenerateSpec, parent MLflow run id or None) -> the dataset's summary (dataset, path, digest, run_id): writes the
     # workload's dataset into the store as an MLflow generate run; None = the stage's own solver sweep (karman)
     generate: Callable | None = None
