@@ -114,7 +114,7 @@ class Command:
 COMMANDS: dict[str, Command] = {
     "demo": Command(DemoSpec, "Run the quick CPU pipeline: simulate, train, roll out, report", _flow("demo"), _check_demo),
     "generate": Command(GenerateSpec, "Write a workload's dataset into the store: karman's parameter sweep, or the digits' MNIST images", _flow("generate"), _check_generate),
-    "train": Command(TrainSpec, "Train Pix2Pix on a dataset", _flow("train"), _check_train),
+    "train": Command(TrainSpec, "Train a workload on a dataset (karman's Pix2Pix, the digits CNN)", _flow("train"), _check_train),
     # the per-step errors stay (u, v, p, vorticity), the other per-step lists are in MLflow
     "infer": Command(InferSpec, "Roll a trained model out against the reference solver", _flow("infer"), _check_infer,
                      _without("seam_errors", "vorticity_correlation", "energy_ratio")),
