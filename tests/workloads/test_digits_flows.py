@@ -66,3 +66,9 @@ def test_a_short_run_trains_and_scores_the_test_split(generated, framework):
     assert run.info.status == "FINISHED" and out["steps"] == 8 and params["framework"] == framework
     assert 0.1 < metrics["test_accuracy"] <= 1.0 and metrics["test_loss"] > 0 and "val_accuracy" in metrics
     assert params["workload"] == "digits" and params["parameters"] == "225034" and run.data.tags["karman.dataset_digest"] == first["digest"]
+
+
+def test_jax_on_a_device_it_has_no_backend_for_is_refused_in_one_line(generated):
+    workdir, _ = generated
+    proc = run_cli("train", "--workload", "digits", "--dataset", "mnist", "--framework", "jax", "--device", "cuda", cwd=workdir)
+    assert_refused(proc, "device cuda requested but jax", "has no gpu backend here")

@@ -37,12 +37,14 @@ def resolve_jax(device: str, world: int = 1) -> JaxContext:
     """The first ``world`` jax devices of the device kind; DeviceUnavailable if jax sees fewer."""
     import jax
 
+    platform = PLATFORMS[device]
     try:
-        found = jax.devices(PLATFORMS[device])
-    except RuntimeError:
-        found = []
+        found = jax.devices(platform)
+    except Exception as exc:  # a missing backend raises RuntimeError, or an AssertionError when its plugin is absent
+        why = str(exc).strip().splitlines()[0] if str(exc).strip() else f"{type(exc).__name__}; is jax's {platform} plugin installed?"
+        raise DeviceUnavailable(f"device {device} requested but jax {jax.__version__} has no {platform} backend here ({why})") from None
     if len(found) < world:
-        raise DeviceUnavailable(f"jax finds {len(found)} {device} device(s) here ({jax.__version__}, backend {jax.default_backend()}); the run needs {world}")
+        raise DeviceUnavailable(f"jax finds {len(found)} {device} device(s) here; the run needs {world}")
     picked = found[:world]
     return JaxContext(device, picked, f"{picked[0].device_kind} (jax {PLATFORMS[device]})" + (f" x{world}" if world > 1 else ""))
 
