@@ -55,7 +55,7 @@ NETWORK = f"CNN conv3x3 {CONV1} - pool - conv3x3 {CONV2} - pool - dense {HIDDEN}
 # One set of hyper-parameters for every framework: SGD with momentum (heavy ball, no dampening, no
 # Nesterov), a constant learning rate, mean softmax cross-entropy over the batch.
 LEARNING_RATE, MOMENTUM = 0.05, 0.9
-TARGET_ACCURACY = 0.97  # validation accuracy; a run may set its own (--target-accuracy)
+TARGET_ACCURACY = 0.95  # validation accuracy (500 images); the CNN levels off near 0.965 on 3,500 training images, so 0.97 is reached by chance; a run may set its own (--target-accuracy)
 HEADLINE = {"accuracy": "accuracy", "loss": "loss"}
 
 
@@ -359,7 +359,7 @@ WORKLOAD = Workload(
     setting=setting,
     dataset="digits",
     batch_sizes=(32, 64, 128),
-    epochs=8,  # the default target falls at epoch 4 to 6 at batch 64 on CPU
+    epochs=8,  # the default target falls at epoch 2 to 4 at batches 32 to 128 (measured on CPU)
     generate=generate,
     check_generate=check_generate,
 )
