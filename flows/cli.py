@@ -31,9 +31,9 @@ def _log() -> logging.Logger:
 # plan to the flow, which takes it instead of planning again.
 
 def _check_generate(settings, spec: GenerateSpec) -> None:
-    from tasks.generate.task import expand
+    from tasks.generate.task import check_generate
 
-    expand(spec)
+    check_generate(settings, spec)
 
 
 def _check_demo(settings, spec: DemoSpec) -> None:
@@ -115,8 +115,8 @@ class Command:
 
 COMMANDS: dict[str, Command] = {
     "demo": Command(DemoSpec, "Run the quick CPU pipeline: simulate, train, roll out, report", _flow("demo"), _check_demo),
-    "generate": Command(GenerateSpec, "Simulate a parameter sweep into a zarr dataset", _flow("generate"), _check_generate),
-    "train": Command(TrainSpec, "Train Pix2Pix on a dataset", _flow("train"), _check_train),
+    "generate": Command(GenerateSpec, "Write a workload's dataset into the store: karman's parameter sweep, or the digits' MNIST images", _flow("generate"), _check_generate),
+    "train": Command(TrainSpec, "Train a workload on a dataset (karman's Pix2Pix, the digits CNN)", _flow("train"), _check_train),
     # the per-step errors stay (u, v, p, vorticity), the other per-step lists are in MLflow
     "infer": Command(InferSpec, "Roll a trained model out against the reference solver", _flow("infer"), _check_infer,
                      _without("seam_errors", "vorticity_correlation", "energy_ratio")),

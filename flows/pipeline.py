@@ -18,7 +18,7 @@ from tasks.common.progress import Progress
 from tasks.common.settings import Settings
 from tasks.common.specs import AblationSpec, AggregateSpec, BenchmarkSpec, DemoSpec, GenerateSpec, InferSpec, TrainSpec, ValidateSpec
 from tasks.common.tracking import mlflow_run, reap_orphans, run_url
-from tasks.generate.task import run_sweep
+from tasks.generate.task import generate_dataset
 from tasks.infer.task import rollout
 from tasks.report.task import ablation_row, aggregate_runs, publish_artifacts, write_ablation
 from tasks.train.plan import plan_training, resume_plan
@@ -77,9 +77,10 @@ def _tag_run(*tags: str) -> None:
 
 @flow(name="generate", log_prints=False, flow_run_name=_named(GenerateSpec, lambda s: f"generate {s.dataset}"))
 def generate(spec: GenerateSpec = GenerateSpec(), parent_run: ParentRun = None) -> dict:
-    """Simulate a parameter sweep of channel flows into a zarr dataset (skips finished simulations)."""
-    _tag_run("stage:generate", f"dataset:{spec.dataset}")
-    return run_sweep(_settings(), spec, parent_run_id=parent_run)
+    """Write a workload's dataset into the store: karman simulates a parameter sweep of channel flows into
+    zarr (skipping finished simulations), digits stores its MNIST images (a no-op for a complete dataset)."""
+    _tag_run("stage:generate", f"workload:{spec.workload}", f"dataset:{spec.dataset}")
+    return generate_dataset(_settings(), spec, parent_run_id=parent_run)
 
 
 @flow(name="train", flow_run_name=_named(TrainSpec, train_label))

@@ -12,13 +12,15 @@ ROOT = Path(__file__).resolve().parent.parent
 # The full tier: modules whose tests start servers, run flows end to end or train models for minutes.
 # ``make test-fast`` (pytest -m "not full") leaves them out, with the tests marked ``full`` elsewhere;
 # ``make test`` (CI) runs everything.
-FULL_TIER_MODULES = {"test_deployed.py", "test_end_to_end.py", "test_benchmark_flow.py", "test_pipeline.py", "test_training.py", "test_tensorflow.py"}
+FULL_TIER_MODULES = {"test_deployed.py", "test_end_to_end.py", "test_benchmark_flow.py", "test_pipeline.py", "test_training.py", "test_tensorflow.py",
+                     "test_digits_flows.py"}
 
 
 # The longest modules start first, so that with ``-n 2 --dist loadfile`` (make test) the two workers
 # end together instead of one waiting on the deployed test at the end.
 SLOWEST_FIRST = ["test_training.py", "test_rollout.py", "test_deployed.py", "test_lifetime.py", "test_benchmark_flow.py",
-                 "test_end_to_end.py", "test_generate.py", "test_solver_commands.py", "test_pipeline.py", "test_cli.py", "test_toy_workload.py", "test_bench_quality.py"]
+                 "test_end_to_end.py", "test_generate.py", "test_solver_commands.py", "test_pipeline.py", "test_cli.py", "test_toy_workload.py", "test_bench_quality.py",
+                 "test_digits_flows.py"]
 
 
 def pytest_collection_modifyitems(config, items):

@@ -1,4 +1,4 @@
-"""The TensorFlow pools' environment files (README, "TensorFlow on GPU and TPU pools") stay in step with requirements.txt."""
+"""The pools' environment files (README, "TensorFlow on GPU and TPU pools"; the JAX TPU pool) stay in step with requirements.txt."""
 
 import re
 
@@ -21,5 +21,13 @@ def test_a_tensorflow_pool_has_its_tensorflow_no_torch_and_every_other_pin_of_re
     main, pool = pins("requirements.txt"), pins(name)
     assert pool.pop(tensorflow[0]) == tensorflow[1]
     assert not {"torch", "torch_xla", "tensorflow"} & set(pool), f"{name} must not install torch or another TensorFlow"
+    tools = {"pytest", "pytest-timeout", "pytest-xdist"}  # the test suite runs on the CPU environment only
+    assert pool == {k: v for k, v in main.items() if k not in {"torch", "torch_xla", "tensorflow"} | tools}
+
+
+def test_the_jax_tpu_pool_has_jax_for_tpu_no_torch_no_tensorflow_and_every_other_pin_of_requirements_txt():
+    main, pool = pins("requirements.txt"), pins("requirements-jax-tpu.txt")
+    assert "jax[tpu]==0.10.2" in (ROOT / "requirements-jax-tpu.txt").read_text().splitlines()
+    assert not {"torch", "torch_xla", "tensorflow", "tensorflow-tpu"} & set(pool), "the JAX TPU pool must not install torch or TensorFlow"
     tools = {"pytest", "pytest-timeout", "pytest-xdist"}  # the test suite runs on the CPU environment only
     assert pool == {k: v for k, v in main.items() if k not in {"torch", "torch_xla", "tensorflow"} | tools}

@@ -75,6 +75,11 @@ def device_env(device: DeviceKind, world_size: int | None = None, framework: str
     """Environment a child needs for its device, set before any framework import. On the XLA CPU
     runtime (PJRT_DEVICE=CPU, for tests) ``world_size`` sets the number of virtual devices."""
     env: dict[str, str] = {}
+    if framework == "jax":
+        # jax's platform fixed before it starts (cpu runs do not open a GPU); no grab of most of a GPU's memory at start
+        env["JAX_PLATFORMS"] = {"cpu": "cpu", "cuda": "cuda", "xla": "tpu"}[device]
+        env["XLA_PYTHON_CLIENT_PREALLOCATE"] = "false"
+        return env
     if framework == "tensorflow":
         env["TF_CPP_MIN_LOG_LEVEL"] = os.environ.get("TF_CPP_MIN_LOG_LEVEL", "2")  # TensorFlow's C++ notices stay out of the run's log
         if device == "cpu":

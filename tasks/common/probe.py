@@ -6,6 +6,12 @@ BODY = "tasks.common.probe:probe_device"
 def probe_device(job: dict) -> dict:
     """{"device": its name, "world_size": devices, "memory_bytes": one device's memory or None};
     DeviceUnavailable names what is missing."""
+    if job.get("framework", "torch") == "jax":
+        from tasks.common.training.runtime_jax import resolve_jax
+
+        ctx = resolve_jax(job["device"])
+        stats = ctx.device.memory_stats() if job["device"] != "cpu" else None
+        return {"device": ctx.description, "world_size": ctx.world_size, "memory_bytes": (stats or {}).get("bytes_limit")}
     if job.get("framework", "torch") == "tensorflow":
         import tensorflow as tf
 

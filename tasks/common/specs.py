@@ -51,8 +51,9 @@ class Spec(BaseModel):
 
 
 class GenerateSpec(Spec):
-    """A parameter sweep of channel flows past obstacles (lattice units)."""
+    """A workload's dataset: for karman, a parameter sweep of channel flows past obstacles (lattice units)."""
 
+    workload: str = Field(default="karman", pattern=r"^[a-z][a-z0-9_-]{0,31}$", description="Workload whose dataset to write: karman (the solver sweep below) or digits (5,000 real MNIST digits); the fields from reynolds on are karman's")
     dataset: str = DatasetName
     reynolds: list[PositiveFloat] = Field(default=[70.0, 80.0, 90.0, 100.0, 110.0, 120.0, 130.0, 140.0, 150.0], min_length=1, description="Reynolds numbers (mean inflow velocity, obstacle size)")
     shapes: list[Literal["circle", "square", "rectangle", "ellipse"]] = Field(default=["circle"], min_length=1, description="Obstacle shapes")
@@ -83,9 +84,9 @@ class TrainSpec(Spec):
 
     model_config = CELL_IN_SCHEMA
 
-    workload: str = Field(default="karman", pattern=WORKLOAD_NAME, description="Workload, by name from the workload table: karman (the Pix2Pix surrogate of a vortex street); the fields from ngf on are karman's")
+    workload: str = Field(default="karman", pattern=WORKLOAD_NAME, description="Workload, by name from the workload table: karman (the Pix2Pix surrogate of a vortex street) or digits (a CNN on 5,000 real MNIST digits); the recipe, rollout-validation and simulation-split fields are karman's")
     dataset: str = DatasetName
-    framework: Literal["torch", "tensorflow"] = Field(default="torch", description="torch (PyTorch) or tensorflow (Keras 3 under a tf.distribute strategy): the same networks, recipe, data and metrics")
+    framework: Literal["torch", "tensorflow", "jax"] = Field(default="torch", description="torch (PyTorch), tensorflow (Keras 3 under a tf.distribute strategy) or jax (one device): the same networks, recipe, data and metrics; a workload runs in the frameworks it has")
     device: Device = Field(default="cpu", description="cpu, cuda (all visible GPUs) or xla (TPU cores: torch_xla, or TPUStrategy for tensorflow)")
     strategy: Literal["auto", "default", "mirrored", "multiworker", "tpu"] = Field(default="auto", description="tensorflow's distribution strategy: default (one device), mirrored (the world's devices in one process; on cpu, logical CPUs), multiworker (one process per device on 127.0.0.1), tpu (a TPU host); auto = default for one device, mirrored for more, tpu for xla. torch takes auto: DDP processes on cpu and cuda, SPMD on xla")
     batch_sizes: list[PositiveInt] = Field(default=[8], min_length=1, description="Global batch sizes; several make a sweep: one run each, children of one parent run")
@@ -96,6 +97,7 @@ class TrainSpec(Spec):
     validate_steps: PositiveInt = Field(default=60, le=100_000, description="Steps of each validation rollout")
     target_vorticity: PositiveFloat = Field(default=0.3, description="Quality target: vorticity relative L2 at most this ...")
     target_steps: PositiveInt = Field(default=40, description="... for the first this many steps of every validation rollout")
+    target_accuracy: float | None = Field(default=None, gt=0, le=1, description="Quality target of a classification workload (digits): validation accuracy at least this; None = the workload's own (karman ignores it)")
     stop_at_target: bool = Field(default=False, description="End training at the validation that first reaches the quality target")
     frame_stride: PositiveInt = Field(default=1, description="k: predict frame t+k from frame t")
     ngf: PositiveInt | None = Field(default=None, le=1024, description="Generator base width; None = the recipe's (default 16, paper 64)")
@@ -134,6 +136,11 @@ class TrainSpec(Spec):
         self.resolved_recipe()  # ValueError naming the element that does not fit
         if self.framework == "torch" and self.strategy != "auto":
             raise ValueError(f"strategy {self.strategy} is tensorflow's; torch takes auto (DDP on cpu and cuda, SPMD on xla)")
+        if self.framework == "jax":
+            if self.strategy != "auto":
+                raise ValueError(f"strategy {self.strategy} is tensorflow's; jax takes auto (one device)")
+            if self.precision != "fp32":
+                raise ValueError(f"precision {self.precision}: the jax version trains in fp32 only")
         if self.framework == "tensorflow":
             if (self.strategy == "tpu") != (self.device == "xla") and self.strategy != "auto":
                 raise ValueError(f"strategy {self.strategy} does not run on device {self.device}: tpu is for xla (a TPU host), the others for cpu and cuda")
@@ -298,7 +305,7 @@ class BenchmarkSpec(Spec):
     that finished."""
 
     workloads: list[Annotated[str, StringConstraints(pattern=WORKLOAD_NAME)]] = Field(default=["karman"], min_length=1, description="Workloads, by name from the workload table: karman (the Pix2Pix surrogate, with rollouts), digits (the MNIST CNN of seed 004); each trains in the frameworks it has")
-    frameworks: list[Literal["torch", "tensorflow"]] = Field(default=["torch"], min_length=1, description="Training frameworks: torch, tensorflow (Keras 3 under tf.distribute; the report puts the two side by side, cell by cell)")
+    frameworks: list[Literal["torch", "tensorflow", "jax"]] = Field(default=["torch"], min_length=1, description="Training frameworks: torch, tensorflow (Keras 3 under tf.distribute), jax (one device); the report puts them side by side, cell by cell; a workload's cells run in those it has (karman: torch, tensorflow)")
     devices: list[Device] = Field(default=["cpu"], min_length=1, description="Training devices: cpu, cuda (a GPU pool), xla (a TPU pool)")
     batch_sizes: list[PositiveInt] | None = Field(default=None, min_length=1, description="Global batch sizes of the training matrix; None = each workload's (karman 8, 16, 32, 64)")
     repeats: PositiveInt = Field(default=1, le=100, description="Training runs per cell, with seeds train.seed, train.seed + 1, ...: the report's time to quality is their mean, the fastest and slowest dropped from three on")

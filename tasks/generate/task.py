@@ -1,4 +1,4 @@
-"""Prefect task (flow process): the sweep — a GenerateSpec expanded into simulations, the missing ones run on Dask, recorded."""
+"""Prefect tasks (flow process): a workload's dataset — karman's sweep (a GenerateSpec expanded into simulations, the missing ones run on Dask, recorded) or a workload's own generate."""
 
 import itertools
 import logging
@@ -17,6 +17,7 @@ from tasks.common.specs import GenerateSpec
 from tasks.common.store import Manifest, consolidate, remove_stale_groups, verify_simulation, writer_lock
 from tasks.common.tracking import mlflow_run
 from tasks.generate.simulation import run_simulation
+from tasks.workloads import get_workload
 
 
 def expand(spec: GenerateSpec) -> list[SimulationSpec]:
@@ -45,11 +46,34 @@ _WERE_SCALARS = ("size", "x_position", "y_offset")
 def _sweep_key(spec: GenerateSpec) -> dict:
     """What identifies a dataset's sweep in its manifest. A one-value list of a field that used to be a
     scalar is recorded as that scalar, so datasets generated before stay the same sweep."""
-    key = spec.model_dump(exclude={"workers", "scheduler", "overwrite", "verify", "dataset"})
+    key = spec.model_dump(exclude={"workers", "scheduler", "overwrite", "verify", "dataset", "workload"})
     for name in _WERE_SCALARS:
         if len(key[name]) == 1:
             key[name] = key[name][0]
     return key
+
+
+def check_generate(settings: Settings, spec: GenerateSpec) -> None:
+    """What a generate request can have refused before anything runs: an unknown workload, what the
+    workload's own generate refuses (a damaged dataset), or (karman) a sweep member that does not validate."""
+    workload = get_workload(spec.workload)
+    if workload.generate is None:
+        expand(spec)
+    elif workload.check_generate is not None:
+        workload.check_generate(settings, spec)
+
+
+@task(name="write-dataset", task_run_name="write {spec.workload} dataset {spec.dataset}", retries=0)
+def write_workload_dataset(settings: Settings, spec: GenerateSpec, parent_run_id: str | None = None) -> dict:
+    """A workload's own dataset (digits: real images from a package) written by its ``generate``; returns the dataset summary."""
+    return get_workload(spec.workload).generate(settings, spec, parent_run_id)
+
+
+def generate_dataset(settings: Settings, spec: GenerateSpec, parent_run_id: str | None = None) -> dict:
+    """The dataset of ``spec.workload``: the workload's own ``generate`` where it has one, else the solver sweep."""
+    if get_workload(spec.workload).generate is not None:
+        return write_workload_dataset(settings, spec, parent_run_id)
+    return run_sweep(settings, spec, parent_run_id)
 
 
 @task(name="simulate-sweep", task_run_name="simulate {spec.dataset}", retries=0)

@@ -62,6 +62,10 @@ def tensorflow_strategy(spec: TrainSpec, world: int) -> str:
 def plan_world(spec: TrainSpec, probed: dict | None) -> tuple[int, int]:
     """(world size, processes to launch) for the spec on this host; UserError if the host lacks them.
     ``probed`` is the device probe's answer (None for cpu)."""
+    if spec.framework == "jax":  # one process on one device: data parallelism over several is not built yet
+        if (spec.world_size or 1) != 1:
+            raise UserError(f"jax trains on one device; leave out --world-size or set it to 1 (asked for {spec.world_size})")
+        return 1, 1
     if spec.device == "cpu":
         world = spec.world_size or 1
         cores = cpu_cores()

@@ -2,7 +2,7 @@
 
 A workload is a folder: ``workload.py`` holds what is framework-neutral (its data, its quality score
 and target, its record's parameters) as one ``WORKLOAD`` object, and one module per framework
-(``torch.py``, ``tensorflow.py``) builds its trainer for the one training loop (tasks.common.training.loop).
+(``torch.py``, ``tensorflow.py``, ``jax.py``) builds its trainer for the one training loop (tasks.common.training.loop).
 Adding a workload is that folder and one line below. Workloads kept outside this repository join
 through ``KARMAN_WORKLOADS=name=package.module,...`` (child processes inherit it).
 """
@@ -18,6 +18,7 @@ from tasks.common.specs import DEFAULT_EPOCHS
 # name -> the package of its folder
 WORKLOADS: dict[str, str] = {
     "karman": "tasks.workloads.karman",
+    "digits": "tasks.workloads.digits",
 }
 EXTRA_ENV = "KARMAN_WORKLOADS"
 
@@ -39,6 +40,10 @@ class Workload:
     dataset: str = ""  # the dataset a benchmark trains it on when the benchmark does not name one (karman's comes from the sweep)
     batch_sizes: tuple[int, ...] = (8, 16, 32, 64)  # a benchmark's global batch sizes when it names none
     epochs: int = DEFAULT_EPOCHS  # a benchmark's epoch limit when it sets neither epochs nor a time budget
+    # (settings, GenerateSpec, parent MLflow run id or None) -> the dataset's summary (dataset, path, digest, run_id): writes the
+    # workload's dataset into the store as an MLflow generate run; None = the stage's own solver sweep (karman)
+    generate: Callable | None = None
+    check_generate: Callable | None = None  # (settings, GenerateSpec) -> None; UserError for what its generate would refuse, before it starts
 
     @property
     def synthetic(self) -> bool:

@@ -15,6 +15,7 @@ class Framework:
 FRAMEWORKS = {
     "torch": Framework("tasks.common.training.runtime_torch", "checkpoint.pt"),
     "tensorflow": Framework("tasks.common.training.runtime_keras", "checkpoint.npz"),
+    "jax": Framework("tasks.common.training.runtime_jax", "checkpoint.npz"),
 }
 
 

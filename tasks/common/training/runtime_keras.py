@@ -1,19 +1,15 @@
 """TensorFlow (Keras 3) as the training loop's runtime: a tf.distribute strategy, the collective that agrees, seeding, npz checkpoints, memory."""
 
-import json
 import os
-from pathlib import Path
-
-import numpy as np
 
 from models.host import host_peak_memory_mb
-from tasks.common.errors import UserError
 from tasks.common.lifetime import request_stop_on_signals
-from tasks.common.training.frameworks import FRAMEWORKS, DeviceRuntime
+from tasks.common.training.frameworks import FRAMEWORKS
+from tasks.common.training.npz import NpzRuntime
 
 
 
-class KerasRuntime(DeviceRuntime):
+class KerasRuntime(NpzRuntime):
     """TensorFlow under one strategy: default, mirrored, multiworker (one process per device) or tpu."""
 
     framework = "tensorflow"
@@ -47,28 +43,6 @@ class KerasRuntime(DeviceRuntime):
         import tensorflow as tf
 
         return [float(x) for x in self._mean(tf.constant(values, tf.float32)).numpy()]
-
-    def seed_epoch(self, seed: int, epoch: int) -> None:
-        """This epoch's noise seed on this worker, whatever ran before (the trainers draw statelessly from it)."""
-        from tasks.common.data import epoch_seed
-
-        self.epoch_seed = epoch_seed(seed, epoch, self.ctx.rank) % 2**31
-
-    def save(self, state: dict, path: Path) -> None:
-        """Weights and optimiser state as one npz of arrays with the history as JSON, written atomically."""
-        tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp.npz")
-        arrays = {k.replace("/", "__"): v for k, v in state["model"].items()}
-        np.savez(tmp, history=np.array(json.dumps(state["history"])), **arrays)
-        os.replace(tmp, path)
-
-    def load(self, path: Path) -> dict:
-        try:
-            with np.load(path) as data:
-                history = json.loads(str(data["history"]))
-                model = {k.replace("__", "/"): data[k] for k in data.files if k != "history"}
-        except Exception as exc:  # numpy and zipfile raise many kinds for a damaged file
-            raise UserError(f"checkpoint {path} is corrupt or truncated ({type(exc).__name__}); start the run afresh") from None
-        return {"model": model, "history": history}
 
     def epoch_metrics(self, first: bool) -> dict[str, float]:
         from models.device_keras import peak_memory_mb

@@ -1,0 +1,78 @@
+"""The digits workload in JAX (one device, jit): the CNN of workload.py as a pure function of its weights, optax SGD with momentum, logits for scoring."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+from tasks.workloads.digits.workload import LEARNING_RATE, MOMENTUM, DigitsData, DigitsTrainer, initial_weights
+
+DIMENSIONS = ("NHWC", "HWIO", "NHWC")  # images, kernels (workload.py's layout), features
+
+
+def _conv(x, kernel, bias):
+    return jax.lax.conv_general_dilated(x, kernel, (1, 1), "VALID", dimension_numbers=DIMENSIONS) + bias
+
+
+def _pool(x):
+    return jax.lax.reduce_window(x, -jnp.inf, jax.lax.max, (1, 2, 2, 1), (1, 2, 2, 1), "VALID")
+
+
+def forward(w: dict, x: jax.Array) -> jax.Array:
+    """Images (B, 28, 28, 1) -> logits (B, 10)."""
+    x = _pool(jax.nn.relu(_conv(x, w["conv1/kernel"], w["conv1/bias"])))  # (B, 13, 13, 32)
+    x = _pool(jax.nn.relu(_conv(x, w["conv2/kernel"], w["conv2/bias"])))  # (B, 5, 5, 64)
+    x = x.reshape(x.shape[0], -1)  # (B, 1600) in (h, w, c) order
+    x = jax.nn.relu(x @ w["dense1/kernel"] + w["dense1/bias"])
+    return x @ w["dense2/kernel"] + w["dense2/bias"]
+
+
+def loss_fn(w: dict, x: jax.Array, y: jax.Array) -> jax.Array:
+    return optax.softmax_cross_entropy_with_integer_labels(forward(w, x), y).mean()
+
+
+class DigitsJax(DigitsTrainer):
+    framework = "jax"
+
+    def __init__(self, data: DigitsData, spec, batch_size: int, runtime):
+        super().__init__(data, spec, batch_size)
+        self.runtime = runtime
+        self.device = runtime.ctx.device
+        self.w = jax.device_put({k: jnp.asarray(v) for k, v in initial_weights(spec.seed).items()}, self.device)
+        self.opt = optax.sgd(LEARNING_RATE, momentum=MOMENTUM)
+        self.opt_state = self.opt.init(self.w)
+        self.speed = {"threads": runtime.threads, "jit": True}
+
+        def step(w, opt_state, x, y):
+            loss, grads = jax.value_and_grad(loss_fn)(w, x, y)
+            updates, opt_state = self.opt.update(grads, opt_state, w)
+            return optax.apply_updates(w, updates), opt_state, loss
+
+        self._step = jax.jit(step, donate_argnums=(0, 1))
+        self._logits = jax.jit(forward)
+
+    def _device(self, x: np.ndarray, y: np.ndarray):
+        return jax.device_put(x, self.device), jax.device_put(y.astype(np.int32), self.device)  # (b, 28, 28, 1), (b,)
+
+    def step(self, batch, flags: list[float], progress: float):
+        self.w, self.opt_state, loss = self._step(self.w, self.opt_state, *batch)
+        return {"loss_ce": float(loss)}, self.runtime.agree(flags)  # reading the loss waits for the step
+
+    def logits(self, x: np.ndarray) -> np.ndarray:
+        return np.asarray(self._logits(self.w, jax.device_put(x, self.device)))
+
+    def weights(self) -> dict[str, np.ndarray]:
+        return {k: np.asarray(v) for k, v in self.w.items()}
+
+    def state(self) -> dict:
+        leaves = jax.tree_util.tree_leaves((self.w, self.opt_state))
+        return {f"{i:04d}": np.asarray(v) for i, v in enumerate(leaves)}
+
+    def load_state(self, state: dict) -> None:
+        treedef = jax.tree_util.tree_structure((self.w, self.opt_state))
+        leaves = [jnp.asarray(state[k]) for k in sorted(state)]
+        self.w, self.opt_state = jax.device_put(jax.tree_util.tree_unflatten(treedef, leaves), self.device)
+
+
+def build(data: DigitsData, spec, batch_size: int, runtime) -> DigitsJax:
+    return DigitsJax(data, spec, batch_size, runtime)

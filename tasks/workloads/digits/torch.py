@@ -1,0 +1,89 @@
+"""The digits workload in PyTorch: the CNN of workload.py from its numpy initial weights, one SGD-momentum step per batch, logits for scoring."""
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from tasks.workloads.digits.workload import LEARNING_RATE, MOMENTUM, DigitsData, DigitsTrainer, initial_weights
+
+
+class DigitsCNN(nn.Module):
+    """Images (B, 28, 28, 1) -> logits (B, 10); the features are flattened in (h, w, c) order as in the other frameworks."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv1, self.conv2 = nn.Conv2d(1, 32, 3), nn.Conv2d(32, 64, 3)
+        self.dense1, self.dense2 = nn.Linear(1600, 128), nn.Linear(128, 10)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x.permute(0, 3, 1, 2)  # (B, 1, 28, 28)
+        x = F.max_pool2d(F.relu(self.conv1(x)), 2)  # (B, 32, 13, 13)
+        x = F.max_pool2d(F.relu(self.conv2(x)), 2)  # (B, 64, 5, 5)
+        x = x.permute(0, 2, 3, 1).flatten(1)  # (B, 1600) in (h, w, c) order
+        return self.dense2(F.relu(self.dense1(x)))
+
+    def load_weights(self, weights: dict[str, np.ndarray]) -> None:
+        """Weights in workload.py's layout (conv (kh, kw, in, out), dense (in, out)) into torch's."""
+        with torch.no_grad():
+            for name in ("conv1", "conv2", "dense1", "dense2"):
+                kernel = weights[f"{name}/kernel"]
+                layer = getattr(self, name)
+                layer.weight.copy_(torch.from_numpy(kernel.transpose(3, 2, 0, 1) if kernel.ndim == 4 else kernel.T.copy()))
+                layer.bias.copy_(torch.from_numpy(weights[f"{name}/bias"]))
+
+    def weights(self) -> dict[str, np.ndarray]:
+        out = {}
+        for name in ("conv1", "conv2", "dense1", "dense2"):
+            w = getattr(self, name).weight.detach().cpu().numpy()
+            out[f"{name}/kernel"] = np.ascontiguousarray(w.transpose(2, 3, 1, 0) if w.ndim == 4 else w.T)
+            out[f"{name}/bias"] = getattr(self, name).bias.detach().cpu().numpy()
+        return out
+
+
+class DigitsTorch(DigitsTrainer):
+    framework = "torch"
+
+    def __init__(self, data: DigitsData, spec, batch_size: int, runtime):
+        ctx = runtime.ctx
+        super().__init__(data, spec, batch_size, ctx.rank, ctx.world_size if ctx.strategy == "ddp" else 1)
+        self.runtime = runtime
+        self.net = DigitsCNN()
+        self.net.load_weights(initial_weights(spec.seed))  # the same on every rank and in every framework
+        self.net.to(ctx.device)
+        self.run_net = ctx.wrap(self.net) if ctx.wrap else self.net
+        self.opt = torch.optim.SGD(self.net.parameters(), lr=LEARNING_RATE, momentum=MOMENTUM)
+        self.speed = {"threads": runtime.threads, "precision": spec.precision}
+
+    def _device(self, x: np.ndarray, y: np.ndarray):
+        ctx = self.runtime.ctx
+        return ctx.shard(torch.from_numpy(x).to(ctx.device)), ctx.shard(torch.from_numpy(y).to(ctx.device))  # (b, 28, 28, 1), (b,)
+
+    def step(self, batch, flags: list[float], progress: float):
+        x, y = batch
+        self.opt.zero_grad(set_to_none=True)
+        with self.runtime.ctx.autocast():
+            loss = F.cross_entropy(self.run_net(x).float(), y)
+        loss.backward()
+        self.opt.step()
+        self.runtime.ctx.step_end()
+        return self.runtime.reduce({"loss_ce": loss.detach()}, flags)
+
+    @torch.no_grad()
+    def logits(self, x: np.ndarray) -> np.ndarray:
+        with self.runtime.ctx.autocast():
+            return self.net(torch.from_numpy(x).to(self.runtime.ctx.device)).float().cpu().numpy()
+
+    def weights(self) -> dict[str, np.ndarray]:
+        return self.net.weights()
+
+    def state(self) -> dict:
+        return {"net": self.net.state_dict(), "opt": self.opt.state_dict()}
+
+    def load_state(self, state: dict) -> None:
+        self.net.load_state_dict(state["net"])
+        self.opt.load_state_dict(state["opt"])
+
+
+def build(data: DigitsData, spec, batch_size: int, runtime) -> DigitsTorch:
+    return DigitsTorch(data, spec, batch_size, runtime)

@@ -1,0 +1,61 @@
+"""Child body of the digits tests: one framework's trainer takes one optimiser step on a fixed batch; prints its parameter count and the losses as JSON.
+
+Run as ``python -m tests.workloads.digits_step FRAMEWORK``, one process per framework (tensorflow and
+jax never share one), with the framework's device environment (tasks.common.launch.device_env).
+"""
+
+import json
+import sys
+import tempfile
+from pathlib import Path
+
+import numpy as np
+
+
+def runtime_of(framework: str):
+    """The framework's runtime on one CPU device, as the training job opens it."""
+    if framework == "torch":
+        from tasks.common.training.runtime_torch import TorchRuntime
+
+        return TorchRuntime("cpu", threads=1)
+    if framework == "tensorflow":
+        from tasks.common.training.runtime_keras import KerasRuntime
+
+        return KerasRuntime("cpu", "default", 1, threads=1)
+    from tasks.common.training.runtime_jax import JaxRuntime
+
+    return JaxRuntime("cpu", threads=1)
+
+
+def one_step(framework: str, batch: int = 32) -> dict:
+    """Losses on the first ``batch`` digits before and after one step of the framework's trainer (seed 0)."""
+    from tasks.common.specs import TrainSpec
+    from tasks.workloads import framework_module, get_workload
+    from tasks.workloads.digits.workload import DigitsData, read_source, source_file
+
+    images, labels = read_source(source_file())
+    take = np.linspace(0, len(labels) - 1, batch).astype(int)  # the file is sorted by class: spread over it
+    x = (images[take].astype(np.float32) / 255.0)[..., None]  # (b, 28, 28, 1)
+    y = labels[take].astype(np.int64)
+    data = DigitsData({role: x for role in ("train", "val", "test")}, {role: y for role in ("train", "val", "test")}, {}, "-", 0.95)
+    spec = TrainSpec(workload="digits", dataset="digits", framework=framework, seed=0)
+    trainer = framework_module(get_workload("digits"), framework).build(data, spec, batch, runtime_of(framework))
+    before = trainer.score("train")["loss"]
+    step_losses, flags = trainer.step(next(trainer.batches(1, 1)), [0.0, 0.0, 1.5], 0.0)
+    weights = trainer.weights()
+    runtime = trainer.runtime
+    with tempfile.TemporaryDirectory() as tmp:  # the checkpoint round trip: a fresh trainer takes the stepped one's state
+        path = Path(tmp) / runtime.checkpoint
+        runtime.save({"model": trainer.state(), "history": {"epoch": 1}}, path)
+        fresh = framework_module(get_workload("digits"), framework).build(data, spec.model_copy(update={"seed": 1}), batch, runtime)
+        fresh.load_state(runtime.load(path)["model"])
+        restored = all(np.array_equal(weights[k], v) for k, v in fresh.weights().items())
+        second = [trainer.step(next(trainer.batches(2, 1)), [0.0] * 3, 0.0)[0]["loss_ce"],
+                  fresh.step(next(fresh.batches(2, 1)), [0.0] * 3, 0.0)[0]["loss_ce"]]  # the optimiser's momentum came along too
+    return {"restored": restored, "second_steps": second, "parameters": int(sum(v.size for v in weights.values())), "params": trainer.params["parameters"], "before": before,
+            "step_loss": step_losses["loss_ce"], "after": trainer.score("train")["loss"], "flags": flags,
+            "flops_per_sample": trainer.flops_per_sample}
+
+
+if __name__ == "__main__":
+    print(json.dumps(one_step(sys.argv[1])))

