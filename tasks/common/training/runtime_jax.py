@@ -64,7 +64,9 @@ class JaxRuntime(NpzRuntime):
 
         self.version = jax.__version__
         self.ctx = resolve_jax(device, world)
-        self.threads = 1 if single else None  # None: XLA sizes its own thread pool
+        # XLA's CPU client sizes its own thread pool: one thread per core the process may use (the count
+        # torch and tensorflow are given by default too), or one where asked.
+        self.threads = (1 if single else len(os.sched_getaffinity(0))) if device == "cpu" else None
         # values each device contributes (devices, n) -> their mean on every device; one device: the values themselves
         self._mean = jax.pmap(lambda v: jax.lax.pmean(v, "devices"), axis_name="devices", devices=self.ctx.devices)
 
