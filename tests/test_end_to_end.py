@@ -14,7 +14,7 @@ from tests.conftest import run_cli
 def test_demo_from_the_command_line_logs_where_told(tmp_path):
     env = {"MLFLOW_TRACKING_URI": "sqlite:///elsewhere.db", "KARMAN_DATA_ROOT": "data", "KARMAN_EXPERIMENT": "karman-bench",
            "PREFECT_API_URL": ""}  # no Prefect server: the command starts its temporary one, as for a new user
-    proc = run_cli("demo", "--time-budget", "30", "--json", cwd=tmp_path, env=env)  # 30 s of training, not the default 180
+    proc = run_cli("demo", "--time-budget", "10", "--json", cwd=tmp_path, env=env)  # 10 s of training, not the default 180
     assert proc.returncode == 0, proc.stderr[-3000:]
     summary = json.loads(proc.stdout.strip().splitlines()[-1])
     assert set(summary) == {"tracking_uri", "experiment", "runs", "dataset", "report"}
