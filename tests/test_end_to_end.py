@@ -14,7 +14,7 @@ from tests.conftest import run_cli
 def test_demo_from_the_command_line_logs_where_told(tmp_path):
     env = {"MLFLOW_TRACKING_URI": "sqlite:///elsewhere.db", "KARMAN_DATA_ROOT": "data", "KARMAN_EXPERIMENT": "karman-bench",
            "PREFECT_API_URL": ""}  # no Prefect server: the command starts its temporary one, as for a new user
-    proc = run_cli("demo", "--time-budget", "30", "--json", cwd=tmp_path, env=env)  # 30 s of training, not the default 180
+    proc = run_cli("demo", "--time-budget", "10", "--json", cwd=tmp_path, env=env)  # 10 s of training, not the default 180
     assert proc.returncode == 0, proc.stderr[-3000:]
     summary = json.loads(proc.stdout.strip().splitlines()[-1])
     assert set(summary) == {"tracking_uri", "experiment", "runs", "dataset", "report"}
@@ -32,8 +32,9 @@ def test_demo_from_the_command_line_logs_where_told(tmp_path):
     assert "validation: vorticity horizon" in proc.stderr
     assert "Traceback" not in proc.stderr  # an empty PREFECT_API_URL is no server, not an address to send events to
 
-    # A second sweep with the same parameters reuses every simulation and keeps the digest.
-    again = run_cli("generate", "--json", cwd=tmp_path, env=env)
+    # A second sweep with the same parameters reuses every simulation and keeps the digest (reporting to
+    # the tests' Prefect server: the temporary one was the first command's subject).
+    again = run_cli("generate", "--json", cwd=tmp_path, env={k: v for k, v in env.items() if k != "PREFECT_API_URL"})
     assert again.returncode == 0, again.stderr[-3000:]
     assert json.loads(again.stdout.strip().splitlines()[-1])["digest"] == summary["dataset"]["digest"]
     assert "9 already complete, 0 to run" in again.stderr

@@ -2,11 +2,18 @@
 
 from pathlib import Path
 
-import matplotlib
+import numpy as np
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
+
+def _pyplot():
+    """matplotlib's pyplot on the Agg backend, imported on the first figure: a command that draws none
+    (a refused request, a planning parent) starts without it."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
 
 
 def _field(ax, data, title, vmax, cmap="RdBu_r"):
@@ -19,6 +26,7 @@ def _field(ax, data, title, vmax, cmap="RdBu_r"):
 
 def vorticity_panels(pred: np.ndarray, ref: np.ndarray, labels: list[str], path: Path, title: str) -> Path:
     """Rows of (prediction, reference, difference) vorticity maps; pred/ref (N, H, W)."""
+    plt = _pyplot()
     n = len(labels)
     fig, axes = plt.subplots(n, 3, figsize=(9, 1.6 * n + 0.6), squeeze=False)
     vmax = float(np.percentile(np.abs(ref), 99)) or 1.0
@@ -35,6 +43,7 @@ def vorticity_panels(pred: np.ndarray, ref: np.ndarray, labels: list[str], path:
 
 def error_curves(errors: dict[str, list[float]], threshold: float, path: Path, title: str) -> Path:
     """Relative L2 error per rollout step, one line per field."""
+    plt = _pyplot()
     fig, ax = plt.subplots(figsize=(6, 3.5))
     for name, values in errors.items():
         ax.plot(np.arange(1, len(values) + 1), values, marker="o", ms=3, label=name)
@@ -51,6 +60,7 @@ def error_curves(errors: dict[str, list[float]], threshold: float, path: Path, t
 
 
 def bar_chart(labels: list[str], values: list[float], ylabel: str, path: Path, title: str) -> Path:
+    plt = _pyplot()
     fig, ax = plt.subplots(figsize=(max(4, 0.8 * len(labels) + 2), 3.5))
     ax.bar(range(len(values)), values, color="tab:blue")
     ax.set_xticks(range(len(values)), labels, rotation=30, ha="right", fontsize=7)
@@ -64,6 +74,7 @@ def bar_chart(labels: list[str], values: list[float], ylabel: str, path: Path, t
 
 def coefficient_history(time: np.ndarray, cd: np.ndarray, cl: np.ndarray, path: Path, title: str) -> Path:
     """Drag and lift coefficients over time: the whole run, and its last second."""
+    plt = _pyplot()
     fig, axes = plt.subplots(2, 2, figsize=(10, 5), sharex="col")
     late = time >= time[-1] - 1.0
     for col, sel in enumerate((slice(None), late)):
@@ -84,6 +95,7 @@ def coefficient_history(time: np.ndarray, cd: np.ndarray, cl: np.ndarray, path: 
 def rollout_animation(pred: np.ndarray, ref: np.ndarray, path: Path, title: str, fps: int = 4) -> Path:
     """A GIF of (prediction, reference, error) vorticity side by side, one frame per rollout step;
     pred/ref (N, H, W)."""
+    plt = _pyplot()
     from matplotlib.animation import FuncAnimation, PillowWriter
 
     vmax = float(np.percentile(np.abs(ref), 99)) or 1.0

@@ -22,15 +22,19 @@ TF = ("--framework", "tensorflow")
 PHASES = {"forward_s", "backward_s", "optimizer_s"}  # torch's step split; a tf.function is one call
 
 
-def keras_weights(workdir, run_id: str) -> list[np.ndarray]:
-    """The trained generator's weights, read by Keras in a child process."""
-    script = ("import sys, numpy as np, keras; m = keras.saving.load_model(sys.argv[1], compile=False); "
-              "np.savez(sys.argv[2], *m.get_weights())")
-    out = workdir / f"{run_id}.npz"
-    subprocess.run([sys.executable, "-c", script, str(workdir / "data" / "runs" / run_id / "model" / "generator.keras"), str(out)],
-                   check=True, env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3", "CUDA_VISIBLE_DEVICES": ""}, capture_output=True)
-    with np.load(out) as data:
-        return [data[k] for k in sorted(data.files, key=lambda k: int(k.split("_")[1]))]
+def keras_weights(workdir, *run_ids: str) -> list[list[np.ndarray]]:
+    """The trained generators' weights, one list per run, read by Keras in one child process (one TensorFlow import)."""
+    script = ("import sys, numpy as np, keras\n"
+              "for model, out in zip(sys.argv[1::2], sys.argv[2::2]):\n"
+              "    np.savez(out, *keras.saving.load_model(model, compile=False).get_weights())")
+    args = [str(a) for run_id in run_ids for a in (workdir / "data" / "runs" / run_id / "model" / "generator.keras", workdir / f"{run_id}.npz")]
+    subprocess.run([sys.executable, "-c", script, *args], check=True, env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3", "CUDA_VISIBLE_DEVICES": ""},
+                   capture_output=True)
+    weights = []
+    for run_id in run_ids:
+        with np.load(workdir / f"{run_id}.npz") as data:
+            weights.append([data[k] for k in sorted(data.files, key=lambda k: int(k.split("_")[1]))])
+    return weights
 
 
 def test_tensorflow_trains_with_torchs_names_logs_a_keras_model_and_rolls_out_full_and_tiled(trainable):
@@ -91,7 +95,7 @@ def test_a_tensorflow_run_killed_mid_training_resumes_to_the_uninterrupted_resul
     killed = kill_after_first_checkpoint(trainable, *args, checkpoint="checkpoint.npz")
     resumed = train(trainable, "--resume", killed)
     assert resumed["run_id"] == killed and resumed["epochs"] == 6
-    for a, b in zip(keras_weights(trainable, whole["run_id"]), keras_weights(trainable, killed), strict=True):
+    for a, b in zip(*keras_weights(trainable, whole["run_id"], killed), strict=True):
         np.testing.assert_allclose(a, b, rtol=0, atol=1e-5)
 
 

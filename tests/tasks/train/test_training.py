@@ -102,6 +102,8 @@ def test_cpu_run_killed_mid_training_resumes_to_the_uninterrupted_result(trainab
     whole = train(trainable, *args)
     killed = kill_after_first_checkpoint(trainable, *args)
     assert client().get_run(killed).info.status == "RUNNING"  # SIGKILL left no chance to close it
+    # a resume is refused if its options contradict the run (checked before anything is touched)
+    assert_refused(run_cli("train", "--resume", killed, "--epochs", "3", cwd=trainable), "--epochs 3 differs from the run being resumed (12)")
     resumed = train(trainable, "--resume", killed)
     assert resumed["run_id"] == killed and resumed["epochs"] == 12
     assert_same_weights(generator_state(trainable, whole["run_id"]), generator_state(trainable, killed))
@@ -118,9 +120,6 @@ def test_cpu_run_killed_mid_training_resumes_to_the_uninterrupted_result(trainab
     assert {a.path for a in client().list_artifacts(killed)} >= {"model", "sample_predictions.png"}
     # a finished run is not resumed again
     assert_refused(run_cli("train", "--resume", killed, cwd=trainable), "already finished")
-    # nor does a resume accept options contradicting the run
-    other = kill_after_first_checkpoint(trainable, *args)
-    assert_refused(run_cli("train", "--resume", other, "--epochs", "3", cwd=trainable), "--epochs 3 differs from the run being resumed (12)")
 
 
 def test_xla_spmd_on_two_virtual_devices_trains_and_resumes(trainable):
