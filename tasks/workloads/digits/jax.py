@@ -15,7 +15,12 @@ def _conv(x, kernel, bias):
 
 
 def _pool(x):
-    return jax.lax.reduce_window(x, -jnp.inf, jax.lax.max, (1, 2, 2, 1), (1, 2, 2, 1), "VALID")
+    """2x2 max-pool, stride 2, an odd last row and column dropped (as torch's and Keras' pools do). A
+    reshape and a max rather than lax.reduce_window: XLA's CPU backend takes the latter's gradient
+    (select-and-scatter) slowly, and the whole step ran 2.7x slower with it (47 against 17 ms at batch 64)."""
+    b, h, w, c = x.shape
+    x = x[:, : h // 2 * 2, : w // 2 * 2]
+    return x.reshape(b, h // 2, 2, w // 2, 2, c).max(axis=(2, 4))
 
 
 def forward(w: dict, x: jax.Array) -> jax.Array:
