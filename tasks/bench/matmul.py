@@ -91,15 +91,6 @@ def _check_request(spec: BenchMatmulSpec, dtypes: list[str], sizes: list[int]) -
                             f"this host has {available / 2**30:.1f} GiB available")
 
 
-def _child_env(framework: str, device: str) -> dict[str, str]:
-    from tasks.common.launch import device_env
-
-    env = device_env(device, framework=framework)
-    if framework == "jax":
-        env["JAX_PLATFORMS"] = {"cpu": "cpu", "cuda": "cuda", "xla": "tpu"}[device]
-    return env
-
-
 def _row(framework: str, device: str, cores: int, result: dict) -> dict:
     """One (framework, dtype): its sizes, the best warm figure, the peak it is set against and the fraction reached."""
     sizes = [{k: r[k] for k in ("n", "cold_s", "warm_s", "cold_tflops", "warm_tflops", "warm_runs_s", "warm_busy_cores")} for r in result["sizes"]]
@@ -118,7 +109,7 @@ def _row(framework: str, device: str, cores: int, result: dict) -> dict:
 def bench_matmul(spec: BenchMatmulSpec) -> dict:
     """Measure every (framework, dtype) of the spec at every size; log and cache the results (unless
     ``--no-log``); return the summary."""
-    from tasks.common.launch import run_child
+    from tasks.common.launch import device_env, run_child
     from tasks.common.settings import Settings
 
     dtypes, sizes = spec.resolved_dtypes(), spec.resolved_sizes()
@@ -133,7 +124,7 @@ def bench_matmul(spec: BenchMatmulSpec) -> dict:
             tracking_ready(settings)
     load_before = os.getloadavg()[0]
     job = {"device": spec.device, "dtypes": dtypes, "sizes": sizes, "repeats": spec.repeats, "threads": spec.threads}
-    children = [run_child("matmul", BODY, {**job, "framework": fw}, log, env=_child_env(fw, spec.device), framework=fw)
+    children = [run_child("matmul", BODY, {**job, "framework": fw}, log, env=device_env(spec.device, framework=fw), framework=fw)
                 for fw in spec.frameworks]
     cpu = this_cpu()
     rows = [_row(child["framework"], spec.device, cpu.cores, result) for child in children for result in child["results"]]
