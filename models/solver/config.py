@@ -21,6 +21,9 @@ MACH_MAX = 0.3
 MIN_CELLS = 8
 
 SOLVER_VERSION = "lbm-d2q9-trt-2"
+# Population precisions: float16s stores (f - w_i) x 2^15 in fp16 and computes in fp32 (FluidX3D's FP16S);
+# only the triton backend offers it.
+DTYPES: tuple[str, ...] = ("float32", "float64", "float16s")
 
 
 @dataclass(frozen=True)
@@ -36,7 +39,7 @@ class FlowConfig:
     u_max: float = 0.1
     inflow: Literal["parabolic", "uniform"] = "parabolic"
     obstacle: Obstacle = field(default_factory=Obstacle)
-    dtype: Literal["float32", "float64"] = "float32"
+    dtype: Literal["float32", "float64", "float16s"] = "float32"  # float16s: fp16 storage, fp32 arithmetic (triton only)
     wall: Literal["interpolated", "halfway"] = "interpolated"
     magic: float | None = None  # TRT magic parameter; None = 3/16 with tau- capped (see collision)
 
@@ -44,6 +47,11 @@ class FlowConfig:
     def u_mean(self) -> float:
         """Mean inflow velocity (lattice units), the velocity scale of Re."""
         return (2.0 / 3.0) * self.u_max if self.inflow == "parabolic" else self.u_max
+
+    @property
+    def array_dtype(self) -> str:
+        """The NumPy dtype of the populations as the solver hands them out (fp16 storage computes in fp32)."""
+        return "float32" if self.dtype == "float16s" else self.dtype
 
     @property
     def viscosity(self) -> float:
@@ -76,8 +84,8 @@ class FlowConfig:
             raise ValueError(f"unknown obstacle wall treatment {self.wall!r}; choose interpolated or halfway")
         if self.magic is not None and not 0 < self.magic <= 1:
             raise ValueError(f"TRT magic parameter {self.magic:g} must lie in (0, 1]")
-        if self.dtype not in ("float32", "float64"):
-            raise ValueError(f"unknown dtype {self.dtype!r}; choose float32 or float64")
+        if self.dtype not in DTYPES:
+            raise ValueError(f"unknown dtype {self.dtype!r}; choose one of {', '.join(DTYPES)}")
         self.obstacle.check_fits(self.ny, self.nx)
         tau_min = 0.5 + TAU_U2 * self.u_max**2
         if not tau_min - 1e-12 <= self.tau <= TAU_MAX:

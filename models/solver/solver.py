@@ -18,6 +18,7 @@ class Backend(str, Enum):
     NUMPY = "numpy"
     NUMBA = "numba"
     TORCH = "torch"
+    TRITON = "triton"
 
 
 def backend_from_name(name: str) -> Backend:
@@ -37,6 +38,9 @@ class NumpyStepper:
 
     def set_plan(self, plan: StepPlan) -> None:
         self.plan = plan
+
+    def finite(self, row: int) -> bool:
+        return bool(np.isfinite(self.f[:, row]).all())
 
     def run(self, steps: int, probes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         forces, rho = np.zeros((steps, 2)), np.zeros((steps, len(probes)))
@@ -77,6 +81,32 @@ class NumbaStepper:
     def state(self) -> np.ndarray:
         return self.kernels.from_planes(self.f, *self.shape)
 
+    def finite(self, row: int) -> bool:
+        nx = self.shape[1]
+        return bool(np.isfinite(self.f[:, row * nx : (row + 1) * nx]).all())
+
+
+class TritonStepper:
+    """The fused GPU kernel (see triton_backend) on a batch of one simulation."""
+
+    def __init__(self, plan: StepPlan, f: np.ndarray, device: str, storage: str):
+        from models.solver.triton_backend import FusedBatch
+
+        self.batch = FusedBatch([plan], f[None], device=device, storage=storage)
+
+    def set_plan(self, plan: StepPlan) -> None:
+        self.batch.set_inflow(plan.inlet_u[None])
+
+    def run(self, steps: int, probes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        forces, rho = self.batch.run(steps, probes)
+        return forces[:, 0], rho[:, 0]
+
+    def state(self) -> np.ndarray:
+        return self.batch.state()[0]
+
+    def finite(self, row: int) -> bool:
+        return self.batch.finite(row)
+
 
 def _torch_stepper(plan: StepPlan, f: np.ndarray, device: str):
     from models.solver.torch_backend import TorchStepper
@@ -100,7 +130,10 @@ class ChannelSolver:
         self.plan = self._full_inflow = plan_for(config, periodic=periodic, obstacle=obstacle)
         self.at_rest = at_rest
         self.nodes = self.plan.nodes
-        self.dtype = np.dtype(config.dtype)
+        if config.dtype == "float16s" and self.backend is not Backend.TRITON:
+            raise ValueError(f"dtype float16s (fp16 storage) is offered by the triton backend only, not {self.backend.value}; "
+                             "choose float32 or float64")
+        self.dtype = np.dtype(config.array_dtype)
         self.time = 0
         self.u_in = config.inflow_profile()
         self.device = device
@@ -121,6 +154,8 @@ class ChannelSolver:
             return NumpyStepper(self.plan, f)
         if self.backend is Backend.NUMBA:
             return NumbaStepper(self.plan, f)
+        if self.backend is Backend.TRITON:
+            return TritonStepper(self.plan, f, self.device, self.config.dtype)
         return _torch_stepper(self.plan, f, self.device)
 
     def set_inflow_scale(self, scale: float) -> None:
@@ -149,7 +184,7 @@ class ChannelSolver:
         finite."""
         forces, rho = self._stepper.run(steps, np.ascontiguousarray(probes, dtype=np.int64))
         self.time += steps
-        if not (np.isfinite(forces).all() and np.isfinite(self._stepper.state()[:, self.config.ny // 2]).all()):
+        if not (np.isfinite(forces).all() and self._stepper.finite(self.config.ny // 2)):
             raise FloatingPointError(
                 f"simulation diverged (NaN/inf) by step {self.time} at Re {self.config.reynolds:g}, "
                 f"tau {self.config.tau:.4f}"

@@ -105,6 +105,9 @@ class TorchStepper:
     def state(self) -> np.ndarray:
         return self.f.cpu().numpy()
 
+    def finite(self, row: int) -> bool:
+        return bool(torch.isfinite(self.f[:, row]).all())
+
 
 def _graph_cut(device: torch.device):
     """On XLA devices, end the traced graph after every step (one compiled step, reused), rather than

@@ -287,6 +287,15 @@ def _links(plans: list[StepPlan], ny: int, nx: int) -> tuple[np.ndarray, np.ndar
     return flags, rows, kinds, coefs
 
 
+def interior_probes(probes: np.ndarray, ny: int, nx: int) -> np.ndarray:
+    """``probes`` as (np, 2) int64 rows of (y, x); ValueError unless every one is an interior node (the kernel
+    keeps ghost nodes one step behind, so their density is not the step's)."""
+    probes = np.asarray(probes, np.int64).reshape(-1, 2)
+    if len(probes) and ((probes[:, 0] < 1) | (probes[:, 0] > ny - 2) | (probes[:, 1] < 1) | (probes[:, 1] > nx - 2)).any():
+        raise ValueError(f"probe nodes {probes.tolist()} must be interior: rows 1..{ny - 2}, columns 1..{nx - 2}")
+    return probes
+
+
 class FusedBatch:
     """B simulations of one lattice size advanced together by ``step_kernel`` on ``device``.
 
@@ -393,9 +402,7 @@ class FusedBatch:
     def run(self, steps: int, probes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Advance ``steps`` steps; the force on each obstacle per step (steps, B, 2) and the density at the
         ``probes`` nodes ((np, 2) rows of (y, x), interior nodes) per step (steps, B, np)."""
-        probes = np.asarray(probes, np.int64).reshape(-1, 2)
-        if len(probes) and ((probes[:, 0] < 1) | (probes[:, 0] > self.ny - 2) | (probes[:, 1] < 1) | (probes[:, 1] > self.nx - 2)).any():
-            raise ValueError(f"probe nodes {probes.tolist()} must be interior: rows 1..{self.ny - 2}, columns 1..{self.nx - 2}")
+        probes = interior_probes(probes, self.ny, self.nx)
         at = torch.as_tensor(probes, device=self.device)
         forces = torch.zeros((steps, self.batch, 2), dtype=self.compute, device=self.device)
         rho = torch.zeros((steps, self.batch, len(probes)), dtype=self.compute, device=self.device)

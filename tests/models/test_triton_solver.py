@@ -1,0 +1,89 @@
+"""The fused Triton backend: equal to the NumPy reference under Triton's CPU interpreter, conservation, and its refusals."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from models.solver import ChannelSolver, FlowConfig, Obstacle
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def cases() -> dict:
+    """The interpreter's results (tests/models/triton_cases.py), run once in a child process."""
+    env = {**os.environ, "TRITON_INTERPRET": "1"}
+    done = subprocess.run([sys.executable, "-W", "ignore", "-m", "tests.models.triton_cases"], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def test_a_batch_of_two_simulations_equals_the_reference_through_an_inflow_change(cases):
+    # circle at Re 40 and rectangle at Re 30 in one launch, fp64: obstacle links, walls, inlet, outlet
+    batch = cases["batch"]
+    assert batch["force_scale"] > 1e-2  # the obstacles feel a force
+    assert batch["state"] < 1e-12
+    assert batch["forces"] < 1e-12
+    assert batch["probes"] < 1e-12
+
+
+def test_float32_through_the_channel_solver_equals_the_reference(cases):
+    result = cases["float32"]
+    assert result["dtype"] == "float32"
+    assert result["state"] < 3e-6 and result["forces"] < 1e-5 and result["probes"] < 3e-6
+
+
+def test_fp16_storage_stays_within_its_rounding_of_the_fp32_reference(cases):
+    # (f - w) x 2^15 in fp16 keeps 11 bits: about 3e-5 absolute on the populations of this flow
+    result = cases["float16s"]
+    assert result["dtype"] == "float32"
+    assert 1e-7 < result["state"] < 2e-4  # rounded, but only by fp16's last bit
+    assert result["forces"] < 5e-4 and result["probes"] < 1e-4
+
+
+def test_periodic_box_conserves_mass_and_momentum_and_equals_the_reference(cases):
+    box = cases["periodic"]
+    before, after = box["before"], box["after"]
+    assert after[0] == pytest.approx(before[0], rel=1e-13)
+    assert after[1] == pytest.approx(before[1], abs=1e-11)
+    assert after[2] == pytest.approx(before[2], abs=1e-11)
+    assert box["state"] < 1e-12
+
+
+def small(dtype="float32"):
+    return FlowConfig(nx=32, ny=24, reynolds=40.0, u_max=0.1, dtype=dtype, obstacle=Obstacle(cx=9.3, cy=12.2, size=5.5))
+
+
+@pytest.mark.skipif(os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"), reason="the interpreter runs on a CPU")
+def test_triton_on_a_cpu_without_the_interpreter_is_refused():
+    with pytest.raises(ValueError, match=r"device 'cpu' is not offered by the triton backend; use cuda"):
+        ChannelSolver(small(), backend="triton", device="cpu")
+
+
+def test_cuda_without_a_gpu_is_refused():
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is visible")
+    with pytest.raises(ValueError, match=r"device 'cuda': no CUDA GPU is visible here"):
+        ChannelSolver(small(), backend="triton", device="cuda")
+
+
+@pytest.mark.parametrize("backend", ["numpy", "numba", "torch"])
+def test_fp16_storage_is_the_triton_backends_only(backend):
+    with pytest.raises(ValueError, match=rf"dtype float16s \(fp16 storage\) is offered by the triton backend only, not {backend}"):
+        ChannelSolver(small("float16s"), backend=backend)
+
+
+def test_probes_must_be_interior_nodes():
+    from models.solver.triton_backend import interior_probes
+
+    with pytest.raises(ValueError, match=r"probe nodes \[\[0, 5\]\] must be interior: rows 1..22, columns 1..30"):
+        interior_probes(np.array([[0, 5]]), 24, 32)
+    assert interior_probes(np.array([[1, 1], [22, 30]]), 24, 32).shape == (2, 2)
