@@ -114,5 +114,6 @@ def validation_message(exc: ValidationError) -> str:
     """The first error of a spec's validation in one line: the option, what is wrong, the value given."""
     err = exc.errors()[0]
     loc = ".".join(str(p) for p in err["loc"] if not isinstance(p, int))
-    flag = _flag(loc) if loc else "input"
-    return f"{flag}: {err['msg'].rstrip('.')} (got {err.get('input')!r})"
+    if not loc:  # a check across options: its message names the values itself
+        return err["msg"].removeprefix("Value error, ").rstrip(".")
+    return f"{_flag(loc)}: {err['msg'].rstrip('.')} (got {err.get('input')!r})"

@@ -153,7 +153,7 @@ def ramp_steps(config: FlowConfig) -> int:
 
 
 def run(setup: Setup, backend: str = "numba", dtype: str = "float64", max_time: float | None = None,
-        tolerance: float = 1e-4, progress: Callable[[str], None] | None = None) -> tuple[dict, History, dict]:
+        tolerance: float = 1e-4, progress: Callable[[str], None] | None = None, device: str = "cpu") -> tuple[dict, History, dict]:
     """Start from rest, ramp the inflow up (sin^2 over ``ramp_steps``), then simulate until the
     benchmark's quantities settle (2D-1: the mean c_D of two consecutive windows of ``ramp_steps``
     differs by less than ``tolerance`` relative; 2D-2: c_D,max and c_L,max of consecutive lift periods
@@ -161,7 +161,7 @@ def run(setup: Setup, backend: str = "numba", dtype: str = "float64", max_time: 
     Returns (quantities, history, stats)."""
     max_time = max_time if max_time is not None else (60.0 if setup.case == "2D-1" else 20.0)
     config = setup.config(dtype)
-    solver = ChannelSolver(config, backend=backend, at_rest=True)
+    solver = ChannelSolver(config, backend=backend, at_rest=True, device=device)
     probes, weights = setup.pressure_stencil()
     series: list[tuple[np.ndarray, ...]] = []
 
@@ -197,7 +197,7 @@ def run(setup: Setup, backend: str = "numba", dtype: str = "float64", max_time: 
         "cells_per_diameter": setup.cells_per_diameter, "wall_s": wall, "steps": solver.time,
         "mlups": config.nx * config.ny * solver.time / wall / 1e6, "converged": converged,
         "flow_time_s": solver.time * setup.dt, "nx": config.nx, "ny": config.ny, "tau": config.tau,
-        "lattice_u_mean": setup.lattice_u_mean, "backend": backend, "dtype": dtype,
+        "lattice_u_mean": setup.lattice_u_mean, "backend": backend, "dtype": dtype, "device": device,
     }
     final = history()
     return analyse(setup, final, ramp), final, stats

@@ -7,9 +7,9 @@ from models.solver.config import FlowConfig
 from models.solver.solver import ChannelSolver
 
 
-def timed_advances(solver: ChannelSolver, steps: int, repeats: int, sync) -> list[float]:
-    """Seconds of ``repeats`` runs of ``steps`` steps each, after a warm-up that compiles and touches the memory."""
-    solver.advance(2)
+def timed_advances(solver: ChannelSolver, steps: int, repeats: int, sync, warmup: int = 2) -> list[float]:
+    """Seconds of ``repeats`` runs of ``steps`` steps each, after ``warmup`` steps that compile and touch the memory."""
+    solver.advance(warmup)
     runs = []
     for _ in range(repeats):
         sync()
@@ -21,15 +21,17 @@ def timed_advances(solver: ChannelSolver, steps: int, repeats: int, sync) -> lis
 
 
 def time_solver(config: FlowConfig, steps: int, device: str, workers: int, repeats: int = 3) -> tuple[float, str]:
-    """Median seconds for the solver to advance ``steps`` steps of ``config``'s flow, and which solver:
-    on cpu the numba kernel on ``workers`` cores (the surrogate's compute units), on cuda the torch
-    backend on the GPU, otherwise the numba kernel on every host core."""
+    """Median seconds for the solver to advance ``steps`` steps of ``config``'s flow, and which solver: the
+    fastest backend of the device. On cpu the numba kernel on ``workers`` cores (the surrogate's compute
+    units), on cuda the fused triton kernel (one launch per step, CUDA graphs), otherwise the numba kernel
+    on every host core."""
     import numba
 
     if device == "cuda":
         import torch
 
-        solver, sync, name = ChannelSolver(config, backend="torch", device="cuda"), torch.cuda.synchronize, "torch on cuda"
+        solver, sync = ChannelSolver(config, backend="triton", device="cuda"), torch.cuda.synchronize
+        name = "fused triton kernel on cuda"
     else:
         solver, sync = ChannelSolver(config, backend="numba"), lambda: None
         name = f"numba on {workers if device == 'cpu' else numba.config.NUMBA_NUM_THREADS} cores"
@@ -37,7 +39,7 @@ def time_solver(config: FlowConfig, steps: int, device: str, workers: int, repea
     before = numba.get_num_threads()
     numba.set_num_threads(threads)
     try:
-        runs = timed_advances(solver, steps, repeats, sync)
+        runs = timed_advances(solver, steps, repeats, sync, warmup=max(2, steps) if device == "cuda" else 2)  # cuda: graphs captured
     finally:
         numba.set_num_threads(before)
     return statistics.median(runs), name

@@ -74,7 +74,7 @@ def validate_solver(settings: Settings, spec: ValidateSpec) -> dict:
         rows, history = [], None
         for setup in ladder:
             logger.info("%s at %d cells per diameter (tau %.4f)", spec.case, setup.cells_per_diameter, setup.config().tau)
-            quantities, history, stats = run(setup, backend=spec.backend, dtype=spec.dtype, max_time=spec.max_time)
+            quantities, history, stats = run(setup, backend=spec.backend, dtype=spec.dtype, max_time=spec.max_time, device=spec.device)
             row = {**quantities, **stats}
             rows.append(row)
             mlrun.log_metrics({k: v for k, v in row.items() if isinstance(v, (int, float)) and not isinstance(v, bool)},
