@@ -8,8 +8,10 @@ import time
 import numpy as np
 
 from models.solver import ChannelSolver, FlowConfig, Obstacle
+from models.solver import roofline
 from models.solver.timing import timed_advances
 from tasks.bench.specs import BenchSolverSpec
+from tasks.common.ceiling import cpu_name, datasheet_bandwidth
 
 BENCH_TAU = 0.6  # any stable relaxation time: the cost of a step does not depend on it
 
@@ -28,14 +30,51 @@ def bench_solver(spec: BenchSolverSpec) -> dict:
     nx, ny, steps, backend, dtype, repeats, device = spec.nx, spec.ny, spec.steps, spec.backend, spec.dtype, spec.repeats, spec.device
     config = bench_config(nx, ny, dtype)
     solver = ChannelSolver(config, backend=backend, device=device)
-    rates = [nx * ny * steps / t / 1e6 for t in timed_advances(solver, steps, repeats, _synchroniser(backend, device))]
     itemsize = np.dtype(dtype).itemsize
+    copier = _copier(backend, device, roofline.population_bytes(ny, nx, itemsize))
+    copies: list[float] = []
+    between = (lambda: copies.extend(copier.once() for _ in range(COPIES))) if copier else None
+    seconds = timed_advances(solver, steps, repeats, _synchroniser(backend, device), between)
+    rates = [nx * ny * steps / t / 1e6 for t in seconds]
     return {
         "mlups": statistics.median(rates), "backend": backend, "dtype": dtype,
         "bytes_per_update": 2 * 9 * itemsize,  # nine populations read and written per node
         "nx": nx, "ny": ny, "steps": steps, "repeats": repeats, "mlups_runs": [round(r, 1) for r in rates],
         "device": device if backend == "torch" else "cpu",
+        **_roofline(statistics.median(rates), copies, itemsize, copier),
     }
+
+
+COPIES = 3  # copies timed before each solver run and after the last
+
+
+def _copier(backend: str, device: str, nbytes: int) -> roofline.NumbaCopy | roofline.TorchCopy | None:
+    """The copy the solver's run is held against: on a CUDA GPU torch's device-to-device copy, on the CPU
+    numba's parallel copy on the solver's threads (the NumPy reference runs on one); none on other devices."""
+    if backend == "torch" and device.startswith("cuda"):
+        return roofline.TorchCopy(nbytes, device)
+    if backend == "torch" and device != "cpu":
+        return None
+    return roofline.NumbaCopy(nbytes, threads=1 if backend == "numpy" else None)
+
+
+def _roofline(mlups: float, copies: list[float], itemsize: int, copier) -> dict:
+    """The run's memory roofline: the copy bandwidth measured between its timed runs (median), the MLUPS it
+    allows at the bytes a cell update moves, and the fraction of it reached; on a GPU with a known
+    datasheet bandwidth, that too. Nothing where no copy was measured."""
+    if copier is None:
+        return {}
+    copy_gbs, cell_bytes = statistics.median(copies), roofline.bytes_per_cell(itemsize)
+    out = {"copy_gbs": copy_gbs, "copy_gbs_runs": [round(c, 1) for c in copies], "copy_bytes": copier.nbytes,
+           "bytes_per_cell": cell_bytes, "roofline_mlups": roofline.roofline_mlups(copy_gbs, cell_bytes),
+           "roofline_fraction": roofline.roofline_fraction(mlups, copy_gbs, cell_bytes)}
+    if copier.device.startswith("cuda"):
+        import torch
+
+        name = torch.cuda.get_device_name(torch.device(copier.device))
+        known = datasheet_bandwidth(name)
+        return {**out, "gpu": name, "datasheet_gbs": known[0] if known else None, "datasheet_source": known[1] if known else None}
+    return {**out, "cpu": cpu_name(), "threads": copier.threads}
 
 
 def _synchroniser(backend: str, device: str):
