@@ -45,7 +45,7 @@ def bench_solver(spec: BenchSolverSpec) -> dict:
     }
 
 
-COPIES = 3  # copies timed before each solver run and after the last
+COPIES = 10  # copies timed before each solver run and after the last (at 4096 x 1024, about a tenth of a second)
 
 
 def _copier(backend: str, device: str, nbytes: int) -> roofline.NumbaCopy | roofline.TorchCopy | None:
