@@ -41,7 +41,7 @@ def bench_solver(spec: BenchSolverSpec) -> dict:
         "bytes_per_update": 2 * 9 * itemsize,  # nine populations read and written per node
         "nx": nx, "ny": ny, "steps": steps, "repeats": repeats, "mlups_runs": [round(r, 1) for r in rates],
         "device": device if backend == "torch" else "cpu",
-        **_roofline(statistics.median(rates), copies, itemsize, copier),
+        **_roofline(rates, copies, itemsize, copier),
     }
 
 
@@ -58,16 +58,19 @@ def _copier(backend: str, device: str, nbytes: int) -> roofline.NumbaCopy | roof
     return roofline.NumbaCopy(nbytes, threads=1 if backend == "numpy" else None)
 
 
-def _roofline(mlups: float, copies: list[float], itemsize: int, copier) -> dict:
+def _roofline(rates: list[float], copies: list[float], itemsize: int, copier) -> dict:
     """The run's memory roofline: the copy bandwidth measured between its timed runs (median), the MLUPS it
-    allows at the bytes a cell update moves, and the fraction of it reached; on a GPU with a known
-    datasheet bandwidth, that too. Nothing where no copy was measured."""
+    allows at the bytes a cell update moves, and the fraction of it reached (of the medians; and per timed
+    run, against the copies just before and after it, as the bandwidth a shared host leaves drifts); on a
+    GPU with a known datasheet bandwidth, that too. Nothing where no copy was measured."""
     if copier is None:
         return {}
     copy_gbs, cell_bytes = statistics.median(copies), roofline.bytes_per_cell(itemsize)
+    around = [statistics.median(copies[k * COPIES : (k + 2) * COPIES]) for k in range(len(rates))]
     out = {"copy_gbs": copy_gbs, "copy_gbs_runs": [round(c, 1) for c in copies], "copy_bytes": copier.nbytes,
            "bytes_per_cell": cell_bytes, "roofline_mlups": roofline.roofline_mlups(copy_gbs, cell_bytes),
-           "roofline_fraction": roofline.roofline_fraction(mlups, copy_gbs, cell_bytes)}
+           "roofline_fraction": roofline.roofline_fraction(statistics.median(rates), copy_gbs, cell_bytes),
+           "roofline_fraction_runs": [round(roofline.roofline_fraction(r, c, cell_bytes), 3) for r, c in zip(rates, around)]}
     if copier.device.startswith("cuda"):
         import torch
 

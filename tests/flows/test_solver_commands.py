@@ -45,6 +45,7 @@ def test_bench_solver_reports_throughput(workdir):
     assert out["copy_bytes"] == 9 * 128 * 64 * 4 and len(out["copy_gbs_runs"]) == 3 * 10 and out["copy_gbs"] > 0
     assert out["bytes_per_cell"] == 72 and out["roofline_mlups"] == pytest.approx(out["copy_gbs"] * 1e3 / 72)
     assert out["roofline_fraction"] == pytest.approx(out["mlups"] / out["roofline_mlups"])
+    assert len(out["roofline_fraction_runs"]) == 2 and all(f > 0 for f in out["roofline_fraction_runs"])
     assert out["cpu"] == cpu_name() and out["threads"] >= 1
 
 
