@@ -7,16 +7,21 @@ from models.solver.config import FlowConfig
 from models.solver.solver import ChannelSolver
 
 
-def timed_advances(solver: ChannelSolver, steps: int, repeats: int, sync, warmup: int = 2) -> list[float]:
-    """Seconds of ``repeats`` runs of ``steps`` steps each, after ``warmup`` steps that compile and touch the memory."""
+def timed_advances(solver: ChannelSolver, steps: int, repeats: int, sync, warmup: int = 2, between=None) -> list[float]:
+    """Seconds of ``repeats`` runs of ``steps`` steps each, after ``warmup`` steps that compile and touch the memory.
+    ``between``, if given, is called before each run and after the last, outside the timed spans."""
     solver.advance(warmup)
     runs = []
     for _ in range(repeats):
+        if between:
+            between()
         sync()
         t0 = time.perf_counter()
         solver.advance(steps)
         sync()
         runs.append(time.perf_counter() - t0)
+    if between:
+        between()
     return runs
 
 

@@ -3,14 +3,15 @@
 Imports no Prefect or MLflow."""
 
 import statistics
-import time
 from dataclasses import replace
 
 import numpy as np
 
 from models.solver import ChannelSolver, FlowConfig, Obstacle
+from models.solver import roofline
 from models.solver.timing import timed_advances
 from tasks.bench.specs import BenchSolverSpec
+from tasks.common.ceiling import cpu_name, datasheet_bandwidth
 
 BENCH_TAU = 0.6  # any stable relaxation time: the cost of a step does not depend on it
 
@@ -48,16 +49,56 @@ def bench_solver(spec: BenchSolverSpec) -> dict:
         solver = _Batch(spec)
     else:
         solver = ChannelSolver(bench_config(nx, ny, dtype), backend=backend, device=device)
-    seconds = timed_advances(solver, steps, repeats, _synchroniser(backend, device), warmup=steps)
-    rates = [spec.batch * nx * ny * steps / t / 1e6 for t in seconds]
     itemsize = 2 if dtype == "float16s" else np.dtype(dtype).itemsize
+    flag_bytes = 1 if backend == "triton" else 0  # the fused kernel reads a one-byte cell flag
+    copier = _copier(backend, device, spec.batch * roofline.population_bytes(ny, nx, itemsize))
+    copies: list[float] = []
+    between = (lambda: copies.extend(copier.once() for _ in range(COPIES))) if copier else None
+    seconds = timed_advances(solver, steps, repeats, _synchroniser(backend, device), warmup=steps, between=between)
+    rates = [spec.batch * nx * ny * steps / t / 1e6 for t in seconds]
     return {
         "mlups": statistics.median(rates), "backend": backend, "dtype": dtype, "batch": spec.batch,
         "steps_per_second": steps / statistics.median(seconds),  # of each simulation
-        "bytes_per_update": 2 * 9 * itemsize + (1 if backend == "triton" else 0),  # nine populations read and written, the cell flag
+        "bytes_per_update": roofline.bytes_per_cell(itemsize, flag_bytes),  # nine populations read and written (and the cell flag)
         "nx": nx, "ny": ny, "steps": steps, "repeats": repeats, "mlups_runs": [round(r, 1) for r in rates],
         "device": device if backend in ("torch", "triton") else "cpu",
+        **_roofline(rates, copies, roofline.bytes_per_cell(itemsize, flag_bytes), copier),
     }
+
+
+COPIES = 10  # copies timed before each solver run and after the last (at 4096 x 1024, about a tenth of a second)
+
+
+def _copier(backend: str, device: str, nbytes: int) -> roofline.NumbaCopy | roofline.TorchCopy | None:
+    """The copy the solver's run is held against: on a CUDA GPU torch's device-to-device copy, on the CPU
+    numba's parallel copy on the solver's threads (the NumPy reference runs on one); none on other devices."""
+    if device.startswith("cuda"):
+        return roofline.TorchCopy(nbytes, device)
+    if device != "cpu" or backend == "triton":  # XLA devices; Triton's CPU interpreter is no measure of a CPU
+        return None
+    return roofline.NumbaCopy(nbytes, threads=1 if backend == "numpy" else None)
+
+
+def _roofline(rates: list[float], copies: list[float], cell_bytes: int, copier) -> dict:
+    """The run's memory roofline: the copy bandwidth measured between its timed runs (median), the MLUPS it
+    allows at the bytes a cell update moves, and the fraction of it reached (of the medians; and per timed
+    run, against the copies just before and after it, as the bandwidth a shared host leaves drifts); on a
+    GPU with a known datasheet bandwidth, that too. Nothing where no copy was measured."""
+    if copier is None:
+        return {}
+    copy_gbs = statistics.median(copies)
+    around = [statistics.median(copies[k * COPIES : (k + 2) * COPIES]) for k in range(len(rates))]
+    out = {"copy_gbs": copy_gbs, "copy_gbs_runs": [round(c, 1) for c in copies], "copy_bytes": copier.nbytes,
+           "bytes_per_cell": cell_bytes, "roofline_mlups": roofline.roofline_mlups(copy_gbs, cell_bytes),
+           "roofline_fraction": roofline.roofline_fraction(statistics.median(rates), copy_gbs, cell_bytes),
+           "roofline_fraction_runs": [round(roofline.roofline_fraction(r, c, cell_bytes), 3) for r, c in zip(rates, around)]}
+    if copier.device.startswith("cuda"):
+        import torch
+
+        name = torch.cuda.get_device_name(torch.device(copier.device))
+        known = datasheet_bandwidth(name)
+        return {**out, "gpu": name, "datasheet_gbs": known[0] if known else None, "datasheet_source": known[1] if known else None}
+    return {**out, "cpu": cpu_name(), "threads": copier.threads}
 
 
 def _synchroniser(backend: str, device: str):

@@ -1,4 +1,4 @@
-"""The FLOP ceiling of a device: its name, its datasheet or derived peak per dtype, and the cache of measured matmul ceilings (no framework imports)."""
+"""The FLOP ceiling of a device: its name, its datasheet or derived peak per dtype (and a GPU's memory bandwidth), and the cache of measured matmul ceilings (no framework imports)."""
 
 import datetime as dt
 import fcntl
@@ -54,6 +54,34 @@ PEAKS: dict[str, dict[str, Peak]] = {
     "TPU v3": {"bf16": Peak(123.0, TPU)},
     "TPU v4": {"bf16": Peak(275.0, TPU)},
 }
+
+
+@dataclass(frozen=True)
+class Bandwidth:
+    """A memory bandwidth in GB/s (10^9 bytes per second) and where it comes from."""
+
+    gbs: float
+    source: str
+
+
+# Peak memory bandwidth per GPU, keyed like PEAKS by the name torch reports, from the vendors' datasheets.
+BANDWIDTHS: dict[str, Bandwidth] = {
+    "NVIDIA H100 80GB HBM3": Bandwidth(3350.0, "NVIDIA H100 Tensor Core GPU datasheet (SXM: 3.35 TB/s)"),
+    "NVIDIA H100 PCIe": Bandwidth(2000.0, "NVIDIA H100 Tensor Core GPU datasheet (PCIe: 2 TB/s)"),
+    "NVIDIA H100 NVL": Bandwidth(3900.0, "NVIDIA H100 Tensor Core GPU datasheet (NVL: 3.9 TB/s)"),
+    "NVIDIA H200": Bandwidth(4800.0, "NVIDIA H200 Tensor Core GPU datasheet (SXM: 4.8 TB/s)"),
+    "NVIDIA A100-SXM4-80GB": Bandwidth(2039.0, "NVIDIA A100 Tensor Core GPU datasheet (80GB SXM: 2,039 GB/s)"),
+    "NVIDIA A100-SXM4-40GB": Bandwidth(1555.0, "NVIDIA A100 Tensor Core GPU datasheet (40GB SXM: 1,555 GB/s)"),
+    "NVIDIA RTX A6000": Bandwidth(768.0, "NVIDIA RTX A6000 datasheet (768 GB/s)"),
+    "NVIDIA L40S": Bandwidth(864.0, "NVIDIA L40S datasheet (864 GB/s)"),
+    "NVIDIA L4": Bandwidth(300.0, "NVIDIA L4 datasheet (300 GB/s)"),
+}
+
+
+def datasheet_bandwidth(device_name: str) -> tuple[float, str] | None:
+    """(peak memory bandwidth in GB/s, its source) of a GPU by the exact name torch reports, or None."""
+    known = BANDWIDTHS.get(device_name)
+    return None if known is None else (known.gbs, known.source)
 
 
 @dataclass(frozen=True)

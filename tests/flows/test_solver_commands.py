@@ -8,6 +8,7 @@ import pytest
 
 from mlflow.tracking import MlflowClient
 
+from tasks.common.ceiling import cpu_name
 from tests.conftest import ROOT, run_cli, strict_json
 from tests.flows.test_cli import assert_refused
 
@@ -40,6 +41,12 @@ def test_bench_solver_reports_throughput(workdir):
     out = strict_json(proc.stdout.strip().splitlines()[-1])
     assert {"mlups", "backend", "dtype", "bytes_per_update"} <= set(out)
     assert out["backend"] == "numba" and out["dtype"] == "float32" and out["bytes_per_update"] == 72 and out["mlups"] > 0
+    # the roofline: a parallel copy of a population buffer before each timed run and after the last, on the solver's threads
+    assert out["copy_bytes"] == 9 * 128 * 64 * 4 and len(out["copy_gbs_runs"]) == 3 * 10 and out["copy_gbs"] > 0
+    assert out["bytes_per_cell"] == 72 and out["roofline_mlups"] == pytest.approx(out["copy_gbs"] * 1e3 / 72)
+    assert out["roofline_fraction"] == pytest.approx(out["mlups"] / out["roofline_mlups"])
+    assert len(out["roofline_fraction_runs"]) == 2 and all(f > 0 for f in out["roofline_fraction_runs"])
+    assert out["cpu"] == cpu_name() and out["threads"] >= 1
 
 
 def test_bench_solver_loads_no_orchestration_stack():

@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from tasks.common.ceiling import BENCH, CEILINGS_FILE, QUICK, cpu_name, cpu_peak, host_key, parse_cpuinfo, peak_tflops, read_ceiling, write_ceiling
+from tasks.common.ceiling import BANDWIDTHS, BENCH, CEILINGS_FILE, PEAKS, QUICK, cpu_name, datasheet_bandwidth, cpu_peak, host_key, parse_cpuinfo, peak_tflops, read_ceiling, write_ceiling
 from tasks.common.errors import UserError
 from tasks.common.matmul import check, measure, quick_ceiling, tflops
 from tasks.common.settings import Settings
@@ -72,6 +72,14 @@ def test_datasheet_peaks_are_dense_and_sourced():
     assert "datasheet" in peak_tflops("cuda", "NVIDIA RTX A6000", "fp16")[1]
     assert peak_tflops("xla", "TPU v4", "bf16")[0] == 275.0
     assert peak_tflops("xla", "TPU v4", "fp32") is None and peak_tflops("cuda", "NVIDIA GeForce GTX 1080", "fp32") is None
+
+
+def test_every_gpu_with_a_known_peak_has_a_sourced_memory_bandwidth():
+    gpus = {name for name in PEAKS if name.startswith("NVIDIA")}
+    assert gpus == set(BANDWIDTHS)
+    assert datasheet_bandwidth("NVIDIA H100 80GB HBM3")[0] == 3350.0 and datasheet_bandwidth("NVIDIA H200")[0] == 4800.0
+    assert all("datasheet" in datasheet_bandwidth(name)[1] for name in gpus)
+    assert datasheet_bandwidth("NVIDIA GeForce GTX 1080") is None
 
 
 def test_a_dtype_the_device_lacks_is_refused_naming_what_it_offers():
