@@ -2,6 +2,6 @@
 
 from models.solver.config import SOLVER_VERSION, FlowConfig
 from models.solver.geometry import SHAPES, Obstacle
-from models.solver.solver import Backend, ChannelSolver, backend_from_name, vorticity
+from models.solver.solver import Backend, ChannelSolver, SolverBatch, backend_from_name, vorticity
 
-__all__ = ["SOLVER_VERSION", "SHAPES", "Backend", "ChannelSolver", "FlowConfig", "Obstacle", "backend_from_name", "vorticity"]
+__all__ = ["SOLVER_VERSION", "SHAPES", "Backend", "ChannelSolver", "FlowConfig", "SolverBatch", "Obstacle", "backend_from_name", "vorticity"]

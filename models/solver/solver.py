@@ -234,3 +234,65 @@ def vorticity(u: np.ndarray, v: np.ndarray, solid: np.ndarray | None = None) -> 
     dudy = np.gradient(u, axis=-2)
     w = dvdx - dudy
     return w if solid is None else np.where(solid, 0.0, w)
+
+
+class _Member:
+    """One simulation of a SolverBatch as its ChannelSolver's stepper: the state is the batch's, copied from
+    the device once per step count and shared by the members."""
+
+    def __init__(self, batch: "SolverBatch", index: int):
+        self.batch, self.index = batch, index
+
+    def set_plan(self, plan: StepPlan) -> None:
+        raise ValueError("a batch member's inflow is set for the whole batch (SolverBatch)")
+
+    def run(self, steps: int, probes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        raise ValueError("a batch member advances with its batch (SolverBatch.advance)")
+
+    def state(self) -> np.ndarray:
+        return self.batch.state()[self.index]
+
+    def finite(self, row: int) -> bool:
+        return bool(np.isfinite(self.state()[:, row]).all())
+
+
+class SolverBatch:
+    """Many simulations of one lattice size advanced together by the fused GPU kernel, one launch per step
+    (each with its own geometry, Reynolds number and inflow). ``solvers`` gives each one's read side:
+    ``fields()``, ``macroscopic()``, ``f`` of ChannelSolver, as the batch holds it after its last advance.
+    Each starts as ChannelSolver would (``perturb`` seeds apply before the batch is built)."""
+
+    def __init__(self, configs: list[FlowConfig], seeds: list[int | None], device: str = "cuda", storage: str = "float32"):
+        from models.solver.triton_backend import FusedBatch
+
+        if len({(c.ny, c.nx) for c in configs}) != 1:
+            raise ValueError(f"a batch needs one lattice size; got {sorted({(c.nx, c.ny) for c in configs})} (nx, ny)")
+        self.solvers = []
+        for config, seed in zip(configs, seeds):
+            solver = ChannelSolver(replace(config, dtype=config.array_dtype), backend=Backend.NUMPY)
+            if seed is not None:
+                solver.perturb(seed)
+            self.solvers.append(solver)
+        self.fused = FusedBatch([s.plan for s in self.solvers], np.stack([s.f for s in self.solvers]), device=device, storage=storage)
+        self._state: tuple[int, np.ndarray] | None = None
+        for index, solver in enumerate(self.solvers):
+            solver._stepper = _Member(self, index)
+        self.time = 0
+
+    def state(self) -> np.ndarray:
+        """Post-collision populations of every simulation (B, 9, ny, nx), as the NumPy reference holds them."""
+        if self._state is None or self._state[0] != self.time:
+            self._state = (self.time, self.fused.state())
+        return self._state[1]
+
+    def advance(self, steps: int) -> None:
+        """Run ``steps`` steps of every simulation; FloatingPointError naming those whose state stopped being finite."""
+        self.fused.run(steps, NO_PROBES)
+        self.time += steps
+        for solver in self.solvers:
+            solver.time = self.time
+        row = self.solvers[0].config.ny // 2
+        bad = [s for s, ok in zip(self.solvers, self.fused.finite_each(row)) if not ok]
+        if bad:
+            names = ", ".join(f"Re {s.config.reynolds:g} ({s.config.obstacle.shape})" for s in bad)
+            raise FloatingPointError(f"simulation(s) {names} diverged (NaN/inf) by step {self.time}")

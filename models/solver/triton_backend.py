@@ -296,6 +296,22 @@ def interior_probes(probes: np.ndarray, ny: int, nx: int) -> np.ndarray:
     return probes
 
 
+def bytes_per_simulation(ny: int, nx: int, storage: str) -> int:
+    """Device memory one simulation of a batch holds: two population buffers, the cell flag and link row
+    (1 + 4 bytes a node), and the state read back (fp32 or fp64) at the end of a run."""
+    item = 2 if storage == "float16s" else 8 if storage == "float64" else 4
+    return ny * nx * (2 * 9 * item + 5 + 9 * max(item, 4))
+
+
+def batch_capacity(ny: int, nx: int, storage: str, device: str) -> int:
+    """How many simulations of ny x nx fit in 90 % of the device's free memory (no limit off a GPU)."""
+    dev = torch.device(device)
+    if dev.type != "cuda" or not torch.cuda.is_available():
+        return 1 << 30
+    free, _ = torch.cuda.mem_get_info(dev)
+    return int(0.9 * free // bytes_per_simulation(ny, nx, storage))
+
+
 class FusedBatch:
     """B simulations of one lattice size advanced together by ``step_kernel`` on ``device``.
 
@@ -311,6 +327,10 @@ class FusedBatch:
         self.device = check_device(device)
         self.plans, self.storage = list(plans), storage
         self.batch, _, self.ny, self.nx = f.shape
+        fits = batch_capacity(self.ny, self.nx, storage, device)
+        if self.batch > fits:
+            raise ValueError(f"batch {self.batch}: {self.batch} simulations of {self.nx}x{self.ny} in {storage} need "
+                             f"{self.batch * bytes_per_simulation(self.ny, self.nx, storage) / 2**30:.1f} GiB; {device} has room for {fits}")
         self.periodic = plans[0].periodic
         on = lambda a, dt=None: torch.tensor(np.ascontiguousarray(a), dtype=dt, device=self.device)  # noqa: E731  (a copy, never a view)
         self.compute = torch.float64 if storage == "float64" else torch.float32
@@ -363,6 +383,10 @@ class FusedBatch:
     def finite(self, row: int) -> bool:
         """Whether row ``row`` of every simulation's state is finite (checked on the device)."""
         return bool(torch.isfinite(self.current[:, :, row]).all())
+
+    def finite_each(self, row: int) -> list[bool]:
+        """Per simulation, whether row ``row`` of its state is finite."""
+        return torch.isfinite(self.current[:, :, row]).flatten(1).all(dim=1).tolist()
 
     def set_inflow(self, inlet_u: np.ndarray) -> None:
         """New inflow (B, 3, ny) for the steps to come. The reference builds each step's inlet ghosts with

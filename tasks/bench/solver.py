@@ -7,7 +7,7 @@ from dataclasses import replace
 
 import numpy as np
 
-from models.solver import ChannelSolver, FlowConfig, Obstacle
+from models.solver import ChannelSolver, FlowConfig, Obstacle, SolverBatch
 from models.solver import roofline
 from models.solver.timing import timed_advances
 from tasks.bench.specs import BenchSolverSpec
@@ -30,15 +30,13 @@ class _Batch:
     bench flow's, behind the ``advance`` that timed_advances calls."""
 
     def __init__(self, spec: BenchSolverSpec):
-        from models.solver.triton_backend import FusedBatch
-
         base = bench_config(spec.nx, spec.ny, spec.dtype)
         spread = np.linspace(0.8, 1.2, spec.batch) if spec.batch > 1 else np.ones(1)
-        solvers = [ChannelSolver(replace(base, dtype=base.array_dtype, reynolds=base.reynolds * s), backend="numpy") for s in spread]
-        self.fused = FusedBatch([s.plan for s in solvers], np.stack([s.f for s in solvers]), device=spec.device, storage=spec.dtype)
+        configs = [replace(base, reynolds=base.reynolds * s) for s in spread]
+        self.batch = SolverBatch(configs, [None] * len(configs), device=spec.device, storage=spec.dtype)
 
     def advance(self, steps: int) -> None:
-        self.fused.run(steps, np.zeros((0, 2), np.int64))
+        self.batch.advance(steps)
 
 
 def bench_solver(spec: BenchSolverSpec) -> dict:

@@ -9,9 +9,15 @@ import xarray as xr
 
 from models.solver import SOLVER_VERSION, ChannelSolver
 from tasks.common.simulation import SimulationSpec
+from tasks.common.errors import UserError
 from tasks.common.store import VARIABLES, content_digest, write_simulation
 
 log = logging.getLogger("karman.simulate")
+
+
+def _frames_schedule(spec: SimulationSpec) -> tuple[int, int]:
+    """Steps in all, and the chunk the warm-up advances by."""
+    return spec.warmup_steps + spec.frames * spec.frame_every, max(spec.frame_every, 1000)
 
 
 def simulate(spec: SimulationSpec) -> tuple[xr.Dataset, dict]:
@@ -23,7 +29,7 @@ def simulate(spec: SimulationSpec) -> tuple[xr.Dataset, dict]:
     solver = ChannelSolver(config, backend=spec.backend)
     solver.perturb(spec.seed)
     t0 = time.perf_counter()
-    total = spec.warmup_steps + spec.frames * spec.frame_every
+    total, chunk = _frames_schedule(spec)
     report_every = max(total // 4, 1)
     done = 0
 
@@ -34,7 +40,6 @@ def simulate(spec: SimulationSpec) -> tuple[xr.Dataset, dict]:
         if before // report_every != done // report_every:
             log.info("%s: step %d/%d", spec.sim_id, done, total)
 
-    chunk = max(spec.frame_every, 1000)
     while done < spec.warmup_steps:
         advance(min(chunk, spec.warmup_steps - done))
     snaps = {name: [] for name in VARIABLES}
@@ -43,7 +48,40 @@ def simulate(spec: SimulationSpec) -> tuple[xr.Dataset, dict]:
         for name, value in solver.fields().items():
             snaps[name].append(value)
     wall = time.perf_counter() - t0
-    mlups = config.nx * config.ny * total / wall / 1e6
+    return _dataset(spec, snaps), {"wall_s": wall, "mlups": config.nx * config.ny * total / wall / 1e6, "steps": total}
+
+
+def simulate_batch(specs: list[SimulationSpec], device: str = "cuda") -> list[tuple[xr.Dataset, dict]]:
+    """The same simulations as ``simulate``, all advanced together by the fused GPU kernel (one launch per
+    step; they share the lattice size and the frame schedule, as the members of a sweep do). ``wall_s`` is
+    the batch's, and ``mlups`` each simulation's share of it."""
+    from models.solver import SolverBatch
+
+    first = specs[0]
+    schedule = {(s.nx, s.ny, s.warmup_steps, s.frames, s.frame_every) for s in specs}
+    if len(schedule) != 1:
+        raise ValueError(f"a batch shares its lattice and frame schedule; got {sorted(schedule)} (nx, ny, warmup, frames, every)")
+    configs = [s.flow_config().validate() for s in specs]
+    t0 = time.perf_counter()
+    batch = SolverBatch(configs, [s.seed for s in specs], device=device)
+    total, chunk = _frames_schedule(first)
+    while batch.time < first.warmup_steps:
+        batch.advance(min(chunk, first.warmup_steps - batch.time))
+        log.info("batch of %d: step %d/%d", len(specs), batch.time, total)
+    snaps = [{name: [] for name in VARIABLES} for _ in specs]
+    for _ in range(first.frames):
+        batch.advance(first.frame_every)
+        for own, solver in zip(snaps, batch.solvers):
+            for name, value in solver.fields().items():
+                own[name].append(value)
+    wall = time.perf_counter() - t0
+    mlups = configs[0].nx * configs[0].ny * total / wall / 1e6
+    return [(_dataset(s, own), {"wall_s": wall, "mlups": mlups, "steps": total}) for s, own in zip(specs, snaps)]
+
+
+def _dataset(spec: SimulationSpec, snaps: dict[str, list[np.ndarray]]) -> xr.Dataset:
+    """One simulation's snapshots as the Dataset the store holds, with every parameter as an attribute."""
+    config = spec.flow_config()
     dt = 1.0 * config.u_mean / config.obstacle.size  # one lattice step in units of D/U
     attrs = {
         **config.attrs(),
@@ -58,7 +96,7 @@ def simulate(spec: SimulationSpec) -> tuple[xr.Dataset, dict]:
         "sim_id": spec.sim_id,
     }
     steps = spec.warmup_steps + spec.frame_every * np.arange(1, spec.frames + 1)
-    ds = xr.Dataset(
+    return xr.Dataset(
         {name: (("time", "y", "x"), np.stack(frames)) for name, frames in snaps.items()},
         coords={
             "time": ("time", steps * dt, {"units": "D/U"}),
@@ -68,12 +106,33 @@ def simulate(spec: SimulationSpec) -> tuple[xr.Dataset, dict]:
         },
         attrs=attrs,
     )
-    return ds, {"wall_s": wall, "mlups": mlups, "steps": total}
 
 
 def run_simulation(dataset_dir: str, spec: SimulationSpec) -> dict:
     """Simulate and write one group; returns the manifest record. Runs on a Dask worker."""
-    ds, stats = simulate(spec)
+    return _written(dataset_dir, spec, *simulate(spec))
+
+
+def _written(dataset_dir: str, spec: SimulationSpec, ds: xr.Dataset, stats: dict) -> dict:
     digest = content_digest(ds)
     write_simulation(Path(dataset_dir), spec.sim_id, ds)
     return {"sim_id": spec.sim_id, "digest": digest, "frames": spec.frames, "spec": spec.model_dump(), **stats}
+
+
+BATCH_BODY = "tasks.generate.simulation:simulate_batch_job"  # the GPU sweep's body, run in a child process
+
+
+def simulate_batch_job(job: dict) -> dict:
+    """Child job: simulate ``job["sims"]`` (SimulationSpec dicts) on ``job["device"]`` in as few batches as
+    its free memory holds, writing each group into ``job["dataset_dir"]``; {"records": the manifest records}."""
+    from models.solver.triton_backend import batch_capacity
+
+    specs = [SimulationSpec(**s) for s in job["sims"]]
+    size = batch_capacity(specs[0].ny, specs[0].nx, "float32", job["device"])
+    if size < 1:
+        raise UserError(f"one simulation of {specs[0].nx}x{specs[0].ny} does not fit the free memory of {job['device']}; use a smaller grid")
+    records = []
+    for start in range(0, len(specs), size):
+        group = specs[start : start + size]
+        records += [_written(job["dataset_dir"], spec, ds, stats) for spec, (ds, stats) in zip(group, simulate_batch(group, job["device"]))]
+    return {"records": records}

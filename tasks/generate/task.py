@@ -46,7 +46,7 @@ _WERE_SCALARS = ("size", "x_position", "y_offset")
 def _sweep_key(spec: GenerateSpec) -> dict:
     """What identifies a dataset's sweep in its manifest. A one-value list of a field that used to be a
     scalar is recorded as that scalar, so datasets generated before stay the same sweep."""
-    key = spec.model_dump(exclude={"workers", "scheduler", "overwrite", "verify", "dataset", "workload"})
+    key = spec.model_dump(exclude={"workers", "scheduler", "overwrite", "verify", "dataset", "workload", "device"})
     for name in _WERE_SCALARS:
         if len(key[name]) == 1:
             key[name] = key[name][0]
@@ -59,8 +59,22 @@ def check_generate(settings: Settings, spec: GenerateSpec) -> None:
     workload = get_workload(spec.workload)
     if workload.generate is None:
         expand(spec)
+        if spec.device == "cuda":
+            if spec.scheduler:
+                raise UserError(f"--scheduler {spec.scheduler}: a cuda sweep runs batched in one process on this host's GPU, not on Dask workers; drop --scheduler or use --device cpu")
+            _probe_gpu()
+    elif spec.device != "cpu":
+        raise UserError(f"device {spec.device!r}: the {spec.workload} dataset is written on the cpu; use --device cpu")
     elif workload.check_generate is not None:
         workload.check_generate(settings, spec)
+
+
+def _probe_gpu() -> None:
+    """UserError unless a CUDA GPU is there (asked in a child process: this one imports no framework)."""
+    from tasks.common import probe
+    from tasks.common.launch import run_child
+
+    run_child("probe", probe.BODY, {"device": "cuda"}, logging.getLogger("karman.generate"))
 
 
 @task(name="write-dataset", task_run_name="write {spec.workload} dataset {spec.dataset}", retries=0)
@@ -107,7 +121,9 @@ def _sweep(settings: Settings, spec: GenerateSpec, sims: list[SimulationSpec], d
     with mlflow_run(settings, "generate", f"generate-{spec.dataset}", params=params, parent_run_id=parent_run_id, description=description) as run:
         t0 = time.perf_counter()
         failures = []
-        if todo:
+        if todo and spec.device == "cuda":
+            _run_on_gpu(spec, dataset_dir, todo, manifest, logger)
+        elif todo:
             failures = _run_on_dask(spec, dataset_dir, todo, manifest, logger)
         consolidate(dataset_dir)
         wall = time.perf_counter() - t0
@@ -119,6 +135,21 @@ def _sweep(settings: Settings, spec: GenerateSpec, sims: list[SimulationSpec], d
         if failures:
             raise RuntimeError(f"{len(failures)} of {len(todo)} simulations failed: " + "; ".join(failures))
     return {"dataset": spec.dataset, "path": str(dataset_dir), "digest": manifest.digest(), "simulations": done, "run_id": run.run_id}
+
+
+def _run_on_gpu(spec: GenerateSpec, dataset_dir, todo: list[SimulationSpec], manifest: Manifest, logger) -> None:
+    """Every missing simulation batched on the GPU, in one child process (the fused kernel advances them
+    together, one launch per step); the groups and manifest records are those of the CPU path."""
+    from tasks.common.launch import run_child
+    from tasks.generate.simulation import BATCH_BODY
+
+    dataset_dir.mkdir(parents=True, exist_ok=True)
+    sims = [s.model_copy(update={"backend": "triton"}).model_dump() for s in todo]
+    result = run_child("simulate", BATCH_BODY, {"sims": sims, "dataset_dir": str(dataset_dir), "device": "cuda"}, logger)
+    for record in result["records"]:
+        manifest.add(record["sim_id"], {k: record[k] for k in ("digest", "frames", "wall_s", "mlups", "steps", "spec")})
+    logger.info("%d simulations batched on cuda: %d steps each in %.1f s (%.0f MLUPS per simulation)", len(todo),
+                result["records"][0]["steps"], result["records"][0]["wall_s"], result["records"][0]["mlups"])
 
 
 def _run_on_dask(spec: GenerateSpec, dataset_dir, todo: list[SimulationSpec], manifest: Manifest, logger) -> list[str]:

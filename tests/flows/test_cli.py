@@ -74,6 +74,16 @@ def test_cuda_without_a_gpu_fails_fast(workdir):
     assert_refused(proc, "cuda requested but no CUDA GPU")
 
 
+def test_a_gpu_sweep_without_a_gpu_or_with_a_dask_scheduler_is_refused_before_anything_is_written(workdir):
+    assert_refused(run_cli("generate", "--device", "cuda", cwd=workdir), "cuda requested but no CUDA GPU")
+    assert_refused(run_cli("generate", "--device", "cuda", "--scheduler", "tcp://127.0.0.1:8786", cwd=workdir),
+                   "--scheduler tcp://127.0.0.1:8786", "not on Dask workers")
+    assert_refused(run_cli("generate", "--workload", "digits", "--device", "cuda", cwd=workdir), "digits dataset is written on the cpu")
+    assert_refused(run_cli("validate-solver", "--backend", "triton", "--device", "cuda", cwd=workdir), "cuda requested but no CUDA GPU")
+    assert_refused(run_cli("validate-solver", "--dtype", "float16s", cwd=workdir), "float16s is offered by the triton backend only")
+    assert not (workdir / "data" / "datasets").exists()
+
+
 def test_rollout_of_an_unknown_model_run(workdir):
     assert_refused(run_cli("infer", "--model-run", "0123abcd", cwd=workdir), "unknown model run '0123abcd'")
 

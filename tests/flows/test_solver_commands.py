@@ -65,6 +65,11 @@ def test_bench_solver_bad_input(workdir):
     assert_refused(run_cli("bench-solver", "--nx", "0", cwd=workdir), "--nx", "positive")
     assert_refused(run_cli("bench-solver", "--nx", "16", "--ny", "4", "--steps", "1", cwd=workdir), "grid 16x4 is too small")
     assert_refused(run_cli("bench-solver", "--backend", "cuda", cwd=workdir), "--backend", "cuda")
+    assert_refused(run_cli("bench-solver", "--backend", "triton", cwd=workdir), "device 'cpu' is not offered by the triton backend")
+    assert_refused(run_cli("bench-solver", "--backend", "triton", "--device", "cuda", cwd=workdir), "no CUDA GPU is visible")
+    assert_refused(run_cli("bench-solver", "--batch", "16", cwd=workdir), "batch 16", "triton backend only")
+    assert_refused(run_cli("bench-solver", "--dtype", "float16s", cwd=workdir), "float16s is offered by the triton backend only")
+    assert_refused(run_cli("bench-solver", "--device", "cuda", cwd=workdir), "the numba backend runs on the cpu")
 
 
 def test_bench_train_compares_with_the_plain_step_in_one_run(workdir):

@@ -15,10 +15,11 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")
-def cases() -> dict:
+def cases(tmp_path_factory) -> dict:
     """The interpreter's results (tests/models/triton_cases.py), run once in a child process."""
     env = {**os.environ, "TRITON_INTERPRET": "1"}
-    done = subprocess.run([sys.executable, "-W", "ignore", "-m", "tests.models.triton_cases"], cwd=ROOT, env=env,
+    store = tmp_path_factory.mktemp("gpu-sweep")
+    done = subprocess.run([sys.executable, "-W", "ignore", "-m", "tests.models.triton_cases", str(store)], cwd=ROOT, env=env,
                           capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     return json.loads(done.stdout.strip().splitlines()[-1])
@@ -54,6 +55,14 @@ def test_periodic_box_conserves_mass_and_momentum_and_equals_the_reference(cases
     assert after[1] == pytest.approx(before[1], abs=1e-11)
     assert after[2] == pytest.approx(before[2], abs=1e-11)
     assert box["state"] < 1e-12
+
+
+def test_generate_gpu_job_writes_the_cpu_paths_frames_into_the_store(cases):
+    # two sweep members batched in one launch per step, written as zarr groups, read back, against numba's
+    sweep = cases["sweep"]
+    assert sweep["records"] == 2 and sweep["same_ids"]
+    assert sweep["frames"] == 2
+    assert sweep["fields"] < 1e-4
 
 
 def small(dtype="float32"):
