@@ -146,7 +146,9 @@ def _link(fa, plane, nx, cell, lmask, kind_row, coef_row, I: tl.constexpr, OP: t
     return tl.where(hit, new, f), tl.sum(exchanged, axis=0)
 
 
-@triton.jit
+# The slot and row numbers change from launch to launch: unspecialised, one compiled kernel serves them all
+# (a CUDA graph captures launches that must not compile).
+@triton.jit(do_not_specialize=["read_slot", "add_slot", "zero_slot", "force_row"])
 def step_kernel(fa, fb, flags, link_row, link_kind, link_coef, inlet_u, rates, u_convect, outlet_sum, forces,
                 ny, nx, read_slot, add_slot, zero_slot, force_row, anchor,
                 FOLD: tl.constexpr, PERIODIC: tl.constexpr, FP16S: tl.constexpr, CDT: tl.constexpr,

@@ -96,3 +96,28 @@ def test_probes_must_be_interior_nodes():
     with pytest.raises(ValueError, match=r"probe nodes \[\[0, 5\]\] must be interior: rows 1..22, columns 1..30"):
         interior_probes(np.array([[0, 5]]), 24, 32)
     assert interior_probes(np.array([[1, 1], [22, 30]]), 24, 32).shape == (2, 2)
+
+
+@pytest.mark.parametrize("storage,fold,periodic", [("float32", True, False), ("float32", False, True), ("float16s", True, False),
+                                                   ("float64", True, False)])
+def test_the_kernel_compiles_for_an_h100(storage, fold, periodic):
+    # Triton's compiler and ptxas need no GPU: the compiled (not interpreted) kernel is built for sm_90 here
+    import triton
+    import triton.language as tl
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    from models.solver.triton_backend import step_kernel
+
+    store, compute = {"float32": ("fp32", "fp32"), "float16s": ("fp16", "fp32"), "float64": ("fp64", "fp64")}[storage]
+    pointers = {"fa": store, "fb": store, "flags": "u8", "link_row": "i32", "link_kind": "u8", "link_coef": compute,
+                "inlet_u": compute, "rates": compute, "u_convect": compute, "outlet_sum": compute, "forces": compute}
+    signature = {**{k: f"*{v}" for k, v in pointers.items()}, **dict.fromkeys(("ny", "nx", "read_slot", "add_slot", "zero_slot", "force_row"), "i32"),
+                 "anchor": "fp32", **dict.fromkeys(("FOLD", "PERIODIC", "FP16S", "CDT", "BLOCK"), "constexpr")}
+    source = ASTSource(fn=step_kernel, signature=signature, constexprs={
+        "FOLD": fold, "PERIODIC": periodic, "FP16S": storage == "float16s", "CDT": tl.float64 if compute == "fp64" else tl.float32, "BLOCK": 512})
+    kernel = triton.compile(source, target=GPUTarget("cuda", 90, 32))
+    ptx = kernel.asm["ptx"]
+    assert ".target sm_90" in ptx
+    assert ptx.count("ld.global") >= 9 and ptx.count("st.global") >= 9  # nine populations pulled and written
+    assert "cubin" in kernel.asm  # ptxas assembled it
