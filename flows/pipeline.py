@@ -199,8 +199,8 @@ def check_deployments(spec: BenchmarkSpec) -> None:
 
     from tasks.common.errors import UserError
 
-    needed = sorted({d for kind, devices in (("train", spec.devices), ("infer", spec.infer_devices)) for device in devices
-                     if (d := deployment_for(kind, device, spec.pools))})
+    kinds = (("train", spec.devices), ("infer", spec.infer_devices), ("generate", [spec.generate.device] if "karman" in spec.workloads else []))
+    needed = sorted({d for kind, devices in kinds for device in devices if (d := deployment_for(kind, device, spec.pools))})
     if not needed:
         return
     from prefect.settings import PREFECT_API_URL
@@ -324,6 +324,26 @@ def _generate_spec(spec: BenchmarkSpec, cells: WorkloadCells) -> GenerateSpec:
     return GenerateSpec(workload=cells.workload.name, dataset=cells.dataset)
 
 
+def _dataset_cell(spec: BenchmarkSpec, cells: WorkloadCells, settings: Settings, parent_run: str) -> dict:
+    """A workload's dataset, generated here, or for a karman sweep on a GPU (``generate.device`` cuda) on the
+    pool ``pools`` maps cuda to (the ``generate/<pool>`` deployment, into the shared data root)."""
+    gen = _generate_spec(spec, cells)
+    deployment = deployment_for("generate", gen.device, spec.pools) if cells.workload.name == "karman" else None
+    if deployment is None:
+        return generate(gen, parent_run=parent_run)
+    from prefect.deployments import run_deployment
+
+    from tasks.common.store import load_manifest
+
+    get_run_logger().info("dataset %s: simulating on deployment %s", gen.dataset, deployment)
+    flow_run = run_deployment(deployment, parameters={"spec": gen.model_dump(mode="json"), "parent_run": parent_run}, as_subflow=True,
+                              flow_run_name=f"generate {gen.dataset}", tags=["stage:generate", f"device:{gen.device}"])
+    if not flow_run.state.is_completed():
+        raise RuntimeError(f"dataset {gen.dataset} on deployment {deployment} ended {flow_run.state.name}: {flow_run.state.message}")
+    folder = settings.dataset_dir(gen.dataset)
+    return {"dataset": gen.dataset, "path": str(folder), "digest": load_manifest(folder)["digest"]}
+
+
 @flow(name="benchmark", flow_run_name=_named(BenchmarkSpec, lambda s: f"benchmark {s.aggregate.name}"))
 def benchmark(spec: BenchmarkSpec = BenchmarkSpec()) -> dict:
     """The benchmark matrix: per workload, generate its data and train every (framework, device, batch
@@ -359,7 +379,7 @@ def benchmark(spec: BenchmarkSpec = BenchmarkSpec()) -> dict:
                         time.monotonic() - started, extra, f" ({left})" if left else "", where)
 
         for m in matrix:
-            data = generate(_generate_spec(spec, m), parent_run=bench.run_id)
+            data = _dataset_cell(spec, m, settings, bench.run_id)
             datasets[m.workload.name] = data
             bench.log_dataset(data["dataset"], data["digest"], Path(data["path"]), "training", m.workload.dataset_info(settings, data["dataset"])[1])
             for framework in m.frameworks:

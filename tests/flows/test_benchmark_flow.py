@@ -87,6 +87,18 @@ def test_bad_benchmark_requests_are_refused_with_one_line(workdir, args, fragmen
     assert_refused(run_cli("benchmark", "--quick", *args, cwd=workdir), *fragments)
 
 
+def test_a_gpu_sweep_is_the_gpu_pools_dataset_cell(monkeypatch):
+    from flows.pipeline import check_deployments, deployment_for
+    from tasks.common.errors import UserError
+
+    spec = BenchmarkSpec.quick().model_copy(update={"generate": GenerateSpec(device="cuda"), "pools": {"cuda": "gpu"}})
+    assert deployment_for("generate", spec.generate.device, spec.pools) == "generate/gpu"
+    assert deployment_for("generate", "cpu", spec.pools) is None  # a cpu sweep runs where the benchmark runs
+    monkeypatch.delenv("PREFECT_API_URL", raising=False)
+    with pytest.raises(UserError, match=r"deployment\(s\) generate/gpu not found"):
+        check_deployments(spec)
+
+
 def test_a_training_cell_killed_mid_run_is_resumed_by_the_next_benchmark(workdir, prefect_harness):
     from flows import pipeline
     from tasks.common.cells import cell_key
