@@ -1,4 +1,4 @@
-"""Entry of ``python -m flows``: the bench-… commands load only the compute stack, the others the pipeline's CLI."""
+"""Entry of ``python -m flows``: the bench-… commands and compare-datasets load only the compute stack, the others the pipeline's CLI."""
 
 import os
 import sys
@@ -8,7 +8,7 @@ os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
 # MLflow's database set-up chatter is not the user's business on the command line.
 os.environ.setdefault("MLFLOW_LOGGING_LEVEL", "WARNING")
 
-if len(sys.argv) > 1 and sys.argv[1].startswith("bench-"):
+if len(sys.argv) > 1 and (sys.argv[1].startswith("bench-") or sys.argv[1] == "compare-datasets"):
     from flows.bench import main  # noqa: E402  (no Prefect or MLflow on this path)
 else:
     from flows.cli import main  # noqa: E402

@@ -14,7 +14,7 @@ from pydantic import BaseModel, ValidationError
 
 from flows.jsonline import json_line
 from flows.options import OneLineParser, add_spec_options, spec_from_args, validation_message
-from tasks.bench.specs import BenchInferSpec, BenchMatmulSpec, BenchQualitySpec, BenchSolverSpec, BenchTrainSpec
+from tasks.bench.specs import BenchInferSpec, BenchMatmulSpec, BenchQualitySpec, BenchSolverSpec, BenchTrainSpec, CompareDatasetsSpec
 
 JSON_HELP = "Print a one-line JSON summary as the last line of stdout"
 
@@ -43,6 +43,12 @@ def _quality(spec: BenchQualitySpec) -> dict:
     return bench_quality(spec)
 
 
+def _compare(spec: CompareDatasetsSpec) -> dict:
+    from tasks.bench.compare import compare_datasets
+
+    return compare_datasets(spec)
+
+
 def _matmul(spec: BenchMatmulSpec) -> dict:
     from tasks.bench.matmul import bench_matmul
 
@@ -66,6 +72,8 @@ BENCH_COMMANDS: dict[str, BenchCommand] = {
                                   "then score rollouts and compare with the solver", _quality),
     "bench-matmul": BenchCommand(BenchMatmulSpec, "The FLOP ceiling: square matmuls (TFLOP/s, cold and warm) per framework and dtype, "
                                  "against the device's peak", _matmul),
+    "compare-datasets": BenchCommand(CompareDatasetsSpec, "How far two datasets of one sweep differ, frame by frame (a GPU sweep "
+                                     "against the CPU's)", _compare),
 }
 
 
@@ -87,7 +95,7 @@ def run_bench(args: argparse.Namespace) -> int:
     except ValidationError as exc:
         print(f"python -m flows {args.command}: error: {validation_message(exc)}", file=sys.stderr)
         return 2
-    except ValueError as exc:
+    except ValueError as exc:  # UserError included
         print(f"python -m flows {args.command}: error: {exc}", file=sys.stderr)
         return 2
     except RunFailed as exc:  # a run that started and failed (a diverging loss)

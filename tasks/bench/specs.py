@@ -100,6 +100,13 @@ class BenchSolverSpec(BenchSpec):
         return self
 
 
+class CompareDatasetsSpec(BenchSpec):
+    """How far two datasets of the same sweep differ, frame by frame (e.g. one simulated on a GPU, one on the CPU)."""
+
+    first: str = Field(description="Dataset name in the data root")
+    second: str = Field(description="Dataset name in the data root, of the same sweep")
+
+
 class BenchTrainSpec(BenchSpec):
     """Time Pix2Pix training (samples/s) against a plain eager fp32 step, in one run."""
 

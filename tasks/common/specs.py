@@ -70,6 +70,7 @@ class GenerateSpec(Spec):
     seed: int = Field(default=0, ge=0, le=2**31 - 1, description="Seed of the initial perturbation")
     device: Literal["cpu", "cuda"] = Field(default="cpu", description="cpu: each simulation on a Dask worker (numba); cuda: the sweep's simulations batched on a GPU, one fused kernel launch per step for all of them, in a child process")
     workers: PositiveInt = Field(default=2, le=1024, description="Dask workers of the local cluster (one thread each; cpu)")
+    cpu_backend: Literal["numba", "numpy"] = Field(default="numba", description="Solver backend of a cpu sweep: numba (the fused kernel) or numpy (the reference operators, slow)")
     scheduler: str | None = Field(default=None, description="Address of an existing Dask scheduler; None starts a LocalCluster")
     overwrite: bool = Field(default=False, description="Delete an existing dataset of this name first")
     verify: bool = Field(default=False, description="Read every complete simulation back against its digest and simulate again those whose data is damaged or lost")

@@ -30,6 +30,7 @@ def expand(spec: GenerateSpec) -> list[SimulationSpec]:
             nx=spec.nx, ny=spec.ny, reynolds=re, u_max=spec.u_max, shape=shape, size=size,
             cx=x_position * spec.ny, cy=0.5 * (spec.ny - 1) + y_offset, aspect=spec.aspect,
             warmup_steps=spec.warmup_steps, frames=spec.frames, frame_every=spec.frame_every, seed=spec.seed,
+            backend="triton" if spec.device == "cuda" else spec.cpu_backend,
         )
         try:
             sim.flow_config().validate()
@@ -46,7 +47,7 @@ _WERE_SCALARS = ("size", "x_position", "y_offset")
 def _sweep_key(spec: GenerateSpec) -> dict:
     """What identifies a dataset's sweep in its manifest. A one-value list of a field that used to be a
     scalar is recorded as that scalar, so datasets generated before stay the same sweep."""
-    key = spec.model_dump(exclude={"workers", "scheduler", "overwrite", "verify", "dataset", "workload", "device"})
+    key = spec.model_dump(exclude={"workers", "scheduler", "overwrite", "verify", "dataset", "workload", "device", "cpu_backend"})
     for name in _WERE_SCALARS:
         if len(key[name]) == 1:
             key[name] = key[name][0]
@@ -144,7 +145,7 @@ def _run_on_gpu(spec: GenerateSpec, dataset_dir, todo: list[SimulationSpec], man
     from tasks.generate.simulation import BATCH_BODY
 
     dataset_dir.mkdir(parents=True, exist_ok=True)
-    sims = [s.model_copy(update={"backend": "triton"}).model_dump() for s in todo]
+    sims = [s.model_dump() for s in todo]
     result = run_child("simulate", BATCH_BODY, {"sims": sims, "dataset_dir": str(dataset_dir), "device": "cuda"}, logger)
     for record in result["records"]:
         manifest.add(record["sim_id"], {k: record[k] for k in ("digest", "frames", "wall_s", "mlups", "steps", "spec")})

@@ -192,3 +192,24 @@ def test_damaged_data_is_refused_naming_where_it_is_and_generate_verify_repairs_
     assert repaired.returncode == 0, repaired.stderr[-2000:]
     assert "2 already complete" not in repaired.stderr and "1 already complete, 2 to run" in repaired.stderr, repaired.stderr[-3000:]
     assert run_cli(*train, cwd=workdir).returncode == 0
+
+
+def test_compare_datasets_measures_how_far_two_backends_sweeps_differ(workdir):
+    tiny = ["--reynolds", "40", "--nx", "48", "--ny", "24", "--size", "5", "--warmup-steps", "200", "--frames", "2", "--frame-every", "10",
+            "--workers", "1", "--json"]
+    for name, backend in (("by-numba", "numba"), ("by-numpy", "numpy")):
+        proc = run_cli("generate", "--dataset", name, "--cpu-backend", backend, *tiny, cwd=workdir)
+        assert proc.returncode == 0, proc.stderr[-2000:]
+    proc = run_cli("compare-datasets", "--first", "by-numba", "--second", "by-numpy", "--json", cwd=workdir)
+    assert proc.returncode == 0, proc.stderr
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert result["simulations"] == 1
+    assert result["per_simulation"][0]["backends"] == ["numba", "numpy"]
+    for name in ("u", "v", "p", "vorticity"):
+        field = result["fields"][name]
+        assert 0 < field["max_abs"] < 1e-3 < field["field_rms"]  # both float32: they differ only by rounding
+    other = workdir / "data" / "datasets" / "other"
+    other.mkdir()
+    manifest = json.loads((workdir / "data" / "datasets" / "by-numba" / MANIFEST).read_text())
+    (other / MANIFEST).write_text(json.dumps({**manifest, "spec": {**manifest["spec"], "frames": 3}}))
+    assert_refused(run_cli("compare-datasets", "--first", "by-numba", "--second", "other", cwd=workdir), "are different sweeps")
