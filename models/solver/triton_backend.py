@@ -161,7 +161,7 @@ def _relax_pair(fi, fo, wrho, cu, base, hp, hm):
 # The slot and row numbers change from launch to launch: unspecialised, one compiled kernel serves them all
 # (a CUDA graph captures launches that must not compile).
 @triton.jit(do_not_specialize=["read_slot", "add_slot", "zero_slot", "force_row"])
-def step_kernel(fa, fb, flags, link_row, link_kind, link_coef, inlet_u, rates, u_convect, outlet_sum, forces,
+def step_kernel(fa, fb, flags, block_links, link_row, link_kind, link_coef, inlet_u, rates, u_convect, outlet_sum, forces,
                 ny, nx, read_slot, add_slot, zero_slot, force_row, anchor,
                 FOLD: tl.constexpr, PERIODIC: tl.constexpr, FP16S: tl.constexpr, CDT: tl.constexpr,
                 BLOCK: tl.constexpr):
@@ -169,7 +169,8 @@ def step_kernel(fa, fb, flags, link_row, link_kind, link_coef, inlet_u, rates, u
     interior rows, B simulations). ``rates`` (B, 2) holds half the TRT rates; ``inlet_u`` (B, 3, ny) the
     inflow of the inlet's three directions per ghost row; ``outlet_sum`` (3, B) three slots of the outlet
     column's summed density (read the last step's, add this step's, clear the next one's); ``forces``
-    (steps, B, 2) gets the force on the obstacle in row ``force_row``."""
+    (steps, B, 2) gets the force on the obstacle in row ``force_row``; ``block_links`` (B, ny, x blocks) says
+    which blocks hold a cell next to the obstacle."""
     px, py, sim = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     nsim = tl.num_programs(2)
     y = py + 1
@@ -204,7 +205,7 @@ def step_kernel(fa, fb, flags, link_row, link_kind, link_coef, inlet_u, rates, u
 
     flag = tl.load(flags + sim.to(tl.int64) * plane + cell, mask=mask, other=0)
     lmask = mask & (flag == 2)
-    if tl.max(lmask.to(tl.int32), axis=0) > 0:  # a cell next to the obstacle: read its links
+    if tl.load(block_links + (sim * ny + y) * tl.num_programs(0) + px) != 0:  # a cell next to the obstacle: read its links
         row = tl.load(link_row + sim.to(tl.int64) * plane + cell, mask=lmask, other=0).to(tl.int64)
         kind_row = link_kind + row * 9
         coef_row = link_coef + row * 27
@@ -251,7 +252,7 @@ def step_kernel(fa, fb, flags, link_row, link_kind, link_coef, inlet_u, rates, u
 
     if PERIODIC == 0:
         # the outlet: this step's column density for the next step's drift, and the ghosts one step behind
-        if tl.max(xs, axis=0) >= nx - 2:
+        if px == tl.num_programs(0) - 1:  # the block that holds column nx - 2
             at = mask & (xs == nx - 2) & fluid
             tl.atomic_add(outlet_sum + add_slot * nsim + sim, tl.sum(tl.where(at, rho, 0.0), axis=0).to(outlet_sum.dtype.element_ty))
             _ghost(fa, fb, plane, nx, y, xs, mask, 3, WS, drift, uc, anchor, FOLD, FP16S, CDT)
@@ -330,6 +331,11 @@ class FusedBatch:
         self.fb = self.fa.clone()  # ghost populations no step writes keep their values in both buffers
         flags, rows, kinds, coefs = _links(self.plans, self.ny, self.nx)
         self.flags, self.link_row = on(flags), on(rows)
+        self.block = min(_BLOCK_MAX, triton.next_power_of_2(max(self.nx - 2, 16)))
+        blocks = triton.cdiv(self.nx - 2, self.block)
+        padded = np.zeros((self.batch, self.ny, blocks * self.block), bool)
+        padded[:, :, : self.nx - 2] = flags[:, :, 1:-1] == FLAG_LINK
+        self.block_links = on(padded.reshape(self.batch, self.ny, blocks, self.block).any(axis=3).astype(np.uint8))  # (B, ny, blocks)
         self.link_kind, self.link_coef = on(kinds), on(coefs, self.compute)
         self.rates = on([[0.5 * p.omega_plus, 0.5 * p.omega_minus] for p in plans], self.compute)
         self.u_convect = on([p.u_convect for p in plans], self.compute)
@@ -338,7 +344,6 @@ class FusedBatch:
         self._pending: np.ndarray | None = None  # a new inflow, folded in from the step after next
         self.outlet_sum = torch.zeros((3, self.batch), dtype=self.compute, device=self.device)
         self.launches = 0  # steps since the state was set (the first reads its ghost nodes as given)
-        self.block = min(_BLOCK_MAX, triton.next_power_of_2(max(self.nx - 2, 16)))
         self._graphs: dict[tuple, tuple] = {}
 
     # -- state ------------------------------------------------------------------------------------------
@@ -395,7 +400,7 @@ class FusedBatch:
         grid = (triton.cdiv(self.nx - 2, self.block), self.ny - 2, self.batch)
         cdt = tl.float64 if self.compute == torch.float64 else tl.float32
         step_kernel[grid](
-            src, dst, self.flags, self.link_row, self.link_kind, self.link_coef, self.inlet_u, self.rates,
+            src, dst, self.flags, self.block_links, self.link_row, self.link_kind, self.link_coef, self.inlet_u, self.rates,
             self.u_convect, self.outlet_sum, forces, self.ny, self.nx, n % 3, (n + 1) % 3, (n + 2) % 3, row,
             self.anchor, FOLD=n > 0, PERIODIC=self.periodic, FP16S=self.storage == "float16s", CDT=cdt,
             BLOCK=self.block, num_warps=4,

@@ -110,7 +110,7 @@ def test_the_kernel_compiles_for_an_h100(storage, fold, periodic):
     from models.solver.triton_backend import step_kernel
 
     store, compute = {"float32": ("fp32", "fp32"), "float16s": ("fp16", "fp32"), "float64": ("fp64", "fp64")}[storage]
-    pointers = {"fa": store, "fb": store, "flags": "u8", "link_row": "i32", "link_kind": "u8", "link_coef": compute,
+    pointers = {"fa": store, "fb": store, "flags": "u8", "block_links": "u8", "link_row": "i32", "link_kind": "u8", "link_coef": compute,
                 "inlet_u": compute, "rates": compute, "u_convect": compute, "outlet_sum": compute, "forces": compute}
     signature = {**{k: f"*{v}" for k, v in pointers.items()}, **dict.fromkeys(("ny", "nx", "read_slot", "add_slot", "zero_slot", "force_row"), "i32"),
                  "anchor": "fp32", **dict.fromkeys(("FOLD", "PERIODIC", "FP16S", "CDT", "BLOCK"), "constexpr")}
