@@ -21,7 +21,7 @@ from pathlib import Path
 USER_ERROR = 3
 RUN_FAILED = 4
 STOPPED = 5
-KINDS = ("train", "rollout", "probe", "matmul", "simulate")
+KINDS = ("train", "rollout", "probe", "matmul", "simulate", "validate")
 
 
 def job_body(name: str):

@@ -4,17 +4,20 @@ The run holds a convergence table and the drag/lift history.
 """
 
 import json
+from pathlib import Path
 
 import numpy as np
 from prefect import get_run_logger, task
 
-from models.solver.benchmark import REFERENCE, Setup, run, within
+from models.solver.benchmark import REFERENCE, Setup, within
 from tasks.common.errors import UserError
+from tasks.common.launch import run_child
 from tasks.common.names import Tag
 from tasks.common.plots import coefficient_history
 from tasks.common.settings import Settings
 from tasks.common.specs import ValidateSpec
 from tasks.common.tracking import mlflow_run
+from tasks.validate.job import BODY
 
 TOLERANCE = 0.02  # every quantity within 2% of its reference interval
 # Default resolutions: the coarsest at which every quantity met that bar here (2D-2 at 40 nodes left
@@ -63,6 +66,14 @@ def convergence_markdown(case: str, rows: list[dict]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _run_setup(spec: ValidateSpec, setup: Setup, history: Path, logger) -> tuple[dict, dict]:
+    """One resolution in a child process (this one imports no solver framework); its history is written to ``history``."""
+    job = {"case": spec.case, "cells_per_diameter": setup.cells_per_diameter, "backend": spec.backend, "dtype": spec.dtype,
+           "max_time": spec.max_time, "device": spec.device, "history": str(history)}
+    result = run_child("validate", BODY, job, logger)
+    return result["quantities"], result["stats"]
+
+
 @task(name="validate-solver")
 def validate_solver(settings: Settings, spec: ValidateSpec) -> dict:
     """Run the benchmark at each resolution of the ladder; return the finest's figures."""
@@ -71,10 +82,12 @@ def validate_solver(settings: Settings, spec: ValidateSpec) -> dict:
     n = cells_per_diameter(spec)
     name = f"validate-{spec.case}-N{n}"
     with mlflow_run(settings, "validate", name, params={**spec.model_dump(), "resolutions": [s.cells_per_diameter for s in ladder]}) as mlrun:
-        rows, history = [], None
+        rows = []
+        out_dir = settings.run_dir(mlrun.run_id)
+        out_dir.mkdir(parents=True, exist_ok=True)
         for setup in ladder:
             logger.info("%s at %d cells per diameter (tau %.4f)", spec.case, setup.cells_per_diameter, setup.config().tau)
-            quantities, history, stats = run(setup, backend=spec.backend, dtype=spec.dtype, max_time=spec.max_time, device=spec.device)
+            quantities, stats = _run_setup(spec, setup, out_dir / "history.npz", logger)
             row = {**quantities, **stats}
             rows.append(row)
             mlrun.log_metrics({k: v for k, v in row.items() if isinstance(v, (int, float)) and not isinstance(v, bool)},
@@ -83,13 +96,11 @@ def validate_solver(settings: Settings, spec: ValidateSpec) -> dict:
                         ", ".join(f"{k} {v:.5g}" for k, v in quantities.items()), stats["wall_s"], stats["mlups"], stats["converged"])
         final = rows[-1]
         checks = verdict(spec.case, final)
-        out_dir = settings.run_dir(mlrun.run_id)
-        out_dir.mkdir(parents=True, exist_ok=True)
+        history = np.load(out_dir / "history.npz")  # the finest resolution's
         (out_dir / "convergence.md").write_text(convergence_markdown(spec.case, rows))
         (out_dir / "convergence.json").write_text(json.dumps(rows, indent=2, default=float))
         (out_dir / "reference_check.json").write_text(json.dumps(checks, indent=2))
-        np.savez_compressed(out_dir / "history.npz", time=history.time, cd=history.cd, cl=history.cl, dp=history.dp)
-        coefficient_history(history.time, history.cd, history.cl, out_dir / "drag_lift.png",
+        coefficient_history(history["time"], history["cd"], history["cl"], out_dir / "drag_lift.png",
                             f"Schäfer-Turek {spec.case}, {n} cells per diameter")
         for f in ("convergence.md", "convergence.json", "reference_check.json", "history.npz", "drag_lift.png"):
             mlrun.log_artifact(out_dir / f)
