@@ -22,7 +22,7 @@ def parse(*argv: str):
     (["bench-train", "--no-baseline", "--precision", "bf16", "--size", "32"], BenchTrainSpec(baseline=False, precision="bf16", size=32)),
     (["bench-train"], BenchTrainSpec()),
     (["bench-infer", "--tile", "32,64", "--no-compare", "--width", "none"], BenchInferSpec(tile=(32, 64), compare=False)),
-    (["bench-solver", "--nx", "64", "--device", "cuda:1"], BenchSolverSpec(nx=64, device="cuda:1")),
+    (["bench-solver", "--nx", "64", "--backend", "torch", "--device", "cuda:1"], BenchSolverSpec(nx=64, backend="torch", device="cuda:1")),
     (["bench-quality", "--extra-dataset", "a", "--extra-dataset", "b,c", "--stop-at-target", "--noise", "0"],
      BenchQualitySpec(extra_dataset=["a", "b", "c"], stop_at_target=True, noise=0.0)),
     (["generate", "--reynolds", "80", "--reynolds", "90,100"], GenerateSpec(reynolds=[80.0, 90.0, 100.0])),
