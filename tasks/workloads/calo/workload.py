@@ -7,7 +7,6 @@ The networks (nets.py, torch.py, tensorflow.py) are built; training through the 
 """
 
 import hashlib
-import json
 import logging
 import os
 import shutil
@@ -19,7 +18,7 @@ import zarr
 
 from tasks.common.errors import UserError
 from tasks.common.names import Tag
-from tasks.common.store import MANIFEST, STORE, write_json_atomic, writer_lock
+from tasks.common.store import MANIFEST, STORE, workload_manifest, write_json_atomic, writer_lock
 from tasks.workloads import Workload
 from tasks.workloads.calo import showers
 
@@ -129,16 +128,7 @@ def write_dataset(dataset_dir: Path, spec) -> dict:
 
 
 def _manifest(dataset_dir: Path) -> dict:
-    """The calo manifest of ``dataset_dir``; UserError if it is missing or another workload's."""
-    path = dataset_dir / MANIFEST
-    if not path.is_file():
-        raise UserError(f"dataset {dataset_dir.name!r} not found under {dataset_dir.parent} "
-                        f"(run 'python -m flows generate --workload calo --dataset {dataset_dir.name}' first)")
-    manifest = json.loads(path.read_text())
-    if manifest.get("workload") != "calo":
-        raise UserError(f"dataset {dataset_dir.name!r} is not a calo dataset (it holds {manifest.get('workload', 'karman')} data); "
-                        "name a calo dataset (python -m flows generate --workload calo)")
-    return manifest
+    return workload_manifest(dataset_dir, "calo")
 
 
 def read_dataset(dataset_dir: Path, start: int = 0, stop: int | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
