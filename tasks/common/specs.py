@@ -53,7 +53,7 @@ class Spec(BaseModel):
 class GenerateSpec(Spec):
     """A workload's dataset: for karman, a parameter sweep of channel flows past obstacles (lattice units)."""
 
-    workload: str = Field(default="karman", pattern=r"^[a-z][a-z0-9_-]{0,31}$", description="Workload whose dataset to write: karman (the solver sweep below) or digits (5,000 real MNIST digits); the fields from reynolds on are karman's")
+    workload: str = Field(default="karman", pattern=r"^[a-z][a-z0-9_-]{0,31}$", description="Workload whose dataset to write: karman (the solver sweep below), digits (5,000 real MNIST digits) or calo (synthetic calorimeter showers); the fields from reynolds to verify are karman's, events, energy and angle calo's")
     dataset: str = DatasetName
     reynolds: list[PositiveFloat] = Field(default=[70.0, 80.0, 90.0, 100.0, 110.0, 120.0, 130.0, 140.0, 150.0], min_length=1, description="Reynolds numbers (mean inflow velocity, obstacle size)")
     shapes: list[Literal["circle", "square", "rectangle", "ellipse"]] = Field(default=["circle"], min_length=1, description="Obstacle shapes")
@@ -74,6 +74,9 @@ class GenerateSpec(Spec):
     scheduler: str | None = Field(default=None, description="Address of an existing Dask scheduler; None starts a LocalCluster")
     overwrite: bool = Field(default=False, description="Delete an existing dataset of this name first")
     verify: bool = Field(default=False, description="Read every complete simulation back against its digest and simulate again those whose data is damaged or lost")
+    events: PositiveInt = Field(default=2000, le=10_000_000, description="calo: synthetic showers to simulate")
+    energy: list[PositiveFloat] = Field(default=[100.0, 200.0], min_length=2, max_length=2, description="calo: primary energy range in GeV, low then high (uniform)")
+    angle: list[PositiveFloat] = Field(default=[60.0, 120.0], min_length=2, max_length=2, description="calo: incidence angle range in degrees, the shower axis against the y axis (90 = perpendicular to the layers), low then high (uniform)")
 
     @field_validator("reynolds", "shapes", "size", "x_position", "y_offset")
     @classmethod

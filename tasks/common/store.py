@@ -176,6 +176,19 @@ def remove_stale_groups(dataset_dir: Path, keep: set[str]) -> list[str]:
     return removed
 
 
+def workload_manifest(dataset_dir: Path, workload: str) -> dict[str, Any]:
+    """The manifest of ``workload``'s dataset in ``dataset_dir``; UserError if it is missing or another workload's."""
+    path = dataset_dir / MANIFEST
+    if not path.is_file():
+        raise UserError(f"dataset {dataset_dir.name!r} not found under {dataset_dir.parent} "
+                        f"(run 'python -m flows generate --workload {workload} --dataset {dataset_dir.name}' first)")
+    manifest = json.loads(path.read_text())
+    if manifest.get("workload") != workload:
+        raise UserError(f"dataset {dataset_dir.name!r} is not a {workload} dataset (it holds {manifest.get('workload', 'karman')} data); "
+                        f"name a {workload} dataset (python -m flows generate --workload {workload})")
+    return manifest
+
+
 def load_manifest(dataset_dir: Path) -> dict[str, Any]:
     """The manifest of a finished dataset; UserError if it is missing or empty."""
     path = dataset_dir / MANIFEST

@@ -40,6 +40,8 @@ def expand(spec: GenerateSpec) -> list[SimulationSpec]:
     return sims
 
 
+CALO_FIELDS = ("events", "energy", "angle")  # the calo workload's: not part of a karman sweep
+
 # Fields that became lists; a dataset written while they were scalars recorded the scalar.
 _WERE_SCALARS = ("size", "x_position", "y_offset")
 
@@ -47,7 +49,7 @@ _WERE_SCALARS = ("size", "x_position", "y_offset")
 def _sweep_key(spec: GenerateSpec) -> dict:
     """What identifies a dataset's sweep in its manifest. A one-value list of a field that used to be a
     scalar is recorded as that scalar, so datasets generated before stay the same sweep."""
-    key = spec.model_dump(exclude={"workers", "scheduler", "overwrite", "verify", "dataset", "workload", "device", "cpu_backend"})
+    key = spec.model_dump(exclude={"workers", "scheduler", "overwrite", "verify", "dataset", "workload", "device", "cpu_backend", *CALO_FIELDS})
     for name in _WERE_SCALARS:
         if len(key[name]) == 1:
             key[name] = key[name][0]

@@ -19,6 +19,7 @@ from tasks.common.specs import DEFAULT_EPOCHS
 WORKLOADS: dict[str, str] = {
     "karman": "tasks.workloads.karman",
     "digits": "tasks.workloads.digits",
+    "calo": "tasks.workloads.calo",
 }
 EXTRA_ENV = "KARMAN_WORKLOADS"
 

@@ -127,6 +127,7 @@ def test_sweep_expands_over_every_combination_and_keeps_the_default_sweep():
     key = _sweep_key(GenerateSpec())
     assert (key["size"], key["x_position"], key["y_offset"]) == (16.0, 0.375, 0.5)
     assert _sweep_key(GenerateSpec(size=[8.0, 12.0]))["size"] == [8.0, 12.0]
+    assert not {"events", "energy", "angle"} & set(key)  # the calo workload's fields are no part of a karman sweep
 
 
 def test_a_bad_sweep_member_is_named_with_its_value():

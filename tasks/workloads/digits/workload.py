@@ -13,7 +13,6 @@ loss and batch order; what differs is only the framework.
 import gzip
 import hashlib
 import importlib.util
-import json
 import logging
 import shutil
 import time
@@ -26,7 +25,7 @@ import zarr
 from tasks.common.data import epoch_order
 from tasks.common.errors import UserError
 from tasks.common.names import Tag
-from tasks.common.store import MANIFEST, STORE, write_json_atomic, writer_lock
+from tasks.common.store import MANIFEST, STORE, workload_manifest, write_json_atomic, writer_lock
 from tasks.workloads import Workload
 
 log = logging.getLogger("karman.digits")
@@ -151,16 +150,7 @@ def _read_store(dataset_dir: Path) -> tuple[np.ndarray, np.ndarray, dict[str, np
 
 
 def _manifest(dataset_dir: Path) -> dict:
-    """The digits manifest of ``dataset_dir``; UserError if it is missing or another workload's."""
-    path = dataset_dir / MANIFEST
-    if not path.is_file():
-        raise UserError(f"dataset {dataset_dir.name!r} not found under {dataset_dir.parent} "
-                        f"(run 'python -m flows generate --workload digits --dataset {dataset_dir.name}' first)")
-    manifest = json.loads(path.read_text())
-    if manifest.get("workload") != "digits":
-        raise UserError(f"dataset {dataset_dir.name!r} is not a digits dataset (it holds {manifest.get('workload', 'karman')} data); "
-                        "name a digits dataset (python -m flows generate --workload digits)")
-    return manifest
+    return workload_manifest(dataset_dir, "digits")
 
 
 def load_checked(dataset_dir: Path) -> tuple[dict, np.ndarray, np.ndarray, dict[str, np.ndarray]]:

@@ -1,0 +1,163 @@
+"""The 3DGAN networks' shapes, framework-neutral: the published generator and discriminator layer by layer, scaled by one width, their parameter counts, initial weights and training FLOPs.
+
+Layer structure as published by CERN openlab (3DGAN for 51x51x25 electron showers conditioned on energy
+and angle; the TensorFlow 2 distributed version of R. Cardoso and S. Vallecorsa), channels last, spatial
+order (x, y, z):
+
+* generator: latent (energy / 100 GeV, angle in radians, 254 normal numbers) -> dense 9*9*8*8 -> reshape
+  (9, 9, 8, 8) -> nearest upsampling x6 (54, 54, 48) -> conv 8 (6,6,8) valid, relu, BN -> [zero-pad (2,2,1),
+  conv 6 (4,4,6), relu, BN] x3 -> pad (1,1,0), conv 6 (3,3,5), relu, BN -> pad (1,1,0), conv 6 (3,3,3), relu
+  -> conv 1 (2,2,2), relu: (51, 51, 25, 1).
+* discriminator: image (51, 51, 25, 1) -> conv 16 (5,6,6) same, leaky relu 0.3, dropout 0.2 -> pad (0,0,1),
+  conv 8 (5,6,6), leaky, BN, dropout -> pad (0,0,1), conv 8 (5,6,6), leaky, BN, dropout -> conv 8 (5,6,6), leaky,
+  BN, dropout -> average pool 2 -> flatten (19*18*7*8) -> real/fake (dense 1, sigmoid) and energy (dense 1,
+  linear) heads; two heads without weights: the barycentre angle and the energy sum of image^(1/0.85).
+* BN: batch normalisation, epsilon 1e-6, momentum 0.99 (Keras' convention). ``width`` scales every channel
+  count (at least 1), ``latent`` the latent size: a smaller configuration keeps the structure.
+
+Weights in one layout for every framework: conv kernels (kx, ky, kz, in, out), dense kernels (in, out).
+"""
+
+from dataclasses import dataclass
+
+import numpy as np
+
+IMAGE = (51, 51, 25)
+SEED_GRID = (9, 9, 8)  # the generator's dense output, before upsampling
+UPSAMPLE = 6
+LEAKY_SLOPE = 0.3  # Keras' LeakyReLU default, which the published discriminator uses
+BN_EPSILON, BN_MOMENTUM = 1e-6, 0.99
+POWER = 0.85  # the images enter the discriminator as deposits^0.85; its sum and angle heads undo it
+ENERGY_SCALE = 100.0  # GeV: energy labels and the generator's energy input are E / 100 GeV
+LOSS_WEIGHTS = {"real_fake": 3.0, "energy": 0.1, "angle": 25.0, "ecal_sum": 0.1}  # BCE, MAPE, MAE, MAPE
+LEARNING_RATE = 1e-3  # RMSprop, both networks (Keras' defaults otherwise: rho 0.9, epsilon 1e-7)
+
+
+@dataclass(frozen=True)
+class NetConfig:
+    """latent: the generator's input size (2 conditions + noise); width: channel multiplier; dropout: the discriminator's rate."""
+
+    latent: int = 256
+    width: float = 1.0
+    dropout: float = 0.2
+
+    def ch(self, c: int) -> int:
+        return max(1, int(round(c * self.width)))
+
+
+PUBLISHED = NetConfig()
+SMALL = NetConfig(latent=32, width=0.5)  # the CPU configuration of the tests: the same layers, fewer channels
+
+
+@dataclass(frozen=True)
+class Conv:
+    name: str
+    cin: int
+    cout: int
+    kernel: tuple[int, int, int]
+    pad: tuple[tuple[int, int], ...]  # zero padding before the convolution, (before, after) per spatial axis
+    out: tuple[int, int, int]  # output spatial shape
+    bn: bool
+
+
+def _conv(name, cin, cout, kernel, pad, shape, bn) -> Conv:
+    pad = tuple((p, p) if isinstance(p, int) else p for p in pad)
+    out = tuple(s + p[0] + p[1] - k + 1 for s, p, k in zip(shape, pad, kernel))
+    return Conv(name, cin, cout, kernel, pad, out, bn)
+
+
+def generator_convs(cfg: NetConfig) -> list[Conv]:
+    c0, c8, c6 = cfg.ch(8), cfg.ch(8), cfg.ch(6)
+    layers = []
+    shape = tuple(s * UPSAMPLE for s in SEED_GRID)
+    for name, cin, cout, kernel, pad, bn in (("g1", c0, c8, (6, 6, 8), (0, 0, 0), True), ("g2", c8, c6, (4, 4, 6), (2, 2, 1), True),
+                                             ("g3", c6, c6, (4, 4, 6), (2, 2, 1), True), ("g4", c6, c6, (4, 4, 6), (2, 2, 1), True),
+                                             ("g5", c6, c6, (3, 3, 5), (1, 1, 0), True), ("g6", c6, c6, (3, 3, 3), (1, 1, 0), False),
+                                             ("g7", c6, 1, (2, 2, 2), (0, 0, 0), False)):
+        layers.append(_conv(name, cin, cout, kernel, pad, shape, bn))
+        shape = layers[-1].out
+    assert shape == IMAGE, shape
+    return layers
+
+
+def discriminator_convs(cfg: NetConfig) -> list[Conv]:
+    c16, c8 = cfg.ch(16), cfg.ch(8)
+    same = ((2, 2), (2, 3), (2, 3))  # 'same' for (5, 6, 6): the odd pixel after, as Keras pads
+    layers = [_conv("d1", 1, c16, (5, 6, 6), same, IMAGE, False)]
+    for name, cin, pad in (("d2", c16, (0, 0, 1)), ("d3", c8, (0, 0, 1)), ("d4", c8, (0, 0, 0))):
+        layers.append(_conv(name, cin, c8, (5, 6, 6), pad, layers[-1].out, True))
+    return layers
+
+
+def seed_channels(cfg: NetConfig) -> int:
+    return cfg.ch(8)
+
+
+def flat_features(cfg: NetConfig) -> int:
+    """The discriminator's features after the average pool, (x, y, z, c) order."""
+    return int(np.prod([s // 2 for s in discriminator_convs(cfg)[-1].out])) * cfg.ch(8)
+
+
+def weight_shapes(cfg: NetConfig) -> dict[str, dict[str, tuple[int, ...]]]:
+    """Every trainable weight and batch-norm statistic of both networks, in the one layout, by network."""
+    g = {"dense/kernel": (cfg.latent, int(np.prod(SEED_GRID)) * seed_channels(cfg)), "dense/bias": (int(np.prod(SEED_GRID)) * seed_channels(cfg),)}
+    d = {}
+    for net, convs in ((g, generator_convs(cfg)), (d, discriminator_convs(cfg))):
+        for c in convs:
+            net[f"{c.name}/kernel"], net[f"{c.name}/bias"] = (*c.kernel, c.cin, c.cout), (c.cout,)
+            if c.bn:
+                for part in ("gamma", "beta", "moving_mean", "moving_variance"):
+                    net[f"{c.name}_bn/{part}"] = (c.cout,)
+    for head in ("fake", "aux"):
+        d[f"{head}/kernel"], d[f"{head}/bias"] = (flat_features(cfg), 1), (1,)
+    return {"generator": g, "discriminator": d}
+
+
+def parameter_counts(cfg: NetConfig) -> dict[str, dict[str, int]]:
+    """Trainable parameters and all weights (with batch-norm moving statistics) of each network."""
+    out = {}
+    for net, shapes in weight_shapes(cfg).items():
+        total = sum(int(np.prod(s)) for s in shapes.values())
+        moving = sum(int(np.prod(s)) for k, s in shapes.items() if "moving" in k)
+        out[net] = {"trainable": total - moving, "total": total}
+    return out
+
+
+def initial_weights(cfg: NetConfig, seed: int) -> dict[str, dict[str, np.ndarray]]:
+    """Initial weights (float32, the one layout), a function of ``seed`` only: kernels He-uniform (the
+    published generator's), biases zero, batch norm gamma 1, beta 0, moving mean 0, moving variance 1."""
+    rng = np.random.default_rng([seed, 30])
+    out = {}
+    for net, shapes in weight_shapes(cfg).items():
+        w = {}
+        for name, shape in shapes.items():
+            if name.endswith("/kernel"):
+                bound = np.sqrt(6.0 / int(np.prod(shape[:-1])))
+                w[name] = rng.uniform(-bound, bound, shape).astype(np.float32)
+            else:
+                w[name] = (np.ones if name.endswith(("gamma", "moving_variance")) else np.zeros)(shape, np.float32)
+        out[net] = w
+    return out
+
+
+def multiply_adds(cfg: NetConfig) -> dict[str, list[int]]:
+    """Forward multiply-adds of each weight layer for one sample, in order, per network (dense first for the generator, heads last for the discriminator)."""
+    g = [cfg.latent * int(np.prod(SEED_GRID)) * seed_channels(cfg)]
+    g += [int(np.prod(c.out)) * int(np.prod(c.kernel)) * c.cin * c.cout for c in generator_convs(cfg)]
+    d = [int(np.prod(c.out)) * int(np.prod(c.kernel)) * c.cin * c.cout for c in discriminator_convs(cfg)]
+    d += [2 * flat_features(cfg)]
+    return {"generator": g, "discriminator": d}
+
+
+def train_flops_per_sample(cfg: NetConfig) -> float:
+    """Training FLOPs of one sample of the batch in one step of the four tapes (a multiply-add = 2 FLOPs):
+    (1) D on real images: D forward, D weight gradients, D input gradients but the first layer's;
+    (2) D on generated images: G forward (inference) and the same D work; (3, 4) G twice: G forward, D
+    forward, D input gradients of every layer (no D weight gradients: D is frozen), G weight gradients and
+    G input gradients but the first layer's. Biases, activations, batch norm, pooling, upsampling and the
+    losses are left out (elementwise)."""
+    m = multiply_adds(cfg)
+    g, d = sum(m["generator"]), sum(m["discriminator"])
+    d_step = 3 * d - m["discriminator"][0]
+    g_step = g + d + d + g + (g - m["generator"][0])
+    return float(2 * (d_step + (g + d_step) + 2 * g_step))

@@ -1,0 +1,160 @@
+"""The 3DGAN generator and discriminator in PyTorch, layer by layer as nets.py describes them, loading and giving weights in its one layout."""
+
+import math
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from tasks.workloads.calo.nets import (BN_EPSILON, BN_MOMENTUM, IMAGE, LEAKY_SLOPE, POWER, SEED_GRID, UPSAMPLE, NetConfig,
+                                       discriminator_convs, flat_features, generator_convs, seed_channels)
+
+
+def _pad(conv) -> tuple[int, ...]:
+    """nets.py's (before, after) per (x, y, z) as F.pad wants it: last axis first."""
+    return tuple(p for axis in reversed(conv.pad) for p in axis)
+
+
+class _Layers(nn.Module):
+    """Convolutions (and their batch norms) of nets.py's table; tensors (B, C, x, y, z)."""
+
+    def __init__(self, convs):
+        super().__init__()
+        self.convs = convs
+        self.conv = nn.ModuleDict({c.name: nn.Conv3d(c.cin, c.cout, c.kernel) for c in convs})
+        self.bn = nn.ModuleDict({c.name: nn.BatchNorm3d(c.cout, eps=BN_EPSILON, momentum=1 - BN_MOMENTUM) for c in convs if c.bn})
+
+    def load(self, weights: dict[str, np.ndarray]) -> None:
+        with torch.no_grad():
+            for c in self.convs:
+                self.conv[c.name].weight.copy_(torch.from_numpy(weights[f"{c.name}/kernel"].transpose(4, 3, 0, 1, 2).copy()))
+                self.conv[c.name].bias.copy_(torch.from_numpy(weights[f"{c.name}/bias"]))
+                if c.bn:
+                    bn = self.bn[c.name]
+                    for attr, part in (("weight", "gamma"), ("bias", "beta"), ("running_mean", "moving_mean"), ("running_var", "moving_variance")):
+                        getattr(bn, attr).copy_(torch.from_numpy(weights[f"{c.name}_bn/{part}"]))
+
+    def dump(self) -> dict[str, np.ndarray]:
+        out = {}
+        for c in self.convs:
+            out[f"{c.name}/kernel"] = self.conv[c.name].weight.detach().cpu().numpy().transpose(2, 3, 4, 1, 0).copy()
+            out[f"{c.name}/bias"] = self.conv[c.name].bias.detach().cpu().numpy()
+            if c.bn:
+                bn = self.bn[c.name]
+                for attr, part in (("weight", "gamma"), ("bias", "beta"), ("running_mean", "moving_mean"), ("running_var", "moving_variance")):
+                    out[f"{c.name}_bn/{part}"] = getattr(bn, attr).detach().cpu().numpy().copy()
+        return out
+
+
+class Generator(nn.Module):
+    """Latent (B, latent) -> images (B, 51, 51, 25, 1), channels last as in Keras."""
+
+    def __init__(self, cfg: NetConfig):
+        super().__init__()
+        self.cfg, self.c0 = cfg, seed_channels(cfg)
+        self.dense = nn.Linear(cfg.latent, int(np.prod(SEED_GRID)) * self.c0)
+        self.layers = _Layers(generator_convs(cfg))
+
+    def forward(self, z: torch.Tensor) -> torch.Tensor:
+        x = self.dense(z).view(-1, *SEED_GRID, self.c0).permute(0, 4, 1, 2, 3)  # (B, c0, 9, 9, 8) from (x, y, z, c) order
+        x = F.interpolate(x, scale_factor=UPSAMPLE, mode="nearest")  # (B, c0, 54, 54, 48)
+        for c in self.layers.convs:
+            x = F.relu(self.layers.conv[c.name](F.pad(x, _pad(c))))
+            if c.bn:
+                x = self.layers.bn[c.name](x)
+        return x.permute(0, 2, 3, 4, 1)  # (B, 51, 51, 25, 1)
+
+    def load_weights(self, weights: dict[str, np.ndarray]) -> None:
+        with torch.no_grad():
+            self.dense.weight.copy_(torch.from_numpy(weights["dense/kernel"].T.copy()))
+            self.dense.bias.copy_(torch.from_numpy(weights["dense/bias"]))
+        self.layers.load(weights)
+
+    def weights(self) -> dict[str, np.ndarray]:
+        return {"dense/kernel": self.dense.weight.detach().cpu().numpy().T.copy(), "dense/bias": self.dense.bias.detach().cpu().numpy(),
+                **self.layers.dump()}
+
+
+def ecal_sum(image: torch.Tensor) -> torch.Tensor:
+    """(B, 51, 51, 25) -> (B, 1): the deposits' sum."""
+    return image.sum(dim=(1, 2, 3)).unsqueeze(1)
+
+
+def barycentre_angle(image: torch.Tensor) -> torch.Tensor:
+    """(B, 51, 51, 25) -> (B, 1) radians: physics.barycentre_angle, the published angle head."""
+    nx, ny, nz = image.shape[1:]
+    xs, ys, zs = (torch.arange(n, dtype=image.dtype, device=image.device) + 0.5 for n in (nx, ny, nz))
+    total = image.sum(dim=(1, 2, 3))
+    empty = total == 0
+    safe = torch.where(empty, torch.ones_like(total), total)
+    x_ref = torch.where(empty, torch.ones_like(total), image.sum(dim=(2, 3)) @ xs / safe)[:, None]
+    y_ref = torch.where(empty, torch.ones_like(total), image.sum(dim=(1, 3)) @ ys / safe)[:, None]
+    z_ref = torch.where(empty, torch.ones_like(total), image.sum(dim=(1, 2)) @ zs / safe)[:, None]
+    per_layer = image.sum(dim=(1, 2))  # (B, nz)
+    layer_empty = per_layer == 0
+    safe_layer = torch.where(layer_empty, torch.ones_like(per_layer), per_layer)
+    x_mid = torch.where(layer_empty, torch.zeros_like(per_layer), torch.einsum("bxz,x->bz", image.sum(dim=2), xs) / safe_layer)
+    y_mid = torch.where(layer_empty, torch.zeros_like(per_layer), torch.einsum("byz,y->bz", image.sum(dim=1), ys) / safe_layer)
+    z = zs[None, :]
+    proj = torch.sqrt(torch.clamp((x_mid - x_ref) ** 2 + (z - z_ref) ** 2, min=1e-7))
+    slope = (y_mid - y_ref) / proj
+    slope = torch.where(z < z_ref, -slope, slope)
+    mask = (~layer_empty).to(image.dtype)
+    ang = (math.pi / 2 - torch.atan(slope)) * mask * z
+    measured = ang.sum(dim=1) / torch.clamp((z * mask).sum(dim=1), min=1e-30)
+    return torch.where(empty, torch.full_like(measured, 100.0), measured)[:, None]
+
+
+class Discriminator(nn.Module):
+    """Images (B, 51, 51, 25, 1) as deposits^POWER -> (real/fake probability, energy / 100 GeV, angle, deposit sum), each (B, 1)."""
+
+    def __init__(self, cfg: NetConfig):
+        super().__init__()
+        self.cfg = cfg
+        self.layers = _Layers(discriminator_convs(cfg))
+        self.fake, self.aux = nn.Linear(flat_features(cfg), 1), nn.Linear(flat_features(cfg), 1)
+
+    def forward(self, image: torch.Tensor):
+        x = image.permute(0, 4, 1, 2, 3)  # (B, 1, 51, 51, 25)
+        for c in self.layers.convs:
+            x = F.leaky_relu(self.layers.conv[c.name](F.pad(x, _pad(c))), LEAKY_SLOPE)
+            if c.bn:
+                x = self.layers.bn[c.name](x)
+            x = F.dropout(x, self.cfg.dropout, self.training)
+        x = F.avg_pool3d(x, 2).permute(0, 2, 3, 4, 1).flatten(1)  # (B, features) in (x, y, z, c) order
+        deposits = image[..., 0] ** (1.0 / POWER)
+        return torch.sigmoid(self.fake(x)), self.aux(x), barycentre_angle(deposits), ecal_sum(deposits)
+
+    def load_weights(self, weights: dict[str, np.ndarray]) -> None:
+        with torch.no_grad():
+            for head in ("fake", "aux"):
+                getattr(self, head).weight.copy_(torch.from_numpy(weights[f"{head}/kernel"].T.copy()))
+                getattr(self, head).bias.copy_(torch.from_numpy(weights[f"{head}/bias"]))
+        self.layers.load(weights)
+
+    def weights(self) -> dict[str, np.ndarray]:
+        out = self.layers.dump()
+        for head in ("fake", "aux"):
+            out[f"{head}/kernel"] = getattr(self, head).weight.detach().cpu().numpy().T.copy()
+            out[f"{head}/bias"] = getattr(self, head).bias.detach().cpu().numpy()
+        return out
+
+
+def build_networks(cfg: NetConfig, weights: dict[str, dict[str, np.ndarray]] | None = None) -> tuple[Generator, Discriminator]:
+    """The generator and discriminator of ``cfg``, with ``weights`` (nets.initial_weights' layout) if given."""
+    g, d = Generator(cfg), Discriminator(cfg)
+    if weights is not None:
+        g.load_weights(weights["generator"])
+        d.load_weights(weights["discriminator"])
+    return g, d
+
+
+def parameter_counts(g: nn.Module, d: nn.Module) -> dict[str, dict[str, int]]:
+    """Trainable parameters and all weights (with batch-norm running statistics, not the batch counter) of each network."""
+    out = {}
+    for name, net in (("generator", g), ("discriminator", d)):
+        trainable = sum(p.numel() for p in net.parameters())
+        stats = sum(b.numel() for n, b in net.named_buffers() if n.endswith(("running_mean", "running_var")))
+        out[name] = {"trainable": trainable, "total": trainable + stats}
+    return out

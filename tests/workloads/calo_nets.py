@@ -1,0 +1,45 @@
+"""Child body of the calo tests: the torch and Keras 3DGAN networks of one configuration from the same numpy weights; prints their parameter counts and outputs as JSON.
+
+Torch and TensorFlow meet in this process only (the test process may hold torch_xla)."""
+
+import json
+import os
+import sys
+
+os.environ.setdefault("KERAS_BACKEND", "tensorflow")
+
+
+def main(latent: int, width: float) -> dict:
+    import numpy as np
+    import torch
+
+    from tasks.workloads.calo import tensorflow as kn
+    from tasks.workloads.calo import torch as tn
+    from tasks.workloads.calo.nets import NetConfig, SMALL, initial_weights
+
+    cfg = NetConfig(latent=latent, width=width)
+    weights = initial_weights(cfg, 0)
+    tg, td = tn.build_networks(cfg, weights)
+    kg, kd = kn.build_networks(cfg, weights)
+    out = {"torch": tn.parameter_counts(tg, td), "keras": kn.parameter_counts(kg, kd)}
+    if cfg == SMALL:  # the outputs in inference mode (dropout off, batch norm from its statistics)
+        rng = np.random.default_rng(1)
+        z = rng.standard_normal((2, cfg.latent)).astype(np.float32)
+        z[:, 0], z[:, 1] = [1.2, 1.8], [1.3, 1.9]  # energy / 100 GeV, angle (radians)
+        tg.eval(), td.eval()
+        with torch.no_grad():
+            t_img = tg(torch.from_numpy(z))
+            t_heads = td(t_img + 1e-3)
+        k_img = kg(z, training=False)
+        k_heads = kd(k_img + 1e-3, training=False)
+        out["image_max_diff"] = float(np.abs(t_img.numpy() - np.asarray(k_img)).max())
+        out["image_mean"] = float(t_img.numpy().mean())
+        out["heads_torch"] = [h.numpy().ravel().tolist() for h in t_heads]
+        out["heads_keras"] = [np.asarray(h).ravel().tolist() for h in k_heads]
+        back = kn.weights_of(kd)
+        out["round_trip"] = all(np.array_equal(back[k], v) for k, v in td.weights().items()) and set(back) == set(td.weights())
+    return out
+
+
+if __name__ == "__main__":
+    print(json.dumps(main(int(sys.argv[1]), float(sys.argv[2]))))

@@ -1,0 +1,119 @@
+"""The calo workload: the synthetic showers follow their analytic profile, the metrics measure what they say, the dataset is written on Dask the same whatever the workers, bad ranges are refused, and the torch and Keras networks are one network."""
+
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from tests.conftest import ROOT, run_cli
+from tests.flows.test_cli import assert_refused
+
+
+def test_the_mean_longitudinal_profile_is_the_analytic_gamma_profile():
+    from tasks.workloads.calo.showers import analytic_longitudinal, shower_events
+
+    for fluctuate, events, tol in ((False, 40, 0.002), (True, 150, 0.004)):
+        cells = shower_events(np.full(events, 150.0), np.full(events, 90.0), 7, fluctuate=fluctuate)
+        measured = cells.sum(axis=(1, 2)).mean(axis=0) / cells.sum(axis=(1, 2, 3)).mean()  # fraction per layer
+        expected = analytic_longitudinal(150.0, 90.0, fluctuate=fluctuate)
+        expected = expected / expected.sum()
+        assert np.abs(measured - expected).max() < tol, (fluctuate, np.abs(measured - expected).max())
+    # deeper at higher energy (T grows as ln E), as the parametrisation says
+    assert np.argmax(analytic_longitudinal(500.0)) > np.argmax(analytic_longitudinal(10.0))
+
+
+def test_the_metrics_recover_the_sampling_fraction_resolution_and_angle():
+    from tasks.workloads.calo import physics
+    from tasks.workloads.calo.showers import SAMPLING_FRACTION, STOCHASTIC, shower_events
+
+    rng = np.random.default_rng(3)
+    energy, angle = rng.uniform(100, 200, 240), rng.choice([65.0, 90.0, 115.0], 240)
+    cells = shower_events(energy, angle, 11)
+    m = physics.shower_metrics(cells, energy, angle)
+    assert m["count"].sum() == 240 and m["longitudinal"].shape == (3, 3, 25) and m["x"].shape == (3, 3, 51)
+    assert np.allclose(m["sampling_fraction"], SAMPLING_FRACTION * 0.987, rtol=0.01)  # 1.3 % leaks out of 25 X0
+    assert np.allclose(m["resolution"], STOCHASTIC / np.sqrt(150.0), rtol=0.6)  # 1.4 %, from about 25 events a bin
+    assert np.allclose(m["longitudinal"].sum(axis=2), m["x"].sum(axis=2)) and np.allclose(m["x"].sum(axis=2), m["y"].sum(axis=2))
+    scaled = {k: v * 1.1 for k, v in m.items()}
+    errors = physics.relative_errors(m, scaled)
+    assert set(errors) == {"longitudinal", "x", "y", "sampling_fraction", "resolution"}
+    assert np.nanmax(np.abs(errors["longitudinal"] - 0.1)) < 1e-9 and np.isnan(errors["x"]).any()  # empty tails left out
+    measured = np.degrees(physics.barycentre_angle(cells))
+    means = [measured[angle == a].mean() for a in (65.0, 90.0, 115.0)]
+    assert means[0] < 85 < means[1] < 95 < means[2] and physics.barycentre_angle(np.zeros((1, 51, 51, 25)))[0] == 100.0
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--energy", "5,200"], "--energy 5,200: the calo generator covers 10-500 GeV; give two values inside it, the lower first"),
+    (["--angle", "120,60"], "--angle 120,60: the calo generator covers 60-120 degrees; give two values inside it, the lower first"),
+])
+def test_ranges_outside_the_generator_are_refused_and_nothing_is_written(workdir, args, message):
+    assert_refused(run_cli("generate", "--workload", "calo", "--dataset", "showers", *args, cwd=workdir), message)
+    assert not (workdir / "data" / "datasets" / "showers").exists()
+
+
+def test_the_dataset_is_synthetic_chunked_and_the_same_whatever_the_workers(workdir):
+    from tasks.common.settings import Settings
+    from tasks.common.specs import GenerateSpec
+    from tasks.workloads import get_workload
+    from tasks.workloads.calo import workload as calo
+    from tasks.workloads.calo.showers import shower_events
+
+    spec = GenerateSpec(workload="calo", dataset="showers", events=150, workers=2, seed=4)
+    out = calo.generate(Settings.from_env(), spec)
+    assert out["written"] and out["events"] == 150 and out["synthetic"] and get_workload("calo").synthetic
+    manifest = calo.load_checked(workdir / "data" / "datasets" / "showers")
+    assert manifest["synthetic"] and "GFlash" in manifest["model"] and manifest["chunks"] == 2 and manifest["parameters"]["energy_gev"] == [100.0, 200.0]
+    assert manifest["sampling_fraction"] == pytest.approx(0.0197, rel=0.01)
+    cells, energy, angle = calo.read_dataset(workdir / "data" / "datasets" / "showers", 100)
+    assert cells.shape == (50, 51, 51, 25) and 100 <= energy.min() and energy.max() <= 200 and 60 <= angle.min() and angle.max() <= 120
+    alone = shower_events(energy.astype(np.float64), angle.astype(np.float64), (4, 30, 1))  # chunk 1 in this process
+    assert np.array_equal(cells, alone) and calo.chunk_digest(alone, energy, angle) == manifest["chunk_digests"][1]
+    assert not calo.generate(Settings.from_env(), spec)["written"]  # complete: a no-op
+    from tasks.common.errors import UserError
+    with pytest.raises(UserError, match="already exists with different calo parameters"):
+        calo.check_generate(Settings.from_env(), spec.model_copy(update={"events": 200}))
+
+
+@pytest.fixture(scope="module")
+def networks() -> dict[str, dict]:
+    """The small and the published configuration, torch beside Keras, each in a child process (run side by side)."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": ""}
+    procs = {name: subprocess.Popen([sys.executable, "-m", "tests.workloads.calo_nets", *args], cwd=ROOT, env=env,
+                                    stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for name, args in (("small", ("32", "0.5")), ("published", ("256", "1.0")))}
+    out = {}
+    for name, proc in procs.items():
+        stdout, stderr = proc.communicate(timeout=300)
+        assert proc.returncode == 0, stderr[-3000:]
+        out[name] = json.loads(stdout.strip().splitlines()[-1])
+    return out
+
+
+def test_torch_and_keras_have_the_published_parameter_counts_and_give_the_same_outputs(networks):
+    from tasks.workloads.calo.nets import PUBLISHED, SMALL, parameter_counts
+
+    published = {"generator": {"trainable": 1_364_983, "total": 1_365_047}, "discriminator": {"trainable": 87_354, "total": 87_402}}
+    assert networks["published"]["torch"] == networks["published"]["keras"] == parameter_counts(PUBLISHED) == published
+    small = networks["small"]
+    assert small["torch"] == small["keras"] == parameter_counts(SMALL)
+    assert small["image_mean"] > 0 and small["image_max_diff"] < 1e-4 and small["round_trip"]
+    for t, k in zip(small["heads_torch"], small["heads_keras"]):  # real/fake, energy, angle, sum
+        assert t == pytest.approx(k, rel=1e-4)
+
+
+def test_flops_per_layer_match_torchs_flop_counter():
+    import torch
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from tasks.workloads.calo import torch as tn
+    from tasks.workloads.calo.nets import SMALL, multiply_adds
+
+    g, d = tn.build_networks(SMALL)
+    with torch.no_grad(), FlopCounterMode(display=False) as counter:
+        d(g(torch.randn(1, SMALL.latent)))
+    m = multiply_adds(SMALL)
+    assert counter.get_total_flops() == pytest.approx(2 * (sum(m["generator"]) + sum(m["discriminator"])), rel=1e-3)
