@@ -421,7 +421,7 @@ class HarTrainer(DigitsTrainer):
         self.has_validation = True
         self.headline = HEADLINE
         self.flops_per_sample = self.network.train_flops_per_sample()
-        self.params = {"network": self.network.words, "layers": self.network.layers, "units": self.network.units,
+        self.params = {"network": self.network.words, "network_layers": self.network.layers, "network_units": self.network.units,
                        "parameters": self.network.parameter_count(), "optimizer": f"Adam eps {EPSILON:g}", "learning_rate": LEARNING_RATE,
                        "f1_target": data.target, "flops_per_sample": self.flops_per_sample, "synthetic_data": True}
         self.speed = {}
