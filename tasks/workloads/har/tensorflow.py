@@ -2,6 +2,7 @@
 
 import numpy as np
 
+from tasks.workloads.digits.tensorflow import DigitsKeras
 from tasks.workloads.har.workload import DIRECTIONS, EPSILON, LEARNING_RATE, STEPS, HarData, HarTrainer, Network
 
 
@@ -30,14 +31,16 @@ def variables_of(net, network: Network) -> dict:
     return out | {"dense/kernel": dense.kernel, "dense/bias": dense.bias}
 
 
-class HarKeras(HarTrainer):
+class HarKeras(HarTrainer, DigitsKeras):
+    """The har trainer in Keras: the digits trainer's step, logits, weights and checkpoint state (through
+    ``_variables``), on the BiLSTM with Adam; scores, target and artifacts are HarTrainer's."""
+
     framework = "tensorflow"
 
     def __init__(self, data: HarData, spec, batch_size: int, runtime):
         import keras
-        import tensorflow as tf
 
-        super().__init__(data, spec, batch_size)
+        HarTrainer.__init__(self, data, spec, batch_size)
         self.runtime = runtime
         with runtime.ctx.strategy.scope():
             self.net = build_bilstm(self.network)
@@ -46,36 +49,7 @@ class HarKeras(HarTrainer):
         self._variables = variables_of(self.net, self.network)
         self.load_weights(self.network.initial_weights(spec.seed))
         self.speed = {"threads": runtime.threads, "jit_compile": spec.compile == "on"}
-
-        def step(x, y):
-            with tf.GradientTape() as tape:
-                loss = tf.reduce_mean(keras.losses.sparse_categorical_crossentropy(y, self.net(x, training=True), from_logits=True))
-            self.opt.apply_gradients(zip(tape.gradient(loss, self.net.trainable_variables), self.net.trainable_variables))
-            return loss
-
-        self._step = tf.function(step, jit_compile=spec.compile == "on")
-        self._logits = tf.function(lambda x: self.net(x, training=False), reduce_retracing=True)
-
-    def load_weights(self, weights: dict[str, np.ndarray]) -> None:
-        for name, variable in self._variables.items():
-            variable.assign(weights[name])
-
-    def step(self, batch, flags: list[float], progress: float):
-        loss = float(self._step(*batch))  # reading the loss waits for the step
-        return {"loss_ce": loss}, self.runtime.agree(flags)
-
-    def logits(self, x: np.ndarray) -> np.ndarray:
-        return self._logits(x).numpy()
-
-    def weights(self) -> dict[str, np.ndarray]:
-        return {name: np.asarray(v.numpy()) for name, v in self._variables.items()}
-
-    def state(self) -> dict:
-        return {f"{i:04d}": np.asarray(v.numpy()) for i, v in enumerate(self.net.weights + self.opt.variables)}
-
-    def load_state(self, state: dict) -> None:
-        for key, v in zip(sorted(state), self.net.weights + self.opt.variables):
-            v.assign(state[key])
+        self._compile(spec)
 
 
 def build(data: HarData, spec, batch_size: int, runtime) -> HarKeras:

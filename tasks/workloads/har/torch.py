@@ -2,9 +2,9 @@
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 from torch import nn
 
+from tasks.workloads.digits.torch import DigitsTorch
 from tasks.workloads.har.workload import DIRECTIONS, EPSILON, LEARNING_RATE, HarData, HarTrainer, Network
 
 
@@ -54,47 +54,21 @@ class HarBiLSTM(nn.Module):
         return out
 
 
-class HarTorch(HarTrainer):
+class HarTorch(HarTrainer, DigitsTorch):
+    """The har trainer in torch: the digits trainer's step (mean cross-entropy, one optimiser step), logits,
+    weights and checkpoint state, on the BiLSTM with Adam; scores, target and artifacts are HarTrainer's."""
+
     framework = "torch"
 
     def __init__(self, data: HarData, spec, batch_size: int, runtime):
-        super().__init__(data, spec, batch_size)
+        HarTrainer.__init__(self, data, spec, batch_size)
         self.runtime = runtime
-        ctx = runtime.ctx
         self.net = HarBiLSTM(self.network)
         self.net.load_weights(self.network.initial_weights(spec.seed))  # the same in every framework
-        self.net.to(ctx.device)
+        self.net.to(runtime.ctx.device)
+        self.run_net = self.net  # one device: the workload's check refuses more
         self.opt = torch.optim.Adam([p for p in self.net.parameters() if p.requires_grad], lr=LEARNING_RATE, eps=EPSILON)
         self.speed = {"threads": runtime.threads, "precision": spec.precision}
-
-    def _device(self, x: np.ndarray, y: np.ndarray):
-        device = self.runtime.ctx.device
-        return torch.from_numpy(x).to(device), torch.from_numpy(y).to(device)  # (b, 128, 9), (b,)
-
-    def step(self, batch, flags: list[float], progress: float):
-        x, y = batch
-        self.opt.zero_grad(set_to_none=True)
-        with self.runtime.ctx.autocast():
-            loss = F.cross_entropy(self.net(x).float(), y)
-        loss.backward()
-        self.opt.step()
-        self.runtime.ctx.step_end()
-        return self.runtime.reduce({"loss_ce": loss.detach()}, flags)
-
-    @torch.no_grad()
-    def logits(self, x: np.ndarray) -> np.ndarray:
-        with self.runtime.ctx.autocast():
-            return self.net(torch.from_numpy(x).to(self.runtime.ctx.device)).float().cpu().numpy()
-
-    def weights(self) -> dict[str, np.ndarray]:
-        return self.net.weights()
-
-    def state(self) -> dict:
-        return {"net": self.net.state_dict(), "opt": self.opt.state_dict()}
-
-    def load_state(self, state: dict) -> None:
-        self.net.load_state_dict(state["net"])
-        self.opt.load_state_dict(state["opt"])
 
 
 def build(data: HarData, spec, batch_size: int, runtime) -> HarTorch:
