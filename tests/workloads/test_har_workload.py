@@ -1,15 +1,9 @@
 """The har workload: the synthetic generator (deterministic, balanced, split by subject), the macro scores, the BiLSTM's FLOPs against torch's counter, torch and Keras from the same weights (parameters, one Adam step, checkpoint), and what a spec refuses."""
 
-import json
-import os
-import subprocess
-import sys
-
 import numpy as np
 import pytest
 
-from tasks.common.launch import device_env
-from tests.conftest import ROOT
+from tests.workloads.digits_step import stepped_in_children
 
 FRAMEWORKS = ("torch", "tensorflow")
 
@@ -17,17 +11,7 @@ FRAMEWORKS = ("torch", "tensorflow")
 @pytest.fixture(scope="module")
 def stepped() -> dict[str, dict]:
     """Each framework's one step on the same batch from the same weights, each in a process of its own (run side by side)."""
-    procs = {}
-    for framework in FRAMEWORKS:
-        env = {**os.environ, **device_env("cpu", framework=framework), "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
-        procs[framework] = subprocess.Popen([sys.executable, "-m", "tests.workloads.har_step", framework], cwd=ROOT, env=env,
-                                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    out = {}
-    for framework, proc in procs.items():
-        stdout, stderr = proc.communicate(timeout=300)
-        assert proc.returncode == 0, stderr[-3000:]
-        out[framework] = json.loads(stdout.strip().splitlines()[-1])
-    return out
+    return stepped_in_children("tests.workloads.har_step", FRAMEWORKS)
 
 
 def test_torch_and_keras_train_the_same_parameters_take_the_same_first_step_and_restore_from_a_checkpoint(stepped):
