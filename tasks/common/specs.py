@@ -53,7 +53,7 @@ class Spec(BaseModel):
 class GenerateSpec(Spec):
     """A workload's dataset: for karman, a parameter sweep of channel flows past obstacles (lattice units)."""
 
-    workload: str = Field(default="karman", pattern=r"^[a-z][a-z0-9_-]{0,31}$", description="Workload whose dataset to write: karman (the solver sweep below), digits (5,000 real MNIST digits) or calo (synthetic calorimeter showers); the fields from reynolds to verify are karman's, events, energy and angle calo's")
+    workload: str = Field(default="karman", pattern=r"^[a-z][a-z0-9_-]{0,31}$", description="Workload whose dataset to write: karman (the solver sweep below), digits (5,000 real MNIST digits), har (2,880 synthetic activity-sensor windows) or calo (synthetic calorimeter showers); the fields from reynolds to verify are karman's, events, energy and angle calo's")
     dataset: str = DatasetName
     reynolds: list[PositiveFloat] = Field(default=[70.0, 80.0, 90.0, 100.0, 110.0, 120.0, 130.0, 140.0, 150.0], min_length=1, description="Reynolds numbers (mean inflow velocity, obstacle size)")
     shapes: list[Literal["circle", "square", "rectangle", "ellipse"]] = Field(default=["circle"], min_length=1, description="Obstacle shapes")
@@ -89,7 +89,7 @@ class TrainSpec(Spec):
 
     model_config = CELL_IN_SCHEMA
 
-    workload: str = Field(default="karman", pattern=WORKLOAD_NAME, description="Workload, by name from the workload table: karman (the Pix2Pix surrogate of a vortex street) or digits (a CNN on 5,000 real MNIST digits); the recipe, rollout-validation and simulation-split fields are karman's")
+    workload: str = Field(default="karman", pattern=WORKLOAD_NAME, description="Workload, by name from the workload table: karman (the Pix2Pix surrogate of a vortex street), digits (a CNN on 5,000 real MNIST digits) or har (bidirectional LSTMs on synthetic activity-sensor windows); the recipe, rollout-validation and simulation-split fields are karman's")
     dataset: str = DatasetName
     framework: Literal["torch", "tensorflow", "jax"] = Field(default="torch", description="torch (PyTorch), tensorflow (Keras 3 under a tf.distribute strategy) or jax (one device): the same networks, recipe, data and metrics; a workload runs in the frameworks it has")
     device: Device = Field(default="cpu", description="cpu, cuda (all visible GPUs) or xla (TPU cores: torch_xla, or TPUStrategy for tensorflow)")
@@ -107,6 +107,8 @@ class TrainSpec(Spec):
     frame_stride: PositiveInt = Field(default=1, description="k: predict frame t+k from frame t")
     ngf: PositiveInt | None = Field(default=None, le=1024, description="Generator base width; None = the recipe's (default 16, paper 64)")
     ndf: PositiveInt | None = Field(default=None, le=1024, description="Discriminator base width; None = the recipe's (default 16, paper 64)")
+    layers: PositiveInt | None = Field(default=None, le=64, description="Recurrent layers of the har network (stacked bidirectional LSTMs); None = the workload's own (2); the other workloads ignore it")
+    units: PositiveInt | None = Field(default=None, le=4096, description="Units of each direction of each recurrent layer of the har network; None = the workload's own (32); the other workloads ignore it")
     depth: PositiveInt | None = Field(default=None, description="U-Net down-blocks; None = log2(crop, or min(height, width))")
     crop: PositiveInt | None = Field(default=None, description="Train on random crops of this side (a multiple of 2^depth), which suits tiled (map-reduce) inference with tiles of that side; None = whole frames")
     norm: Literal["batch", "instance"] = Field(default="batch", description="Normalisation layers")

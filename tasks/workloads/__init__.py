@@ -19,6 +19,7 @@ from tasks.common.specs import DEFAULT_EPOCHS
 WORKLOADS: dict[str, str] = {
     "karman": "tasks.workloads.karman",
     "digits": "tasks.workloads.digits",
+    "har": "tasks.workloads.har",
     "calo": "tasks.workloads.calo",
 }
 EXTRA_ENV = "KARMAN_WORKLOADS"

@@ -12,6 +12,28 @@ from pathlib import Path
 import numpy as np
 
 
+def stepped_in_children(module: str, frameworks: tuple[str, ...]) -> dict[str, dict]:
+    """``python -m module FRAMEWORK`` for each framework, each in a process of its own with its device
+    environment (run side by side), and the JSON each prints last."""
+    import os
+    import subprocess
+
+    from tasks.common.launch import device_env
+    from tests.conftest import ROOT
+
+    procs = {}
+    for framework in frameworks:
+        env = {**os.environ, **device_env("cpu", framework=framework), "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+        procs[framework] = subprocess.Popen([sys.executable, "-m", module, framework], cwd=ROOT, env=env,
+                                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    out = {}
+    for framework, proc in procs.items():
+        stdout, stderr = proc.communicate(timeout=300)
+        assert proc.returncode == 0, stderr[-3000:]
+        out[framework] = json.loads(stdout.strip().splitlines()[-1])
+    return out
+
+
 def runtime_of(framework: str):
     """The framework's runtime on one CPU device, as the training job opens it."""
     if framework == "torch":

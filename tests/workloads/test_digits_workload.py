@@ -1,15 +1,9 @@
 """The digits workload: the same CNN in torch, tensorflow and jax (parameters, one step from the same weights), its FLOPs against torch's counter, its split, and what planning refuses."""
 
-import json
-import os
-import subprocess
-import sys
-
 import numpy as np
 import pytest
 
-from tasks.common.launch import device_env
-from tests.conftest import ROOT
+from tests.workloads.digits_step import stepped_in_children
 
 FRAMEWORKS = ("torch", "tensorflow", "jax")
 
@@ -17,17 +11,7 @@ FRAMEWORKS = ("torch", "tensorflow", "jax")
 @pytest.fixture(scope="module")
 def stepped() -> dict[str, dict]:
     """Each framework's one step on the same batch from the same weights, each in a process of its own (run side by side)."""
-    procs = {}
-    for framework in FRAMEWORKS:
-        env = {**os.environ, **device_env("cpu", framework=framework), "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
-        procs[framework] = subprocess.Popen([sys.executable, "-m", "tests.workloads.digits_step", framework], cwd=ROOT, env=env,
-                                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    out = {}
-    for framework, proc in procs.items():
-        stdout, stderr = proc.communicate(timeout=300)
-        assert proc.returncode == 0, stderr[-3000:]
-        out[framework] = json.loads(stdout.strip().splitlines()[-1])
-    return out
+    return stepped_in_children("tests.workloads.digits_step", FRAMEWORKS)
 
 
 def test_the_three_networks_have_the_same_parameters_take_the_same_first_step_and_restore_from_a_checkpoint(stepped):

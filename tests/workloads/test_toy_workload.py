@@ -75,7 +75,7 @@ def test_the_same_workload_trains_in_its_second_framework(toy):
 
 @pytest.mark.full  # trains through the CLI
 def test_the_table_knows_a_workload_only_where_it_is_named(toy):
-    assert_refused(run_cli("train", "--workload", "toy", "--dataset", "blobs", cwd=toy), "unknown workload 'toy'; choose one of calo, digits, karman")
+    assert_refused(run_cli("train", "--workload", "toy", "--dataset", "blobs", cwd=toy), "unknown workload 'toy'; choose one of calo, digits, har, karman")
     assert_refused(run_cli("train", "--workload", "toy", "--dataset", "blobs", "--framework", "jax", cwd=toy, env=TOY),
                    "workload toy has no jax version; it runs in torch, tensorflow")
     names = subprocess.run(["git", "grep", "-l", "-i", "toy", "--", "flows", "tasks", "models", "infra"], cwd=ROOT, capture_output=True, text=True)
@@ -88,5 +88,5 @@ def test_a_framework_a_workload_lacks_is_refused_by_name():
 
     with pytest.raises(UserError, match="^workload karman has no jax version; it runs in torch, tensorflow$"):
         check_framework(get_workload("karman"), "jax")
-    with pytest.raises(UserError, match="^unknown workload 'toy'; choose one of calo, digits, karman$"):
+    with pytest.raises(UserError, match="^unknown workload 'toy'; choose one of calo, digits, har, karman$"):
         get_workload("toy")

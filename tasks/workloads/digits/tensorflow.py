@@ -24,7 +24,6 @@ class DigitsKeras(DigitsTrainer):
 
     def __init__(self, data: DigitsData, spec, batch_size: int, runtime):
         import keras
-        import tensorflow as tf
 
         super().__init__(data, spec, batch_size)
         self.runtime = runtime
@@ -35,6 +34,12 @@ class DigitsKeras(DigitsTrainer):
         self._variables = {name: self.net.get_layer(name.split("/")[0]).weights[0 if name.endswith("kernel") else 1] for name in WEIGHT_SHAPES}
         self.load_weights(initial_weights(spec.seed))
         self.speed = {"threads": runtime.threads, "jit_compile": spec.compile == "on"}
+        self._compile(spec)
+
+    def _compile(self, spec) -> None:
+        """The traced step (mean sparse softmax cross-entropy of ``self.net``'s logits, one ``self.opt`` step) and logits."""
+        import keras
+        import tensorflow as tf
 
         def step(x, y):
             with tf.GradientTape() as tape:

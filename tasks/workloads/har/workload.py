@@ -1,0 +1,468 @@
+"""The activity-recognition workload, framework-neutral: synthetic body-worn sensor windows in UCI HAR's format (a stated sensor model, split by subject), a stacked bidirectional LSTM's shapes, initial weights, FLOPs, macro-F1 target and scores.
+
+The data are SYNTHETIC. UCI HAR (30 volunteers, a waist-worn smartphone, six activities, 2.56 s
+windows of 9 inertial channels at 50 Hz) is the format; the numbers come from the sensor model
+below, drawn from a fixed seed, so every machine writes the same dataset with the same digest.
+
+Sensor model (units: g for accelerations, rad/s for angular rates; body frame x up, y lateral, z forward):
+  * gravity, seen by the sensor through the posture (standing and the walking classes upright,
+    sitting tilted back by a subject's own 8-16 degrees, lying at about 90 degrees with a roll), the
+    subject's fixed mounting offset (roll, pitch, yaw each about 7 degrees) and a small sway per window;
+  * gait for the dynamic classes at a subject's cadence of 1.6-1.95 steps/s: upstairs 0.9x slower,
+    downstairs 1.12x faster (1.45-2.2 Hz overall); vertical acceleration at the step frequency with
+    2nd and 3rd harmonics (stairs up push harder, stairs down land harder: more harmonics), lateral
+    sway at half the step frequency, forward surge, angular rates in step with them, and the trunk's
+    pitch rocking the gravity vector;
+  * per subject: per-axis gains (about 4 %), a gait amplitude scale, noise levels; per window: phases,
+    amplitude and cadence jitter, white noise.
+Sitting and standing differ only by the tilt, which the mounting offsets blur, so they overlap.
+``body_acc`` is the total acceleration less gravity (as UCI's filter separates them); ``total_acc`` includes it.
+
+The framework modules (torch.py, tensorflow.py) train the one network described here from the same
+initial weights (drawn once in numpy from the run's seed), with the same optimiser, loss and batch order.
+"""
+
+import hashlib
+import json
+import logging
+import shutil
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import zarr
+
+from tasks.common.errors import UserError
+from tasks.common.names import Tag
+from tasks.common.store import MANIFEST, STORE, write_json_atomic, writer_lock
+from tasks.workloads import Workload
+from tasks.workloads.digits.workload import DigitsTrainer
+
+log = logging.getLogger("karman.har")
+
+# ---- the data's format (UCI HAR's) ------------------------------------------------------------------------------
+
+SAMPLE_HZ, STEPS = 50, 128  # 2.56 s windows
+CHANNELS = ("body_acc_x", "body_acc_y", "body_acc_z", "body_gyro_x", "body_gyro_y", "body_gyro_z",
+            "total_acc_x", "total_acc_y", "total_acc_z")  # UCI HAR's Inertial Signals, in its order
+ACTIVITIES = ("walking", "walking_upstairs", "walking_downstairs", "sitting", "standing", "lying")
+CLASSES = len(ACTIVITIES)
+SUBJECTS = 30
+WINDOWS_PER_ACTIVITY = 16  # per subject: 30 x 6 x 16 = 2,880 windows
+SPLIT = {"train": 21, "val": 4, "test": 5}  # subjects per role: no subject's windows in two roles
+ROLES = tuple(SPLIT)
+DATA_SEED = 20_240_702  # fixed: the dataset and its split are the dataset's, not a run's
+SOURCE = ("synthetic: windows in UCI HAR's format (50 Hz, 128 samples x 9 channels, 6 activities, 30 subjects) "
+          "drawn from a stated sensor model (gravity through posture and per-subject mounting, gait with harmonics, "
+          "per-subject gains and noise); not the UCI HAR recordings")
+SENSOR_MODEL = __doc__.split("Sensor model", 1)[1].split("The framework modules", 1)[0].strip()
+
+# ---- the network ------------------------------------------------------------------------------------------------
+# Stacked bidirectional LSTMs (every layer returns its whole sequence), the last layer's (B, T, 2H) outputs
+# mean-pooled over time, then a dense layer to the class logits (softmax in the loss).
+# Weights in one layout for every framework, per layer l and direction d (fw, bw), gates in the order
+# i, f, c, o (input, forget, cell candidate, output; torch's i, f, g, o is the same order):
+#   lstm{l}/{d}/kernel (in, 4H), lstm{l}/{d}/recurrent (H, 4H), lstm{l}/{d}/bias (4H,)  [one bias, as Keras has]
+#   dense/kernel (2H, classes), dense/bias (classes,)
+LAYERS, UNITS = 2, 32  # the defaults; a run sets its own with TrainSpec.layers and TrainSpec.units
+DIRECTIONS = ("fw", "bw")
+# Adam (betas 0.9, 0.999), the seed's optimiser. Keras adds epsilon to sqrt(v) before the bias correction, torch
+# after it, so Keras' epsilon acts 1 / sqrt(1 - 0.999^t) times larger (32x at the first step): at Keras' default
+# 1e-7 the two frameworks' first steps differ by 4e-5 in the loss; at 1e-10 they agree to float precision.
+LEARNING_RATE, EPSILON = 3e-3, 1e-10
+TARGET_F1 = 0.85  # validation macro-F1 (4 held-out subjects, 384 windows); see WORKLOAD.epochs for what the default reaches
+HEADLINE = {"f1": "macro-F1", "accuracy": "accuracy"}
+
+
+@dataclass(frozen=True)
+class Network:
+    """The network's size: the seed's axes (layers, units per layer) and its input and output widths."""
+
+    layers: int = LAYERS
+    units: int = UNITS
+    inputs: int = len(CHANNELS)
+    classes: int = CLASSES
+
+    def __post_init__(self):
+        for name in ("layers", "units", "inputs", "classes"):
+            if getattr(self, name) < 1:
+                raise UserError(f"{name} {getattr(self, name)}: the har network needs at least 1")
+
+    @property
+    def words(self) -> str:
+        return f"{self.layers} x BiLSTM {self.units} - mean over time - dense {self.classes}"
+
+    def weight_shapes(self) -> dict[str, tuple[int, ...]]:
+        shapes: dict[str, tuple[int, ...]] = {}
+        for layer in range(self.layers):
+            fan_in = self.inputs if layer == 0 else 2 * self.units
+            for d in DIRECTIONS:
+                shapes |= {f"lstm{layer}/{d}/kernel": (fan_in, 4 * self.units), f"lstm{layer}/{d}/recurrent": (self.units, 4 * self.units),
+                           f"lstm{layer}/{d}/bias": (4 * self.units,)}
+        return shapes | {"dense/kernel": (2 * self.units, self.classes), "dense/bias": (self.classes,)}
+
+    def parameter_count(self) -> int:
+        return int(sum(np.prod(shape) for shape in self.weight_shapes().values()))
+
+    def initial_weights(self, seed: int) -> dict[str, np.ndarray]:
+        """Float32 weights in the layout above, a function of ``seed`` only: input kernels and the dense kernel
+        Glorot-uniform, recurrent kernels orthogonal (one (H, 4H) draw with orthonormal rows), biases
+        zero but the forget gate's, which is 1 (Keras' defaults, drawn here once for every framework)."""
+        rng = np.random.default_rng([seed, 30])
+        h = self.units
+        weights = {}
+        for name, shape in self.weight_shapes().items():
+            if name.endswith("/bias"):
+                bias = np.zeros(shape, np.float32)
+                if name.startswith("lstm"):
+                    bias[h: 2 * h] = 1.0  # the forget gate
+                weights[name] = bias
+            elif name.endswith("/recurrent"):
+                q, r = np.linalg.qr(rng.standard_normal((shape[1], shape[0])))  # (4H, H), orthonormal columns
+                weights[name] = (q * np.sign(np.diag(r))).T.astype(np.float32)  # (H, 4H), orthonormal rows
+            else:
+                bound = np.sqrt(6.0 / (shape[0] + shape[1]))
+                weights[name] = rng.uniform(-bound, bound, shape).astype(np.float32)
+        return weights
+
+    def multiply_adds(self) -> list[int]:
+        """Forward multiply-adds for one window, per layer (both directions, every step), then the dense layer."""
+        macs = []
+        for layer in range(self.layers):
+            fan_in = self.inputs if layer == 0 else 2 * self.units
+            macs.append(len(DIRECTIONS) * STEPS * 4 * self.units * (fan_in + self.units))
+        return macs + [2 * self.units * self.classes]
+
+    def train_flops_per_sample(self) -> float:
+        """Training FLOPs of one window (a multiply-add = 2 FLOPs): the forward matrix products (4 gates x
+        (input + hidden) x hidden, 2 directions, 128 steps, per layer, and the dense layer), the weight
+        gradients (as many), and the input gradients of everything but the first layer's input kernel (its
+        input needs none; the recurrent products' do). Elementwise gate work, biases and pooling are left out."""
+        macs = self.multiply_adds()
+        first_input = len(DIRECTIONS) * STEPS * 4 * self.units * self.inputs
+        return float(2 * sum(macs) + 2 * sum(macs) + 2 * (sum(macs) - first_input))
+
+
+def network_of(spec) -> Network:
+    """The network a training spec asks for: TrainSpec.layers and .units, each None for the default."""
+    return Network(layers=spec.layers or LAYERS, units=spec.units or UNITS)
+
+
+# ---- scores -------------------------------------------------------------------------------------------------------
+
+
+def scores(logits: np.ndarray, labels: np.ndarray, classes: int = CLASSES) -> dict[str, float]:
+    """Accuracy, macro precision, recall and F1 (each class's, averaged with equal weight; a class never
+    predicted has precision 0, one never present recall 0) and mean softmax cross-entropy of ``logits``
+    (n, classes) against ``labels`` (n,)."""
+    logits = logits.astype(np.float64)
+    shifted = logits - logits.max(axis=1, keepdims=True)
+    log_p = shifted - np.log(np.exp(shifted).sum(axis=1, keepdims=True))
+    predicted = logits.argmax(axis=1)
+    confusion = np.zeros((classes, classes), np.int64)  # (true, predicted)
+    np.add.at(confusion, (labels, predicted), 1)
+    hits = np.diag(confusion).astype(np.float64)
+    per_predicted, per_true = confusion.sum(axis=0), confusion.sum(axis=1)
+    precision = np.divide(hits, per_predicted, out=np.zeros(classes), where=per_predicted > 0)
+    recall = np.divide(hits, per_true, out=np.zeros(classes), where=per_true > 0)
+    both = precision + recall
+    f1 = np.divide(2 * precision * recall, both, out=np.zeros(classes), where=both > 0)
+    return {"accuracy": float(hits.sum() / len(labels)), "precision": float(precision.mean()), "recall": float(recall.mean()),
+            "f1": float(f1.mean()), "loss": float(-log_p[np.arange(len(labels)), labels].mean())}
+
+
+# ---- the sensor model ---------------------------------------------------------------------------------------------
+
+
+def _rotation(roll: np.ndarray, pitch: np.ndarray, yaw: np.ndarray) -> np.ndarray:
+    """(..., 3, 3) rotations: about x (the vertical axis) by ``yaw``, y (lateral) by ``pitch``, z (forward) by ``roll``; radians."""
+    def about(axis: int, angle: np.ndarray) -> np.ndarray:
+        c, s = np.cos(angle), np.sin(angle)
+        m = np.zeros(angle.shape + (3, 3))
+        i, j = [k for k in range(3) if k != axis]
+        m[..., axis, axis] = 1.0
+        m[..., i, i], m[..., i, j], m[..., j, i], m[..., j, j] = c, -s, s, c
+        return m
+    return about(0, yaw) @ about(1, pitch) @ about(2, roll)
+
+
+def synthesize(seed: int = DATA_SEED, per_activity: int = WINDOWS_PER_ACTIVITY, subjects: int = SUBJECTS) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(windows (N, 128, 9) float32, activities (N,) uint8 0-5, subjects (N,) uint8 1-30) from the sensor
+    model of the module's docstring; N = subjects x 6 x ``per_activity``, in (subject, activity, window) order."""
+    rng = np.random.default_rng(seed)
+    deg = np.pi / 180
+    # per subject
+    mount = rng.normal(0.0, 7 * deg, (subjects, 3))  # roll, pitch, yaw of the phone on the waist
+    cadence = rng.uniform(1.6, 1.95, subjects)  # steps per second when walking
+    gain = 1 + rng.normal(0.0, 0.04, (subjects, 6))  # accelerometer and gyroscope axes
+    stride = rng.uniform(0.8, 1.2, subjects)  # gait amplitude
+    noise_acc, noise_gyro = rng.uniform(0.008, 0.025, subjects), rng.uniform(0.01, 0.04, subjects)
+    sit_tilt = rng.uniform(8, 16, subjects) * deg
+    # per window
+    subject = np.repeat(np.arange(subjects), CLASSES * per_activity)
+    activity = np.tile(np.repeat(np.arange(CLASSES), per_activity), subjects)
+    n = len(subject)
+    t = np.arange(STEPS) / SAMPLE_HZ  # (T,)
+
+    #                      walking upstairs downstairs sitting standing lying
+    rate = np.array([1.0, 0.9, 1.12, 0, 0, 0])[activity] * cadence[subject] * rng.uniform(0.96, 1.04, n)  # Hz, 0 when still
+    vertical = np.array([0.25, 0.32, 0.36, 0, 0, 0])[activity]
+    harmonic2, harmonic3 = np.array([0.3, 0.25, 0.5, 0, 0, 0])[activity], np.array([0.1, 0.1, 0.3, 0, 0, 0])[activity]
+    lean = np.array([0.0, 6.0, -4.0, 0, 0, 90.0])[activity] * deg
+    pitch = lean + np.where(activity == 3, sit_tilt[subject], 0.0) + rng.normal(0, 3 * deg, n)
+    roll = np.where(activity == 5, rng.normal(0, 20 * deg, n), rng.normal(0, 2 * deg, n))
+    amplitude = stride[subject] * rng.uniform(0.9, 1.1, n)
+    phase = rng.uniform(0, 2 * np.pi, (n, 4))
+
+    step = 2 * np.pi * rate[:, None] * t  # (N, T): the step cycle
+    a = amplitude[:, None]
+    body = np.zeros((n, STEPS, 3))  # body frame: x up, y lateral, z forward
+    body[..., 0] = a * vertical[:, None] * (np.sin(step + phase[:, :1]) + harmonic2[:, None] * np.sin(2 * (step + phase[:, :1]) + 0.6)
+                                            + harmonic3[:, None] * np.sin(3 * (step + phase[:, :1]) + 1.3))
+    body[..., 1] = a * 0.08 * (rate > 0)[:, None] * np.sin(step / 2 + phase[:, 1:2])
+    body[..., 2] = a * 0.14 * (rate > 0)[:, None] * np.sin(step + phase[:, :1] + np.pi / 2)
+    gyro = np.zeros((n, STEPS, 3))
+    moving = (rate > 0)[:, None] * a
+    gyro[..., 0] = moving * 0.2 * np.sin(step / 2 + phase[:, 1:2] + 0.4)  # yaw
+    gyro[..., 1] = moving * np.array([0.3, 0.45, 0.5, 0, 0, 0])[activity][:, None] * np.sin(step + phase[:, :1] + 0.9)  # pitch
+    gyro[..., 2] = moving * 0.15 * np.sin(step / 2 + phase[:, 1:2] + 2.0)  # roll
+    # the still classes sway slowly
+    still = (rate == 0)[:, None]
+    sway = 2 * np.pi * rng.uniform(0.2, 0.5, n)[:, None] * t + phase[:, 2:3]
+    body[..., 2] += still * 0.006 * np.sin(sway)
+    gyro[..., 1] += still * 0.02 * np.sin(sway + 0.5)
+
+    # gravity through the posture, the trunk's rocking and the mounting
+    rocking = pitch[:, None] + moving * 2.5 * deg * np.sin(step + phase[:, 3:4])  # (N, T)
+    posture = _rotation(np.broadcast_to(roll[:, None], rocking.shape), rocking, np.zeros_like(rocking))  # (N, T, 3, 3)
+    gravity = posture[..., :, 0]  # (N, T, 3): the body-frame image of up, R @ [1, 0, 0]
+    m = mount[subject]
+    to_sensor = _rotation(m[:, 0], m[:, 1], m[:, 2])[:, None]  # (N, 1, 3, 3)
+    body_acc = np.einsum("ntij,ntj->nti", to_sensor, body)
+    g_sensor = np.einsum("ntij,ntj->nti", to_sensor, gravity)
+    gyro_s = np.einsum("ntij,ntj->nti", to_sensor, gyro)
+
+    g = gain[subject]  # (N, 6)
+    body_acc = body_acc * g[:, None, :3] + rng.normal(0, 1, body_acc.shape) * noise_acc[subject][:, None, None]
+    gyro_s = gyro_s * g[:, None, 3:] + rng.normal(0, 1, gyro_s.shape) * noise_gyro[subject][:, None, None]
+    total = body_acc + g_sensor * g[:, None, :3]
+    windows = np.concatenate([body_acc, gyro_s, total], axis=2).astype(np.float32)  # (N, 128, 9)
+    return windows, activity.astype(np.uint8), (subject + 1).astype(np.uint8)
+
+
+def subject_split(seed: int = DATA_SEED, subjects: int = SUBJECTS) -> dict[str, np.ndarray]:
+    """Sorted subject numbers (1-based) of each role: a permutation from ``seed`` cut in SPLIT's sizes
+    (scaled down for fewer subjects, at least one each)."""
+    order = np.random.default_rng([seed, 1]).permutation(np.arange(1, subjects + 1))
+    val = max(1, round(subjects * SPLIT["val"] / SUBJECTS))
+    test = max(1, round(subjects * SPLIT["test"] / SUBJECTS))
+    cut = {"train": order[: subjects - val - test], "val": order[subjects - val - test: subjects - test], "test": order[subjects - test:]}
+    return {role: np.sort(cut[role]).astype(np.uint8) for role in ROLES}
+
+
+def content_digest(windows: np.ndarray, activities: np.ndarray, subjects: np.ndarray, split: dict[str, np.ndarray]) -> str:
+    h = hashlib.sha256()
+    for array in (windows, activities, subjects, *(split[role] for role in ROLES)):
+        h.update(np.ascontiguousarray(array).tobytes())
+    return h.hexdigest()[:16]
+
+
+# ---- the dataset in the store -------------------------------------------------------------------------------------
+
+
+def _again(name: str) -> str:
+    return f"'python -m flows generate --workload har --dataset {name}'"
+
+
+def _manifest(dataset_dir: Path) -> dict:
+    """The har manifest of ``dataset_dir``; UserError if it is missing or another workload's."""
+    path = dataset_dir / MANIFEST
+    if not path.is_file():
+        raise UserError(f"dataset {dataset_dir.name!r} not found under {dataset_dir.parent} (run {_again(dataset_dir.name)} first)")
+    manifest = json.loads(path.read_text())
+    if manifest.get("workload") != "har":
+        raise UserError(f"dataset {dataset_dir.name!r} is not a har dataset (it holds {manifest.get('workload', 'karman')} data); "
+                        "name a har dataset (python -m flows generate --workload har)")
+    return manifest
+
+
+def load_checked(dataset_dir: Path) -> tuple[dict, np.ndarray, np.ndarray, np.ndarray, dict[str, np.ndarray]]:
+    """The manifest, windows, activities, subjects and subject split of a har dataset whose content matches
+    its digest; UserError naming the dataset and what to do if it is damaged."""
+    manifest = _manifest(dataset_dir)
+    try:
+        root = zarr.open_group(dataset_dir / STORE, mode="r", zarr_format=3)
+        windows, activities, subjects = (np.asarray(root[k]) for k in ("windows", "activities", "subjects"))
+        split = {role: np.asarray(root[f"subjects_{role}"]) for role in ROLES}
+        problem = None if content_digest(windows, activities, subjects, split) == manifest["digest"] else "its content does not match its digest"
+    except Exception as exc:  # zarr and numpy raise many kinds for missing or truncated chunks
+        problem = f"its store does not read ({type(exc).__name__})"
+    if problem:
+        raise UserError(f"dataset {dataset_dir.name!r} is damaged: {problem}; write it again with {_again(dataset_dir.name)[:-1]} --overwrite'")
+    return manifest, windows, activities, subjects, split
+
+
+def write_dataset(dataset_dir: Path) -> dict:
+    """Synthesise the windows and write them, their activities and subjects and the subject split into
+    ``dataset_dir``; the manifest (written last, atomically) marks the dataset complete. Returns it."""
+    windows, activities, subjects = synthesize()
+    split = subject_split()
+    dataset_dir.mkdir(parents=True, exist_ok=True)
+    root = zarr.open_group(dataset_dir / STORE, mode="w", zarr_format=3)
+    root.create_array("windows", data=windows, chunks=(480, STEPS, len(CHANNELS)))  # (N, 128, 9) float32: g and rad/s
+    root.create_array("activities", data=activities)  # (N,) uint8, 0-5 in ACTIVITIES' order
+    root.create_array("subjects", data=subjects)  # (N,) uint8, 1-30
+    for role in ROLES:
+        root.create_array(f"subjects_{role}", data=split[role])  # sorted subject numbers
+    windows_of = {role: int(np.isin(subjects, split[role]).sum()) for role in ROLES}
+    manifest = {"workload": "har", "synthetic": True, "source": SOURCE, "sensor_model": SENSOR_MODEL, "seed": DATA_SEED,
+                "count": int(len(activities)), "sample_hz": SAMPLE_HZ, "steps": STEPS, "channels": list(CHANNELS),
+                "activities": list(ACTIVITIES), "per_activity": np.bincount(activities, minlength=CLASSES).tolist(),
+                "subjects": SUBJECTS, "split": windows_of, "split_subjects": {role: split[role].tolist() for role in ROLES},
+                "digest": content_digest(windows, activities, subjects, split)}
+    write_json_atomic(dataset_dir / MANIFEST, manifest)
+    return manifest
+
+
+def check_generate(settings, spec) -> None:
+    """UserError if generate would refuse ``spec``: an existing dataset of that name that is damaged or
+    another workload's, unless it is to be overwritten."""
+    dataset_dir = settings.dataset_dir(spec.dataset)
+    if not spec.overwrite and (dataset_dir / MANIFEST).is_file():
+        load_checked(dataset_dir)
+
+
+def generate(settings, spec, parent_run_id: str | None = None) -> dict:
+    """Write the synthetic har dataset ``spec.dataset`` (a no-op for a complete one; ``spec.overwrite``
+    writes it afresh; a damaged one is refused), recorded as an MLflow ``generate`` run with the dataset logged."""
+    from tasks.common.tracking import mlflow_run
+
+    dataset_dir = settings.dataset_dir(spec.dataset)
+    with writer_lock(dataset_dir, f"dataset {spec.dataset!r}"):
+        if spec.overwrite and dataset_dir.exists():
+            shutil.rmtree(dataset_dir)
+        check_generate(settings, spec)
+        written = not (dataset_dir / MANIFEST).is_file()
+        t0 = time.perf_counter()
+        if written:
+            if dataset_dir.exists():  # an interrupted write left a store without its manifest
+                shutil.rmtree(dataset_dir)
+            write_dataset(dataset_dir)
+        manifest = load_checked(dataset_dir)[0]
+        wall = time.perf_counter() - t0
+    log.info("dataset %s: %d synthetic windows %s (digest %s)", spec.dataset, manifest["count"], "written" if written else "already complete", manifest["digest"])
+    description = (f"{manifest['count']:,} SYNTHETIC activity windows (128 x 9, UCI HAR's format, 6 activities, {SUBJECTS} subjects) in zarr "
+                   f"dataset `{spec.dataset}`, split by subject {'/'.join(str(SPLIT[r]) for r in ROLES)} (train/val/test), seed {DATA_SEED}. "
+                   f"Sensor model: {SENSOR_MODEL}")
+    params = {"workload": "har", "dataset": spec.dataset, "windows": manifest["count"], "synthetic": True, "seed": DATA_SEED,
+              **{f"split_{role}": manifest["split"][role] for role in ROLES}}
+    with mlflow_run(settings, "generate", f"generate-{spec.dataset}", params=params, parent_run_id=parent_run_id, description=description) as run:
+        run.log_metrics({"wall_s": wall, "windows": manifest["count"], "written_now": float(written)})
+        run.set_tags({Tag.DATASET: spec.dataset, Tag.DATASET_DIGEST: manifest["digest"]})
+        run.log_dataset(spec.dataset, manifest["digest"], dataset_dir, "generated", {"windows": manifest["count"]})
+    return {"dataset": spec.dataset, "path": str(dataset_dir), "digest": manifest["digest"], "windows": manifest["count"],
+            "written": written, "run_id": run.run_id}
+
+
+# ---- what the trainers train on -----------------------------------------------------------------------------------
+
+
+@dataclass
+class HarData:
+    """The three roles' windows (n, 128, 9) float32 and activities (n,) int64, held in memory."""
+
+    x: dict[str, np.ndarray]
+    y: dict[str, np.ndarray]
+    split: dict[str, list[str]]  # the record's account of the split, in words
+    dataset_digest: str
+    target: float
+    in_memory: bool = True
+
+
+def prepare(settings, spec, main: bool = True) -> HarData:
+    manifest, windows, activities, subjects, split = load_checked(settings.dataset_dir(spec.dataset))
+    take = {role: np.isin(subjects, split[role]) for role in ROLES}
+    words = {role: [f"synthetic subjects {', '.join(map(str, split[role]))}: {int(take[role].sum())} of {manifest['count']} windows"] for role in ROLES}
+    return HarData({role: windows[take[role]] for role in ROLES}, {role: activities[take[role]].astype(np.int64) for role in ROLES},
+                   words, manifest["digest"], TARGET_F1)
+
+
+def check(settings, spec, batch_sizes: list[int], world: int, memory: int | None = None) -> None:
+    network_of(spec)  # UserError for a size the network cannot take
+    train = _manifest(settings.dataset_dir(spec.dataset))["split"]["train"]
+    if world > 1:
+        raise UserError(f"the har workload trains on one device; leave out --world-size (asked for {world})")
+    for b in batch_sizes:
+        if b > train:
+            raise UserError(f"batch size {b} exceeds the {train} training windows of dataset {spec.dataset!r}")
+
+
+def dataset_info(settings, dataset: str) -> tuple[str, dict]:
+    """The digest and window count of a sound har dataset (its content is checked: 13 MB); UserError otherwise."""
+    manifest = load_checked(settings.dataset_dir(dataset))[0]
+    return manifest["digest"], {"windows": manifest["count"], "synthetic": True}
+
+
+def setting(spec) -> str:
+    return f"{network_of(spec).words}, Adam lr {LEARNING_RATE:g}, target validation macro-F1 {TARGET_F1:g} (synthetic data)"
+
+
+class HarTrainer(DigitsTrainer):
+    """What the frameworks' trainers share (the digits trainer's batches in the loop's order, scoring from the
+    framework's logits), with the har network's size, scores, target and artifacts. A framework module supplies
+    ``_device``, ``step``, ``logits`` (numpy windows -> numpy logits), ``weights`` (numpy, the layout above),
+    ``state`` and ``load_state``."""
+
+    def __init__(self, data: HarData, spec, batch_size: int, rank: int = 0, world: int = 1):
+        self.data, self.spec, self.batch_size, self.rank, self.world = data, spec, batch_size, rank, world
+        self.network = network_of(spec)
+        self.samples = len(data.y["train"])
+        self.has_validation = True
+        self.headline = HEADLINE
+        self.flops_per_sample = self.network.train_flops_per_sample()
+        self.params = {"network": self.network.words, "network_layers": self.network.layers, "network_units": self.network.units,
+                       "parameters": self.network.parameter_count(), "optimizer": f"Adam eps {EPSILON:g}", "learning_rate": LEARNING_RATE,
+                       "f1_target": data.target, "flops_per_sample": self.flops_per_sample, "synthetic_data": True}
+        self.speed = {}
+
+    def learning_rate(self) -> float:
+        return LEARNING_RATE
+
+    def score(self, role: str) -> dict[str, float]:
+        x = self.data.x[role]
+        logits = np.concatenate([self.logits(x[i: i + 512]) for i in range(0, len(x), 512)])
+        return scores(logits, self.data.y[role])
+
+    def reached(self, scores: dict[str, float]) -> bool:
+        return scores["f1"] >= self.data.target
+
+    def finish(self, run_dir: Path, run, settings) -> dict[str, float]:
+        """The trained weights (npz, the layout above) as the run's model; returns the test subjects' scores
+        (accuracy, macro precision, recall, F1, loss), which the run's record keeps (MLflow: test_f1, ...)."""
+        test = self.score("test")
+        model_dir = run_dir / "model"
+        model_dir.mkdir(exist_ok=True)
+        np.savez(model_dir / "bilstm.npz", **{k.replace("/", "__"): v for k, v in self.weights().items()})
+        run.log_artifact(model_dir, "model")
+        log.info("test subjects: accuracy %.4f, macro-F1 %.4f", test["accuracy"], test["f1"])
+        return test
+
+
+WORKLOAD = Workload(
+    name="har",
+    title="BiLSTM recognising activities from body-worn sensors",
+    data=f"{SOURCE}, seed {DATA_SEED}",
+    frameworks=("torch", "tensorflow"),
+    main_loss="loss_ce",
+    target=f"validation macro-F1 at least {TARGET_F1} (held-out subjects)",
+    prepare=prepare,
+    check=check,
+    dataset_info=dataset_info,
+    setting=setting,
+    dataset="har",
+    batch_sizes=(64,),  # the seed trains at 64
+    epochs=12,
+    generate=generate,
+    check_generate=check_generate,
+)

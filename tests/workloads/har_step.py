@@ -1,0 +1,51 @@
+"""Child body of the har tests: one framework's trainer takes one Adam step on a fixed batch of synthetic windows; prints its parameter count and the losses as JSON.
+
+Run as ``python -m tests.workloads.har_step FRAMEWORK``, one process per framework (tensorflow and torch
+apart), with the framework's device environment (tasks.common.launch.device_env).
+"""
+
+import json
+import sys
+import tempfile
+from pathlib import Path
+
+import numpy as np
+
+from tests.workloads.digits_step import runtime_of
+
+NETWORK = {"layers": 2, "units": 8}  # small: the same shapes' code as the default's, at a fraction of its cost
+
+
+def one_step(framework: str, batch: int = 24) -> dict:
+    """Losses on ``batch`` synthetic windows (4 of each activity, 1 subject) before and after one step of the framework's trainer (seed 0)."""
+    from tasks.common.specs import TrainSpec
+    from tasks.workloads import framework_module, get_workload
+    from tasks.workloads.har.workload import HarData, synthesize
+
+    x, y, _ = synthesize(per_activity=batch // 6, subjects=1)  # (b, 128, 9), (b,)
+    y = y.astype(np.int64)
+    data = HarData({role: x for role in ("train", "val", "test")}, {role: y for role in ("train", "val", "test")}, {}, "-", 0.85)
+    spec = TrainSpec(workload="har", dataset="har", framework=framework, seed=0, **NETWORK)
+    module = framework_module(get_workload("har"), framework)
+    trainer = module.build(data, spec, batch, runtime_of(framework))
+    before = trainer.score("train")["loss"]
+    step_losses, flags = trainer.step(next(trainer.batches(1, 1)), [0.0, 0.0, 1.5], 0.0)
+    weights = trainer.weights()
+    runtime = trainer.runtime
+    with tempfile.TemporaryDirectory() as tmp:  # the checkpoint round trip: a fresh trainer takes the stepped one's state
+        path = Path(tmp) / runtime.checkpoint
+        runtime.save({"model": trainer.state(), "history": {"epoch": 1}}, path)
+        fresh = module.build(data, spec.model_copy(update={"seed": 1}), batch, runtime)
+        fresh.load_state(runtime.load(path)["model"])
+        restored = all(np.array_equal(weights[k], v) for k, v in fresh.weights().items())
+        second = [trainer.step(next(trainer.batches(2, 1)), [0.0] * 3, 0.0)[0]["loss_ce"],
+                  fresh.step(next(fresh.batches(2, 1)), [0.0] * 3, 0.0)[0]["loss_ce"]]  # Adam's moments came along too
+    trained = trainer.net.parameters() if framework == "torch" else trainer.net.trainable_variables
+    counted = sum(int(np.prod(tuple(p.shape))) for p in trained if getattr(p, "requires_grad", True))
+    return {"restored": restored, "second_steps": second, "parameters": int(sum(v.size for v in weights.values())), "trainable": counted,
+            "params": trainer.params["parameters"], "before": before, "step_loss": step_losses["loss_ce"], "after": trainer.score("train")["loss"],
+            "flags": flags, "scores": trainer.score("train")}
+
+
+if __name__ == "__main__":
+    print(json.dumps(one_step(sys.argv[1])))

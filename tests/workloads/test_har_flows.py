@@ -1,0 +1,68 @@
+"""The har workload through the CLI: generate writes the synthetic windows, their subject split and a manifest (stable digest, a no-op again), a short torch run trains a small BiLSTM and scores the held-out subjects, and a network of 0 layers is refused in one line."""
+
+import json
+import os
+
+import numpy as np
+import pytest
+import zarr
+from mlflow.tracking import MlflowClient
+
+from tests.conftest import run_cli
+from tests.flows.test_cli import assert_refused
+
+
+def _generate(workdir, *args) -> dict:
+    proc = run_cli("generate", "--workload", "har", "--dataset", "har", *args, "--json", cwd=workdir)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+@pytest.fixture(scope="module")
+def generated(module_workdir) -> tuple:
+    return module_workdir, _generate(module_workdir)
+
+
+def test_generate_writes_synthetic_windows_split_by_subject_and_a_manifest_once(generated):
+    workdir, first = generated
+    folder = workdir / "data" / "datasets" / "har"
+    manifest = json.loads((folder / "manifest.json").read_text())
+    assert first["written"] and manifest["digest"] == first["digest"] and manifest["count"] == first["windows"] == 2880
+    assert manifest["synthetic"] is True and "synthetic" in manifest["source"] and "gravity" in manifest["sensor_model"]
+    root = zarr.open_group(folder / "store.zarr", mode="r")
+    windows, activities, subjects = (np.asarray(root[k]) for k in ("windows", "activities", "subjects"))
+    assert windows.shape == (2880, 128, 9) and windows.dtype == np.float32
+    assert np.bincount(activities).tolist() == manifest["per_activity"] == [480] * 6
+    roles = {role: set(np.asarray(root[f"subjects_{role}"]).tolist()) for role in ("train", "val", "test")}
+    assert {r: len(s) for r, s in roles.items()} == {"train": 21, "val": 4, "test": 5} and set.union(*roles.values()) == set(range(1, 31))
+    assert manifest["split"] == {r: int(np.isin(subjects, list(s)).sum()) for r, s in roles.items()} == {"train": 2016, "val": 384, "test": 480}
+
+    again = _generate(workdir)  # complete: nothing written, the same digest
+    assert (again["written"], again["digest"]) == (False, first["digest"])
+    run = MlflowClient(tracking_uri=os.environ["MLFLOW_TRACKING_URI"]).get_run(again["run_id"])
+    assert run.data.tags["karman.dataset_digest"] == first["digest"] and run.data.params["synthetic"] == "True"
+
+
+def test_a_short_torch_run_trains_and_scores_the_held_out_subjects(generated):
+    workdir, first = generated
+    proc = run_cli("train", "--workload", "har", "--dataset", "har", "--framework", "torch", "--batch-sizes", "64", "--layers", "1",
+                   "--units", "8", "--max-steps", "6", "--threads", "1", "--json", cwd=workdir)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    run = MlflowClient(tracking_uri=os.environ["MLFLOW_TRACKING_URI"]).get_run(out["run_id"])
+    metrics, params = run.data.metrics, run.data.params
+    assert run.info.status == "FINISHED" and out["steps"] == 6 and params["workload"] == "har"
+    assert (params["layers"], params["units"], params["network_layers"], params["network_units"]) == ("1", "8", "1", "8")
+    assert params["parameters"] == str(2 * (4 * 8 * (9 + 8) + 32) + 16 * 6 + 6) and params["synthetic_data"] == "True"
+    for name in ("accuracy", "precision", "recall", "f1"):
+        assert 0.0 <= metrics[f"test_{name}"] <= 1.0 and f"val_{name}" in metrics
+    assert metrics["test_loss"] > 0 and run.data.tags["karman.dataset_digest"] == first["digest"]
+    assert float(params["flops_per_sample"]) == pytest.approx(2 * 128 * 4 * 8 * (9 + 8) * 2 * 2 + 2 * 2 * 128 * 4 * 8 * 8 + 3 * 2 * 16 * 6)
+
+
+def test_a_network_without_layers_is_refused_in_one_line_and_nothing_is_written(generated):
+    workdir, _ = generated
+    runs = sorted((workdir / "data").rglob("*"))
+    proc = run_cli("train", "--workload", "har", "--dataset", "har", "--layers", "0", cwd=workdir)
+    assert_refused(proc, "--layers", "greater than 0")
+    assert sorted((workdir / "data").rglob("*")) == runs
