@@ -4,6 +4,7 @@ Every flow run is named and tagged from its parameters (``train cpu b8``; stage,
 device, batch size, mode), so the Prefect UI's runs list tells them apart and filters them.
 """
 
+import itertools
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -294,9 +295,17 @@ class WorkloadCells:
     batch_sizes: list[int]
     dataset: str
     epochs: int
+    sizes: list[dict]  # the network sizes swept (e.g. {"layers": 2, "units": 64}); [{}]: the workload's own
 
     def train_cells(self, spec: BenchmarkSpec) -> int:
-        return len(self.frameworks) * len(spec.devices) * len(self.batch_sizes) * spec.repeats
+        return len(self.frameworks) * len(spec.devices) * len(self.batch_sizes) * len(self.sizes) * spec.repeats
+
+
+def _sizes(spec: BenchmarkSpec, workload) -> list[dict]:
+    """Every combination of the network sizes the benchmark sweeps that ``workload`` takes (its ``sizes``:
+    layers x units for har); [{}] for a workload that takes none, or when the benchmark sweeps none."""
+    axes = {name: getattr(spec, name) for name in workload.sizes if getattr(spec, name) is not None}
+    return [dict(zip(axes, values)) for values in itertools.product(*axes.values())] if axes else [{}]
 
 
 def benchmark_matrix(spec: BenchmarkSpec) -> list[WorkloadCells]:
@@ -309,7 +318,7 @@ def benchmark_matrix(spec: BenchmarkSpec) -> list[WorkloadCells]:
         workload = get_workload(name)
         dataset = spec.generate.dataset if name == "karman" else workload.dataset
         matrix.append(WorkloadCells(workload, [f for f in spec.frameworks if f in workload.frameworks],
-                                    list(spec.batch_sizes or workload.batch_sizes), dataset, workload.epochs))
+                                    list(spec.batch_sizes or workload.batch_sizes), dataset, workload.epochs, _sizes(spec, workload)))
     unused = [f for f in spec.frameworks if not any(f in m.frameworks for m in matrix)]
     if unused:
         raise UserError(f"framework(s) {', '.join(unused)}: no workload of the benchmark ({', '.join(spec.workloads)}) has a version in them; "
@@ -383,15 +392,14 @@ def benchmark(spec: BenchmarkSpec = BenchmarkSpec()) -> dict:
             datasets[m.workload.name] = data
             bench.log_dataset(data["dataset"], data["digest"], Path(data["path"]), "training", m.workload.dataset_info(settings, data["dataset"])[1])
             for framework in m.frameworks:
-                for device in spec.devices:
-                    for batch in m.batch_sizes:
-                        for seed in range(spec.train.seed, spec.train.seed + spec.repeats):
-                            cell = spec.train_cell(device, batch, seed, framework, m.workload.name, m.dataset, m.epochs)
-                            cell = cell.model_copy(update={"cell": cell_key(f"train/{framework}", cell, data["digest"])})
-                            started = time.monotonic()
-                            record({**_run_cell("train", cell, settings, deployment_for("train", device, spec.pools), bench.run_id),
-                                    "workload": m.workload.name, "framework": framework, "device": device, "batch_size": batch, "seed": seed},
-                                   started)
+                for device, batch, size in itertools.product(spec.devices, m.batch_sizes, m.sizes):
+                    for seed in range(spec.train.seed, spec.train.seed + spec.repeats):
+                        cell = spec.train_cell(device, batch, seed, framework, m.workload.name, m.dataset, m.epochs).model_copy(update=size)
+                        cell = cell.model_copy(update={"cell": cell_key(f"train/{framework}", cell, data["digest"])})
+                        started = time.monotonic()
+                        record({**_run_cell("train", cell, settings, deployment_for("train", device, spec.pools), bench.run_id),
+                                "workload": m.workload.name, "framework": framework, "device": device, "batch_size": batch, "seed": seed},
+                               started)
         for m in rollouts:
             for framework in m.frameworks:  # each framework's first trained model is rolled out in every rollout cell
                 model = next((c["run_id"] for c in cells if c.get("workload") == "karman" and c.get("framework") == framework

@@ -320,11 +320,13 @@ class BenchmarkSpec(Spec):
     run, tagged in MLflow with a key of its inputs and the dataset digest, so a rerun skips the cells
     that finished."""
 
-    workloads: list[Annotated[str, StringConstraints(pattern=WORKLOAD_NAME)]] = Field(default=["karman"], min_length=1, description="Workloads, by name from the workload table: karman (the Pix2Pix surrogate, with rollouts), digits (the MNIST CNN of seed 004); each trains in the frameworks it has")
+    workloads: list[Annotated[str, StringConstraints(pattern=WORKLOAD_NAME)]] = Field(default=["karman"], min_length=1, description="Workloads, by name from the workload table: karman (the Pix2Pix surrogate, with rollouts), digits (the MNIST CNN of seed 004), har (the BiLSTM of seed 002, synthetic data); each trains in the frameworks it has")
     frameworks: list[Literal["torch", "tensorflow", "jax"]] = Field(default=["torch"], min_length=1, description="Training frameworks: torch, tensorflow (Keras 3 under tf.distribute), jax (one device); the report puts them side by side, cell by cell; a workload's cells run in those it has (karman: torch, tensorflow)")
     devices: list[Device] = Field(default=["cpu"], min_length=1, description="Training devices: cpu, cuda (a GPU pool), xla (a TPU pool)")
     batch_sizes: list[PositiveInt] | None = Field(default=None, min_length=1, description="Global batch sizes of the training matrix; None = each workload's (karman 8, 16, 32, 64)")
     repeats: PositiveInt = Field(default=1, le=100, description="Training runs per cell, with seeds train.seed, train.seed + 1, ...: the report's time to quality is their mean, the fastest and slowest dropped from three on")
+    layers: list[Annotated[int, Field(gt=0, le=64)]] | None = Field(default=None, min_length=1, description="Sweep of the recurrent workloads' depth (har: stacked BiLSTM layers, seed 002's axis), one cell per value and per units value; None = each workload's own; the other workloads ignore it")
+    units: list[Annotated[int, Field(gt=0, le=4096)]] | None = Field(default=None, min_length=1, description="Sweep of the recurrent workloads' width (har: units per direction and layer), crossed with layers; None = each workload's own")
     infer_devices: list[Device] = Field(default=["cpu"], min_length=1, description="Rollout devices")
     modes: list[Literal["full", "mapreduce"]] = Field(default=["full", "mapreduce"], min_length=1, description="Rollout modes: full (the whole frame on one worker) and mapreduce (tiles spread over the workers)")
     workers: list[PositiveInt] = Field(default=[1, 2], min_length=1, description="Workers of map-reduce rollouts (full-frame always uses 1)")
@@ -334,7 +336,7 @@ class BenchmarkSpec(Spec):
     aggregate: AggregateSpec = Field(default_factory=lambda: AggregateSpec(name="benchmark"), description="The report")
     pools: dict[Device, str] = Field(default={"cuda": "gpu", "xla": "tpu"}, description="Work pool of each device's cells: a cell on device D runs deployment train/POOL or infer/POOL of D's pool; a device not listed (or mapped to local) runs in this flow's process")
 
-    @field_validator("workloads", "devices", "batch_sizes", "infer_devices", "modes", "workers", "frameworks")
+    @field_validator("workloads", "devices", "batch_sizes", "infer_devices", "modes", "workers", "frameworks", "layers", "units")
     @classmethod
     def _distinct(cls, values: list | None) -> list | None:
         return values if values is None else once_each(values, "value of the matrix")

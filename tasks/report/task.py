@@ -238,9 +238,18 @@ def train_rows(entries: list[Entry]) -> list[dict]:
                      "time_to_target_s": s.time_to_target_s if done and s.time_to_target_s is not None else nan,
                      "val_horizon_vorticity": _number(s.validation.get("horizon_vorticity")) if done else nan,
                      "test_accuracy": _number(e.record.test.get("accuracy")) if done else nan,
+                     "test_f1": _number(e.record.test.get("f1")) if done else nan,
+                     "size": _size(c.workload_params),
                      **_utilisation(e.record.utilisation if done else None),
                      "error": e.error if not done else ""})
     return sorted(rows, key=lambda row: (row["setting"], row["device"], row["batch_size"], str(row["seed"])))
+
+
+def _size(params: dict) -> str:
+    """A swept network's size in words (har: "2 x 32", layers x units); empty for a workload without one."""
+    if "network_layers" in params and "network_units" in params:
+        return f"{params['network_layers']} x {params['network_units']}"
+    return ""
 
 
 def _utilisation(u) -> dict:
@@ -250,6 +259,15 @@ def _utilisation(u) -> dict:
         return {"achieved_tflops": nan, "mfu_ceiling": nan, "mfu_peak": nan}
     return {"achieved_tflops": u.achieved_tflops, "mfu_ceiling": 100 * u.of_ceiling if u.of_ceiling else nan,
             "mfu_peak": 100 * u.of_peak if u.of_peak else nan}
+
+
+def ranking_columns(table: list[dict]) -> dict[str, str]:
+    """The ranking's columns for one workload's table: the network size only where one is swept, macro-F1 only
+    where the workload reports it."""
+    def shown(key: str) -> bool:
+        return any(r[key] not in ("", None) and r[key] == r[key] for r in table)
+
+    return {k: v for k, v in RANKING_COLUMNS.items() if k not in ("size", "test_f1") or shown(k)}
 
 
 def ranking(rows: list[dict]) -> dict[str, list[dict]]:
@@ -277,9 +295,10 @@ def ranking(rows: list[dict]) -> dict[str, list[dict]]:
     for (workload, framework, device, batch, _), members in groups.items():
         reached = [m for m in members if m["time_to_target_s"] == m["time_to_target_s"]]
         out.setdefault(workload, []).append({
-            "framework": framework, "device": device, "batch_size": batch, "runs": len(members), "reached": len(reached),
+            "framework": framework, "size": members[0]["size"], "device": device, "batch_size": batch, "runs": len(members), "reached": len(reached),
             "time_to_target_s": median(reached, "time_to_target_s") if reached else nan, "target_spread": spread(reached, "time_to_target_s"),
             "test_accuracy": 100 * median(members, "test_accuracy"), "accuracy_spread": spread(members, "test_accuracy", 100, 4),
+            "test_f1": 100 * median(members, "test_f1"),
             "time_per_epoch_s": median(members, "time_per_epoch_s"), "samples_per_s": median(members, "samples_per_s"),
             "achieved_tflops": median(members, "achieved_tflops"), "mfu_ceiling": median(members, "mfu_ceiling"),
             "mfu_peak": median(members, "mfu_peak")})
@@ -388,9 +407,9 @@ TRAIN_SETTINGS_COLUMNS = {"run": "run", "workload": "workload", "framework": "fr
 TRAIN_RESULT_COLUMNS = {"run": "run", "epochs": "epochs", "time_per_epoch_s": "s/epoch", "samples_per_s": "samples/s",
                         "final_l1": "final loss", "time_to_target_s": "to target [s]", "achieved_tflops": "TFLOPS",
                         "mfu_ceiling": "% of ceiling", "mfu_peak": "% of peak"}
-RANKING_COLUMNS = {"rank": "rank", "framework": "framework", "device": "device", "batch_size": "batch", "runs": "runs", "reached": "reached",
-                   "time_to_target_s": "to target [s]", "target_spread": "to target over seeds", "test_accuracy": "test accuracy [%]",
-                   "accuracy_spread": "accuracy over seeds", "time_per_epoch_s": "s/epoch", "samples_per_s": "samples/s",
+RANKING_COLUMNS = {"rank": "rank", "framework": "framework", "size": "network (layers x units)", "device": "device", "batch_size": "batch",
+                   "runs": "runs", "reached": "reached", "time_to_target_s": "to target [s]", "target_spread": "to target over seeds",
+                   "test_accuracy": "test accuracy [%]", "accuracy_spread": "accuracy over seeds", "test_f1": "test macro-F1 [%]", "time_per_epoch_s": "s/epoch", "samples_per_s": "samples/s",
                    "achieved_tflops": "TFLOPS", "mfu_ceiling": "% of ceiling", "mfu_peak": "% of peak"}
 COMPARE_COLUMNS = {"batch_size": "batch", "device": "device", "runs": "runs", "time_per_epoch_s": "s/epoch",
                    "samples_per_s": "samples/s", "speedup": "× slowest device"}
@@ -551,7 +570,7 @@ def build_report(settings: Settings, name: str, scope: str, runs, exp_id: str, o
                  "after each validation; test accuracy is the held-out test split's after the last epoch. Medians over the repeated runs "
                  "(seeds), with their range; TFLOPS are the network's training FLOPs at the run's samples/s, % of ceiling against the "
                  "warm matmul ceiling of the same device, framework and dtype, % of peak against the device's datasheet (CPU: derived) peak.\n",
-                 table_markdown(table, RANKING_COLUMNS)]
+                 table_markdown(table, ranking_columns(table))]
     text += ["### Every training run\n", "s/epoch is the median epoch time without the first epoch (which carries the warm-up).\n",
              table_markdown(trains, TRAIN_SETTINGS_COLUMNS, link), "Their results:\n", table_markdown(trains, TRAIN_RESULT_COLUMNS, link),
              "## Time to quality\n", "Wall-clock seconds of training until the validation rollouts first meet the run's quality "

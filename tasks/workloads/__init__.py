@@ -45,7 +45,8 @@ class Workload:
     # (settings, GenerateSpec, parent MLflow run id or None) -> the dataset's summary (dataset, path, digest, run_id): writes the
     # workload's dataset into the store as an MLflow generate run; None = the stage's own solver sweep (karman)
     generate: Callable | None = None
-    check_generate: Callable | None = None  # (settings, GenerateSpec) -> None; UserError for what its generate would refuse, before it starts
+    check_generate: Callable | None = None
+    sizes: tuple[str, ...] = ()  # TrainSpec fields a benchmark sweeps for it (BenchmarkSpec fields of the same names; har: layers, units)  # (settings, GenerateSpec) -> None; UserError for what its generate would refuse, before it starts
 
     @property
     def synthetic(self) -> bool:

@@ -142,3 +142,17 @@ def test_both_frameworks_are_compared_cell_by_cell_and_a_rerun_skips_the_tensorf
     again = pipeline.benchmark(spec)
     assert {(c["kind"], c["framework"]): c["status"] for c in again["cells"]} == {k: "SKIPPED" for k in status}
     assert {c["run_id"] for c in again["cells"]} == {c["run_id"] for c in first["cells"]}
+
+
+def test_a_har_sweep_of_layers_by_units_is_one_matrix_and_other_workloads_ignore_it():
+    from flows.pipeline import benchmark_matrix
+
+    spec = BenchmarkSpec.quick().model_copy(update={"workloads": ["har", "digits"], "frameworks": ["torch", "tensorflow"],
+                                                    "layers": [1, 2], "units": [16, 32, 64]})
+    har, digits = benchmark_matrix(spec)
+    assert har.sizes == [{"layers": l, "units": u} for l in (1, 2) for u in (16, 32, 64)]
+    assert har.train_cells(spec) == 2 * 1 * len(spec.batch_sizes) * 6 * spec.repeats  # frameworks x devices x batch sizes x sizes
+    assert digits.sizes == [{}]  # the CNN has no such axes
+    assert benchmark_matrix(spec.model_copy(update={"layers": None, "units": None}))[0].sizes == [{}]
+    with pytest.raises(ValidationError, match="layers"):
+        BenchmarkSpec(layers=[0])

@@ -465,4 +465,5 @@ WORKLOAD = Workload(
     epochs=12,
     generate=generate,
     check_generate=check_generate,
+    sizes=("layers", "units"),  # seed 002's axes: a benchmark's --layers x --units
 )
