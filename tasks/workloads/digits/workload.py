@@ -14,8 +14,6 @@ import gzip
 import hashlib
 import importlib.util
 import logging
-import shutil
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -23,9 +21,9 @@ import numpy as np
 import zarr
 
 from tasks.common.data import epoch_order
+from tasks.common.datasets import record_generate, write_once
 from tasks.common.errors import UserError
-from tasks.common.names import Tag
-from tasks.common.store import MANIFEST, STORE, workload_manifest, write_json_atomic, writer_lock
+from tasks.common.store import MANIFEST, STORE, workload_manifest, write_json_atomic
 from tasks.workloads import Workload
 
 log = logging.getLogger("karman.digits")
@@ -197,32 +195,13 @@ def check_generate(settings, spec) -> None:
 def generate(settings, spec, parent_run_id: str | None = None) -> dict:
     """Write the digits dataset ``spec.dataset`` (a no-op for a complete one; ``spec.overwrite`` writes it
     afresh; a damaged one is refused), recorded as an MLflow ``generate`` run with the dataset logged."""
-    from tasks.common.tracking import mlflow_run
-
-    dataset_dir = settings.dataset_dir(spec.dataset)
-    with writer_lock(dataset_dir, f"dataset {spec.dataset!r}"):
-        if spec.overwrite and dataset_dir.exists():
-            shutil.rmtree(dataset_dir)
-        check_generate(settings, spec)
-        written = not (dataset_dir / MANIFEST).is_file()
-        t0 = time.perf_counter()
-        if written:
-            if dataset_dir.exists():  # an interrupted write left a store without its manifest
-                shutil.rmtree(dataset_dir)
-            write_dataset(dataset_dir)
-        manifest = load_checked(dataset_dir)[0]
-        wall = time.perf_counter() - t0
+    manifest, written, wall = write_once(settings, spec, check_generate, write_dataset, lambda folder: load_checked(folder)[0])
     log.info("dataset %s: %d digits %s (digest %s)", spec.dataset, manifest["count"], "written" if written else "already complete", manifest["digest"])
     description = (f"The {manifest['count']:,} real MNIST digits (28x28, {SOURCE}) in zarr dataset `{spec.dataset}`, split "
                    f"{'/'.join(str(manifest['split'][r]) for r in ROLES)} (train/val/test, stratified, fixed seed). Licence: {LICENCE}.")
     params = {"workload": "digits", "dataset": spec.dataset, "images": manifest["count"], "split_seed": SPLIT_SEED,
               **{f"split_{role}": manifest["split"][role] for role in ROLES}}
-    with mlflow_run(settings, "generate", f"generate-{spec.dataset}", params=params, parent_run_id=parent_run_id, description=description) as run:
-        run.log_metrics({"wall_s": wall, "images": manifest["count"], "written_now": float(written)})
-        run.set_tags({Tag.DATASET: spec.dataset, Tag.DATASET_DIGEST: manifest["digest"]})
-        run.log_dataset(spec.dataset, manifest["digest"], dataset_dir, "generated", {"images": manifest["count"]})
-    return {"dataset": spec.dataset, "path": str(dataset_dir), "digest": manifest["digest"], "images": manifest["count"],
-            "written": written, "run_id": run.run_id}
+    return record_generate(settings, spec, manifest, written, wall, ("images", manifest["count"]), params, description, parent_run_id)
 
 
 # ---- what the trainers train on ---------------------------------------------------------------------------------

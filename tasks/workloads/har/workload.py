@@ -25,19 +25,17 @@ initial weights (drawn once in numpy from the run's seed), with the same optimis
 import hashlib
 import json
 import logging
-import shutil
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import zarr
 
+from tasks.common.datasets import record_generate, write_once
 from tasks.common.errors import UserError
-from tasks.common.names import Tag
-from tasks.common.store import MANIFEST, STORE, write_json_atomic, writer_lock
+from tasks.common.store import MANIFEST, STORE, write_json_atomic
 from tasks.workloads import Workload
-from tasks.workloads.digits.workload import DigitsTrainer
+from tasks.workloads.digits.workload import DigitsData, DigitsTrainer
 
 log = logging.getLogger("karman.har")
 
@@ -336,48 +334,22 @@ def check_generate(settings, spec) -> None:
 def generate(settings, spec, parent_run_id: str | None = None) -> dict:
     """Write the synthetic har dataset ``spec.dataset`` (a no-op for a complete one; ``spec.overwrite``
     writes it afresh; a damaged one is refused), recorded as an MLflow ``generate`` run with the dataset logged."""
-    from tasks.common.tracking import mlflow_run
-
-    dataset_dir = settings.dataset_dir(spec.dataset)
-    with writer_lock(dataset_dir, f"dataset {spec.dataset!r}"):
-        if spec.overwrite and dataset_dir.exists():
-            shutil.rmtree(dataset_dir)
-        check_generate(settings, spec)
-        written = not (dataset_dir / MANIFEST).is_file()
-        t0 = time.perf_counter()
-        if written:
-            if dataset_dir.exists():  # an interrupted write left a store without its manifest
-                shutil.rmtree(dataset_dir)
-            write_dataset(dataset_dir)
-        manifest = load_checked(dataset_dir)[0]
-        wall = time.perf_counter() - t0
+    manifest, written, wall = write_once(settings, spec, check_generate, write_dataset, lambda folder: load_checked(folder)[0])
     log.info("dataset %s: %d synthetic windows %s (digest %s)", spec.dataset, manifest["count"], "written" if written else "already complete", manifest["digest"])
     description = (f"{manifest['count']:,} SYNTHETIC activity windows (128 x 9, UCI HAR's format, 6 activities, {SUBJECTS} subjects) in zarr "
                    f"dataset `{spec.dataset}`, split by subject {'/'.join(str(SPLIT[r]) for r in ROLES)} (train/val/test), seed {DATA_SEED}. "
                    f"Sensor model: {SENSOR_MODEL}")
     params = {"workload": "har", "dataset": spec.dataset, "windows": manifest["count"], "synthetic": True, "seed": DATA_SEED,
               **{f"split_{role}": manifest["split"][role] for role in ROLES}}
-    with mlflow_run(settings, "generate", f"generate-{spec.dataset}", params=params, parent_run_id=parent_run_id, description=description) as run:
-        run.log_metrics({"wall_s": wall, "windows": manifest["count"], "written_now": float(written)})
-        run.set_tags({Tag.DATASET: spec.dataset, Tag.DATASET_DIGEST: manifest["digest"]})
-        run.log_dataset(spec.dataset, manifest["digest"], dataset_dir, "generated", {"windows": manifest["count"]})
-    return {"dataset": spec.dataset, "path": str(dataset_dir), "digest": manifest["digest"], "windows": manifest["count"],
-            "written": written, "run_id": run.run_id}
+    return record_generate(settings, spec, manifest, written, wall, ("windows", manifest["count"]), params, description, parent_run_id)
 
 
 # ---- what the trainers train on -----------------------------------------------------------------------------------
 
 
-@dataclass
-class HarData:
-    """The three roles' windows (n, 128, 9) float32 and activities (n,) int64, held in memory."""
-
-    x: dict[str, np.ndarray]
-    y: dict[str, np.ndarray]
-    split: dict[str, list[str]]  # the record's account of the split, in words
-    dataset_digest: str
-    target: float
-    in_memory: bool = True
+class HarData(DigitsData):
+    """The three roles' windows (n, 128, 9) float32 and activities (n,) int64, held in memory (the digits'
+    fields: x, y, the split in words, the dataset digest, the target)."""
 
 
 def prepare(settings, spec, main: bool = True) -> HarData:

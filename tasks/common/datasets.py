@@ -1,0 +1,43 @@
+"""A workload's own dataset written once into the store: the writer lock, --overwrite, the remains of an interrupted write, and its MLflow generate run."""
+
+import shutil
+import time
+from typing import Callable
+
+from tasks.common.names import Tag
+from tasks.common.store import MANIFEST, writer_lock
+
+
+def write_once(settings, spec, check_generate: Callable, write: Callable, load: Callable) -> tuple[dict, bool, float]:
+    """Under the dataset's writer lock: remove it first for ``spec.overwrite``; refuse what ``check_generate``
+    (settings, spec) refuses; ``write`` (dataset folder) it when it has no manifest, removing what an
+    interrupted write left; then ``load`` (dataset folder) its checked manifest. Returns (manifest, whether it
+    was written now, seconds)."""
+    dataset_dir = settings.dataset_dir(spec.dataset)
+    with writer_lock(dataset_dir, f"dataset {spec.dataset!r}"):
+        if spec.overwrite and dataset_dir.exists():
+            shutil.rmtree(dataset_dir)
+        check_generate(settings, spec)
+        written = not (dataset_dir / MANIFEST).is_file()
+        t0 = time.perf_counter()
+        if written:
+            if dataset_dir.exists():  # an interrupted write left a store without its manifest
+                shutil.rmtree(dataset_dir)
+            write(dataset_dir)
+        manifest = load(dataset_dir)
+        return manifest, written, time.perf_counter() - t0
+
+
+def record_generate(settings, spec, manifest: dict, written: bool, wall: float, count: tuple[str, int], params: dict,
+                    description: str, parent_run_id: str | None) -> dict:
+    """The dataset's MLflow ``generate`` run (its parameters, wall time, tags and the dataset logged); returns the
+    dataset summary the pipeline passes on. ``count`` is what the dataset holds, e.g. ("images", 5000)."""
+    from tasks.common.tracking import mlflow_run
+
+    dataset_dir = settings.dataset_dir(spec.dataset)
+    noun, number = count
+    with mlflow_run(settings, "generate", f"generate-{spec.dataset}", params=params, parent_run_id=parent_run_id, description=description) as run:
+        run.log_metrics({"wall_s": wall, noun: number, "written_now": float(written)})
+        run.set_tags({Tag.DATASET: spec.dataset, Tag.DATASET_DIGEST: manifest["digest"]})
+        run.log_dataset(spec.dataset, manifest["digest"], dataset_dir, "generated", {noun: number})
+    return {"dataset": spec.dataset, "path": str(dataset_dir), "digest": manifest["digest"], noun: number, "written": written, "run_id": run.run_id}
