@@ -15,6 +15,23 @@ def _pad_layer(layers, conv):
     return layers.ZeroPadding3D(conv.pad, name=f"{conv.name}_pad")
 
 
+def _batch_norm(name: str):
+    """Keras' BatchNormalization (nets.py's epsilon and momentum) with the batch's moments taken in float64, as
+    torch accumulates them on the CPU: in float32 they lose about 1e-4 of the normalised activations where a
+    channel's spread is small beside its values, and the two frameworks' steps would part."""
+    import keras
+    from keras import ops
+
+    class BatchNorm64(keras.layers.BatchNormalization):
+        def _moments(self, inputs, mask):
+            if mask is not None:
+                return super()._moments(inputs, mask)
+            mean, variance = ops.moments(ops.cast(inputs, "float64"), axes=self._reduction_axes, synchronized=self.synchronized)
+            return ops.cast(mean, inputs.dtype), ops.cast(variance, inputs.dtype)
+
+    return BatchNorm64(epsilon=BN_EPSILON, momentum=BN_MOMENTUM, name=name)
+
+
 def build_generator(cfg: NetConfig):
     """Latent (B, latent) -> images (B, 51, 51, 25, 1)."""
     import keras
@@ -29,7 +46,7 @@ def build_generator(cfg: NetConfig):
             x = _pad_layer(layers, c)(x)
         x = layers.Conv3D(c.cout, c.kernel, activation="relu", name=c.name)(x)
         if c.bn:
-            x = layers.BatchNormalization(epsilon=BN_EPSILON, momentum=BN_MOMENTUM, name=f"{c.name}_bn")(x)
+            x = _batch_norm(f"{c.name}_bn")(x)
     return keras.Model(z, x, name="generator")
 
 
@@ -80,7 +97,7 @@ def build_discriminator(cfg: NetConfig):
         x = layers.Conv3D(c.cout, c.kernel, name=c.name)(x)
         x = layers.LeakyReLU(negative_slope=LEAKY_SLOPE)(x)
         if c.bn:
-            x = layers.BatchNormalization(epsilon=BN_EPSILON, momentum=BN_MOMENTUM, name=f"{c.name}_bn")(x)
+            x = _batch_norm(f"{c.name}_bn")(x)
         x = layers.Dropout(cfg.dropout)(x)
     x = layers.Flatten()(layers.AveragePooling3D(2)(x))  # (B, features) in (x, y, z, c) order
     fake = layers.Dense(1, activation="sigmoid", name="fake")(x)
