@@ -59,7 +59,8 @@ def steps(framework: str, dtype: str) -> dict:
                        for a, b in zip(trainer.weights()[net].values(), fresh.weights()[net].values()))
         batch = next(trainer.batches(2, 1))
         second, second_fresh = trainer.step(batch, [0.0] * 3, 0.0)[0], fresh.step(batch, [0.0] * 3, 0.0)[0]
-    return {"first": first, "second": second, "second_fresh": second_fresh, "flags": flags, "restored": restored,
+    shares = module.step_shares(trainer, 1) if framework == "torch" else {}
+    return {"shares": shares, "first": first, "second": second, "second_fresh": second_fresh, "flags": flags, "restored": restored,
             "scores": trainer.evaluate(), "generated_sum": float(trainer.generate("val").sum())}
 
 

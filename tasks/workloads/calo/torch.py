@@ -1,6 +1,7 @@
 """The 3DGAN in PyTorch: the generator and discriminator layer by layer as nets.py describes them (weights in its one layout), and the trainer of the published four-tape step."""
 
 import math
+import time
 
 import numpy as np
 import torch
@@ -236,15 +237,28 @@ class CaloTorch(CaloTrainer):
         self.g.to(ctx.device), self.d.to(ctx.device)
         self.opt_g, self.opt_d = RMSprop(self.g.parameters()), RMSprop(self.d.parameters())
         self.speed = {"threads": runtime.threads, "precision": spec.precision}
+        self._sections: dict[str, float] | None = None
+        self._last = 0.0
 
     def _device(self, batch: dict[str, np.ndarray]) -> dict[str, torch.Tensor]:
         dtype = self.d.fake.weight.dtype  # float32 (a float64 network in the tests)
         return {k: torch.from_numpy(v).to(self.runtime.ctx.device, dtype) for k, v in batch.items()}
 
+    def _mark(self, section: str) -> None:
+        """While step_shares times the step: the time since the last mark goes to ``section`` (the device waited for)."""
+        if self._sections is not None:
+            self.runtime.ctx.sync()
+            now = time.perf_counter()
+            self._sections[section] = self._sections.get(section, 0.0) + now - self._last
+            self._last = now
+
     def _update(self, loss: torch.Tensor, opt: RMSprop) -> None:
+        self._mark("forward")
         opt.zero_grad()
         loss.backward()
+        self._mark("backward")
         opt.step()
+        self._mark("optimizer")
 
     def step(self, batch, flags: list[float], progress: float):
         """The four tapes: D on real images, D on generated ones (G in training mode, no gradient), then two
@@ -292,6 +306,28 @@ class CaloTorch(CaloTrainer):
     def load_state(self, state: dict) -> None:
         self.g.load_state_dict(state["g"]), self.d.load_state_dict(state["d"])
         self.opt_g.load_state_dict(state["opt_g"]), self.opt_d.load_state_dict(state["opt_d"])
+
+
+def step_shares(trainer: CaloTorch, steps: int = 3) -> dict[str, float]:
+    """Where a step's time goes: the fractions of ``steps`` steps' wall time (after one warm-up step) spent on
+    input (the numpy batch and its copy to the device), forward passes (with the losses), backward passes and
+    optimizer updates and the rest (the losses read back), timed section by section with the device waited for at each boundary (which costs a
+    little overlap on an accelerator), and the mean step time in seconds."""
+    batches = trainer.batches(1, steps + 1)
+    trainer.step(next(batches), [0.0] * 3, 0.0)
+    trainer._sections = {}
+    try:
+        t0 = trainer._last = time.perf_counter()
+        for _ in range(steps):
+            batch = next(batches)
+            trainer._mark("input")
+            trainer.step(batch, [0.0] * 3, 0.0)
+            trainer._mark("other")  # the losses read back, the runtime's agreement
+        total = time.perf_counter() - t0
+        shares = {k: v / total for k, v in trainer._sections.items()}
+    finally:
+        trainer._sections = None
+    return {**shares, "step_s": total / steps}
 
 
 def build(data: CaloData, spec, batch_size: int, runtime) -> CaloTorch:

@@ -213,7 +213,7 @@ PROFILE_TOLERANCE, SAMPLING_TOLERANCE, LAYER_FLOOR = 0.10, 0.05, 0.01
 TARGET = (f"per energy bin ({', '.join(f'{a:g}-{b:g}' for a, b in zip(physics.ENERGY_EDGES, physics.ENERGY_EDGES[1:]))} GeV, all angles): "
           f"the generated mean longitudinal profile within {PROFILE_TOLERANCE:.0%} of the validation data's in every layer holding "
           f"at least {LAYER_FLOOR:.0%} of the bin's energy, and the sampling fraction within {SAMPLING_TOLERANCE:.0%}")
-CPU = NetConfig(latent=32, width=0.25)  # what a 2-core CPU trains in half an hour: the published layers, a quarter of the channels
+CPU = NetConfig(latent=32, width=0.125)  # the CPU configuration (2 cores, half an hour): the published layers, an eighth of the channels
 HEADLINE = {"longitudinal_err": "longitudinal max error", "sampling_fraction_err": "sampling-fraction max error"}
 
 
