@@ -41,6 +41,25 @@ def vorticity_panels(pred: np.ndarray, ref: np.ndarray, labels: list[str], path:
     return path
 
 
+def profile_panels(panels: dict[str, tuple[str, dict[str, np.ndarray]]], path: Path, title: str) -> Path:
+    """One panel per profile side by side: name -> (x-axis label, {curve label: values}), a log energy axis."""
+    plt = _pyplot()
+    fig, axes = plt.subplots(1, len(panels), figsize=(3.4 * len(panels), 3.2), squeeze=False)
+    for ax, (name, (xlabel, curves)) in zip(axes[0], panels.items()):
+        for label, values in curves.items():
+            ax.plot(np.arange(len(values)), values, marker="o", ms=2.5, lw=1, label=label)
+        ax.set_xlabel(xlabel)
+        ax.set_ylabel("mean energy (GeV)")
+        ax.set_yscale("log")
+        ax.set_title(name, fontsize=8)
+        ax.legend(fontsize=7)
+    fig.suptitle(title, fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
 def error_curves(errors: dict[str, list[float]], threshold: float, path: Path, title: str) -> Path:
     """Relative L2 error per rollout step, one line per field."""
     plt = _pyplot()

@@ -117,3 +117,44 @@ def test_flops_per_layer_match_torchs_flop_counter():
         d(g(torch.randn(1, SMALL.latent)))
     m = multiply_adds(SMALL)
     assert counter.get_total_flops() == pytest.approx(2 * (sum(m["generator"]) + sum(m["discriminator"])), rel=1e-3)
+
+
+def test_the_split_is_fixed_and_the_target_scores_say_what_they_measure():
+    from tasks.workloads.calo import physics
+    from tasks.workloads.calo import workload as calo
+    from tasks.workloads.calo.showers import shower_events
+
+    parts = calo.split_of(100)
+    assert [len(parts[r]) for r in calo.ROLES] == [80, 10, 10] and sorted(np.concatenate(list(parts.values())).tolist()) == list(range(100))
+    assert parts["val"][:2].tolist() == [8, 18] and parts["test"][:2].tolist() == [9, 19]
+    energy, angle = np.linspace(101.0, 199.0, 30), np.linspace(61.0, 119.0, 30)
+    cells = shower_events(energy, angle, 2)
+    assert np.allclose(calo.from_image(calo.to_image(cells)), cells, rtol=1e-5, atol=1e-12)
+    ref = physics.shower_metrics(cells, energy, angle, angle_edges=(60.0, 120.0))
+    same = calo.shower_scores(ref, ref)
+    assert same["longitudinal_err"] == 0 and same["sampling_fraction_err"] == 0 and calo.target_holds(same)
+    hotter = calo.shower_scores(ref, physics.shower_metrics(cells * 1.04, energy, angle, angle_edges=(60.0, 120.0)))
+    assert hotter["longitudinal_err"] == pytest.approx(0.04) and hotter["sampling_fraction_err"] == pytest.approx(0.04) and calo.target_holds(hotter)
+    deeper = cells.copy()
+    deeper[..., 15] *= 1.2  # one layer (about 2 % of the energy at 100-200 GeV) 20 % too hot: the profile fails, the sum holds
+    scores = calo.shower_scores(ref, physics.shower_metrics(deeper, energy, angle, angle_edges=(60.0, 120.0)))
+    assert scores["longitudinal_err"] > 0.1 and scores["sampling_fraction_err"] < 0.05 and not calo.target_holds(scores)
+
+
+def test_a_batch_carries_the_steps_randomness_from_numpy():
+    from tasks.common.specs import TrainSpec
+    from tasks.workloads.calo import workload as calo
+    from tasks.workloads.calo.nets import SMALL
+
+    rng = np.random.default_rng(0)
+    n = 40
+    data = calo.CaloData({r: rng.random((n, 51, 51, 25), dtype=np.float32) * 1e-3 for r in calo.ROLES}, {r: np.full(n, 150.0, np.float32) for r in calo.ROLES},
+                         {r: np.full(n, 90.0, np.float32) for r in calo.ROLES}, {}, "-", 0.02)
+    trainer = calo.CaloTrainer(data, TrainSpec(workload="calo", dataset="calo", seed=3), 20, SMALL)
+    first, again = next(trainer.batches(1, 2)), next(trainer.batches(1, 2))
+    assert all(np.array_equal(first[k], again[k]) for k in first)  # a function of (seed, epoch, step) only
+    assert first["image"].shape == (20, 51, 51, 25, 1) and first["latent"].shape == (3, 20, SMALL.latent)
+    assert np.allclose(first["latent"][:, :, 0], 1.5) and np.allclose(first["latent"][:, :, 1], np.pi / 2) and np.allclose(first["ecal_fit"], 3.0)
+    labels = np.concatenate([first["real_label"], 1 - first["fake_label"]] + [b["real_label"] for b in trainer.batches(2, 2)])
+    assert set(np.unique(labels)) <= {0.0, 1.0} and 0 < (labels == 0).sum() < 0.2 * labels.size  # a few flipped (5 %)
+    assert trainer.flops_per_sample > 0 and trainer.params["generator_updates_per_step"] == 2

@@ -1,15 +1,35 @@
-"""The 3DGAN generator and discriminator in Keras 3 (channels last), layer by layer as nets.py describes them, loading and giving weights in its one layout."""
+"""The 3DGAN in Keras 3 (channels last): the generator and discriminator layer by layer as nets.py describes them (weights in its one layout), and the trainer of the published four-tape step, a custom loop of GradientTapes under the run's tf.distribute strategy."""
 
 import math
 
 import numpy as np
 
-from tasks.workloads.calo.nets import (BN_EPSILON, BN_MOMENTUM, IMAGE, LEAKY_SLOPE, POWER, SEED_GRID, UPSAMPLE, NetConfig,
-                                       discriminator_convs, generator_convs, seed_channels)
+from tasks.workloads.calo.nets import (BN_EPSILON, BN_MOMENTUM, IMAGE, LEAKY_SLOPE, LEARNING_RATE, LOSS_WEIGHTS, POWER, SEED_GRID, UPSAMPLE,
+                                       NetConfig, discriminator_convs, generator_convs, initial_weights, seed_channels)
+from tasks.workloads.calo.workload import CaloData, CaloTrainer
+
+EPSILON = 1e-7  # Keras' fuzz factor: the clip of the probabilities and the floor of the percentage errors' denominators
 
 
 def _pad_layer(layers, conv):
     return layers.ZeroPadding3D(conv.pad, name=f"{conv.name}_pad")
+
+
+def _batch_norm(name: str):
+    """Keras' BatchNormalization (nets.py's epsilon and momentum) with the batch's moments taken in float64, as
+    torch accumulates them on the CPU: in float32 they lose about 1e-4 of the normalised activations where a
+    channel's spread is small beside its values, and the two frameworks' steps would part."""
+    import keras
+    from keras import ops
+
+    class BatchNorm64(keras.layers.BatchNormalization):
+        def _moments(self, inputs, mask):
+            if mask is not None:
+                return super()._moments(inputs, mask)
+            mean, variance = ops.moments(ops.cast(inputs, "float64"), axes=self._reduction_axes, synchronized=self.synchronized)
+            return ops.cast(mean, inputs.dtype), ops.cast(variance, inputs.dtype)
+
+    return BatchNorm64(epsilon=BN_EPSILON, momentum=BN_MOMENTUM, name=name)
 
 
 def build_generator(cfg: NetConfig):
@@ -26,7 +46,7 @@ def build_generator(cfg: NetConfig):
             x = _pad_layer(layers, c)(x)
         x = layers.Conv3D(c.cout, c.kernel, activation="relu", name=c.name)(x)
         if c.bn:
-            x = layers.BatchNormalization(epsilon=BN_EPSILON, momentum=BN_MOMENTUM, name=f"{c.name}_bn")(x)
+            x = _batch_norm(f"{c.name}_bn")(x)
     return keras.Model(z, x, name="generator")
 
 
@@ -42,7 +62,7 @@ def barycentre_angle(image):
     from keras import ops
 
     nx, ny, nz = IMAGE
-    xs, ys, zs = (ops.arange(n, dtype="float32") + 0.5 for n in (nx, ny, nz))
+    xs, ys, zs = (ops.arange(n, dtype=image.dtype) + 0.5 for n in (nx, ny, nz))
     total = ops.sum(image, axis=(1, 2, 3))
     empty = ops.equal(total, 0.0)
     safe = ops.where(empty, ops.ones_like(total), total)
@@ -58,7 +78,7 @@ def barycentre_angle(image):
     proj = ops.sqrt(ops.maximum((x_mid - x_ref) ** 2 + (z - z_ref) ** 2, 1e-7))
     slope = (y_mid - y_ref) / proj
     slope = ops.where(z < z_ref, -slope, slope)
-    mask = ops.cast(ops.logical_not(layer_empty), "float32")
+    mask = ops.cast(ops.logical_not(layer_empty), image.dtype)
     ang = (math.pi / 2 - ops.arctan(slope)) * mask * z
     measured = ops.sum(ang, axis=1) / ops.maximum(ops.sum(z * mask, axis=1), 1e-30)
     return ops.where(empty, ops.full_like(measured, 100.0), measured)[:, None]
@@ -77,14 +97,15 @@ def build_discriminator(cfg: NetConfig):
         x = layers.Conv3D(c.cout, c.kernel, name=c.name)(x)
         x = layers.LeakyReLU(negative_slope=LEAKY_SLOPE)(x)
         if c.bn:
-            x = layers.BatchNormalization(epsilon=BN_EPSILON, momentum=BN_MOMENTUM, name=f"{c.name}_bn")(x)
+            x = _batch_norm(f"{c.name}_bn")(x)
         x = layers.Dropout(cfg.dropout)(x)
     x = layers.Flatten()(layers.AveragePooling3D(2)(x))  # (B, features) in (x, y, z, c) order
     fake = layers.Dense(1, activation="sigmoid", name="fake")(x)
     aux = layers.Dense(1, name="aux")(x)
-    deposits = layers.Lambda(lambda im: ops.power(im[..., 0], 1.0 / POWER), name="deposits")(image)
-    angle = layers.Lambda(barycentre_angle, name="angle")(deposits)
-    total = layers.Lambda(ecal_sum, name="ecal_sum")(deposits)
+    # the weightless heads in float64 (the angle's slopes are ill-conditioned in float32), each in one layer: Keras casts between layers
+    deposits = lambda im: ops.power(ops.cast(im[..., 0], "float64"), 1.0 / POWER)  # noqa: E731
+    angle = layers.Lambda(lambda im: ops.cast(barycentre_angle(deposits(im)), im.dtype), name="angle")(image)
+    total = layers.Lambda(lambda im: ops.cast(ecal_sum(deposits(im)), im.dtype), name="ecal_sum")(image)
     return keras.Model(image, [fake, aux, angle, total], name="discriminator")
 
 
@@ -121,3 +142,91 @@ def build_networks(cfg: NetConfig, weights: dict[str, dict[str, np.ndarray]] | N
 def parameter_counts(g, d) -> dict[str, dict[str, int]]:
     return {name: {"trainable": int(sum(np.prod(v.shape) for v in m.trainable_weights)), "total": int(m.count_params())}
             for name, m in (("generator", g), ("discriminator", d))}
+
+
+def weighted_loss(outputs, label, energy, angle, ecal):
+    """The published loss of the discriminator's four heads, each (B, 1): 3 BCE(real/fake) + 0.1 MAPE(energy)
+    + 25 MAE(angle) + 0.1 MAPE(deposit sum), with nets.LOSS_WEIGHTS (the formulas of torch.py's)."""
+    from keras import ops
+
+    p, e, a, s = outputs
+    p = ops.clip(p, EPSILON, 1.0 - EPSILON)
+    bce = -ops.mean(label * ops.log(p) + (1.0 - label) * ops.log(1.0 - p))
+    mape = lambda truth, pred: 100.0 * ops.mean(ops.abs(truth - pred) / ops.maximum(ops.abs(truth), EPSILON))  # noqa: E731
+    w = LOSS_WEIGHTS
+    return w["real_fake"] * bce + w["energy"] * mape(energy, e) + w["angle"] * ops.mean(ops.abs(angle - a)) + w["ecal_sum"] * mape(ecal, s)
+
+
+class CaloKeras(CaloTrainer):
+    framework = "tensorflow"
+
+    def __init__(self, data: CaloData, spec, batch_size: int, runtime, cfg: NetConfig | None = None):
+        import keras
+        import tensorflow as tf
+
+        super().__init__(data, spec, batch_size, cfg)
+        self.runtime = runtime
+        strategy = runtime.ctx.strategy
+        with strategy.scope():
+            self.g, self.d = build_networks(self.cfg, initial_weights(self.cfg, spec.seed))
+            self.opt_g = keras.optimizers.RMSprop(LEARNING_RATE, rho=0.9, epsilon=EPSILON)
+            self.opt_d = keras.optimizers.RMSprop(LEARNING_RATE, rho=0.9, epsilon=EPSILON)
+            self.opt_g.build(self.g.trainable_variables)
+            self.opt_d.build(self.d.trainable_variables)
+        self.speed = {"threads": runtime.threads, "jit_compile": spec.compile == "on"}
+        self._dtype = np.dtype(keras.config.floatx())  # float32 (float64 in the tests)
+        g, d, opt_g, opt_d = self.g, self.d, self.opt_g, self.opt_d
+
+        def update(tape, loss, net, opt):
+            opt.apply_gradients(zip(tape.gradient(loss, net.trainable_variables), net.trainable_variables))
+
+        def replica_step(b):
+            with tf.GradientTape() as tape:  # (1) D on real images
+                loss_real = weighted_loss(d(b["image"], training=True), b["real_label"], b["energy"], b["angle"], b["ecal"])
+            update(tape, loss_real, d, opt_d)
+            fake = g(b["latent"][0], training=True)  # (B, 51, 51, 25, 1), batch statistics, outside any tape
+            with tf.GradientTape() as tape:  # (2) D on generated images
+                loss_fake = weighted_loss(d(fake, training=True), b["fake_label"], b["energy"], b["angle"], b["ecal_fit"])
+            update(tape, loss_fake, d, opt_d)
+            loss_g = []
+            for i in (1, 2):  # (3, 4) G twice through the frozen D (inference mode)
+                with tf.GradientTape() as tape:
+                    outputs = d(g(b["latent"][i], training=True), training=False)
+                    loss_g.append(weighted_loss(outputs, tf.ones_like(b["real_label"]), b["energy"], b["angle"], b["ecal_fit"]))
+                update(tape, loss_g[-1], g, opt_g)
+            return {"loss_d_real": loss_real, "loss_d_fake": loss_fake, "loss_g_first": loss_g[0], "loss_g_second": loss_g[1],
+                    "loss_g": (loss_g[0] + loss_g[1]) / 2}
+
+        def step(b):
+            per_replica = strategy.run(replica_step, args=(b,))
+            return {k: strategy.reduce(tf.distribute.ReduceOp.MEAN, v, axis=None) for k, v in per_replica.items()}
+
+        self._step = tf.function(step, jit_compile=spec.compile == "on")
+        self._generate = tf.function(lambda z: g(z, training=False), reduce_retracing=True)
+
+    def _device(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        return {k: v.astype(self._dtype, copy=False) for k, v in batch.items()}
+
+    def step(self, batch, flags: list[float], progress: float):
+        losses = {k: float(v) for k, v in self._step(batch).items()}  # reading the losses waits for the step
+        return losses, self.runtime.agree(flags)
+
+    def generate_images(self, latent: np.ndarray) -> np.ndarray:
+        return self._generate(latent.astype(self._dtype, copy=False)).numpy()
+
+    def weights(self) -> dict[str, dict[str, np.ndarray]]:
+        return {"generator": weights_of(self.g), "discriminator": weights_of(self.d)}
+
+    def _all(self) -> list:
+        return self.g.weights + self.d.weights + self.opt_g.variables + self.opt_d.variables
+
+    def state(self) -> dict:
+        return {f"{i:04d}": np.asarray(v.numpy()) for i, v in enumerate(self._all())}
+
+    def load_state(self, state: dict) -> None:
+        for key, v in zip(sorted(state), self._all()):
+            v.assign(state[key])
+
+
+def build(data: CaloData, spec, batch_size: int, runtime) -> CaloKeras:
+    return CaloKeras(data, spec, batch_size, runtime)

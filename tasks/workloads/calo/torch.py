@@ -1,19 +1,46 @@
-"""The 3DGAN generator and discriminator in PyTorch, layer by layer as nets.py describes them, loading and giving weights in its one layout."""
+"""The 3DGAN in PyTorch: the generator and discriminator layer by layer as nets.py describes them (weights in its one layout), and the trainer of the published four-tape step."""
 
 import math
+import time
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from tasks.workloads.calo.nets import (BN_EPSILON, BN_MOMENTUM, IMAGE, LEAKY_SLOPE, POWER, SEED_GRID, UPSAMPLE, NetConfig,
-                                       discriminator_convs, flat_features, generator_convs, seed_channels)
+from tasks.workloads.calo.nets import (BN_EPSILON, BN_MOMENTUM, IMAGE, LEAKY_SLOPE, LEARNING_RATE, LOSS_WEIGHTS, POWER, SEED_GRID, UPSAMPLE,
+                                       NetConfig, discriminator_convs, flat_features, generator_convs, initial_weights, seed_channels)
+from tasks.workloads.calo.workload import CaloData, CaloTrainer
 
 
 def _pad(conv) -> tuple[int, ...]:
     """nets.py's (before, after) per (x, y, z) as F.pad wants it: last axis first."""
     return tuple(p for axis in reversed(conv.pad) for p in axis)
+
+
+class BatchNorm(nn.Module):
+    """Keras' batch normalisation over (B, C, x, y, z): the batch's mean and biased variance taken in float64
+    (torch's own kernel loses about 1e-3 of the normalised activations on the CPU where a channel holds
+    hundreds of thousands of values), moving statistics moved by nets.BN_MOMENTUM with that variance."""
+
+    def __init__(self, channels: int):
+        super().__init__()
+        self.weight, self.bias = nn.Parameter(torch.ones(channels)), nn.Parameter(torch.zeros(channels))
+        self.register_buffer("running_mean", torch.zeros(channels))
+        self.register_buffer("running_var", torch.ones(channels))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.training:
+            wide = x.double()
+            mean, var = wide.mean(dim=(0, 2, 3, 4)), wide.var(dim=(0, 2, 3, 4), unbiased=False)
+            with torch.no_grad():
+                self.running_mean.mul_(BN_MOMENTUM).add_((1.0 - BN_MOMENTUM) * mean.to(self.running_mean.dtype))
+                self.running_var.mul_(BN_MOMENTUM).add_((1.0 - BN_MOMENTUM) * var.to(self.running_var.dtype))
+            mean, var = mean.to(x.dtype), var.to(x.dtype)
+        else:
+            mean, var = self.running_mean, self.running_var
+        scale = torch.rsqrt(var + BN_EPSILON) * self.weight
+        return x * scale.view(1, -1, 1, 1, 1) + (self.bias - mean * scale).view(1, -1, 1, 1, 1)
 
 
 class _Layers(nn.Module):
@@ -23,7 +50,7 @@ class _Layers(nn.Module):
         super().__init__()
         self.convs = convs
         self.conv = nn.ModuleDict({c.name: nn.Conv3d(c.cin, c.cout, c.kernel) for c in convs})
-        self.bn = nn.ModuleDict({c.name: nn.BatchNorm3d(c.cout, eps=BN_EPSILON, momentum=1 - BN_MOMENTUM) for c in convs if c.bn})
+        self.bn = nn.ModuleDict({c.name: BatchNorm(c.cout) for c in convs if c.bn})
 
     def load(self, weights: dict[str, np.ndarray]) -> None:
         with torch.no_grad():
@@ -123,8 +150,8 @@ class Discriminator(nn.Module):
                 x = self.layers.bn[c.name](x)
             x = F.dropout(x, self.cfg.dropout, self.training)
         x = F.avg_pool3d(x, 2).permute(0, 2, 3, 4, 1).flatten(1)  # (B, features) in (x, y, z, c) order
-        deposits = image[..., 0] ** (1.0 / POWER)
-        return torch.sigmoid(self.fake(x)), self.aux(x), barycentre_angle(deposits), ecal_sum(deposits)
+        deposits = image[..., 0].double() ** (1.0 / POWER)  # the weightless heads in float64: the angle's slopes are ill-conditioned in float32
+        return torch.sigmoid(self.fake(x)), self.aux(x), barycentre_angle(deposits).to(x.dtype), ecal_sum(deposits).to(x.dtype)
 
     def load_weights(self, weights: dict[str, np.ndarray]) -> None:
         with torch.no_grad():
@@ -158,3 +185,150 @@ def parameter_counts(g: nn.Module, d: nn.Module) -> dict[str, dict[str, int]]:
         stats = sum(b.numel() for n, b in net.named_buffers() if n.endswith(("running_mean", "running_var")))
         out[name] = {"trainable": trainable, "total": trainable + stats}
     return out
+
+
+EPSILON = 1e-7  # Keras' fuzz factor: the clip of the probabilities and the floor of the percentage errors' denominators
+
+
+def weighted_loss(outputs, label: torch.Tensor, energy: torch.Tensor, angle: torch.Tensor, ecal: torch.Tensor) -> torch.Tensor:
+    """The published loss of the discriminator's four heads, each (B, 1): 3 BCE(real/fake) + 0.1 MAPE(energy)
+    + 25 MAE(angle) + 0.1 MAPE(deposit sum), with nets.LOSS_WEIGHTS."""
+    p, e, a, s = (o.to(label.dtype) for o in outputs)  # fp32 (or the test's fp64) out of a bf16 autocast
+    p = p.clamp(EPSILON, 1.0 - EPSILON)
+    bce = -(label * torch.log(p) + (1.0 - label) * torch.log(1.0 - p)).mean()
+    mape = lambda truth, pred: 100.0 * ((truth - pred).abs() / truth.abs().clamp(min=EPSILON)).mean()  # noqa: E731
+    w = LOSS_WEIGHTS
+    return w["real_fake"] * bce + w["energy"] * mape(energy, e) + w["angle"] * (angle - a).abs().mean() + w["ecal_sum"] * mape(ecal, s)
+
+
+class RMSprop:
+    """Keras' RMSprop (no momentum, not centred): v = rho v + (1 - rho) g^2; w -= lr g / sqrt(v + epsilon)."""
+
+    def __init__(self, params, lr: float = LEARNING_RATE, rho: float = 0.9, epsilon: float = EPSILON):
+        self.params, self.lr, self.rho, self.epsilon = list(params), lr, rho, epsilon
+        self.velocity = [torch.zeros_like(p) for p in self.params]
+
+    def zero_grad(self) -> None:
+        for p in self.params:
+            p.grad = None
+
+    @torch.no_grad()
+    def step(self) -> None:
+        for p, v in zip(self.params, self.velocity):
+            v.mul_(self.rho).addcmul_(p.grad, p.grad, value=1.0 - self.rho)
+            p.sub_(self.lr * p.grad / (v + self.epsilon).sqrt())
+
+    def state_dict(self) -> dict:
+        return {"velocity": list(self.velocity)}
+
+    def load_state_dict(self, state: dict) -> None:
+        for v, saved in zip(self.velocity, state["velocity"]):
+            v.copy_(saved)
+
+
+class CaloTorch(CaloTrainer):
+    framework = "torch"
+
+    def __init__(self, data: CaloData, spec, batch_size: int, runtime, cfg: NetConfig | None = None):
+        super().__init__(data, spec, batch_size, cfg)
+        self.runtime = runtime
+        ctx = runtime.ctx
+        self.g, self.d = build_networks(self.cfg, initial_weights(self.cfg, spec.seed))
+        self.g.to(ctx.device), self.d.to(ctx.device)
+        self.opt_g, self.opt_d = RMSprop(self.g.parameters()), RMSprop(self.d.parameters())
+        self.speed = {"threads": runtime.threads, "precision": spec.precision}
+        self._sections: dict[str, float] | None = None
+        self._last = 0.0
+
+    def _device(self, batch: dict[str, np.ndarray]) -> dict[str, torch.Tensor]:
+        dtype = self.d.fake.weight.dtype  # float32 (a float64 network in the tests)
+        return {k: torch.from_numpy(v).to(self.runtime.ctx.device, dtype) for k, v in batch.items()}
+
+    def _mark(self, section: str) -> None:
+        """While step_shares times the step: the time since the last mark goes to ``section`` (the device waited for)."""
+        if self._sections is not None:
+            self.runtime.ctx.sync()
+            now = time.perf_counter()
+            self._sections[section] = self._sections.get(section, 0.0) + now - self._last
+            self._last = now
+
+    def _update(self, loss: torch.Tensor, opt: RMSprop) -> None:
+        self._mark("forward")
+        opt.zero_grad()
+        loss.backward()
+        self._mark("backward")
+        opt.step()
+        self._mark("optimizer")
+
+    def step(self, batch, flags: list[float], progress: float):
+        """The four tapes: D on real images, D on generated ones (G in training mode, no gradient), then two
+        generator updates through the frozen D (inference mode: batch norm from its moving statistics, no dropout)."""
+        b, ctx = batch, self.runtime.ctx
+        self.g.train(), self.d.train()
+        with ctx.autocast():
+            loss_real = weighted_loss(self.d(b["image"]), b["real_label"], b["energy"], b["angle"], b["ecal"])
+        self._update(loss_real, self.opt_d)
+        with torch.no_grad(), ctx.autocast():
+            fake = self.g(b["latent"][0])  # (B, 51, 51, 25, 1)
+        with ctx.autocast():
+            loss_fake = weighted_loss(self.d(fake.to(b["image"].dtype)), b["fake_label"], b["energy"], b["angle"], b["ecal_fit"])
+        self._update(loss_fake, self.opt_d)
+        self.d.eval()
+        self.d.requires_grad_(False)
+        try:
+            loss_g = []
+            for latent in (b["latent"][1], b["latent"][2]):
+                with ctx.autocast():
+                    loss_g.append(weighted_loss(self.d(self.g(latent)), torch.ones_like(b["real_label"]), b["energy"], b["angle"], b["ecal_fit"]))
+                self._update(loss_g[-1], self.opt_g)
+        finally:
+            self.d.requires_grad_(True)
+        ctx.step_end()
+        losses = {"loss_d_real": loss_real.detach(), "loss_d_fake": loss_fake.detach(), "loss_g_first": loss_g[0].detach(),
+                  "loss_g_second": loss_g[1].detach(), "loss_g": (loss_g[0].detach() + loss_g[1].detach()) / 2}
+        return self.runtime.reduce(losses, flags)
+
+    @torch.no_grad()
+    def generate_images(self, latent: np.ndarray) -> np.ndarray:
+        self.g.eval()
+        try:
+            with self.runtime.ctx.autocast():
+                return self.g(torch.from_numpy(latent).to(self.runtime.ctx.device, self.d.fake.weight.dtype)).float().cpu().numpy()
+        finally:
+            self.g.train()
+
+    def weights(self) -> dict[str, dict[str, np.ndarray]]:
+        return {"generator": self.g.weights(), "discriminator": self.d.weights()}
+
+    def state(self) -> dict:
+        return {"g": self.g.state_dict(), "d": self.d.state_dict(), "opt_g": self.opt_g.state_dict(), "opt_d": self.opt_d.state_dict()}
+
+    def load_state(self, state: dict) -> None:
+        self.g.load_state_dict(state["g"]), self.d.load_state_dict(state["d"])
+        self.opt_g.load_state_dict(state["opt_g"]), self.opt_d.load_state_dict(state["opt_d"])
+
+
+def step_shares(trainer: CaloTorch, steps: int = 3) -> dict[str, float]:
+    """Where a step's time goes: the fractions of ``steps`` steps' wall time (after one warm-up step) spent on
+    input (the numpy batch and its copy to the device), forward passes (with the losses), backward passes and
+    optimizer updates and the rest (the losses read back), timed section by section with the device waited for at each boundary (which costs a
+    little overlap on an accelerator), and the mean step time in seconds."""
+    batches = trainer.batches(1, steps + 1)
+    trainer.step(next(batches), [0.0] * 3, 0.0)
+    trainer._sections = {}
+    try:
+        t0 = trainer._last = time.perf_counter()
+        for _ in range(steps):
+            batch = next(batches)
+            trainer._mark("input")
+            trainer.step(batch, [0.0] * 3, 0.0)
+            trainer._mark("other")  # the losses read back, the runtime's agreement
+        total = time.perf_counter() - t0
+        shares = {k: v / total for k, v in trainer._sections.items()}
+    finally:
+        trainer._sections = None
+    return {**shares, "step_s": total / steps}
+
+
+def build(data: CaloData, spec, batch_size: int, runtime) -> CaloTorch:
+    return CaloTorch(data, spec, batch_size, runtime)

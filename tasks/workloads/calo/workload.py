@@ -3,7 +3,7 @@
 The store holds ``cells`` (n, 51, 51, 25) float32 cell energies in GeV, chunked by CHUNK_EVENTS events,
 ``energy`` (n,) primary energies in GeV and ``angle`` (n,) incidence angles in degrees. Chunk k is a
 function of the seed and k only, so the dataset does not depend on how many workers wrote it.
-The networks (nets.py, torch.py, tensorflow.py) are built; training through the one loop is not yet.
+Training (CaloTrainer, with torch.py and tensorflow.py) runs the published four-tape GAN step through the one loop.
 """
 
 import hashlib
@@ -11,16 +11,20 @@ import logging
 import os
 import shutil
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import zarr
 
+from tasks.common.data import epoch_order
 from tasks.common.errors import UserError
 from tasks.common.names import Tag
 from tasks.common.store import MANIFEST, STORE, workload_manifest, write_json_atomic, writer_lock
 from tasks.workloads import Workload
-from tasks.workloads.calo import showers
+from tasks.workloads.calo import physics, showers
+from tasks.workloads.calo.nets import (ENERGY_SCALE, LEARNING_RATE, LOSS_WEIGHTS, POWER, PUBLISHED, NetConfig, parameter_counts,
+                                       train_flops_per_sample)
 
 log = logging.getLogger("karman.calo")
 
@@ -200,12 +204,98 @@ def generate(settings, spec, parent_run_id: str | None = None) -> dict:
             "synthetic": True, "written": written, "run_id": run.run_id}
 
 
-# ---- training: not yet -------------------------------------------------------------------------------------------
+# ---- training: the 3DGAN through the one loop -------------------------------------------------------------------
+
+ROLES = ("train", "val", "test")
+SPLIT_RULE = "event index i: i % 10 == 8 -> val, i % 10 == 9 -> test, the rest train"
+FLIP_RATE = 0.05  # the published label noise: this fraction of the discriminator's real/fake labels flipped
+PROFILE_TOLERANCE, SAMPLING_TOLERANCE, LAYER_FLOOR = 0.10, 0.05, 0.01
+TARGET = (f"per energy bin ({', '.join(f'{a:g}-{b:g}' for a, b in zip(physics.ENERGY_EDGES, physics.ENERGY_EDGES[1:]))} GeV, all angles): "
+          f"the generated mean longitudinal profile within {PROFILE_TOLERANCE:.0%} of the validation data's in every layer holding "
+          f"at least {LAYER_FLOOR:.0%} of the bin's energy, and the sampling fraction within {SAMPLING_TOLERANCE:.0%}")
+CPU = NetConfig(latent=32, width=0.125)  # the CPU configuration (2 cores, half an hour): the published layers, an eighth of the channels
+HEADLINE = {"longitudinal_err": "longitudinal max error", "sampling_fraction_err": "sampling-fraction max error"}
 
 
-def _not_yet(*_args, **_kwargs):
-    raise UserError("the calo workload does not train yet: its dataset, metrics and networks are built; "
-                    "its trainer has not joined the training loop")
+def split_of(events: int) -> dict[str, np.ndarray]:
+    """Event indices of each role by SPLIT_RULE (fixed: the dataset's, not the run's seed)."""
+    k = np.arange(events) % 10
+    return {"train": np.flatnonzero(k < 8), "val": np.flatnonzero(k == 8), "test": np.flatnonzero(k == 9)}
+
+
+def config_of(spec) -> NetConfig:
+    """The networks' configuration of a run: the published one on accelerators, CPU (quarter width, latent 32) on cpu."""
+    return CPU if spec.device == "cpu" else PUBLISHED
+
+
+def to_image(cells: np.ndarray) -> np.ndarray:
+    """Cell energies (n, 51, 51, 25) GeV -> the discriminator's input (n, 51, 51, 25, 1), deposits^POWER."""
+    return np.power(np.maximum(cells, 0.0), POWER, dtype=np.float32)[..., None]
+
+
+def from_image(images: np.ndarray) -> np.ndarray:
+    """The generator's output (n, 51, 51, 25, 1) -> cell energies (n, 51, 51, 25) GeV."""
+    return np.power(np.maximum(images[..., 0], 0.0), 1.0 / POWER).astype(np.float32)
+
+
+def latent_of(energy: np.ndarray, angle_rad: np.ndarray, noise: np.ndarray) -> np.ndarray:
+    """The generator's input (n, latent): energy / 100 GeV, angle in radians, then the noise (n, latent - 2)."""
+    return np.concatenate([(energy / ENERGY_SCALE)[:, None], angle_rad[:, None], noise], axis=1).astype(np.float32)
+
+
+def shower_scores(reference: dict[str, np.ndarray], generated: dict[str, np.ndarray]) -> dict[str, float]:
+    """The target's scores of generated showers against reference ones (physics.shower_metrics of each, one
+    angle bin): the largest relative error of the mean longitudinal profile over every energy bin and every
+    layer holding at least LAYER_FLOOR of the bin's energy, the largest of the sampling fraction, the same
+    for the transverse x and y profiles, and the mean relative error of the resolution."""
+    err = physics.relative_errors(reference, generated, floor=LAYER_FLOOR)
+    worst = lambda a: float(np.nanmax(np.abs(a))) if np.isfinite(a).any() else float("inf")  # noqa: E731
+    return {"longitudinal_err": worst(err["longitudinal"]), "sampling_fraction_err": worst(err["sampling_fraction"]),
+            "x_err": worst(err["x"]), "y_err": worst(err["y"]),
+            "resolution_err": float(np.nanmean(np.abs(err["resolution"]))) if np.isfinite(err["resolution"]).any() else float("inf")}
+
+
+def target_holds(scores: dict[str, float]) -> bool:
+    return scores["longitudinal_err"] <= PROFILE_TOLERANCE and scores["sampling_fraction_err"] <= SAMPLING_TOLERANCE
+
+
+@dataclass
+class CaloData:
+    """The three roles' cell energies (n, 51, 51, 25) GeV, primary energies (n,) GeV and angles (n,) degrees, in memory."""
+
+    cells: dict[str, np.ndarray]
+    energy: dict[str, np.ndarray]
+    angle: dict[str, np.ndarray]
+    split: dict[str, list[str]]
+    dataset_digest: str
+    sampling_fraction: float  # the training events' mean deposited / primary energy: the generator's energy-sum target
+    in_memory: bool = True
+
+
+def prepare(settings, spec, main: bool = True) -> CaloData:
+    dataset_dir = settings.dataset_dir(spec.dataset)
+    manifest = load_checked(dataset_dir)
+    cells, energy, angle = read_dataset(dataset_dir)
+    parts = split_of(manifest["events"])
+    data = CaloData({r: cells[parts[r]] for r in ROLES}, {r: energy[parts[r]] for r in ROLES}, {r: angle[parts[r]] for r in ROLES},
+                    {r: [f"{len(parts[r])} of {manifest['events']} synthetic showers, {SPLIT_RULE}"] for r in ROLES}, manifest["digest"], 0.0)
+    train_sum = data.cells["train"].sum(axis=(1, 2, 3), dtype=np.float64)
+    data.sampling_fraction = float((train_sum / data.energy["train"]).mean())
+    return data
+
+
+def check(settings, spec, batch_sizes: list[int], world: int, memory: int | None = None) -> None:
+    """UserError for a batch the run cannot take: one that does not split over the devices, one larger than
+    the training events; and for more than one device (the calo trainers run on one)."""
+    events = _manifest(settings.dataset_dir(spec.dataset))["events"]
+    train = len(split_of(events)["train"])
+    for b in batch_sizes:
+        if b % world:
+            raise UserError(f"batch size {b} does not split evenly over {world} devices; use a multiple of {world}")
+        if b > train:
+            raise UserError(f"batch size {b} exceeds the {train} training showers of dataset {spec.dataset!r}; use at most {train}")
+    if world > 1:
+        raise UserError(f"the calo workload trains on one device; leave out --world-size (asked for {world})")
 
 
 def dataset_info(settings, dataset: str) -> tuple[str, dict]:
@@ -214,7 +304,122 @@ def dataset_info(settings, dataset: str) -> tuple[str, dict]:
 
 
 def setting(spec) -> str:
-    return "3DGAN (published layers), RMSprop lr 0.001, loss weights 3/0.1/25/0.1"
+    cfg = config_of(spec)
+    return (f"3DGAN (published layers, width {cfg.width:g}, latent {cfg.latent}), RMSprop lr {LEARNING_RATE:g}, "
+            f"loss weights {'/'.join(f'{w:g}' for w in LOSS_WEIGHTS.values())}, two generator updates per step")
+
+
+class CaloTrainer:
+    """What the torch and Keras trainers share: each step's batch with its randomness drawn in numpy (the
+    generator's noise, the flipped labels), validation and test scores of generated showers, the target,
+    the record's parameters and the final artifacts. A framework module supplies ``_device`` (the numpy
+    batch -> its arrays), ``step``, ``generate_images`` (numpy latent -> numpy images, inference mode),
+    ``weights`` (nets.py's layout, by network), ``state`` and ``load_state``.
+
+    A batch: ``image`` (b, 51, 51, 25, 1) real images (deposits^POWER); ``energy`` (b, 1) / 100 GeV;
+    ``angle`` (b, 1) radians; ``ecal`` (b, 1) the real deposits' sum; ``ecal_fit`` (b, 1) the sum the
+    generated showers aim at (energy x the training events' sampling fraction); ``latent`` (3, b, latent):
+    the generator's inputs of the discriminator's fake pass and of the two generator updates; ``real_label``
+    and ``fake_label`` (b, 1): 1 and 0 with FLIP_RATE of them flipped."""
+
+    framework = "?"
+
+    def __init__(self, data: CaloData, spec, batch_size: int, cfg: NetConfig | None = None):
+        self.data, self.spec, self.batch_size = data, spec, batch_size
+        self.cfg = cfg or config_of(spec)
+        self.samples = len(data.energy["train"])
+        self.has_validation = True
+        self.headline = HEADLINE
+        self.flops_per_sample = train_flops_per_sample(self.cfg)
+        counts = parameter_counts(self.cfg)
+        self.params = {"network": f"3DGAN width {self.cfg.width:g} latent {self.cfg.latent}", "generator_parameters": counts["generator"]["trainable"],
+                       "discriminator_parameters": counts["discriminator"]["trainable"], "optimizer": "RMSprop (rho 0.9, epsilon 1e-7)",
+                       "learning_rate": LEARNING_RATE, "loss_weights": "/".join(f"{k} {w:g}" for k, w in LOSS_WEIGHTS.items()),
+                       "generator_updates_per_step": 2, "label_flip_rate": FLIP_RATE, "target": TARGET, "split": SPLIT_RULE,
+                       "flops_per_sample": self.flops_per_sample}
+        self.speed = {}
+        self._reference: dict[str, dict] = {}
+
+    def batch_of(self, take: np.ndarray, rng: np.random.Generator) -> dict[str, np.ndarray]:
+        """The numpy batch of training events ``take`` with the step's randomness from ``rng`` (see the class)."""
+        cells, energy = self.data.cells["train"][take], self.data.energy["train"][take].astype(np.float64)
+        angle = np.radians(self.data.angle["train"][take].astype(np.float64))
+        b, col = len(take), lambda v: np.asarray(v, np.float32)[:, None]  # noqa: E731
+        noise = rng.standard_normal((3, b, self.cfg.latent - 2))
+        flips = rng.random((2, b)) < FLIP_RATE
+        return {"image": to_image(cells), "energy": col(energy / ENERGY_SCALE), "angle": col(angle),
+                "ecal": col(cells.sum(axis=(1, 2, 3), dtype=np.float64)), "ecal_fit": col(energy * self.data.sampling_fraction),
+                "latent": np.stack([latent_of(energy, angle, n) for n in noise]),
+                "real_label": col(np.where(flips[0], 0.0, 1.0)), "fake_label": col(np.where(flips[1], 1.0, 0.0))}
+
+    def _device(self, batch: dict[str, np.ndarray]):
+        return batch
+
+    def batches(self, epoch: int, steps: int):
+        """Each step's batch, in the epoch's order, with randomness of (seed, epoch, step) only."""
+        b = self.batch_size
+        order = epoch_order(self.samples, self.spec.seed, epoch)
+        for s in range(steps):
+            yield self._device(self.batch_of(order[s * b: (s + 1) * b], np.random.default_rng([self.spec.seed, epoch, s, 30])))
+
+    def learning_rate(self) -> float:
+        return LEARNING_RATE
+
+    def epoch_metrics(self) -> dict[str, float]:
+        return {}
+
+    def generate_images(self, latent: np.ndarray) -> np.ndarray:
+        raise NotImplementedError
+
+    def weights(self) -> dict[str, dict[str, np.ndarray]]:
+        raise NotImplementedError
+
+    def generate(self, role: str, chunk: int = 50) -> np.ndarray:
+        """Generated cell energies (n, 51, 51, 25) GeV for the conditions of ``role``'s events (fixed noise)."""
+        energy, angle = self.data.energy[role].astype(np.float64), np.radians(self.data.angle[role].astype(np.float64))
+        noise = np.random.default_rng([self.spec.seed, 31]).standard_normal((len(energy), self.cfg.latent - 2))
+        latent = latent_of(energy, angle, noise)
+        return np.concatenate([from_image(self.generate_images(latent[i: i + chunk])) for i in range(0, len(latent), chunk)])
+
+    def _metrics(self, role: str, cells: np.ndarray) -> dict[str, np.ndarray]:
+        return physics.shower_metrics(cells, self.data.energy[role], self.data.angle[role], angle_edges=(physics.ANGLE_EDGES[0], physics.ANGLE_EDGES[-1]))
+
+    def score(self, role: str) -> tuple[dict[str, float], np.ndarray]:
+        """The role's scores (shower_scores) and its generated showers."""
+        if role not in self._reference:
+            self._reference[role] = self._metrics(role, self.data.cells[role])
+        generated = self.generate(role)
+        return shower_scores(self._reference[role], self._metrics(role, generated)), generated
+
+    def evaluate(self) -> dict[str, float]:
+        return self.score("val")[0]
+
+    def reached(self, scores: dict[str, float]) -> bool:
+        return target_holds(scores)
+
+    def finish(self, run_dir: Path, run, settings) -> dict[str, float]:
+        """The generator's weights (npz, nets.py's layout) as the run's model and a figure of the test split's
+        profiles, data against generated; returns the test split's scores."""
+        scores, generated = self.score("test")
+        model_dir = run_dir / "model"
+        model_dir.mkdir(exist_ok=True)
+        np.savez(model_dir / "generator.npz", **{k.replace("/", "__"): v for k, v in self.weights()["generator"].items()})
+        run.log_artifact(model_dir, "model")
+        figure = profile_figure(self.data.cells["test"], generated, run_dir / "shower_profiles.png",
+                                f"calo {self.framework}: test split, {len(generated)} synthetic showers against generated ones")
+        run.log_artifact(figure)
+        log.info("test split: longitudinal max error %.3f, sampling-fraction max error %.3f", scores["longitudinal_err"], scores["sampling_fraction_err"])
+        return scores
+
+
+def profile_figure(data: np.ndarray, generated: np.ndarray, path: Path, title: str) -> Path:
+    """Mean longitudinal, x and y profiles (GeV per layer / column / row) of two sets of showers."""
+    from tasks.common.plots import profile_panels
+
+    panels = {}
+    for name, axis_sum, label in (("longitudinal", (1, 2), "layer"), ("transverse x", (2, 3), "x cell"), ("transverse y", (1, 3), "y cell")):
+        panels[name] = (label, {"data (synthetic)": data.sum(axis=axis_sum).mean(0), "generated": generated.sum(axis=axis_sum).mean(0)})
+    return profile_panels(panels, path, title)
 
 
 WORKLOAD = Workload(
@@ -223,13 +428,14 @@ WORKLOAD = Workload(
     data=DATA,
     frameworks=("torch", "tensorflow"),
     main_loss="loss_g",
-    target="not set yet (shower-shape relative errors)",
-    prepare=_not_yet,
-    check=_not_yet,
+    target=TARGET,
+    prepare=prepare,
+    check=check,
     dataset_info=dataset_info,
     setting=setting,
     dataset="calo",
     batch_sizes=(64,),
+    epochs=30,
     generate=generate,
     check_generate=check_generate,
 )

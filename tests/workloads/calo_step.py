@@ -1,0 +1,68 @@
+"""Child body of the calo tests: one framework's GAN trainer takes two four-tape steps on fixed synthetic showers from nets.py's weights; prints the losses, scores and a checkpoint round trip as JSON.
+
+Run as ``python -m tests.workloads.calo_step FRAMEWORK``, one process per framework (tensorflow and torch_xla never share one).
+"""
+
+import json
+import sys
+import tempfile
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+
+from tests.workloads.digits_step import runtime_of
+
+EVENTS, BATCH = 6, 4
+
+
+def data_of():
+    """Six synthetic showers in every role (each role the same), 100-200 GeV, 60-120 degrees."""
+    from tasks.workloads.calo.showers import shower_events
+    from tasks.workloads.calo.workload import ROLES, CaloData
+
+    energy, angle = np.linspace(105.0, 195.0, EVENTS), np.linspace(65.0, 115.0, EVENTS)
+    cells = shower_events(energy, angle, 5)
+    sf = float((cells.sum(axis=(1, 2, 3)) / energy).mean())
+    return CaloData({r: cells for r in ROLES}, {r: energy.astype(np.float32) for r in ROLES}, {r: angle.astype(np.float32) for r in ROLES},
+                    {r: ["synthetic"] for r in ROLES}, "-", sf)
+
+
+def steps(framework: str, dtype: str) -> dict:
+    """Two steps of the SMALL configuration without dropout (the label flips and noise come from numpy), seed 0,
+    in ``dtype`` (float64: the frameworks' rounding out of the way)."""
+    if framework == "torch":
+        import torch
+
+        torch.set_default_dtype(getattr(torch, dtype))
+    else:
+        import keras
+
+        keras.config.set_floatx(dtype)
+    from tasks.common.specs import TrainSpec
+    from tasks.workloads import framework_module, get_workload
+    from tasks.workloads.calo.nets import SMALL
+
+    cfg = replace(SMALL, dropout=0.0)
+    module = framework_module(get_workload("calo"), framework)
+    trainer_class = module.CaloTorch if framework == "torch" else module.CaloKeras
+    data, spec, runtime = data_of(), TrainSpec(workload="calo", dataset="calo", framework=framework, seed=0), runtime_of(framework)
+    trainer = trainer_class(data, spec, BATCH, runtime, cfg)
+    batches = trainer.batches(1, 1)
+    first, flags = trainer.step(next(batches), [0.0, 0.0, 1.5], 0.0)
+    with tempfile.TemporaryDirectory() as tmp:  # the checkpoint round trip: a fresh trainer takes the stepped one's state
+        path = Path(tmp) / runtime.checkpoint
+        runtime.save({"model": trainer.state(), "history": {"epoch": 1}}, path)
+        fresh = trainer_class(data, spec.model_copy(update={"seed": 1}), BATCH, runtime, cfg)
+        fresh.load_state(runtime.load(path)["model"])
+        restored = all(np.array_equal(a, b) for net in ("generator", "discriminator")
+                       for a, b in zip(trainer.weights()[net].values(), fresh.weights()[net].values()))
+        batch = next(trainer.batches(2, 1))
+        second, second_fresh = trainer.step(batch, [0.0] * 3, 0.0)[0], fresh.step(batch, [0.0] * 3, 0.0)[0]
+    shares = module.step_shares(trainer, 1) if framework == "torch" else {}
+    return {"shares": shares, "first": first, "second": second, "second_fresh": second_fresh, "flags": flags, "restored": restored,
+            "scores": trainer.evaluate(), "generated_sum": float(trainer.generate("val").sum())}
+
+
+if __name__ == "__main__":
+    print(json.dumps(steps(sys.argv[1], "float32")))

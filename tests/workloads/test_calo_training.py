@@ -1,0 +1,81 @@
+"""The calo GAN's training: torch and Keras take the same four-tape step from the same weights and batch, a checkpoint restores both networks and optimisers, and a short run through the CLI trains, scores the test split and keeps the generator and a figure; bad batches are refused in one line."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+from mlflow.tracking import MlflowClient
+
+from tests.conftest import ROOT, run_cli
+from tests.flows.test_cli import assert_refused
+
+FRAMEWORKS = ("torch", "tensorflow")
+
+
+@pytest.fixture(scope="module")
+def stepped() -> dict[str, dict]:
+    """Each framework's two steps (tests/workloads/calo_step.py), each in a process of its own (run side by side)."""
+    from tasks.common.launch import device_env
+
+    procs = {}
+    for framework in FRAMEWORKS:
+        env = {**os.environ, **device_env("cpu", framework=framework), "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+        procs[framework] = subprocess.Popen([sys.executable, "-m", "tests.workloads.calo_step", framework], cwd=ROOT, env=env,
+                                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    out = {}
+    for framework, proc in procs.items():
+        stdout, stderr = proc.communicate(timeout=600)
+        assert proc.returncode == 0, stderr[-3000:]
+        out[framework] = json.loads(stdout.strip().splitlines()[-1])
+    return out
+
+
+def test_torch_and_keras_take_the_same_four_tape_step(stepped):
+    torch_, keras_ = stepped["torch"], stepped["tensorflow"]
+    assert set(torch_["first"]) == {"loss_d_real", "loss_d_fake", "loss_g_first", "loss_g_second", "loss_g"}
+    for name, value in torch_["first"].items():  # the four tapes of step 1, the updates between them included
+        assert keras_["first"][name] == pytest.approx(value, rel=1e-5), name
+    # step 2 starts from weights that RMSprop's first, nearly sign-like update moved: float32 rounding grows to about 1e-3
+    for name, value in torch_["second"].items():
+        assert keras_["second"][name] == pytest.approx(value, rel=1e-2), name
+    assert torch_["second"]["loss_g"] < torch_["first"]["loss_g"]  # the generator learns (its energy sum first)
+    for r in stepped.values():
+        assert r["restored"] and r["second"] == r["second_fresh"]  # a checkpoint carries both networks and both optimisers
+        assert r["flags"] == pytest.approx([0.0, 0.0, 1.5]) and r["generated_sum"] > 0
+        assert set(r["scores"]) == {"longitudinal_err", "sampling_fraction_err", "x_err", "y_err", "resolution_err"}
+    shares = dict(torch_["shares"])
+    assert shares.pop("step_s") > 0 and set(shares) == {"input", "forward", "backward", "optimizer", "other"}
+    assert sum(shares.values()) == pytest.approx(1.0, abs=1e-6) and shares["forward"] > 0.1 and shares["backward"] > 0.1
+
+
+@pytest.fixture(scope="module")
+def showers(module_workdir):
+    proc = run_cli("generate", "--workload", "calo", "--dataset", "showers", "--events", "100", "--workers", "1", "--json", cwd=module_workdir)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return module_workdir
+
+
+def test_a_short_run_trains_scores_the_test_split_and_keeps_the_generator_and_a_figure(showers):
+    proc = run_cli("train", "--workload", "calo", "--dataset", "showers", "--framework", "torch", "--batch-sizes", "4",
+                   "--max-steps", "2", "--threads", "1", "--json", cwd=showers)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    client = MlflowClient(tracking_uri=os.environ["MLFLOW_TRACKING_URI"])
+    run = client.get_run(out["run_id"])
+    metrics, params = run.data.metrics, run.data.params
+    assert run.info.status == "FINISHED" and out["steps"] == 2 and params["workload"] == "calo"
+    assert out["split"]["train"][0].startswith("80 of 100") and out["split"]["test"][0].startswith("10 of 100")
+    assert metrics["test_longitudinal_err"] > 0 and metrics["test_sampling_fraction_err"] > 0 and "val_longitudinal_err" in metrics
+    assert run.data.tags["karman.target"] == "not reached"
+    artifacts = {a.path for a in client.list_artifacts(run.info.run_id)} | {a.path for a in client.list_artifacts(run.info.run_id, "model")}
+    assert {"shower_profiles.png", "model/generator.npz"} <= artifacts
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--batch-sizes", "3", "--world-size", "2"], "batch size 3 does not split evenly over 2 devices"),
+    (["--batch-sizes", "81"], "batch size 81 exceeds the 80 training showers of dataset 'showers'"),
+])
+def test_bad_batches_are_refused_in_one_line(showers, args, message):
+    assert_refused(run_cli("train", "--workload", "calo", "--dataset", "showers", "--framework", "torch", *args, cwd=showers), message)
