@@ -9,7 +9,6 @@ Training (CaloTrainer, with torch.py and tensorflow.py) runs the published four-
 import hashlib
 import logging
 import os
-import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,9 +17,10 @@ import numpy as np
 import zarr
 
 from tasks.common.data import epoch_order
+from tasks.common.datasets import write_once
 from tasks.common.errors import UserError
 from tasks.common.names import Tag
-from tasks.common.store import MANIFEST, STORE, workload_manifest, write_json_atomic, writer_lock
+from tasks.common.store import MANIFEST, STORE, workload_manifest, write_json_atomic
 from tasks.workloads import Workload
 from tasks.workloads.calo import physics, showers
 from tasks.workloads.calo.nets import (ENERGY_SCALE, LEARNING_RATE, LOSS_WEIGHTS, POWER, PUBLISHED, NetConfig, parameter_counts,
@@ -177,19 +177,8 @@ def generate(settings, spec, parent_run_id: str | None = None) -> dict:
     from tasks.common.tracking import mlflow_run
 
     dataset_dir = settings.dataset_dir(spec.dataset)
-    with writer_lock(dataset_dir, f"dataset {spec.dataset!r}"):
-        check_ranges(spec)
-        if spec.overwrite and dataset_dir.exists():
-            shutil.rmtree(dataset_dir)
-        check_generate(settings, spec)
-        written = not (dataset_dir / MANIFEST).is_file()
-        t0 = time.perf_counter()
-        if written:
-            if dataset_dir.exists():  # an interrupted write left a store without its manifest
-                shutil.rmtree(dataset_dir)
-            write_dataset(dataset_dir, spec)
-        manifest = _manifest(dataset_dir)
-        wall = time.perf_counter() - t0
+    check_ranges(spec)
+    manifest, written, wall = write_once(settings, spec, check_generate, lambda folder: write_dataset(folder, spec), _manifest)
     log.info("dataset %s: %d synthetic showers %s (digest %s)", spec.dataset, manifest["events"],
              "written" if written else "already complete", manifest["digest"])
     description = (f"{manifest['events']:,} synthetic electron showers ({MODEL}); energies {spec.energy[0]:g}-{spec.energy[1]:g} GeV, "
