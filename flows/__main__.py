@@ -1,5 +1,6 @@
 """Entry of ``python -m flows``: the bench-… commands and compare-datasets load only the compute stack, the others the pipeline's CLI."""
 
+import logging
 import os
 import sys
 
@@ -7,6 +8,10 @@ import sys
 os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
 # MLflow's database set-up chatter is not the user's business on the command line.
 os.environ.setdefault("MLFLOW_LOGGING_LEVEL", "WARNING")
+
+# A command refused before its flow starts exits while Prefect's background tasks are still pending; asyncio
+# then reports each destroyed task on stderr, which would break the one-line error. Nothing is lost by it.
+logging.getLogger("asyncio").setLevel(logging.CRITICAL)
 
 if len(sys.argv) > 1 and (sys.argv[1].startswith("bench-") or sys.argv[1] == "compare-datasets"):
     from flows.bench import main  # noqa: E402  (no Prefect or MLflow on this path)
