@@ -311,12 +311,12 @@ def _sizes(spec: BenchmarkSpec, workload) -> list[dict]:
 def benchmark_matrix(spec: BenchmarkSpec) -> list[WorkloadCells]:
     """Each workload's cells; UserError for an unknown workload, or a framework no workload of the matrix has."""
     from tasks.common.errors import UserError
-    from tasks.workloads import get_workload
+    from tasks.workloads import benchmark_dataset, get_workload
 
     matrix = []
     for name in spec.workloads:
         workload = get_workload(name)
-        dataset = spec.generate.dataset if name == "karman" else workload.dataset
+        dataset = spec.generate.dataset if name == "karman" else benchmark_dataset(workload, spec.generate)[0]
         matrix.append(WorkloadCells(workload, [f for f in spec.frameworks if f in workload.frameworks],
                                     list(spec.batch_sizes or workload.batch_sizes), dataset, workload.epochs, _sizes(spec, workload)))
     unused = [f for f in spec.frameworks if not any(f in m.frameworks for m in matrix)]
@@ -327,10 +327,13 @@ def benchmark_matrix(spec: BenchmarkSpec) -> list[WorkloadCells]:
 
 
 def _generate_spec(spec: BenchmarkSpec, cells: WorkloadCells) -> GenerateSpec:
-    """The dataset a workload's cells train on: the benchmark's sweep for karman, the workload's own dataset for the others."""
+    """The dataset a workload's cells train on: the benchmark's sweep for karman, the workload's own dataset for the others
+    (made with the generate section's fields of that workload)."""
+    from tasks.workloads import benchmark_dataset
+
     if cells.workload.name == "karman":
         return spec.generate
-    return GenerateSpec(workload=cells.workload.name, dataset=cells.dataset)
+    return GenerateSpec(workload=cells.workload.name, dataset=cells.dataset, **benchmark_dataset(cells.workload, spec.generate)[1])
 
 
 def _dataset_cell(spec: BenchmarkSpec, cells: WorkloadCells, settings: Settings, parent_run: str) -> dict:

@@ -404,7 +404,7 @@ class BenchmarkSpec(Spec):
 # The named benchmark matrices, each written once: the CLI's --quick is "quick", and prefect.yaml's quick
 # and frameworks deployments of the benchmark pass these values (tests/test_decisions.py holds them equal).
 _QUICK = {"train": {"ngf": 16, "ndf": 16, "epochs": 3}, "batch_sizes": [4, 8], "infer": {"steps": 40}, "workers": [1, 2],
-          "aggregate": {"name": "quick"}}
+          "generate": {"events": 400}, "aggregate": {"name": "quick"}}  # events: calo's dataset (calo-events400), the others ignore it
 BENCHMARK_PRESETS: dict[str, dict] = {
     # The demo's sizes: a narrow Pix2Pix at batch 4 and 8, rollouts full-frame and map-reduce on 1 and 2 workers.
     "quick": _QUICK,

@@ -45,12 +45,26 @@ class Workload:
     # (settings, GenerateSpec, parent MLflow run id or None) -> the dataset's summary (dataset, path, digest, run_id): writes the
     # workload's dataset into the store as an MLflow generate run; None = the stage's own solver sweep (karman)
     generate: Callable | None = None
-    check_generate: Callable | None = None
-    sizes: tuple[str, ...] = ()  # TrainSpec fields a benchmark sweeps for it (BenchmarkSpec fields of the same names; har: layers, units)  # (settings, GenerateSpec) -> None; UserError for what its generate would refuse, before it starts
+    check_generate: Callable | None = None  # (settings, GenerateSpec) -> None; UserError for what its generate would refuse, before it starts
+    sizes: tuple[str, ...] = ()  # TrainSpec fields a benchmark sweeps for it (BenchmarkSpec fields of the same names; har: layers, units)
+    # GenerateSpec fields of the benchmark's generate section that shape this workload's dataset (calo: events, energy, angle);
+    # a benchmark that sets any of them away from its default trains on a dataset named after them (benchmark_dataset)
+    generate_fields: tuple[str, ...] = ()
 
     @property
     def synthetic(self) -> bool:
         return "synthetic" in self.data
+
+
+def benchmark_dataset(workload: Workload, generate) -> tuple[str, dict]:
+    """The dataset a benchmark trains ``workload`` on and the ``generate`` (GenerateSpec) fields it is made
+    with: its own dataset, or where the benchmark sets any of its ``generate_fields`` away from the default,
+    a dataset named after them (``calo-events400``), so that a default one of the same workload stays as it is."""
+    changed = {f: getattr(generate, f) for f in workload.generate_fields if getattr(generate, f) != type(generate).model_fields[f].default}
+    if not changed:
+        return workload.dataset, {}
+    show = lambda v: "-".join(f"{x:g}" for x in v) if isinstance(v, list) else f"{v:g}"  # noqa: E731
+    return "-".join([workload.dataset, *(f"{k}{show(v)}" for k, v in changed.items())]), changed
 
 
 def table() -> dict[str, str]:

@@ -9,7 +9,7 @@ import sys
 os.environ.setdefault("KERAS_BACKEND", "tensorflow")
 
 
-def main(latent: int, width: float) -> dict:
+def main(latent: int, width: float, pool: int = 1) -> dict:
     import numpy as np
     import torch
 
@@ -17,12 +17,12 @@ def main(latent: int, width: float) -> dict:
     from tasks.workloads.calo import torch as tn
     from tasks.workloads.calo.nets import NetConfig, SMALL, initial_weights
 
-    cfg = NetConfig(latent=latent, width=width)
+    cfg = NetConfig(latent=latent, width=width, pool=pool)
     weights = initial_weights(cfg, 0)
     tg, td = tn.build_networks(cfg, weights)
     kg, kd = kn.build_networks(cfg, weights)
     out = {"torch": tn.parameter_counts(tg, td), "keras": kn.parameter_counts(kg, kd)}
-    if cfg == SMALL:  # the outputs in inference mode (dropout off, batch norm from its statistics)
+    if cfg == SMALL or pool > 1:  # the outputs in inference mode (dropout off, batch norm from its statistics)
         rng = np.random.default_rng(1)
         z = rng.standard_normal((2, cfg.latent)).astype(np.float32)
         z[:, 0], z[:, 1] = [1.2, 1.8], [1.3, 1.9]  # energy / 100 GeV, angle (radians)
@@ -42,4 +42,4 @@ def main(latent: int, width: float) -> dict:
 
 
 if __name__ == "__main__":
-    print(json.dumps(main(int(sys.argv[1]), float(sys.argv[2]))))
+    print(json.dumps(main(int(sys.argv[1]), float(sys.argv[2]), *map(int, sys.argv[3:]))))

@@ -80,11 +80,11 @@ def test_the_dataset_is_synthetic_chunked_and_the_same_whatever_the_workers(work
 
 @pytest.fixture(scope="module")
 def networks() -> dict[str, dict]:
-    """The small and the published configuration, torch beside Keras, each in a child process (run side by side)."""
+    """The small, the published and the CPU (pooled) configuration, torch beside Keras, each in a child process (run side by side)."""
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": ""}
     procs = {name: subprocess.Popen([sys.executable, "-m", "tests.workloads.calo_nets", *args], cwd=ROOT, env=env,
                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-             for name, args in (("small", ("32", "0.5")), ("published", ("256", "1.0")))}
+             for name, args in (("small", ("32", "0.5")), ("published", ("256", "1.0")), ("cpu", ("32", "0.25", "3")))}
     out = {}
     for name, proc in procs.items():
         stdout, stderr = proc.communicate(timeout=300)
@@ -95,14 +95,39 @@ def networks() -> dict[str, dict]:
 
 def test_torch_and_keras_have_the_published_parameter_counts_and_give_the_same_outputs(networks):
     from tasks.workloads.calo.nets import PUBLISHED, SMALL, parameter_counts
+    from tasks.workloads.calo.workload import CPU
 
     published = {"generator": {"trainable": 1_364_983, "total": 1_365_047}, "discriminator": {"trainable": 87_354, "total": 87_402}}
     assert networks["published"]["torch"] == networks["published"]["keras"] == parameter_counts(PUBLISHED) == published
-    small = networks["small"]
-    assert small["torch"] == small["keras"] == parameter_counts(SMALL)
-    assert small["image_mean"] > 0 and small["image_max_diff"] < 1e-4 and small["round_trip"]
-    for t, k in zip(small["heads_torch"], small["heads_keras"]):  # real/fake, energy, angle, sum
-        assert t == pytest.approx(k, rel=1e-4)
+    for name, cfg in (("small", SMALL), ("cpu", CPU)):
+        small = networks[name]
+        assert small["torch"] == small["keras"] == parameter_counts(cfg)
+        assert small["image_mean"] > 0 and small["image_max_diff"] < 1e-4 and small["round_trip"]
+        for t, k in zip(small["heads_torch"], small["heads_keras"]):  # real/fake, energy, angle, sum
+            assert t == pytest.approx(k, rel=1e-4)
+
+
+def test_the_coarse_grid_keeps_the_layers_the_energy_and_the_angle():
+    """pool 3: the same convolutions end at 17 x 17 x 25; pooled showers keep every layer's energy, and their
+    barycentre angle, measured in published cells, stays within a degree of the fine grid's."""
+    from tasks.workloads.calo import physics
+    from tasks.workloads.calo.nets import SMALL, NetConfig
+    from tasks.workloads.calo.workload import CPU
+    from tasks.workloads.calo.nets import generator_convs, pool_cells
+    from tasks.workloads.calo.showers import shower_events
+
+    assert CPU.image == (17, 17, 25) and generator_convs(CPU)[-1].out == CPU.image
+    assert [c.kernel for c in generator_convs(CPU)] == [c.kernel for c in generator_convs(SMALL)]
+    energy, angle = np.array([120.0, 180.0, 150.0]), np.array([65.0, 90.0, 115.0])
+    cells = shower_events(energy, angle, 3)
+    coarse = pool_cells(cells, 3)
+    assert coarse.shape == (3, 17, 17, 25)
+    np.testing.assert_allclose(physics.longitudinal_profile(coarse), physics.longitudinal_profile(cells), rtol=1e-5)
+    fine, pooled = np.degrees(physics.barycentre_angle(cells)), np.degrees(physics.barycentre_angle(coarse, CPU.cell))
+    assert np.abs(pooled - fine).max() < 1.0, (fine, pooled)
+    assert np.abs(np.degrees(physics.barycentre_angle(coarse)) - fine).max() > 2.0  # cells counted as unit steps would not
+    with pytest.raises(ValueError, match="pool 2"):
+        NetConfig(pool=2)
 
 
 def test_flops_per_layer_match_torchs_flop_counter():
@@ -158,3 +183,14 @@ def test_a_batch_carries_the_steps_randomness_from_numpy():
     labels = np.concatenate([first["real_label"], 1 - first["fake_label"]] + [b["real_label"] for b in trainer.batches(2, 2)])
     assert set(np.unique(labels)) <= {0.0, 1.0} and 0 < (labels == 0).sum() < 0.2 * labels.size  # a few flipped (5 %)
     assert trainer.flops_per_sample > 0 and trainer.params["generator_updates_per_step"] == 2
+
+
+def test_a_benchmark_trains_calo_on_a_dataset_named_after_the_fields_it_changes():
+    from tasks.common.specs import BenchmarkSpec, GenerateSpec
+    from tasks.workloads import benchmark_dataset, get_workload
+
+    calo, har = get_workload("calo"), get_workload("har")
+    assert benchmark_dataset(calo, GenerateSpec()) == ("calo", {})
+    assert benchmark_dataset(calo, BenchmarkSpec.quick().generate) == ("calo-events400", {"events": 400})
+    assert benchmark_dataset(calo, GenerateSpec(energy=[120.0, 180.0])) == ("calo-energy120-180", {"energy": [120.0, 180.0]})
+    assert benchmark_dataset(har, BenchmarkSpec.quick().generate) == ("har", {})

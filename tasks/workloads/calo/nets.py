@@ -14,6 +14,10 @@ order (x, y, z):
   linear) heads; two heads without weights: the barycentre angle and the energy sum of image^(1/0.85).
 * BN: batch normalisation, epsilon 1e-6, momentum 0.99 (Keras' convention). ``width`` scales every channel
   count (at least 1), ``latent`` the latent size: a smaller configuration keeps the structure.
+* ``pool``: a coarser grid with the same layers. pool 3 merges 3 x 3 cells of each layer (51 x 51 -> 17 x 17,
+  cells of 3 X0 across, the 25 layers kept, so the longitudinal profile and the energy sum are those of the
+  published grid); the generator starts from a (5, 5, 8) seed upsampled by (4, 4, 6) so that the same
+  convolutions end at (17, 17, 25), and the angle head measures in X0 (cells 3 wide).
 
 Weights in one layout for every framework: conv kernels (kx, ky, kz, in, out), dense kernels (in, out).
 """
@@ -25,6 +29,8 @@ import numpy as np
 IMAGE = (51, 51, 25)
 SEED_GRID = (9, 9, 8)  # the generator's dense output, before upsampling
 UPSAMPLE = 6
+# pool (cells merged across) -> (seed grid, upsampling per axis): the published grid, and one three times coarser across
+GRIDS = {1: (SEED_GRID, (UPSAMPLE,) * 3), 3: ((5, 5, 8), (4, 4, 6))}
 LEAKY_SLOPE = 0.3  # Keras' LeakyReLU default, which the published discriminator uses
 BN_EPSILON, BN_MOMENTUM = 1e-6, 0.99
 POWER = 0.85  # the images enter the discriminator as deposits^0.85; its sum and angle heads undo it
@@ -35,14 +41,38 @@ LEARNING_RATE = 1e-3  # RMSprop, both networks (Keras' defaults otherwise: rho 0
 
 @dataclass(frozen=True)
 class NetConfig:
-    """latent: the generator's input size (2 conditions + noise); width: channel multiplier; dropout: the discriminator's rate."""
+    """latent: the generator's input size (2 conditions + noise); width: channel multiplier; dropout: the
+    discriminator's rate; pool: cells merged across per side (1: the published 51 x 51 grid, 3: 17 x 17)."""
 
     latent: int = 256
     width: float = 1.0
     dropout: float = 0.2
+    pool: int = 1
+
+    def __post_init__(self):
+        if self.pool not in GRIDS:
+            raise ValueError(f"pool {self.pool}: the 3DGAN grids are {', '.join(map(str, GRIDS))} cells merged across")
 
     def ch(self, c: int) -> int:
         return max(1, int(round(c * self.width)))
+
+    @property
+    def image(self) -> tuple[int, int, int]:
+        """The images' (x, y, z) cells."""
+        return (IMAGE[0] // self.pool, IMAGE[1] // self.pool, IMAGE[2])
+
+    @property
+    def seed_grid(self) -> tuple[int, int, int]:
+        return GRIDS[self.pool][0]
+
+    @property
+    def upsample(self) -> tuple[int, int, int]:
+        return GRIDS[self.pool][1]
+
+    @property
+    def cell(self) -> tuple[float, float, float]:
+        """A cell's (x, y, z) extent in published cells (X0): what the angle head measures in."""
+        return (float(self.pool), float(self.pool), 1.0)
 
 
 PUBLISHED = NetConfig()
@@ -69,21 +99,21 @@ def _conv(name, cin, cout, kernel, pad, shape, bn) -> Conv:
 def generator_convs(cfg: NetConfig) -> list[Conv]:
     c0, c8, c6 = cfg.ch(8), cfg.ch(8), cfg.ch(6)
     layers = []
-    shape = tuple(s * UPSAMPLE for s in SEED_GRID)
+    shape = tuple(s * u for s, u in zip(cfg.seed_grid, cfg.upsample))
     for name, cin, cout, kernel, pad, bn in (("g1", c0, c8, (6, 6, 8), (0, 0, 0), True), ("g2", c8, c6, (4, 4, 6), (2, 2, 1), True),
                                              ("g3", c6, c6, (4, 4, 6), (2, 2, 1), True), ("g4", c6, c6, (4, 4, 6), (2, 2, 1), True),
                                              ("g5", c6, c6, (3, 3, 5), (1, 1, 0), True), ("g6", c6, c6, (3, 3, 3), (1, 1, 0), False),
                                              ("g7", c6, 1, (2, 2, 2), (0, 0, 0), False)):
         layers.append(_conv(name, cin, cout, kernel, pad, shape, bn))
         shape = layers[-1].out
-    assert shape == IMAGE, shape
+    assert shape == cfg.image, shape
     return layers
 
 
 def discriminator_convs(cfg: NetConfig) -> list[Conv]:
     c16, c8 = cfg.ch(16), cfg.ch(8)
     same = ((2, 2), (2, 3), (2, 3))  # 'same' for (5, 6, 6): the odd pixel after, as Keras pads
-    layers = [_conv("d1", 1, c16, (5, 6, 6), same, IMAGE, False)]
+    layers = [_conv("d1", 1, c16, (5, 6, 6), same, cfg.image, False)]
     for name, cin, pad in (("d2", c16, (0, 0, 1)), ("d3", c8, (0, 0, 1)), ("d4", c8, (0, 0, 0))):
         layers.append(_conv(name, cin, c8, (5, 6, 6), pad, layers[-1].out, True))
     return layers
@@ -100,7 +130,8 @@ def flat_features(cfg: NetConfig) -> int:
 
 def weight_shapes(cfg: NetConfig) -> dict[str, dict[str, tuple[int, ...]]]:
     """Every trainable weight and batch-norm statistic of both networks, in the one layout, by network."""
-    g = {"dense/kernel": (cfg.latent, int(np.prod(SEED_GRID)) * seed_channels(cfg)), "dense/bias": (int(np.prod(SEED_GRID)) * seed_channels(cfg),)}
+    dense = int(np.prod(cfg.seed_grid)) * seed_channels(cfg)
+    g = {"dense/kernel": (cfg.latent, dense), "dense/bias": (dense,)}
     d = {}
     for net, convs in ((g, generator_convs(cfg)), (d, discriminator_convs(cfg))):
         for c in convs:
@@ -142,7 +173,7 @@ def initial_weights(cfg: NetConfig, seed: int) -> dict[str, dict[str, np.ndarray
 
 def multiply_adds(cfg: NetConfig) -> dict[str, list[int]]:
     """Forward multiply-adds of each weight layer for one sample, in order, per network (dense first for the generator, heads last for the discriminator)."""
-    g = [cfg.latent * int(np.prod(SEED_GRID)) * seed_channels(cfg)]
+    g = [cfg.latent * int(np.prod(cfg.seed_grid)) * seed_channels(cfg)]
     g += [int(np.prod(c.out)) * int(np.prod(c.kernel)) * c.cin * c.cout for c in generator_convs(cfg)]
     d = [int(np.prod(c.out)) * int(np.prod(c.kernel)) * c.cin * c.cout for c in discriminator_convs(cfg)]
     d += [2 * flat_features(cfg)]
@@ -161,3 +192,13 @@ def train_flops_per_sample(cfg: NetConfig) -> float:
     d_step = 3 * d - m["discriminator"][0]
     g_step = g + d + d + g + (g - m["generator"][0])
     return float(2 * (d_step + (g + d_step) + 2 * g_step))
+
+
+def pool_cells(cells: np.ndarray, pool: int) -> np.ndarray:
+    """Cell energies (n, 51, 51, 25) -> (n, 51 // pool, 51 // pool, 25): each layer's pool x pool blocks summed
+    (the outermost cells of the published grid that do not fill a block, none for pool 1 or 3, dropped)."""
+    if pool == 1:
+        return cells
+    n, nx, ny, nz = cells.shape
+    mx, my = nx // pool, ny // pool
+    return cells[:, :mx * pool, :my * pool].reshape(n, mx, pool, my, pool, nz).sum(axis=(2, 4), dtype=np.float32)

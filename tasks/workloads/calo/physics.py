@@ -69,15 +69,15 @@ def relative_errors(reference: dict[str, np.ndarray], candidate: dict[str, np.nd
     return out
 
 
-def barycentre_angle(cells: np.ndarray) -> np.ndarray:
+def barycentre_angle(cells: np.ndarray, cell: tuple[float, float, float] = (1.0, 1.0, 1.0)) -> np.ndarray:
     """The incidence angle (radians) measured from an image as the published discriminator's angle head
     measures it: the slope of each layer's y barycentre against depth, seen from the whole shower's
     barycentre, turned into an angle per layer and averaged with weights of the layer index; 100 for an
-    empty image. Cells count as unit steps in x, y and z."""
+    empty image. A cell spans ``cell`` (x, y, z) units (unit steps on the published grid)."""
     n, nx, ny, nz = cells.shape
     c = cells.astype(np.float64)
     total = c.sum(axis=(1, 2, 3))  # (n,)
-    xs, ys, zs = np.arange(nx) + 0.5, np.arange(ny) + 0.5, np.arange(nz) + 0.5
+    xs, ys, zs = ((np.arange(m) + 0.5) * w for m, w in zip((nx, ny, nz), cell))
     safe = np.where(total == 0, 1.0, total)
     x_ref = np.where(total == 0, 1.0, c.sum(axis=(2, 3)) @ xs / safe)[:, None]
     y_ref = np.where(total == 0, 1.0, c.sum(axis=(1, 3)) @ ys / safe)[:, None]

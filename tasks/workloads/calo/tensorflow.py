@@ -4,7 +4,7 @@ import math
 
 import numpy as np
 
-from tasks.workloads.calo.nets import (BN_EPSILON, BN_MOMENTUM, IMAGE, LEAKY_SLOPE, LEARNING_RATE, LOSS_WEIGHTS, POWER, SEED_GRID, UPSAMPLE,
+from tasks.workloads.calo.nets import (BN_EPSILON, BN_MOMENTUM, LEAKY_SLOPE, LEARNING_RATE, LOSS_WEIGHTS, POWER,
                                        NetConfig, discriminator_convs, generator_convs, initial_weights, seed_channels)
 from tasks.workloads.calo.workload import CaloData, CaloTrainer
 
@@ -38,9 +38,9 @@ def build_generator(cfg: NetConfig):
 
     layers = keras.layers
     z = keras.Input((cfg.latent,), name="latent")
-    x = layers.Dense(int(np.prod(SEED_GRID)) * seed_channels(cfg), name="dense")(z)
-    x = layers.Reshape((*SEED_GRID, seed_channels(cfg)))(x)  # (B, 9, 9, 8, c0)
-    x = layers.UpSampling3D(UPSAMPLE)(x)  # (B, 54, 54, 48, c0)
+    x = layers.Dense(int(np.prod(cfg.seed_grid)) * seed_channels(cfg), name="dense")(z)
+    x = layers.Reshape((*cfg.seed_grid, seed_channels(cfg)))(x)  # (B, 9, 9, 8, c0)
+    x = layers.UpSampling3D(cfg.upsample)(x)  # (B, 54, 54, 48, c0)
     for c in generator_convs(cfg):
         if any(p for axis in c.pad for p in axis):
             x = _pad_layer(layers, c)(x)
@@ -57,12 +57,12 @@ def ecal_sum(image):
     return ops.expand_dims(ops.sum(image, axis=(1, 2, 3)), 1)
 
 
-def barycentre_angle(image):
-    """(B, 51, 51, 25) -> (B, 1) radians: physics.barycentre_angle, the published angle head."""
+def barycentre_angle(image, cell: tuple[float, float, float] = (1.0, 1.0, 1.0)):
+    """(B, 51, 51, 25) -> (B, 1) radians: physics.barycentre_angle, the published angle head (cells of ``cell`` extent)."""
     from keras import ops
 
-    nx, ny, nz = IMAGE
-    xs, ys, zs = (ops.arange(n, dtype=image.dtype) + 0.5 for n in (nx, ny, nz))
+    nx, ny, nz = image.shape[1:]
+    xs, ys, zs = ((ops.arange(n, dtype=image.dtype) + 0.5) * c for n, c in zip((nx, ny, nz), cell))
     total = ops.sum(image, axis=(1, 2, 3))
     empty = ops.equal(total, 0.0)
     safe = ops.where(empty, ops.ones_like(total), total)
@@ -90,7 +90,7 @@ def build_discriminator(cfg: NetConfig):
     from keras import ops
 
     layers = keras.layers
-    image = keras.Input((*IMAGE, 1), name="image")
+    image = keras.Input((*cfg.image, 1), name="image")
     x = image
     for c in discriminator_convs(cfg):
         x = _pad_layer(layers, c)(x) if any(p for axis in c.pad for p in axis) else x
@@ -104,7 +104,7 @@ def build_discriminator(cfg: NetConfig):
     aux = layers.Dense(1, name="aux")(x)
     # the weightless heads in float64 (the angle's slopes are ill-conditioned in float32), each in one layer: Keras casts between layers
     deposits = lambda im: ops.power(ops.cast(im[..., 0], "float64"), 1.0 / POWER)  # noqa: E731
-    angle = layers.Lambda(lambda im: ops.cast(barycentre_angle(deposits(im)), im.dtype), name="angle")(image)
+    angle = layers.Lambda(lambda im: ops.cast(barycentre_angle(deposits(im), cfg.cell), im.dtype), name="angle")(image)
     total = layers.Lambda(lambda im: ops.cast(ecal_sum(deposits(im)), im.dtype), name="ecal_sum")(image)
     return keras.Model(image, [fake, aux, angle, total], name="discriminator")
 

@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from tasks.workloads.calo.nets import (BN_EPSILON, BN_MOMENTUM, IMAGE, LEAKY_SLOPE, LEARNING_RATE, LOSS_WEIGHTS, POWER, SEED_GRID, UPSAMPLE,
+from tasks.workloads.calo.nets import (BN_EPSILON, BN_MOMENTUM, LEAKY_SLOPE, LEARNING_RATE, LOSS_WEIGHTS, POWER,
                                        NetConfig, discriminator_convs, flat_features, generator_convs, initial_weights, seed_channels)
 from tasks.workloads.calo.workload import CaloData, CaloTrainer
 
@@ -75,17 +75,17 @@ class _Layers(nn.Module):
 
 
 class Generator(nn.Module):
-    """Latent (B, latent) -> images (B, 51, 51, 25, 1), channels last as in Keras."""
+    """Latent (B, latent) -> images (B, 51, 51, 25, 1) (cfg.image), channels last as in Keras."""
 
     def __init__(self, cfg: NetConfig):
         super().__init__()
         self.cfg, self.c0 = cfg, seed_channels(cfg)
-        self.dense = nn.Linear(cfg.latent, int(np.prod(SEED_GRID)) * self.c0)
+        self.dense = nn.Linear(cfg.latent, int(np.prod(cfg.seed_grid)) * self.c0)
         self.layers = _Layers(generator_convs(cfg))
 
     def forward(self, z: torch.Tensor) -> torch.Tensor:
-        x = self.dense(z).view(-1, *SEED_GRID, self.c0).permute(0, 4, 1, 2, 3)  # (B, c0, 9, 9, 8) from (x, y, z, c) order
-        x = F.interpolate(x, scale_factor=UPSAMPLE, mode="nearest")  # (B, c0, 54, 54, 48)
+        x = self.dense(z).view(-1, *self.cfg.seed_grid, self.c0).permute(0, 4, 1, 2, 3)  # (B, c0, 9, 9, 8) from (x, y, z, c) order
+        x = F.interpolate(x, scale_factor=self.cfg.upsample, mode="nearest")  # (B, c0, 54, 54, 48)
         for c in self.layers.convs:
             x = F.relu(self.layers.conv[c.name](F.pad(x, _pad(c))))
             if c.bn:
@@ -108,10 +108,10 @@ def ecal_sum(image: torch.Tensor) -> torch.Tensor:
     return image.sum(dim=(1, 2, 3)).unsqueeze(1)
 
 
-def barycentre_angle(image: torch.Tensor) -> torch.Tensor:
-    """(B, 51, 51, 25) -> (B, 1) radians: physics.barycentre_angle, the published angle head."""
+def barycentre_angle(image: torch.Tensor, cell: tuple[float, float, float] = (1.0, 1.0, 1.0)) -> torch.Tensor:
+    """(B, 51, 51, 25) -> (B, 1) radians: physics.barycentre_angle, the published angle head (cells of ``cell`` extent)."""
     nx, ny, nz = image.shape[1:]
-    xs, ys, zs = (torch.arange(n, dtype=image.dtype, device=image.device) + 0.5 for n in (nx, ny, nz))
+    xs, ys, zs = ((torch.arange(n, dtype=image.dtype, device=image.device) + 0.5) * c for n, c in zip((nx, ny, nz), cell))
     total = image.sum(dim=(1, 2, 3))
     empty = total == 0
     safe = torch.where(empty, torch.ones_like(total), total)
@@ -151,7 +151,7 @@ class Discriminator(nn.Module):
             x = F.dropout(x, self.cfg.dropout, self.training)
         x = F.avg_pool3d(x, 2).permute(0, 2, 3, 4, 1).flatten(1)  # (B, features) in (x, y, z, c) order
         deposits = image[..., 0].double() ** (1.0 / POWER)  # the weightless heads in float64: the angle's slopes are ill-conditioned in float32
-        return torch.sigmoid(self.fake(x)), self.aux(x), barycentre_angle(deposits).to(x.dtype), ecal_sum(deposits).to(x.dtype)
+        return torch.sigmoid(self.fake(x)), self.aux(x), barycentre_angle(deposits, self.cfg.cell).to(x.dtype), ecal_sum(deposits).to(x.dtype)
 
     def load_weights(self, weights: dict[str, np.ndarray]) -> None:
         with torch.no_grad():
