@@ -74,7 +74,7 @@ class GenerateSpec(Spec):
     scheduler: str | None = Field(default=None, description="Address of an existing Dask scheduler; None starts a LocalCluster")
     overwrite: bool = Field(default=False, description="Delete an existing dataset of this name first")
     verify: bool = Field(default=False, description="Read every complete simulation back against its digest and simulate again those whose data is damaged or lost")
-    events: PositiveInt = Field(default=2000, le=10_000_000, description="calo: synthetic showers to simulate")
+    events: PositiveInt = Field(default=5000, le=10_000_000, description="calo: synthetic showers to simulate (a fifth each held out for validation and test)")
     energy: list[PositiveFloat] = Field(default=[100.0, 200.0], min_length=2, max_length=2, description="calo: primary energy range in GeV, low then high (uniform)")
     angle: list[PositiveFloat] = Field(default=[60.0, 120.0], min_length=2, max_length=2, description="calo: incidence angle range in degrees, the shower axis against the y axis (90 = perpendicular to the layers), low then high (uniform)")
 

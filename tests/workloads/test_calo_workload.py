@@ -150,8 +150,8 @@ def test_the_split_is_fixed_and_the_target_scores_say_what_they_measure():
     from tasks.workloads.calo.showers import shower_events
 
     parts = calo.split_of(100)
-    assert [len(parts[r]) for r in calo.ROLES] == [80, 10, 10] and sorted(np.concatenate(list(parts.values())).tolist()) == list(range(100))
-    assert parts["val"][:2].tolist() == [8, 18] and parts["test"][:2].tolist() == [9, 19]
+    assert [len(parts[r]) for r in calo.ROLES] == [60, 20, 20] and sorted(np.concatenate(list(parts.values())).tolist()) == list(range(100))
+    assert parts["val"][:2].tolist() == [3, 8] and parts["test"][:2].tolist() == [4, 9]
     energy, angle = np.linspace(101.0, 199.0, 30), np.linspace(61.0, 119.0, 30)
     cells = shower_events(energy, angle, 2)
     assert np.allclose(calo.from_image(calo.to_image(cells)), cells, rtol=1e-5, atol=1e-12)
