@@ -42,14 +42,12 @@ LEARNING_RATE = 1e-3  # RMSprop, both networks (Keras' defaults otherwise: rho 0
 @dataclass(frozen=True)
 class NetConfig:
     """latent: the generator's input size (2 conditions + noise); width: channel multiplier; dropout: the
-    discriminator's rate; pool: cells merged across per side (1: the published 51 x 51 grid, 3: 17 x 17);
-    energy_noise: the noise multiplied by the energy."""
+    discriminator's rate; pool: cells merged across per side (1: the published 51 x 51 grid, 3: 17 x 17)."""
 
     latent: int = 256
     width: float = 1.0
     dropout: float = 0.2
     pool: int = 1
-    energy_noise: bool = False  # the noise enters multiplied by energy / 100 GeV (the first 3DGAN's conditioning), not beside it only
 
     def __post_init__(self):
         if self.pool not in GRIDS:

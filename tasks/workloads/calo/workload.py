@@ -204,9 +204,7 @@ PROFILE_TOLERANCE, SAMPLING_TOLERANCE, LAYER_FLOOR = 0.10, 0.05, 0.01
 TARGET = (f"per energy bin ({', '.join(f'{a:g}-{b:g}' for a, b in zip(physics.ENERGY_EDGES, physics.ENERGY_EDGES[1:]))} GeV, all angles): "
           f"the generated mean longitudinal profile within {PROFILE_TOLERANCE:.0%} of the validation data's in every layer holding "
           f"at least {LAYER_FLOOR:.0%} of the bin's energy, and the sampling fraction within {SAMPLING_TOLERANCE:.0%}")
-# The CPU configuration (2 cores, half an hour): the published layers on a grid 3x coarser across, a quarter of the
-# channels, and the noise scaled by the energy (the first 3DGAN's conditioning)
-CPU = NetConfig(latent=32, width=0.25, pool=3, energy_noise=True)
+CPU = NetConfig(latent=32, width=0.25, pool=3)  # the CPU configuration (2 cores, half an hour): the published layers on a grid 3x coarser across, a quarter of the channels
 HEADLINE = {"longitudinal_err": "longitudinal max error", "sampling_fraction_err": "sampling-fraction max error"}
 
 
@@ -231,11 +229,9 @@ def from_image(images: np.ndarray) -> np.ndarray:
     return np.power(np.maximum(images[..., 0], 0.0), 1.0 / POWER).astype(np.float32)
 
 
-def latent_of(energy: np.ndarray, angle_rad: np.ndarray, noise: np.ndarray, scaled: bool = False) -> np.ndarray:
-    """The generator's input (n, latent): energy / 100 GeV, angle in radians, then the noise (n, latent - 2),
-    multiplied by energy / 100 GeV where ``scaled`` (NetConfig.energy_noise)."""
-    e = (energy / ENERGY_SCALE)[:, None]
-    return np.concatenate([e, angle_rad[:, None], noise * e if scaled else noise], axis=1).astype(np.float32)
+def latent_of(energy: np.ndarray, angle_rad: np.ndarray, noise: np.ndarray) -> np.ndarray:
+    """The generator's input (n, latent): energy / 100 GeV, angle in radians, then the noise (n, latent - 2)."""
+    return np.concatenate([(energy / ENERGY_SCALE)[:, None], angle_rad[:, None], noise], axis=1).astype(np.float32)
 
 
 def shower_scores(reference: dict[str, np.ndarray], generated: dict[str, np.ndarray]) -> dict[str, float]:
@@ -300,9 +296,7 @@ def dataset_info(settings, dataset: str) -> tuple[str, dict]:
 
 def setting(spec) -> str:
     cfg = config_of(spec)
-    grid = "x".join(map(str, cfg.image))
-    return (f"3DGAN (published layers, width {cfg.width:g}, latent {cfg.latent}, {grid} cells"
-            f"{', noise scaled by the energy' if cfg.energy_noise else ''}), RMSprop lr {LEARNING_RATE:g}, "
+    return (f"3DGAN (published layers, width {cfg.width:g}, latent {cfg.latent}), RMSprop lr {LEARNING_RATE:g}, "
             f"loss weights {'/'.join(f'{w:g}' for w in LOSS_WEIGHTS.values())}, two generator updates per step")
 
 
@@ -330,8 +324,7 @@ class CaloTrainer:
         self.headline = HEADLINE
         self.flops_per_sample = train_flops_per_sample(self.cfg)
         counts = parameter_counts(self.cfg)
-        self.params = {"network": f"3DGAN width {self.cfg.width:g} latent {self.cfg.latent} grid {'x'.join(map(str, self.cfg.image))}"
-                                  f"{' energy-scaled noise' if self.cfg.energy_noise else ''}", "generator_parameters": counts["generator"]["trainable"],
+        self.params = {"network": f"3DGAN width {self.cfg.width:g} latent {self.cfg.latent}", "generator_parameters": counts["generator"]["trainable"],
                        "discriminator_parameters": counts["discriminator"]["trainable"], "optimizer": "RMSprop (rho 0.9, epsilon 1e-7)",
                        "learning_rate": LEARNING_RATE, "loss_weights": "/".join(f"{k} {w:g}" for k, w in LOSS_WEIGHTS.items()),
                        "generator_updates_per_step": 2, "label_flip_rate": FLIP_RATE, "target": TARGET, "split": SPLIT_RULE,
@@ -348,7 +341,7 @@ class CaloTrainer:
         flips = rng.random((2, b)) < FLIP_RATE
         return {"image": to_image(cells), "energy": col(energy / ENERGY_SCALE), "angle": col(angle),
                 "ecal": col(cells.sum(axis=(1, 2, 3), dtype=np.float64)), "ecal_fit": col(energy * self.data.sampling_fraction),
-                "latent": np.stack([latent_of(energy, angle, n, self.cfg.energy_noise) for n in noise]),
+                "latent": np.stack([latent_of(energy, angle, n) for n in noise]),
                 "real_label": col(np.where(flips[0], 0.0, 1.0)), "fake_label": col(np.where(flips[1], 1.0, 0.0))}
 
     def _device(self, batch: dict[str, np.ndarray]):
@@ -377,7 +370,7 @@ class CaloTrainer:
         """Generated cell energies (n, 51, 51, 25) GeV (on the networks' grid) for the conditions of ``role``'s events (fixed noise)."""
         energy, angle = self.data.energy[role].astype(np.float64), np.radians(self.data.angle[role].astype(np.float64))
         noise = np.random.default_rng([self.spec.seed, 31]).standard_normal((len(energy), self.cfg.latent - 2))
-        latent = latent_of(energy, angle, noise, self.cfg.energy_noise)
+        latent = latent_of(energy, angle, noise)
         return np.concatenate([from_image(self.generate_images(latent[i: i + chunk])) for i in range(0, len(latent), chunk)])
 
     def _metrics(self, role: str, cells: np.ndarray) -> dict[str, np.ndarray]:
