@@ -296,7 +296,7 @@ def dataset_info(settings, dataset: str) -> tuple[str, dict]:
 
 def setting(spec) -> str:
     cfg = config_of(spec)
-    return (f"3DGAN (published layers, width {cfg.width:g}, latent {cfg.latent}), RMSprop lr {LEARNING_RATE:g}, "
+    return (f"3DGAN (published layers, width {cfg.width:g}, latent {cfg.latent}, {'x'.join(map(str, cfg.image))} cells), RMSprop lr {LEARNING_RATE:g}, "
             f"loss weights {'/'.join(f'{w:g}' for w in LOSS_WEIGHTS.values())}, two generator updates per step")
 
 
@@ -324,7 +324,7 @@ class CaloTrainer:
         self.headline = HEADLINE
         self.flops_per_sample = train_flops_per_sample(self.cfg)
         counts = parameter_counts(self.cfg)
-        self.params = {"network": f"3DGAN width {self.cfg.width:g} latent {self.cfg.latent}", "generator_parameters": counts["generator"]["trainable"],
+        self.params = {"network": f"3DGAN width {self.cfg.width:g} latent {self.cfg.latent} grid {'x'.join(map(str, self.cfg.image))}", "generator_parameters": counts["generator"]["trainable"],
                        "discriminator_parameters": counts["discriminator"]["trainable"], "optimizer": "RMSprop (rho 0.9, epsilon 1e-7)",
                        "learning_rate": LEARNING_RATE, "loss_weights": "/".join(f"{k} {w:g}" for k, w in LOSS_WEIGHTS.items()),
                        "generator_updates_per_step": 2, "label_flip_rate": FLIP_RATE, "target": TARGET, "split": SPLIT_RULE,
