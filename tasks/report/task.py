@@ -239,6 +239,8 @@ def train_rows(entries: list[Entry]) -> list[dict]:
                      "val_horizon_vorticity": _number(s.validation.get("horizon_vorticity")) if done else nan,
                      "test_accuracy": _number(e.record.test.get("accuracy")) if done else nan,
                      "test_f1": _number(e.record.test.get("f1")) if done else nan,
+                     "test_longitudinal_err": _number(e.record.test.get("longitudinal_err")) if done else nan,
+                     "test_sampling_fraction_err": _number(e.record.test.get("sampling_fraction_err")) if done else nan,
                      "size": _size(c.workload_params),
                      **_utilisation(e.record.utilisation if done else None),
                      "error": e.error if not done else ""})
@@ -262,12 +264,13 @@ def _utilisation(u) -> dict:
 
 
 def ranking_columns(table: list[dict]) -> dict[str, str]:
-    """The ranking's columns for one workload's table: the network size only where one is swept, macro-F1 only
-    where the workload reports it."""
+    """The ranking's columns for one workload's table: the network size only where one is swept, and of the
+    test scores (accuracy, macro-F1, the shower metrics) those the workload reports."""
     def shown(key: str) -> bool:
         return any(r[key] not in ("", None) and r[key] == r[key] for r in table)
 
-    return {k: v for k, v in RANKING_COLUMNS.items() if k not in ("size", "test_f1") or shown(k)}
+    optional = {"size", "test_accuracy", "test_f1", "test_longitudinal_err", "test_sampling_fraction_err"}
+    return {k: v for k, v in RANKING_COLUMNS.items() if (k not in optional and k != "accuracy_spread") or shown("test_accuracy" if k == "accuracy_spread" else k)}
 
 
 def ranking(rows: list[dict]) -> dict[str, list[dict]]:
@@ -299,6 +302,8 @@ def ranking(rows: list[dict]) -> dict[str, list[dict]]:
             "time_to_target_s": median(reached, "time_to_target_s") if reached else nan, "target_spread": spread(reached, "time_to_target_s"),
             "test_accuracy": 100 * median(members, "test_accuracy"), "accuracy_spread": spread(members, "test_accuracy", 100, 4),
             "test_f1": 100 * median(members, "test_f1"),
+            "test_longitudinal_err": 100 * median(members, "test_longitudinal_err"),
+            "test_sampling_fraction_err": 100 * median(members, "test_sampling_fraction_err"),
             "time_per_epoch_s": median(members, "time_per_epoch_s"), "samples_per_s": median(members, "samples_per_s"),
             "achieved_tflops": median(members, "achieved_tflops"), "mfu_ceiling": median(members, "mfu_ceiling"),
             "mfu_peak": median(members, "mfu_peak")})
@@ -409,7 +414,9 @@ TRAIN_RESULT_COLUMNS = {"run": "run", "epochs": "epochs", "time_per_epoch_s": "s
                         "mfu_ceiling": "% of ceiling", "mfu_peak": "% of peak"}
 RANKING_COLUMNS = {"rank": "rank", "framework": "framework", "size": "network (layers x units)", "device": "device", "batch_size": "batch",
                    "runs": "runs", "reached": "reached", "time_to_target_s": "to target [s]", "target_spread": "to target over seeds",
-                   "test_accuracy": "test accuracy [%]", "accuracy_spread": "accuracy over seeds", "test_f1": "test macro-F1 [%]", "time_per_epoch_s": "s/epoch", "samples_per_s": "samples/s",
+                   "test_accuracy": "test accuracy [%]", "accuracy_spread": "accuracy over seeds", "test_f1": "test macro-F1 [%]",
+                   "test_longitudinal_err": "test longitudinal max error [%]", "test_sampling_fraction_err": "test sampling-fraction max error [%]",
+                   "time_per_epoch_s": "s/epoch", "samples_per_s": "samples/s",
                    "achieved_tflops": "TFLOPS", "mfu_ceiling": "% of ceiling", "mfu_peak": "% of peak"}
 COMPARE_COLUMNS = {"batch_size": "batch", "device": "device", "runs": "runs", "time_per_epoch_s": "s/epoch",
                    "samples_per_s": "samples/s", "speedup": "× slowest device"}
@@ -567,7 +574,8 @@ def build_report(settings: Settings, name: str, scope: str, runs, exp_id: str, o
     for workload, table in ranked.items():
         text += [f"## {_workload_words(workload, 'title')}: frameworks and devices ranked by time to target\n",
                  f"Data: {_workload_words(workload, 'data')}. Target: {_workload_words(workload, 'target')}, judged on the validation split "
-                 "after each validation; test accuracy is the held-out test split's after the last epoch. Medians over the repeated runs "
+                 "after each validation; the test scores (accuracy, macro-F1, or the shower metrics' largest relative errors) are the "
+                 "held-out test split's after the last epoch. Medians over the repeated runs "
                  "(seeds), with their range; TFLOPS are the network's training FLOPs at the run's samples/s, % of ceiling against the "
                  "warm matmul ceiling of the same device, framework and dtype, % of peak against the device's datasheet (CPU: derived) peak.\n",
                  table_markdown(table, ranking_columns(table))]

@@ -4,6 +4,7 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 from mlflow.tracking import MlflowClient
@@ -66,16 +67,22 @@ def test_a_short_run_trains_scores_the_test_split_and_keeps_the_generator_and_a_
     run = client.get_run(out["run_id"])
     metrics, params = run.data.metrics, run.data.params
     assert run.info.status == "FINISHED" and out["steps"] == 2 and params["workload"] == "calo"
-    assert out["split"]["train"][0].startswith("80 of 100") and out["split"]["test"][0].startswith("10 of 100")
+    assert out["split"]["train"][0].startswith("60 of 100") and out["split"]["test"][0].startswith("20 of 100")
     assert metrics["test_longitudinal_err"] > 0 and metrics["test_sampling_fraction_err"] > 0 and "val_longitudinal_err" in metrics
     assert run.data.tags["karman.target"] == "not reached"
     artifacts = {a.path for a in client.list_artifacts(run.info.run_id)} | {a.path for a in client.list_artifacts(run.info.run_id, "model")}
     assert {"shower_profiles.png", "model/generator.npz"} <= artifacts
+    report = run_cli("aggregate", "--runs", "all", "--name", "calo", "--json", cwd=showers)  # the ranking shows the shower metrics
+    assert report.returncode == 0, report.stderr[-3000:]
+    text = Path(json.loads(report.stdout.strip().splitlines()[-1])["report"]).read_text()
+    ranking = text.split("calorimeter showers: frameworks and devices ranked by time to target")[1].split("##")[0]
+    assert "test longitudinal max error [%]" in ranking and "test sampling-fraction max error [%]" in ranking
+    assert "test accuracy [%]" not in ranking and f"{100 * metrics['test_longitudinal_err']:,.0f}" in ranking
 
 
 @pytest.mark.parametrize("args, message", [
     (["--batch-sizes", "3", "--world-size", "2"], "batch size 3 does not split evenly over 2 devices"),
-    (["--batch-sizes", "81"], "batch size 81 exceeds the 80 training showers of dataset 'showers'"),
+    (["--batch-sizes", "61"], "batch size 61 exceeds the 60 training showers of dataset 'showers'"),
 ])
 def test_bad_batches_are_refused_in_one_line(showers, args, message):
     assert_refused(run_cli("train", "--workload", "calo", "--dataset", "showers", "--framework", "torch", *args, cwd=showers), message)
