@@ -131,6 +131,12 @@ class TrainRecord(Record):
     energy: Energy | None = None
     test: dict[str, float | None] = Field(default_factory=dict, description="Scores on the test split after training (workloads that score one, e.g. digits' accuracy)")
 
+    @property
+    def quality_target(self) -> str | None:
+        """Karman's quality target in words (its spec's); None for other workloads, whose target is their table's."""
+        spec = self.config.spec
+        return f"vorticity <= {spec.target_vorticity:g} for {spec.target_steps} steps" if self.config.workload == "karman" else None
+
     def mlflow_params(self) -> dict[str, str]:
         """Flat MLflow params, under the names runs have always had (strings, as MLflow keeps them)."""
         c = self.config
