@@ -23,6 +23,7 @@ from tasks.common.tracking import client_for, missing
 
 CHAMPION = "champion"
 MODEL_URI = re.compile(r"models:/(?P<name>[^/@]+)(?:@(?P<alias>[A-Za-z0-9_-]+)|/(?P<version>\d+))")
+QUALITY_TARGET = "karman.quality_target"  # a model version's quality target in words
 SCORE = "karman.score"  # a model version's score in words
 REACHED = "karman.target_reached"
 TIME_TO_TARGET = "karman.time_to_target_s"
@@ -61,7 +62,7 @@ class Candidate:
         return champion is None or (self.comparable(champion) and self.rank() > champion.rank())
 
     def tags(self) -> dict[str, str]:
-        return {Tag.DATASET_DIGEST: self.dataset_digest, Tag.TARGET: self.target, SCORE: self.score, REACHED: str(self.reached),
+        return {Tag.DATASET_DIGEST: self.dataset_digest, QUALITY_TARGET: self.target, SCORE: self.score, REACHED: str(self.reached),
                 TIME_TO_TARGET: repr(self.time_to_target_s), HORIZON: repr(self.horizon), Tag.MODEL_RUN: self.run_id}
 
     @classmethod
@@ -72,7 +73,7 @@ class Candidate:
         def number(key: str) -> float | None:
             return None if t.get(key, "None") == "None" else float(t[key])
 
-        return cls(version.run_id, version.source, t.get(Tag.DATASET_DIGEST, ""), t.get(Tag.TARGET, ""), t.get(REACHED) == "True",
+        return cls(version.run_id, version.source, t.get(Tag.DATASET_DIGEST, ""), t.get(QUALITY_TARGET, ""), t.get(REACHED) == "True",
                    number(TIME_TO_TARGET), number(HORIZON))
 
     @classmethod
