@@ -84,8 +84,8 @@ def add_spec_options(parser: argparse.ArgumentParser, model: type[BaseModel]) ->
             parser.add_argument(flag, dest=name, choices=choices, default=None, help=help_text, metavar="{" + ",".join(choices) + "}")
         elif is_list:  # repeated, comma-separated, or both
             parser.add_argument(flag, dest=name, action="append", default=None, help=help_text)
-        else:
-            parser.add_argument(flag, dest=name, default=None, help=help_text)
+        else:  # a spec may name further spellings of a text option (``cli_aliases``: field -> flags)
+            parser.add_argument(flag, *getattr(model, "cli_aliases", {}).get(name, ()), dest=name, default=None, help=help_text)
 
 
 def spec_from_args(model: type[BaseModel], args: argparse.Namespace, base: BaseModel | None = None) -> BaseModel:

@@ -23,7 +23,7 @@ from tasks.generate.task import generate_dataset
 from tasks.infer.task import rollout
 from tasks.report.task import ablation_row, aggregate_runs, publish_artifacts, write_ablation
 from tasks.train.plan import plan_training, resume_plan
-from tasks.train.task import log_study_table, sweep_run, train_model
+from tasks.train.task import log_study_table, register_surrogate, sweep_run, train_model
 from tasks.validate.task import validate_solver as run_validation
 
 # The MLflow run id to file a flow's run under as a child. The benchmark and the demo set it; run forms
@@ -422,6 +422,12 @@ def benchmark(spec: BenchmarkSpec = BenchmarkSpec()) -> dict:
         publish_artifacts(report)
         for path in (report["report"], report["html"], *report["figures"]):
             bench.log_artifact(Path(path), "report")
+        # the best karman model into the Model Registry; the alias 'champion' moves only to a better one
+        registered = register_surrogate(settings, [c["run_id"] for c in cells if c["kind"] == "train" and c.get("workload") == "karman"
+                                                   and c["status"] in ("FINISHED", "SKIPPED") and c.get("run_id")]) if rollouts else None
+        if registered and registered["version"] is not None:
+            bench.set_tags({Tag.CHAMPION: f"{registered['name']} version {registered['version']}: "
+                                          f"{'champion' if registered['champion'] else 'not champion'} ({registered['reason']})"})
         failed = [c for c in cells if c["status"] == "FAILED"]
         counts = {s: sum(c["status"] == s for c in cells) for s in ("FINISHED", "SKIPPED", "FAILED")}
         bench.set_tags({Tag.CELLS: f"{len(cells)}: {counts['FINISHED']} run, {counts['SKIPPED']} reused, {counts['FAILED']} failed"})
@@ -430,4 +436,4 @@ def benchmark(spec: BenchmarkSpec = BenchmarkSpec()) -> dict:
     first = datasets[matrix[0].workload.name]
     return {"dataset": {"name": first["dataset"], "digest": first["digest"]},
             "datasets": {w: {"name": d["dataset"], "digest": d["digest"]} for w, d in datasets.items()}, "cells": cells, "report": report["report"],
-            "benchmark_run_id": bench.run_id, "aggregate_run_id": report["run_id"], "failed": len(failed)}
+            "benchmark_run_id": bench.run_id, "aggregate_run_id": report["run_id"], "failed": len(failed), "registered": registered}

@@ -9,6 +9,7 @@ class Tag:
     CELL = "karman.cell"  # the benchmark cell a run belongs to (a key of its inputs and dataset digest)
     BENCHMARK = "karman.benchmark"  # on a benchmark's own run: its name
     CELLS = "karman.cells"  # on a benchmark's own run: how many cells it has
+    CHAMPION = "karman.champion"  # on a benchmark's own run: the model version it registered, and whether it is the champion
     DEVICE = "karman.device"
     DEVICES = "karman.devices"  # on a benchmark's own run: the devices it compares
     BATCH_SIZE = "karman.batch_size"

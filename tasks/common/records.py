@@ -91,6 +91,36 @@ class Utilisation(Record):
         return self.achieved_tflops / self.peak_tflops if self.peak_tflops else None
 
 
+def energy_params(source: str, price_per_device_hour: float, currency: str) -> dict[str, str]:
+    """The MLflow params of a run's energy and cost: how its energy is measured (or why it is not), its price."""
+    return {"energy_source": source, "price_per_device_hour": f"{price_per_device_hour!r}", "currency": currency}
+
+
+class Energy(Record):
+    """What a finished run's training took: energy from the devices' counters, device-hours, and their cost at the user's price."""
+
+    joules: float | None = Field(description="Energy of the run's devices over training; None where no counter could be read (see source)")
+    source: str = Field(description="The counter read ('nvml: ...', 'rapl: ...'), or 'unavailable: <the reason>'")
+    devices: float = Field(description="Devices the run held: GPUs or TPU chips; on a CPU, the share of the host's cores it used")
+    device_hours: float = Field(description="train_time_s x devices / 3600")
+    price_per_device_hour: float = Field(description="From the user's price table (settings)")
+    currency: str
+
+    @property
+    def cost(self) -> float:
+        return self.device_hours * self.price_per_device_hour
+
+    def cost_of(self, seconds: float) -> float:
+        """What ``seconds`` of the run's devices cost (e.g. its time to the quality target)."""
+        return self.price_per_device_hour * self.devices * seconds / 3600
+
+    def mlflow_params(self) -> dict[str, str]:
+        return energy_params(self.source, self.price_per_device_hour, self.currency)
+
+    def mlflow_metrics(self) -> dict[str, float]:
+        return {"device_hours": self.device_hours, "cost": self.cost, **({"energy_j": self.joules} if self.joules is not None else {})}
+
+
 class TrainRecord(Record):
     """A training run: configuration, and summary once it has finished."""
 
@@ -98,7 +128,14 @@ class TrainRecord(Record):
     config: TrainConfig
     summary: TrainSummary | None = None
     utilisation: Utilisation | None = None
+    energy: Energy | None = None
     test: dict[str, float | None] = Field(default_factory=dict, description="Scores on the test split after training (workloads that score one, e.g. digits' accuracy)")
+
+    @property
+    def quality_target(self) -> str | None:
+        """Karman's quality target in words (its spec's); None for other workloads, whose target is their table's."""
+        spec = self.config.spec
+        return f"vorticity <= {spec.target_vorticity:g} for {spec.target_steps} steps" if self.config.workload == "karman" else None
 
     def mlflow_params(self) -> dict[str, str]:
         """Flat MLflow params, under the names runs have always had (strings, as MLflow keeps them)."""
@@ -126,6 +163,8 @@ class TrainRecord(Record):
         if (u := self.utilisation) is not None:
             values |= {"flops_per_sample": u.flops_per_sample, "achieved_tflops": u.achieved_tflops, "ceiling_tflops": u.ceiling_tflops,
                        "peak_tflops": u.peak_tflops, "mfu_ceiling": u.of_ceiling, "mfu_peak": u.of_peak}
+        if self.energy is not None:
+            values |= self.energy.mlflow_metrics()
         return {k: float(v) for k, v in values.items() if v is not None and math.isfinite(float(v))}
 
     @classmethod

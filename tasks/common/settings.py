@@ -1,33 +1,79 @@
-"""Where things live: data root, MLflow tracking store, experiment. Resolved once from the environment."""
+"""Where things live and what a device-hour costs: data root, MLflow tracking store, experiment, registered model, price table. Resolved once from the environment."""
 
 import os
 import tempfile
 from pathlib import Path
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, field_validator
 
 from tasks.common.errors import UserError
 
 DATA_ROOT_ENV = "KARMAN_DATA_ROOT"
 EXPERIMENT_ENV = "KARMAN_EXPERIMENT"
+PRICES_ENV = "KARMAN_PRICES"
+CURRENCY_ENV = "KARMAN_CURRENCY"
+REGISTERED_MODEL_ENV = "KARMAN_REGISTERED_MODEL"
+# Illustrative prices per device-hour (one GPU, one TPU chip, or a whole CPU host), not anyone's offer:
+# set KARMAN_PRICES and KARMAN_CURRENCY to what your devices cost.
+DEFAULT_PRICES = "cpu=0.10,cuda=3.00,xla=1.50"
+DEFAULT_CURRENCY = "USD"
+DEVICE_KINDS = ("cpu", "cuda", "xla")
+
+
+def parse_prices(text: str) -> dict[str, float]:
+    """A price table ``cpu=0.10,cuda=3.00,xla=1.50`` (per device-hour) as {device: price}, devices left out
+    at their default price; UserError names the entry that is not DEVICE=PRICE with a known device and a
+    finite price of at least 0."""
+    return _price_entries(DEFAULT_PRICES) | _price_entries(text)
+
+
+def _price_entries(text: str) -> dict[str, float]:
+    prices = {}
+    for entry in filter(None, (part.strip() for part in text.split(","))):
+        device, _, value = (part.strip() for part in entry.partition("="))
+        try:
+            price = float(value)
+        except ValueError:
+            price = float("nan")
+        if device not in DEVICE_KINDS or not 0 <= price < float("inf"):
+            raise UserError(f"{PRICES_ENV} entry {entry!r} is not DEVICE=PRICE with DEVICE one of {', '.join(DEVICE_KINDS)} "
+                            f"and PRICE a number >= 0 per device-hour (e.g. {DEFAULT_PRICES})")
+        prices[device] = price
+    return prices
 
 
 class Settings(BaseModel):
-    """Storage locations, passed explicitly from the flow entry to every task."""
+    """Storage locations, prices and the registered model's name, passed explicitly from the flow entry to every task."""
 
     data_root: Path = Field(description="Root folder for datasets, checkpoints and reports")
     tracking_uri: str = Field(description="MLflow tracking URI")
     artifact_root: Path = Field(description="Artifact folder for experiments created on a local store")
     experiment: str = Field(description="MLflow experiment name")
+    prices: dict[str, float] = Field(default_factory=lambda: parse_prices(DEFAULT_PRICES),
+                                     description="Price of one device-hour per device kind (cpu: the whole host; cuda: one GPU; xla: one chip)")
+    currency: str = Field(default=DEFAULT_CURRENCY, min_length=1, max_length=12, description="Currency of the prices")
+    registered_model: str = Field(default="karman-surrogate", min_length=1, description="MLflow registered-model name of the benchmark's champion surrogate")
+
+    @field_validator("prices")
+    @classmethod
+    def _known_devices(cls, value: dict[str, float]) -> dict[str, float]:
+        unknown = sorted(set(value) - set(DEVICE_KINDS))
+        if unknown or any(not 0 <= v < float("inf") for v in value.values()):
+            raise ValueError(f"prices must map {', '.join(DEVICE_KINDS)} to numbers >= 0, got {value}")
+        return value
 
     @classmethod
     def from_env(cls) -> "Settings":
-        """Embedded defaults (./data, sqlite:///mlflow.db, ./mlartifacts), each overridable by environment."""
+        """Embedded defaults (./data, sqlite:///mlflow.db, ./mlartifacts, the illustrative prices in USD,
+        model karman-surrogate), each overridable by environment."""
         return cls(
             data_root=Path(os.environ.get(DATA_ROOT_ENV, "data")).absolute(),
             tracking_uri=os.environ.get("MLFLOW_TRACKING_URI", "sqlite:///mlflow.db"),
             artifact_root=Path(os.environ.get("KARMAN_ARTIFACT_ROOT", "mlartifacts")).absolute(),
             experiment=os.environ.get(EXPERIMENT_ENV, "karman-bench"),
+            prices=parse_prices(os.environ.get(PRICES_ENV, DEFAULT_PRICES)),
+            currency=os.environ.get(CURRENCY_ENV, "").strip() or DEFAULT_CURRENCY,
+            registered_model=os.environ.get(REGISTERED_MODEL_ENV, "").strip() or "karman-surrogate",
         )
 
     def child_env(self) -> dict[str, str]:
@@ -37,6 +83,9 @@ class Settings(BaseModel):
             "MLFLOW_TRACKING_URI": self.tracking_uri,
             "KARMAN_ARTIFACT_ROOT": str(self.artifact_root),
             EXPERIMENT_ENV: self.experiment,
+            PRICES_ENV: ",".join(f"{k}={v!r}" for k, v in self.prices.items()),
+            CURRENCY_ENV: self.currency,
+            REGISTERED_MODEL_ENV: self.registered_model,
         }
 
     def require_writable(self) -> "Settings":

@@ -3,7 +3,7 @@
 Flows take these as parameters, so the Prefect UI's run form, the CLI's options and the child processes all read one validated object.
 """
 
-from typing import Annotated, Literal
+from typing import Annotated, ClassVar, Literal
 
 from pydantic import (BaseModel, ConfigDict, Field, PositiveFloat, PositiveInt, StringConstraints, TypeAdapter, field_validator,
                       model_validator)
@@ -189,8 +189,10 @@ class InferSpec(Spec):
     map-reduce tiled over several workers."""
 
     model_config = CELL_IN_SCHEMA
+    cli_aliases: ClassVar[dict[str, tuple[str, ...]]] = {"model_run": ("--model",)}  # infer --model models:/NAME@champion
 
-    model_run: str = Field(default="latest", description="MLflow run id of a training run, or 'latest'")
+    model_run: str = Field(default="latest", description="MLflow run id of a training run, 'latest', or a registered model's URI "
+                           "(models:/karman-surrogate@champion, models:/NAME/VERSION)")
     device: Device = Field(default="cpu", description="Device of the rollout")
     mode: Literal["full", "mapreduce"] = Field(default="full", description="full: the whole frame on one worker; mapreduce: tiles with a halo, grouped, mapped over the workers, blended back")
     workers: PositiveInt = Field(default=1, le=4096, description="Compute units: CPU cores (one thread each), GPUs, or XLA devices (1 or all); full mode uses 1")

@@ -16,6 +16,7 @@ from tasks.common.errors import UserError
 from tasks.common import probe
 from tasks.common.launch import device_env, run_child
 from tasks.common.names import Tag
+from tasks.common.registry import resolve_model_uri
 from tasks.common.settings import Settings
 from tasks.common.simulation import SimulationSpec
 from tasks.common.specs import InferSpec
@@ -68,7 +69,10 @@ def check_model_file(path: Path, model_run: str, meta: dict) -> None:
 
 
 def resolve_model_run(settings: Settings, model_run: str):
-    """The MLflow run of a finished training run: ``model_run`` itself, or the newest one for 'latest'."""
+    """The MLflow run of a finished training run: ``model_run`` itself, the newest one for 'latest', or the run
+    whose generator a registered model's URI (models:/NAME@ALIAS, models:/NAME/VERSION) names."""
+    if model_run.startswith("models:/"):
+        model_run = resolve_model_uri(settings, model_run)
     client = client_for(settings)
     if model_run == "latest":
         runs = client.search_runs([experiment_id(client, settings)], f"tags.`{Tag.STAGE}` = 'train' and attributes.status = 'FINISHED'",

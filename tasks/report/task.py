@@ -31,10 +31,8 @@ def quality_table(entries: list["Entry"]) -> list[dict]:
     for e in entries:
         if e.status != "FINISHED" or e.record.summary is None:
             continue
-        c, spec = e.record.config, e.record.config.spec
-        target = (f"vorticity <= {spec.target_vorticity:g} for {spec.target_steps} steps" if c.workload == "karman"
-                  else _workload_words(c.workload, "target"))
-        key = (c.framework, c.device, c.world_size, c.batch_size, c.workload_params.get("recipe_label", c.workload), target)
+        c = e.record.config
+        key = (c.framework, c.device, c.world_size, c.batch_size, c.workload_params.get("recipe_label", c.workload), target_words(e.record))
         groups.setdefault(key, []).append(e)
     rows = []
     nan = float("nan")
@@ -47,8 +45,85 @@ def quality_table(entries: list["Entry"]) -> list[dict]:
                      "time_to_target_s": sum(kept) / len(kept) if kept else nan,
                      "fastest_s": times[0] if times else nan, "slowest_s": times[-1] if times else nan,
                      "time_per_epoch_s": sorted(m.record.summary.time_per_epoch_s for m in members)[len(members) // 2],
-                     "not_reached": ", ".join(missed) or "-"})
+                     "not_reached": ", ".join(missed) or "-",
+                     **cell_energy([_energy(m.record.energy) for m in members]),
+                     "cost_to_target": _money([(m.record.energy.cost_of(m.record.summary.time_to_target_s), m.record.energy.currency)
+                                               for m in members if m.record.summary.target_reached and m.record.energy is not None])})
     return rows
+
+
+def target_words(record: TrainRecord) -> str:
+    """A training run's quality target in words: karman's is its own spec's, another workload's its table's."""
+    return record.quality_target or _workload_words(record.config.workload, "target")
+
+
+def _energy(energy) -> dict:
+    """A run's energy and cost as table fields: joules (NaN where not measured), the reason it was not, device-hours, cost."""
+    nan = float("nan")
+    if energy is None:  # a run logged before energy was measured
+        return {"energy_j": nan, "energy": "–", "energy_unavailable": "", "device_hours": nan, "cost": nan, "currency": "", "cost_text": "–"}
+    measured = energy.joules is not None
+    return {"energy_j": energy.joules if measured else nan, "energy": f"{fmt(energy.joules)} J" if measured else "unavailable",
+            "energy_unavailable": "" if measured else energy.source.removeprefix("unavailable: "),
+            "device_hours": energy.device_hours, "cost": energy.cost, "currency": energy.currency, "cost_text": f"{fmt(energy.cost)} {energy.currency}"}
+
+
+def _money(amounts: list[tuple[float, str]]) -> str:
+    """The median of (amount, currency) pairs with its currency (several currencies: named together); '–' for none."""
+    import statistics
+
+    if not amounts:
+        return "–"
+    return f"{fmt(statistics.median(a for a, _ in amounts))} {'/'.join(sorted({c for _, c in amounts}))}"
+
+
+def cell_energy(members: list[dict]) -> dict:
+    """A cell's energy and cost over its runs (rows of _energy's fields): the median joules of the runs that measured
+    them ('unavailable' where none could), the median cost."""
+    import statistics
+
+    joules = [m["energy_j"] for m in members if m["energy_j"] == m["energy_j"]]
+    energy = f"{fmt(statistics.median(joules))} J" if joules else "unavailable" if any(m["energy_unavailable"] for m in members) else "–"
+    return {"energy": energy, "cost_text": _money([(m["cost"], m["currency"]) for m in members if m["cost"] == m["cost"]])}
+
+
+def energy_notes(rows: list[dict]) -> str:
+    """One line per reason a run's energy is unavailable, naming its runs; '' when every run measured it."""
+    reasons: dict[str, list[str]] = {}
+    for r in rows:
+        if r["energy_unavailable"]:
+            reasons.setdefault(r["energy_unavailable"], []).append(r["run"][:8])
+    return "".join(f"Energy unavailable for {', '.join(runs)}: {reason}.\n" for reason, runs in reasons.items())
+
+
+def cheapest_to_target(entries: list["Entry"], link=lambda rid: rid[:8]) -> str:
+    """Per workload and quality target, the run whose devices reached the target for the least money (price per
+    device-hour x devices x time to target), or a plain statement that no run reached it."""
+    best: dict[tuple[str, str], tuple[float, "Entry"]] = {}
+    targets = set()
+    for e in entries:
+        s, energy = e.record.summary, e.record.energy
+        if e.status != "FINISHED" or s is None:
+            continue
+        key = (e.record.config.workload, target_words(e.record))
+        targets.add(key)
+        if s.target_reached and s.time_to_target_s is not None and energy is not None:
+            cost = energy.cost_of(s.time_to_target_s)
+            if key not in best or cost < best[key][0]:
+                best[key] = (cost, e)
+    if not targets:
+        return "**Cheapest device to the quality target**: no finished training run, so none is named.\n"
+    lines = []
+    for workload, target in sorted(targets):
+        if (workload, target) not in best:
+            lines.append(f"- {workload} ({target}): no run reached the target, so no device is named.")
+            continue
+        cost, e = best[(workload, target)]
+        c, energy, s = e.record.config, e.record.energy, e.record.summary
+        lines.append(f"- {workload} ({target}): **{c.device} x{c.world_size}** ({c.framework}, batch {c.batch_size}, run {link(e.run_id)}) "
+                     f"for {fmt(cost)} {energy.currency}: {fmt(energy.price_per_device_hour)} {energy.currency} per device-hour x "
+                     f"{fmt(energy.devices)} device(s) x {fmt(s.time_to_target_s)} s to the target.")
+    return "**Cheapest device to the quality target** (at the price table's prices; among the runs that reached it):\n\n" + "\n".join(lines) + "\n"
 
 
 ABLATION_COLUMNS = ("one_step_rel_l2_u", "one_step_rel_l2_vorticity", "one_step_skill_u", "horizon_u", "horizon_vorticity",
@@ -243,6 +318,7 @@ def train_rows(entries: list[Entry]) -> list[dict]:
                      "test_sampling_fraction_err": _number(e.record.test.get("sampling_fraction_err")) if done else nan,
                      "size": _size(c.workload_params),
                      **_utilisation(e.record.utilisation if done else None),
+                     **_energy(e.record.energy if done else None),
                      "error": e.error if not done else ""})
     return sorted(rows, key=lambda row: (row["setting"], row["device"], row["batch_size"], str(row["seed"])))
 
@@ -306,7 +382,7 @@ def ranking(rows: list[dict]) -> dict[str, list[dict]]:
             "test_sampling_fraction_err": 100 * median(members, "test_sampling_fraction_err"),
             "time_per_epoch_s": median(members, "time_per_epoch_s"), "samples_per_s": median(members, "samples_per_s"),
             "achieved_tflops": median(members, "achieved_tflops"), "mfu_ceiling": median(members, "mfu_ceiling"),
-            "mfu_peak": median(members, "mfu_peak")})
+            "mfu_peak": median(members, "mfu_peak"), **cell_energy(members)})
     for table in out.values():
         table.sort(key=lambda c: (c["time_to_target_s"] != c["time_to_target_s"], c["time_to_target_s"], c["framework"]))
         for rank, c in enumerate(table, 1):
@@ -329,7 +405,8 @@ def comparison(rows: list[dict]) -> dict[str, list[dict]]:
             for d in sorted({r["device"] for r in finished if r["batch_size"] == b}):
                 members = [r for r in finished if r["batch_size"] == b and r["device"] == d]
                 per_device[d] = {"time_per_epoch_s": statistics.median(r["time_per_epoch_s"] for r in members),
-                                 "samples_per_s": statistics.median(r["samples_per_s"] for r in members), "runs": len(members)}
+                                 "samples_per_s": statistics.median(r["samples_per_s"] for r in members), "runs": len(members),
+                                 **cell_energy(members)}
             slowest = max(v["time_per_epoch_s"] for v in per_device.values())
             for d, v in per_device.items():
                 table.append({"batch_size": b, "device": d, **v,
@@ -411,28 +488,35 @@ TRAIN_SETTINGS_COLUMNS = {"run": "run", "workload": "workload", "framework": "fr
                           "recipe": "recipe", "budget": "budget", "seed": "seed", "status": "status"}
 TRAIN_RESULT_COLUMNS = {"run": "run", "epochs": "epochs", "time_per_epoch_s": "s/epoch", "samples_per_s": "samples/s",
                         "final_l1": "final loss", "time_to_target_s": "to target [s]", "achieved_tflops": "TFLOPS",
-                        "mfu_ceiling": "% of ceiling", "mfu_peak": "% of peak"}
+                        "mfu_ceiling": "% of ceiling", "mfu_peak": "% of peak", "energy": "energy", "device_hours": "device-hours",
+                        "cost_text": "cost"}
 RANKING_COLUMNS = {"rank": "rank", "framework": "framework", "size": "network (layers x units)", "device": "device", "batch_size": "batch",
                    "runs": "runs", "reached": "reached", "time_to_target_s": "to target [s]", "target_spread": "to target over seeds",
                    "test_accuracy": "test accuracy [%]", "accuracy_spread": "accuracy over seeds", "test_f1": "test macro-F1 [%]",
                    "test_longitudinal_err": "test longitudinal max error [%]", "test_sampling_fraction_err": "test sampling-fraction max error [%]",
                    "time_per_epoch_s": "s/epoch", "samples_per_s": "samples/s",
-                   "achieved_tflops": "TFLOPS", "mfu_ceiling": "% of ceiling", "mfu_peak": "% of peak"}
+                   "achieved_tflops": "TFLOPS", "mfu_ceiling": "% of ceiling", "mfu_peak": "% of peak", "energy": "energy", "cost_text": "cost"}
 COMPARE_COLUMNS = {"batch_size": "batch", "device": "device", "runs": "runs", "time_per_epoch_s": "s/epoch",
-                   "samples_per_s": "samples/s", "speedup": "× slowest device"}
+                   "samples_per_s": "samples/s", "speedup": "× slowest device", "energy": "energy", "cost_text": "cost"}
 FRAMEWORK_COLUMNS = {"device": "device", "batch_size": "batch", "framework": "framework", "strategy": "strategy", "runs": "runs",
                      "time_per_epoch_s": "s/epoch", "samples_per_s": "samples/s", "vs_torch": "× torch", "final_l1": "final L1",
                      "final_l1_spread": "L1 over seeds", "val_horizon_vorticity": "ω horizon", "horizon_spread": "ω horizon over seeds",
                      "time_to_target_s": "to target [s]"}
 QUALITY_COLUMNS = {"framework": "framework", "device": "device", "batch_size": "batch", "recipe": "recipe", "target": "target", "runs": "runs",
                    "reached": "reached", "time_to_target_s": "to target [s]", "fastest_s": "fastest [s]", "slowest_s": "slowest [s]",
-                   "not_reached": "not reached"}
+                   "not_reached": "not reached", "energy": "energy", "cost_to_target": "cost to target"}
 INFER_SPEED_COLUMNS = {"run": "run", "model_run": "model", "framework": "framework", "device": "device", "mode": "mode", "workers": "workers", "tiles": "tiles",
                        "frames_per_s": "frames/s", "vs_full": "× full-frame", "cold_step_s": "cold step [s]", "compute_s": "compute [s]",
                        "split_merge_s": "split+merge [s]", "transfer_s": "transfer [s]"}
 INFER_QUALITY_COLUMNS = {"run": "run", "mode": "mode", "workers": "workers", "steps": "steps", "seam_rel_error": "seam error",
                          "horizon_u": "u horizon", "horizon_vorticity": "ω horizon", "strouhal_pred": "St",
                          "strouhal_ref": "St solver", "surrogate_vs_solver": "× solver"}
+
+
+ENERGY_NOTE = ("Energy is the run's devices' over training, from their counters (NVML's total energy of the GPUs; RAPL's CPU "
+               "packages, which count every process on the host), or unavailable where none could be read; device-hours are the "
+               "training time x the devices (on a CPU, the share of the host's cores the run used), and cost is device-hours at the "
+               "price table's price per device-hour (settings: KARMAN_PRICES, KARMAN_CURRENCY).\n")
 
 
 def covered_runs(settings: Settings, client, exp_id: str, source: str) -> tuple[str, list, list[str]]:
@@ -581,9 +665,11 @@ def build_report(settings: Settings, name: str, scope: str, runs, exp_id: str, o
                  table_markdown(table, ranking_columns(table))]
     text += ["### Every training run\n", "s/epoch is the median epoch time without the first epoch (which carries the warm-up).\n",
              table_markdown(trains, TRAIN_SETTINGS_COLUMNS, link), "Their results:\n", table_markdown(trains, TRAIN_RESULT_COLUMNS, link),
+             ENERGY_NOTE + energy_notes(trains),
              "## Time to quality\n", "Wall-clock seconds of training until the validation rollouts first meet the run's quality "
-             "target (the mean over repeated runs, without the fastest and slowest when three or more reached it):\n",
-             table_markdown(quality, QUALITY_COLUMNS),
+             "target (the mean over repeated runs, without the fastest and slowest when three or more reached it); energy and cost "
+             "to target are medians over the runs:\n",
+             table_markdown(quality, QUALITY_COLUMNS), cheapest_to_target(entries, link),
              "## Inference: rollout speed and accuracy against the solver\n",
              "× full-frame: frames/s over the full-frame rollout of the same model, device and steps; seam error applies to map-reduce only.\n",
              table_markdown(rollouts, INFER_SPEED_COLUMNS, link), "Accuracy against the solver:\n",

@@ -16,7 +16,8 @@ from tasks.common.records import RECORD_FILE, TrainConfig, TrainRecord
 from tasks.common.tracking import Run, client_for, code_version, system_metrics
 from tasks.common.training import loop
 from tasks.common.training.frameworks import open_runtime
-from tasks.common.training.utilisation import utilisation
+from tasks.common.training.energy import EnergyMeter, energy_record
+from tasks.common.training.utilisation import devices_used, utilisation
 from tasks.train.plan import TrainJob
 from tasks.workloads import framework_module, get_workload
 
@@ -56,6 +57,7 @@ def run_training(job: dict) -> dict | None:
             data_in_memory=data.in_memory, split=data.split, host=socket.gethostname(), code_version=code_version(),
             spec=spec, workload_params=trainer.params, speed=trainer.speed))
         run = Run(client_for(settings), run_id) if runtime.is_main else None
+        meter = EnergyMeter(spec.device, runtime.world_size) if run is not None else contextlib.nullcontext()
         if run is not None and not resume:
             run.log_params(record.mlflow_params())
             run.log_dict(record.model_dump(mode="json"), RECORD_FILE)
@@ -65,13 +67,17 @@ def run_training(job: dict) -> dict | None:
         run_dir = settings.run_dir(run_id)
         run_dir.mkdir(parents=True, exist_ok=True)
         monitor = system_metrics(settings, run_id, SYSTEM_METRICS_EVERY_S, resume) if run is not None else contextlib.nullcontext()
-        with monitor:
+        with monitor, meter:
             summary = loop.train(trainer, runtime, MlflowRecorder(run) if run is not None else loop.NoRecorder(), spec, batch_size,
                                  run_dir / runtime.checkpoint, log, resume=resume, run_id=run_id)
         if run is None:
             return None
         tested = trainer.finish(run_dir, run, settings) or {}  # the test split's scores, for workloads that score one
-        record = record.model_copy(update={"summary": summary, "test": tested, "utilisation": utilisation(trainer, runtime, summary, spec, settings)})
+        energy = energy_record(meter, summary, spec.device, devices_used(runtime, spec.device, runtime.world_size)[0], settings)
+        logged = run.client.get_run(run_id).data.params  # a resumed run's first part may have logged them: params are written once
+        run.log_params({k: v for k, v in energy.mlflow_params().items() if k not in logged})
+        record = record.model_copy(update={"summary": summary, "test": tested, "energy": energy,
+                                           "utilisation": utilisation(trainer, runtime, summary, spec, settings)})
         run.log_metrics(record.mlflow_metrics())
         run.log_dict(record.model_dump(mode="json"), RECORD_FILE)
         run.set_tags({Tag.TARGET: "reached" if summary.target_reached else "not reached"})

@@ -122,3 +122,18 @@ def sweep_run(settings: Settings, spec: TrainSpec, parent_run_id: str | None = N
                       parent_run_id=parent_run_id,
                       description=f"Batch-size sweep ({sizes}) on {spec.device}: one child run per batch size; study_table.md compares them "
                                   "(the same settings apart from the batch size).")
+
+
+@task(name="register-champion", task_run_name="register champion", retries=2, retry_delay_seconds=[2, 5])
+def register_surrogate(settings: Settings, run_ids: list[str]) -> dict:
+    """The best of a benchmark's karman training runs registered as a version of the settings' registered model, the alias
+    ``champion`` moved to it where it beats the current one on the same dataset digest and target (tasks.common.registry)."""
+    from tasks.common.registry import register_champion
+
+    result = register_champion(settings, run_ids)
+    if result["version"] is None:
+        get_run_logger().info("no model registered: %s", result["reason"])
+    else:
+        get_run_logger().info("registered %s version %d (run %s, %s): %s; %s", result["name"], result["version"], result["run_id"],
+                              result["score"], "now the champion" if result["champion"] else "not the champion", result["reason"])
+    return result

@@ -66,6 +66,34 @@ def test_a_short_run_trains_and_scores_the_test_split(generated, framework):
     assert run.info.status == "FINISHED" and out["steps"] == 8 and params["framework"] == framework
     assert 0.1 < metrics["test_accuracy"] <= 1.0 and metrics["test_loss"] > 0 and "val_accuracy" in metrics
     assert params["workload"] == "digits" and params["parameters"] == "225034" and run.data.tags["karman.dataset_digest"] == first["digest"]
+    _energy_and_cost_are_logged_and_reported(workdir, run)
+
+
+def _energy_and_cost_are_logged_and_reported(workdir, run):
+    """The run's energy (or why there is none), device-hours at one thread of the host's cores, its cost at the default
+    price, in MLflow and in the report's training tables."""
+    from tasks.common.ceiling import this_cpu
+    from tasks.common.settings import Settings
+    from tasks.common.training.energy import POWERCAP
+    from tasks.report.task import build_report
+
+    metrics, params = run.data.metrics, run.data.params
+    assert (params["price_per_device_hour"], params["currency"]) == ("0.1", "USD")
+    assert metrics["device_hours"] == pytest.approx(metrics["train_time_s"] / 3600 / this_cpu().cores, rel=1e-6)
+    assert metrics["cost"] == pytest.approx(0.1 * metrics["device_hours"], rel=1e-6)
+    if POWERCAP.is_dir():
+        assert params["energy_source"].startswith(("rapl: ", "unavailable: ")) and ("energy_j" in metrics) == params["energy_source"].startswith("rapl")
+    else:
+        assert params["energy_source"].startswith("unavailable: no /sys/class/powercap") and "energy_j" not in metrics
+    settings = Settings.from_env()
+    out = workdir / "energy-report"
+    out.mkdir()
+    text, _, tables = build_report(settings, "energy", "one run", [run], run.info.experiment_id, out)
+    (row,) = tables["train_rows"]
+    assert row["cost"] == pytest.approx(metrics["cost"]) and row["cost_text"].endswith(" USD") and row["cost_text"] in text
+    assert "| energy | device-hours | cost |" in text and "Cheapest device to the quality target" in text
+    if "energy_j" not in metrics:
+        assert f"Energy unavailable for {run.info.run_id[:8]}: {params['energy_source'].removeprefix('unavailable: ')}." in text
 
 
 def test_jax_on_a_device_it_has_no_backend_for_is_refused_in_one_line(generated):

@@ -54,13 +54,23 @@ def utilisation(trainer, runtime, summary: TrainSummary, spec, settings) -> Util
     return Utilisation(**result)
 
 
-def _share(runtime, device: str, world: int) -> tuple[float, str | None, int]:
-    """(what the run's devices are as a multiple of one ceiling unit, the device's name, CPU cores used):
-    on a CPU the unit is the whole host (its cores), elsewhere one device."""
-    from tasks.common import ceiling, matmul
+def devices_used(runtime, device: str, world: int) -> tuple[float, int]:
+    """(the run's devices as a multiple of one unit, CPU cores used): on a CPU the unit is the whole host
+    (the run's share of its cores: threads per process x processes), elsewhere one device."""
+    from tasks.common import ceiling
 
     if device == "cpu":
         cores = ceiling.this_cpu().cores
         used = min(cores, (runtime.threads or cores) * (world if runtime.framework == "torch" else 1))
-        return used / cores, None, used
-    return float(world), matmul.Timer(runtime.framework, device, "fp32").device_name, 0
+        return used / cores, used
+    return float(world), 0
+
+
+def _share(runtime, device: str, world: int) -> tuple[float, str | None, int]:
+    """(devices_used's multiple of one ceiling unit, the device's name, CPU cores used)."""
+    from tasks.common import matmul
+
+    share, used = devices_used(runtime, device, world)
+    if device == "cpu":
+        return share, None, used
+    return share, matmul.Timer(runtime.framework, device, "fp32").device_name, used

@@ -210,3 +210,48 @@ def test_a_rollout_plan_travels_to_the_job_as_json_unchanged(trained, monkeypatc
     again = RolloutPlan.from_json(json.loads(json.dumps(plan.to_json())))
     assert again.to_json() == plan.to_json()
     assert again.tiles.offsets() == plan.tiles.offsets() and again.sim_spec == plan.sim_spec
+
+
+def _offered(trained, digest: str | None, reached: bool, time_to_target: float | None, horizon: float | None) -> str:
+    """A finished training run beside the real one: the real run's model (its artifacts and logged generator) under
+    another record, so the registry compares scores the test chooses; its run id."""
+    from tasks.common.records import RECORD_FILE, TrainRecord
+
+    root, env, run_id = trained
+    c = client(trained)
+    real = c.get_run(run_id)
+    record = TrainRecord.model_validate_json(Path(c.download_artifacts(run_id, RECORD_FILE, tempfile.mkdtemp())).read_text())
+    summary = record.summary.model_copy(update={"target_reached": reached, "time_to_target_s": time_to_target,
+                                                "validation": {**record.summary.validation, "horizon_vorticity": horizon}})
+    config = record.config.model_copy(update={"dataset_digest": digest or record.config.dataset_digest})
+    run = c.create_run(real.info.experiment_id, tags={**real.data.tags, "mlflow.runName": "offered"})
+    c.log_dict(run.info.run_id, record.model_copy(update={"summary": summary, "config": config}).model_dump(mode="json"), RECORD_FILE)
+    c.log_artifacts(run.info.run_id, c.download_artifacts(run_id, "model", tempfile.mkdtemp()), "model")
+    c.set_terminated(run.info.run_id, "FINISHED")
+    return run.info.run_id
+
+
+def test_the_champion_alias_moves_only_to_a_better_model_on_the_same_data_and_target_and_infer_rolls_it_out(trained, monkeypatch):
+    from tasks.common.registry import register_champion
+    from tasks.common.settings import Settings
+
+    root, env, run_id = trained
+    for key, value in {**env, "KARMAN_REGISTERED_MODEL": "surrogate-test"}.items():
+        monkeypatch.setenv(key, value)
+    settings = Settings.from_env()
+    slow = _offered(trained, None, True, 50.0, 2)
+    first = register_champion(settings, [_offered(trained, None, False, None, 6), slow])  # reached beats any horizon
+    assert (first["version"], first["run_id"], first["champion"], first["reason"]) == (1, slow, True, "first champion")
+    faster, other_data = _offered(trained, None, True, 20.0, 1), _offered(trained, "f" * 64, True, 1.0, 1)
+    assert register_champion(settings, [faster])["reason"] == "beats version 1 (reached the target in 50 s)"
+    kept = register_champion(settings, [other_data])  # registered, but not comparable with the champion
+    assert (kept["version"], kept["champion"]) == (3, False) and "another dataset digest or target" in kept["reason"]
+    worse = register_champion(settings, [_offered(trained, None, True, 30.0, 9)])
+    assert (worse["champion"], worse["reason"]) == (False, "version 2 stays champion: reached the target in 20 s")
+    version = client(trained).get_model_version_by_alias("surrogate-test", "champion")
+    assert (int(version.version), version.run_id, version.tags["karman.score"]) == (2, faster, "reached the target in 20 s")
+    assert version.tags["karman.dataset_digest"] != "f" * 64 and version.tags["karman.quality_target"].startswith("vorticity <= ")
+    proc = run_cli("infer", "--model", "models:/surrogate-test@champion", "--steps", "2", "--json", cwd=root, env=env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert strict_json(proc.stdout.strip().splitlines()[-1])["model_run_id"] == faster
+    assert_refused(run_cli("infer", "--model", "models:/surrogate-test@nobody", cwd=root, env=env), "has no models:/surrogate-test@nobody")

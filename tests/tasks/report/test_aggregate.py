@@ -165,3 +165,34 @@ def test_a_rollout_logged_before_records_reads_back_into_its_row(workdir):
     (row,) = infer_rows(entries)
     assert (row["mode"], row["workers"], row["frames_per_s"], row["horizon_vorticity"], row["regime"]) == ("mapreduce", 2, 20.0, 31, "interpolation")
     assert row["verdict"] == "slower than the solver" and row["seam_rel_error"] == 0.02
+
+
+def _priced(device: str, world: int, reached: float | None, price: float, joules: float | None, run_id: str):
+    """A finished run's entry (read back as the report reads it) with its energy and price."""
+    from tasks.common.records import Energy, TrainRecord
+    from tasks.report.task import Entry
+
+    metrics = {"time_per_epoch_s": 5.0, "train_time_s": 600.0, "target_reached": float(reached is not None),
+               **({"time_to_target_s": reached} if reached is not None else {})}
+    record = TrainRecord.from_mlflow({"device": device, "world_size": str(world), "batch_size": "8", "framework": "torch"}, metrics, True)
+    energy = Energy(joules=joules, source="nvml: total energy of GPU(s) 0" if joules is not None else "unavailable: no /sys/class/powercap on this host",
+                    devices=float(world), device_hours=world * 600.0 / 3600, price_per_device_hour=price, currency="EUR")
+    return Entry(run_id, "train", "FINISHED", "", record.model_copy(update={"energy": energy}))
+
+
+def test_energy_cost_and_the_cheapest_device_to_the_target_are_shown_or_said_to_be_missing():
+    from tasks.report.task import TRAIN_RESULT_COLUMNS, cheapest_to_target, energy_notes, quality_table, table_markdown, train_rows
+
+    cpu = _priced("cpu", 1, 720.0, 0.10, None, "c" * 32)       # 0.10 x 1 x 0.2 h = 0.02
+    gpu = _priced("cuda", 2, 36.0, 3.00, 5000.0, "g" * 32)     # 3.00 x 2 x 0.01 h = 0.06
+    slow = _priced("cuda", 1, None, 3.00, 9000.0, "s" * 32)     # never reached: not a candidate
+    line = cheapest_to_target([cpu, gpu, slow])
+    assert "**cpu x1** (torch, batch 8, run cccccccc) for 0.02 EUR: 0.1 EUR per device-hour x 1 device(s) x 720 s to the target" in line
+    rows = train_rows([cpu, gpu])
+    table = table_markdown(rows, TRAIN_RESULT_COLUMNS)
+    assert "| 5000 J | 0.333 | 1 EUR |" in table and "| unavailable | 0.167 | 0.0167 EUR |" in table
+    assert energy_notes(rows) == "Energy unavailable for cccccccc: no /sys/class/powercap on this host.\n"
+    by_device = {r["device"]: r for r in quality_table([cpu, gpu])}
+    assert (by_device["cuda x2"]["energy"], by_device["cuda x2"]["cost_to_target"]) == ("5000 J", "0.06 EUR")
+    assert (by_device["cpu x1"]["energy"], by_device["cpu x1"]["cost_to_target"]) == ("unavailable", "0.02 EUR")
+    assert "no run reached the target, so no device is named" in cheapest_to_target([slow])
