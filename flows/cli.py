@@ -215,7 +215,7 @@ def main(argv: list[str] | None = None) -> int:
     from tasks.common.errors import Interrupted, RunFailed, RunStopped
     from tasks.common.launch import ChildFailed
 
-    guardian = lifetime.start_guardian()  # stops what this command started if it is killed outright
+    guardian = lifetime.start_guardian(settings)  # if this command is killed outright: stops what it started, closes its runs
     try:
         result = flow(spec)
         lifetime.raise_pending()  # a signal that came as the last run finished

@@ -254,15 +254,17 @@ def driver_alive(driver: str) -> bool | None:
     return now is not None and (start in ("?", now))
 
 
-def reap_orphans(settings: Settings, log=None) -> list[str]:
+def reap_orphans(settings: Settings, log=None, reason: str | None = None) -> list[str]:
     """Mark KILLED the RUNNING runs of the experiment whose driver on this host is gone (a killed command
-    or worker); runs driven from other hosts are left alone. Returns the ids marked."""
+    or worker), ``reason`` added to the note of why; runs driven from other hosts are left alone. Returns
+    the ids marked."""
     client = client_for(settings)
     marked = []
     for run in client.search_runs([experiment_id(client, settings)], "attributes.status = 'RUNNING'", max_results=500):
         driver = run.data.tags.get(Tag.DRIVER)
         if driver and driver_alive(driver) is False:
-            client.set_tag(run.info.run_id, Tag.ERROR, f"its driver ({driver.rsplit(':', 1)[0]}) ended without closing it")
+            why = f"its driver ({driver.rsplit(':', 1)[0]}) ended without closing it" + (f": {reason}" if reason else "")
+            client.set_tag(run.info.run_id, Tag.ERROR, why)
             client.set_terminated(run.info.run_id, "KILLED")
             marked.append(run.info.run_id)
             if log is not None:
