@@ -194,9 +194,11 @@ def main(argv: list[str] | None = None) -> int:
         else:
             base = BenchmarkSpec.quick() if getattr(args, "quick", False) else None
             spec = spec_from_args(cmd.spec, args, base)
+        from tasks.common.credentials import Credentials
         from tasks.common.settings import Settings
         from tasks.common.tracking import reap_orphans, tracking_ready
 
+        os.environ.update(Credentials.from_env().env())  # MLflow's and Prefect's clients here and in every child read them
         settings = Settings.from_env().require_writable()
         tracking_ready(settings, create=False)  # a tracking server that is down ends the command here, in seconds
         cmd.check(settings, spec)

@@ -54,12 +54,37 @@ def tracking_ready(settings: Settings, timeout_s: float = 5.0, create: bool = Tr
             reason = getattr(exc, "reason", exc)
             raise UserError(f"the MLflow tracking server {uri} does not answer ({reason}); start it (infra/start-mlflow-server.sh) "
                             "or set MLFLOW_TRACKING_URI to one that runs") from None
+        _check_credentials(uri, timeout_s)
     elif uri.startswith("sqlite:///") and create:
         db = Path(uri[len("sqlite:///"):])
         db.parent.mkdir(parents=True, exist_ok=True)
         with open(db.with_name(db.name + ".lock"), "a") as lock:
             fcntl.flock(lock, fcntl.LOCK_EX)  # one creator of the tables at a time
             client_for(settings).search_experiments(max_results=1)
+
+
+def _check_credentials(uri: str, timeout_s: float) -> None:
+    """UserError (one line) if the tracking server refuses this process's credentials, or asks for some
+    and it has none; a server without authentication takes any request."""
+    import base64
+
+    from tasks.common.credentials import MLFLOW_FILE_ENV, MLFLOW_PASSWORD_ENV, MLFLOW_USER_ENV
+    from tasks.common.errors import UserError
+
+    request = urllib.request.Request(uri.rstrip("/") + "/api/2.0/mlflow/experiments/search?max_results=1")
+    user, password = os.environ.get(MLFLOW_USER_ENV), os.environ.get(MLFLOW_PASSWORD_ENV)
+    if user and password:
+        request.add_header("Authorization", "Basic " + base64.b64encode(f"{user}:{password}".encode()).decode())
+    try:
+        with urllib.request.urlopen(request, timeout=timeout_s) as response:
+            response.read()
+    except urllib.error.HTTPError as exc:
+        if exc.code in (401, 403):
+            given = f"refuses the user {user!r}" if user and password else "asks for a user and password"
+            raise UserError(f"the MLflow tracking server {uri} {given} (HTTP {exc.code}); set {MLFLOW_USER_ENV} and "
+                            f"{MLFLOW_PASSWORD_ENV}, or {MLFLOW_FILE_ENV}, to an account of that server") from None
+    except (urllib.error.URLError, OSError):
+        pass  # it answered its health check a moment ago: the request that follows reports what is wrong
 
 
 def experiment_id(client: MlflowClient, settings: Settings) -> str:
