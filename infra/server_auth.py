@@ -21,7 +21,7 @@ import secrets
 import sys
 from pathlib import Path
 
-from tasks.common.credentials import MLFLOW_FILE_ENV, PREFECT_FILE_ENV, Credentials
+from tasks.common.credentials import MLFLOW_FILE_ENV, PREFECT_FILE_ENV, Credentials, plain
 from tasks.common.errors import UserError
 
 AUTH_ENV = "AUTH"  # 1: authenticate on loopback too; 0 or unset: only beyond it
@@ -61,6 +61,7 @@ def mlflow_auth(host: str, env: dict[str, str]) -> dict[str, str] | None:
     password = env.get("MLFLOW_AUTH_ADMIN_PASSWORD") or (creds.mlflow_password.get_secret_value() if creds.mlflow_password else None)
     if not (user and password):
         raise _missing(host, "no credentials are set", "MLFLOW_TRACKING_USERNAME and MLFLOW_TRACKING_PASSWORD", MLFLOW_FILE_ENV)
+    plain(f"{user}:{password}", "the MLflow admin's user and password")
     return {"MLFLOW_AUTH_ADMIN_USERNAME": user, "MLFLOW_AUTH_ADMIN_PASSWORD": password,
             "MLFLOW_AUTH_CONFIG_PATH": env.get("MLFLOW_AUTH_CONFIG_PATH") or str(MLFLOW_AUTH_INI),
             "MLFLOW_FLASK_SERVER_SECRET_KEY": env.get("MLFLOW_FLASK_SERVER_SECRET_KEY") or secrets.token_hex(32)}
@@ -72,7 +73,9 @@ def prefect_auth(host: str, env: dict[str, str]) -> dict[str, str] | None:
     if not authenticate(host, env):
         return None
     auth = env.get("PREFECT_SERVER_API_AUTH_STRING")
-    if not auth:
+    if auth:
+        plain(auth, "PREFECT_SERVER_API_AUTH_STRING")
+    else:
         creds = Credentials.from_env(env)
         auth = creds.prefect_auth.get_secret_value() if creds.prefect_auth else None
     if not auth:

@@ -43,6 +43,14 @@ def read_secret_file(path: str | Path, variable: str) -> tuple[str, str]:
     return user, password
 
 
+def plain(value: str, what: str) -> str:
+    """``value`` if it is printable ASCII (what HTTP basic authentication carries everywhere: Prefect's
+    server fails on anything else); else UserError naming ``what``, never the value."""
+    if not (value.isascii() and value.isprintable()):
+        raise UserError(f"{what} must be printable ASCII (letters, digits, punctuation)")
+    return value
+
+
 class Credentials(BaseModel, frozen=True):
     """What a client sends to authenticated servers; None where a server is used without."""
 
@@ -60,6 +68,10 @@ class Credentials(BaseModel, frozen=True):
         prefect = env.get(PREFECT_AUTH_ENV)
         if not prefect and env.get(PREFECT_FILE_ENV):
             prefect = ":".join(read_secret_file(env[PREFECT_FILE_ENV], PREFECT_FILE_ENV))
+        if user and password:
+            plain(f"{user}:{password}", f"the MLflow user and password ({MLFLOW_USER_ENV}, {MLFLOW_PASSWORD_ENV} or {MLFLOW_FILE_ENV})")
+        if prefect:
+            plain(prefect, f"the Prefect auth string ({PREFECT_AUTH_ENV} or {PREFECT_FILE_ENV})")
         return cls(mlflow_user=user or None, mlflow_password=password or None, prefect_auth=prefect or None)
 
     def env(self) -> dict[str, str]:
@@ -70,6 +82,27 @@ class Credentials(BaseModel, frozen=True):
         if self.prefect_auth:
             out[PREFECT_AUTH_ENV] = self.prefect_auth.get_secret_value()
         return out
+
+
+def auth_refused(url: str, auth: str | None, timeout_s: float = 5.0) -> int | None:
+    """The HTTP status (401 or 403) with which the server refuses a GET of ``url`` sent with the basic-auth
+    ``user:password`` ``auth`` (or with none); None where it serves it, or does not answer (the request
+    that follows says why)."""
+    import base64
+    import urllib.error
+    import urllib.request
+
+    request = urllib.request.Request(url)
+    if auth:
+        request.add_header("Authorization", "Basic " + base64.b64encode(auth.encode()).decode())
+    try:
+        with urllib.request.urlopen(request, timeout=timeout_s) as response:
+            response.read()
+    except urllib.error.HTTPError as exc:
+        return exc.code if exc.code in (401, 403) else None
+    except OSError:
+        return None
+    return None
 
 
 def main(argv: list[str]) -> int:

@@ -66,25 +66,16 @@ def tracking_ready(settings: Settings, timeout_s: float = 5.0, create: bool = Tr
 def _check_credentials(uri: str, timeout_s: float) -> None:
     """UserError (one line) if the tracking server refuses this process's credentials, or asks for some
     and it has none; a server without authentication takes any request."""
-    import base64
-
-    from tasks.common.credentials import MLFLOW_FILE_ENV, MLFLOW_PASSWORD_ENV, MLFLOW_USER_ENV
+    from tasks.common.credentials import MLFLOW_FILE_ENV, MLFLOW_PASSWORD_ENV, MLFLOW_USER_ENV, auth_refused
     from tasks.common.errors import UserError
 
-    request = urllib.request.Request(uri.rstrip("/") + "/api/2.0/mlflow/experiments/search?max_results=1")
     user, password = os.environ.get(MLFLOW_USER_ENV), os.environ.get(MLFLOW_PASSWORD_ENV)
-    if user and password:
-        request.add_header("Authorization", "Basic " + base64.b64encode(f"{user}:{password}".encode()).decode())
-    try:
-        with urllib.request.urlopen(request, timeout=timeout_s) as response:
-            response.read()
-    except urllib.error.HTTPError as exc:
-        if exc.code in (401, 403):
-            given = f"refuses the user {user!r}" if user and password else "asks for a user and password"
-            raise UserError(f"the MLflow tracking server {uri} {given} (HTTP {exc.code}); set {MLFLOW_USER_ENV} and "
-                            f"{MLFLOW_PASSWORD_ENV}, or {MLFLOW_FILE_ENV}, to an account of that server") from None
-    except (urllib.error.URLError, OSError):
-        pass  # it answered its health check a moment ago: the request that follows reports what is wrong
+    auth = f"{user}:{password}" if user and password else None
+    code = auth_refused(uri.rstrip("/") + "/api/2.0/mlflow/experiments/search?max_results=1", auth, timeout_s)
+    if code:
+        given = f"refuses the user {user!r}" if auth else "asks for a user and password"
+        raise UserError(f"the MLflow tracking server {uri} {given} (HTTP {code}); set {MLFLOW_USER_ENV} and "
+                        f"{MLFLOW_PASSWORD_ENV}, or {MLFLOW_FILE_ENV}, to an account of that server")
 
 
 def experiment_id(client: MlflowClient, settings: Settings) -> str:

@@ -17,7 +17,7 @@ from tasks.common.errors import UserError
 from tests.conftest import ROOT
 from tests.servers import Services, free_port, wait_http
 
-USER, PASSWORD = "admin", "Kármán-4-vortices"
+USER, PASSWORD = "admin", "karman-4-vortices!"
 
 
 def secret_file(folder, name: str, text: str, mode: int = 0o600):
@@ -53,6 +53,10 @@ def test_credentials_come_from_the_environment_or_an_owner_only_file(tmp_path):
                                   f"make it owner-only: chmod 600 {shared}")
     with pytest.raises(UserError, match="must hold one line 'user:password'"):
         Credentials.from_env({"KARMAN_MLFLOW_AUTH_FILE": str(secret_file(tmp_path, "bare", PASSWORD))})
+    with pytest.raises(UserError) as refused:  # Prefect's server would fail on it with an error 500 on every request
+        Credentials.from_env({"PREFECT_API_AUTH_STRING": "admin:Kármán"})
+    assert str(refused.value) == ("the Prefect auth string (PREFECT_API_AUTH_STRING or KARMAN_PREFECT_AUTH_FILE) must be printable ASCII "
+                                  "(letters, digits, punctuation)")
     with pytest.raises(UserError, match=r"cannot be read \(No such file or directory\)"):
         Credentials.from_env({"KARMAN_MLFLOW_AUTH_FILE": str(tmp_path / "none")})
 
@@ -133,10 +137,19 @@ def test_each_server_refuses_a_request_without_its_credentials_and_serves_one_wi
 def test_the_cli_checks_its_credentials_before_any_work_and_logs_with_them(servers, workdir, monkeypatch):
     from mlflow.tracking import MlflowClient
 
+    from flows.cli import _prefect_ready
     from tasks.common.settings import Settings
     from tasks.common.tracking import tracking_ready
 
-    uri, _, creds = servers
+    uri, api, creds = servers
+    monkeypatch.setenv("PREFECT_API_URL", api)
+    monkeypatch.delenv("PREFECT_API_AUTH_STRING", raising=False)
+    with pytest.raises(UserError) as refused:
+        _prefect_ready()
+    assert str(refused.value) == (f"the Prefect server {api} asks for an auth string (HTTP 401); set PREFECT_API_AUTH_STRING, "
+                                  "or KARMAN_PREFECT_AUTH_FILE, to the server's")
+    monkeypatch.setenv("PREFECT_API_AUTH_STRING", f"{USER}:{PASSWORD}")
+    _prefect_ready()
     monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
     settings = Settings.from_env()
     with pytest.raises(UserError) as refused:
