@@ -15,9 +15,9 @@ from infra.server_auth import beyond_loopback
 from tasks.common.credentials import Credentials
 from tasks.common.errors import UserError
 from tests.conftest import ROOT
-from tests.servers import Services, free_port, wait_http
-
-USER, PASSWORD = "admin", "karman-4-vortices!"
+from tests.servers import AUTH_PASSWORD as PASSWORD
+from tests.servers import AUTH_USER as USER
+from tests.servers import Services, authenticated, free_port, wait_http
 
 
 def secret_file(folder, name: str, text: str, mode: int = 0o600):
@@ -86,23 +86,21 @@ def test_the_scripts_refuse_a_network_without_credentials_in_one_line(tmp_path):
 @pytest.fixture(scope="module")
 def servers(tmp_path_factory):
     """Both servers on 127.0.0.1, started by the infra scripts in their authenticated mode (AUTH=1) with
-    credentials from owner-only files: (MLflow's URI, Prefect's API URL, the credentials files)."""
+    credentials from an owner-only file: (MLflow's URI, Prefect's API URL, the credentials file)."""
     folder = tmp_path_factory.mktemp("auth-servers")
-    creds = secret_file(folder, "credentials", f"{USER}:{PASSWORD}\n")
-    ini = (ROOT / "infra" / "mlflow-auth.ini").read_text().replace("sqlite:///mlflow-auth.db", f"sqlite:///{folder / 'users.db'}")
     env = {k: v for k, v in os.environ.items() if not k.startswith(("MLFLOW_TRACKING_", "PREFECT_API_"))}
-    services = Services(folder, {**env, "AUTH": "1", "KARMAN_MLFLOW_AUTH_FILE": str(creds), "KARMAN_PREFECT_AUTH_FILE": str(creds),
-                                 "PREFECT_HOME": str(folder / "prefect-home"), "PREFECT_SERVER_ANALYTICS_ENABLED": "false"})
+    auth = authenticated(folder)
+    services = Services(folder, {**env, **auth, "PREFECT_HOME": str(folder / "prefect-home"), "PREFECT_SERVER_ANALYTICS_ENABLED": "false"})
     mlflow_port, prefect_port = free_port(), free_port()
     try:
         tracking, tracking_log = services.start("mlflow-server", ["infra/start-mlflow-server.sh"], {
             "PORT": str(mlflow_port), "MLFLOW_BACKEND_STORE_URI": f"sqlite:///{folder / 'mlflow.db'}",
-            "KARMAN_ARTIFACT_ROOT": str(folder / "mlartifacts"), "MLFLOW_AUTH_CONFIG_PATH": str(secret_file(folder, "auth.ini", ini))})
+            "KARMAN_ARTIFACT_ROOT": str(folder / "mlartifacts")})
         prefect, prefect_log = services.start("prefect-server", ["infra/start-prefect-server.sh"], {"PORT": str(prefect_port)})
         uri, api = f"http://127.0.0.1:{mlflow_port}", f"http://127.0.0.1:{prefect_port}/api"
-        wait_http(f"{uri}/health", 240, tracking, tracking_log)  # the health checks answer without credentials
-        wait_http(f"{api}/health", 240, prefect, prefect_log)
-        yield uri, api, creds
+        wait_http(f"{uri}/health", 400, tracking, tracking_log)  # the health checks answer without credentials
+        wait_http(f"{api}/health", 400, prefect, prefect_log)
+        yield uri, api, auth["KARMAN_MLFLOW_AUTH_FILE"]
     finally:
         services.stop()
 
