@@ -1,5 +1,7 @@
-"""Authenticated servers: the infra scripts refuse to serve a network without credentials, and real servers started
-in their authenticated mode refuse every API request that does not carry them."""
+"""Authenticated servers: no network without credentials, and no API request served without them.
+
+The infra scripts refuse to bind beyond loopback without credentials, and real servers started in their
+authenticated mode refuse every API request that does not carry them."""
 
 import base64
 import json
