@@ -140,6 +140,17 @@ COMMANDS: dict[str, Command] = {
 }
 
 
+def _prefect_ready() -> None:
+    """UserError (one line) if the Prefect server in PREFECT_API_URL refuses this process's auth string,
+    or asks for one and it has none; nothing to check on Prefect's temporary local API."""
+    from tasks.common.credentials import PREFECT_AUTH_ENV, PREFECT_FILE_ENV, auth_refused
+
+    api, auth = os.environ.get("PREFECT_API_URL"), os.environ.get(PREFECT_AUTH_ENV)
+    if api and (code := auth_refused(api.rstrip("/") + "/admin/version", auth)):
+        given = "refuses the auth string given" if auth else "asks for an auth string"
+        raise UserError(f"the Prefect server {api} {given} (HTTP {code}); set {PREFECT_AUTH_ENV}, or {PREFECT_FILE_ENV}, to the server's")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = OneLineParser(prog="python -m flows", description="Kármán Bench: neural surrogates of a vortex street, benchmarked across devices.")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=OneLineParser)
@@ -194,9 +205,12 @@ def main(argv: list[str] | None = None) -> int:
         else:
             base = BenchmarkSpec.quick() if getattr(args, "quick", False) else None
             spec = spec_from_args(cmd.spec, args, base)
+        from tasks.common.credentials import Credentials
         from tasks.common.settings import Settings
         from tasks.common.tracking import reap_orphans, tracking_ready
 
+        os.environ.update(Credentials.from_env().env())  # MLflow's and Prefect's clients here and in every child read them
+        _prefect_ready()
         settings = Settings.from_env().require_writable()
         tracking_ready(settings, create=False)  # a tracking server that is down ends the command here, in seconds
         cmd.check(settings, spec)
@@ -215,7 +229,7 @@ def main(argv: list[str] | None = None) -> int:
     from tasks.common.errors import Interrupted, RunFailed, RunStopped
     from tasks.common.launch import ChildFailed
 
-    guardian = lifetime.start_guardian()  # stops what this command started if it is killed outright
+    guardian = lifetime.start_guardian(settings)  # if this command is killed outright: stops what it started, closes its runs
     try:
         result = flow(spec)
         lifetime.raise_pending()  # a signal that came as the last run finished

@@ -12,11 +12,14 @@ loads, in a browser that has not chosen yet. A choice made in the sidebar is kep
 ``?workflowType=genai`` still opens the GenAI view. The same goes for the assistant panel, which
 otherwise opens by itself on a browser's first visit.
 
-    python infra/mlflow_server.py --host 127.0.0.1 --port 5000 --backend-store-uri sqlite:///mlflow.db ...
+    python -m infra.mlflow_server --host 127.0.0.1 --port 5000 --backend-store-uri sqlite:///mlflow.db ...
+
+Bound beyond loopback (or with AUTH=1) it runs behind MLflow's basic-auth app (infra/server_auth.py).
 """
 from __future__ import annotations
 
 import json
+import os
 import shlex
 import sys
 from pathlib import Path
@@ -34,6 +37,7 @@ DEFAULTS_SCRIPT = "<script>try{var s=window.localStorage;%s}catch(e){}</script>"
     for key, value in BROWSER_DEFAULTS.items())
 
 _MLFLOW_APP = "mlflow.server.fastapi_app:app"
+_AUTH_APP = "mlflow.server.auth:create_app"  # what ``--app-name basic-auth`` names
 
 
 def landing_page(html: str) -> str:
@@ -43,12 +47,11 @@ def landing_page(html: str) -> str:
     return html.replace("<head>", "<head>" + DEFAULTS_SCRIPT, 1)
 
 
-def create_app():
-    """MLflow's ASGI app whose landing page opens the model-training view (uvicorn's ``--factory``)."""
+def _serve_landing_page():
+    """MLflow's Flask app, its landing page replaced by one that sets the browser defaults."""
     from flask import Response
 
     from mlflow.server import app as flask_app
-    from mlflow.server.fastapi_app import app
 
     index = Path(flask_app.static_folder) / "index.html"
     page = landing_page(index.read_text(encoding="utf-8"))
@@ -57,26 +60,62 @@ def create_app():
         return Response(page, mimetype="text/html", headers={"Cache-Control": "no-cache"})
 
     flask_app.view_functions["serve"] = serve  # the route of "/" (under the static prefix, if any)
+    return flask_app
+
+
+def create_app():
+    """MLflow's ASGI app whose landing page opens the model-training view (uvicorn's ``--factory``)."""
+    from mlflow.server.fastapi_app import app
+
+    _serve_landing_page()
     return app
 
 
-def main(argv: list[str]) -> None:
-    """``mlflow server ARGV``, its uvicorn workers serving :func:`create_app` instead of MLflow's app."""
+def create_auth_app():
+    """The same, behind MLflow's basic-auth app: every request but the health check and static files
+    needs a user and password (``--app-name basic-auth``)."""
+    from mlflow.server.auth import create_app as with_auth
+
+    return with_auth(_serve_landing_page())
+
+
+_OURS = {_MLFLOW_APP: "mlflow_server:create_app", _AUTH_APP: "mlflow_server:create_auth_app"}
+
+
+def main(argv: list[str]) -> int:
+    """``mlflow server ARGV``, its uvicorn workers serving :func:`create_app` instead of MLflow's app, or
+    :func:`create_auth_app` where the server authenticates (infra/server_auth.py: beyond loopback, or
+    AUTH=1); refused in one line where it must authenticate and has no credentials."""
+    from infra.server_auth import mlflow_auth
+    from tasks.common.errors import UserError
+
+    host = argv[argv.index("--host") + 1] if "--host" in argv else "127.0.0.1"
+    try:
+        auth = mlflow_auth(host, dict(os.environ))
+    except UserError as exc:
+        print(f"infra/start-mlflow-server.sh: error: {exc}", file=sys.stderr)
+        return 2
+    if auth is not None:
+        os.environ.update(auth)  # MLflow's server process and its workers read them
+        argv = [*argv, "--app-name", "basic-auth"]
+    port = argv[argv.index("--port") + 1] if "--port" in argv else "5000"
+    print(f"MLflow UI: http://{host}:{port}/" + (" (basic-auth)" if auth else ""), file=sys.stderr)
     import mlflow.server
     from mlflow.cli import cli
 
     build = mlflow.server._build_uvicorn_command
 
     def build_ours(uvicorn_opts, host, port, workers, app_name, env_file=None, is_factory=False):
-        if app_name == _MLFLOW_APP:
+        if app_name in _OURS:
             here = shlex.quote(str(Path(__file__).resolve().parent))
             uvicorn_opts = f"--app-dir {here} {uvicorn_opts or ''}"
-            app_name, is_factory = "mlflow_server:create_app", True
+            app_name, is_factory = _OURS[app_name], True
         return build(uvicorn_opts, host, port, workers, app_name, env_file, is_factory)
 
     mlflow.server._build_uvicorn_command = build_ours
     cli(["server", *argv])
+    return 0
 
 
 if __name__ == "__main__":
-    main(sys.argv[1:])
+    sys.exit(main(sys.argv[1:]))

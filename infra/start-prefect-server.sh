@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Prefect server and UI. Binds to 127.0.0.1 unless HOST says otherwise.
+# Prefect server and UI. Binds to 127.0.0.1 unless HOST says otherwise; beyond loopback (or with AUTH=1)
+# only with an API auth string, which every request must carry (infra/server_auth.py).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 HOST=${HOST:-127.0.0.1}
@@ -10,4 +11,4 @@ export PREFECT_SERVER_ANALYTICS_ENABLED=${PREFECT_SERVER_ANALYTICS_ENABLED:-fals
 if [ "$HOST" != "0.0.0.0" ]; then
   export PREFECT_UI_API_URL=${PREFECT_UI_API_URL:-http://$HOST:$PORT/api}
 fi
-exec .venv/bin/prefect server start --host "$HOST" --port "$PORT"
+exec .venv/bin/python -m infra.server_auth --host "$HOST" --port "$PORT"

@@ -2,6 +2,9 @@
 # A Prefect process worker for one work pool (cpu, gpu or tpu), started in the repository root so that
 # the deployments' flow runs find the code and its .venv. The pool is created if it does not exist.
 # PREFECT_API_URL must point at the Prefect server (default: the one start-prefect-server.sh starts).
+# Credentials for authenticated servers come from the environment or the owner-only files that
+# KARMAN_MLFLOW_AUTH_FILE and KARMAN_PREFECT_AUTH_FILE name (tasks/common/credentials.py); the worker's
+# flow runs and their cells inherit them.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 POOL=${1:?usage: infra/start-worker.sh cpu|gpu|tpu}
@@ -11,4 +14,4 @@ case "$POOL" in
 esac
 export PREFECT_API_URL=${PREFECT_API_URL:-http://127.0.0.1:4200/api}
 export PREFECT_SERVER_ANALYTICS_ENABLED=${PREFECT_SERVER_ANALYTICS_ENABLED:-false}
-exec .venv/bin/prefect worker start --pool "$POOL" --type process --name "$POOL-$(hostname)"
+exec .venv/bin/python -m tasks.common.credentials --as infra/start-worker.sh .venv/bin/prefect worker start --pool "$POOL" --type process --name "$POOL-$(hostname)"

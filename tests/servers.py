@@ -58,3 +58,17 @@ class Services:
             except subprocess.TimeoutExpired:
                 os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait()
+
+
+AUTH_USER, AUTH_PASSWORD = "admin", "karman-4-vortices!"
+
+
+def authenticated(folder: Path) -> dict[str, str]:
+    """The environment that starts the infra scripts' servers in their authenticated mode on loopback (AUTH=1),
+    the credentials in an owner-only file (which clients started with it read too), MLflow's users in ``folder``."""
+    creds = folder / "credentials"
+    creds.write_text(f"{AUTH_USER}:{AUTH_PASSWORD}\n")
+    creds.chmod(0o600)
+    ini = folder / "mlflow-auth.ini"
+    ini.write_text((ROOT / "infra" / "mlflow-auth.ini").read_text().replace("sqlite:///mlflow-auth.db", f"sqlite:///{folder / 'users.db'}"))
+    return {"AUTH": "1", "KARMAN_MLFLOW_AUTH_FILE": str(creds), "KARMAN_PREFECT_AUTH_FILE": str(creds), "MLFLOW_AUTH_CONFIG_PATH": str(ini)}

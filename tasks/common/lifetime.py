@@ -11,6 +11,7 @@ import time
 import psutil
 
 from tasks.common.errors import Interrupted
+from tasks.common.settings import Settings
 
 PR_SET_PDEATHSIG = 1
 GRACE_S = float(os.environ.get("KARMAN_STOP_GRACE_S", "30"))  # how long a signalled child may take to stop
@@ -124,18 +125,25 @@ def _below(command: psutil.Process) -> dict[int, psutil.Process]:
         return {}
 
 
-def guard(pid: int, every_s: float = 0.5, grace_s: float = 10.0) -> None:
-    """Watch ``pid``; when it is gone, stop the processes it had below it at the last look. A process is
-    known by its pid and start time (psutil's identity), so a pid reused since is never signalled."""
+def guard(pid: int, every_s: float = 0.5, grace_s: float = 10.0, settings: Settings | None = None) -> None:
+    """Watch ``pid``; when it is gone, stop the processes it had below it at the last look, remove its
+    children's job folders and, with ``settings``, mark KILLED the runs it left RUNNING (``close_runs``). A
+    process is known by its pid and start time (psutil's identity), so a pid reused since is never signalled."""
     try:
         command = psutil.Process(pid)
+        argv = command.cmdline()
+        what = " ".join([os.path.basename(argv[0]), *argv[1:4]]) if argv else command.name()  # python -m flows train
+        what = " ".join(what.split())[:80]  # one short line
     except psutil.NoSuchProcess:
-        command = None
+        command, what = None, "the command"
     left: dict[int, psutil.Process] = {}
     while command is not None and command.is_running():
         left = _below(command) | {p: proc for p, proc in left.items() if proc.is_running()}
         left.pop(os.getpid(), None)
         time.sleep(every_s)
+    tracking = threading.Thread(target=_import_tracking, daemon=True)
+    if settings is not None:
+        tracking.start()  # MLflow's import takes seconds: made while the children stop
 
     def alive() -> list[psutil.Process]:
         return [proc for proc in left.values() if proc.is_running()]
@@ -155,13 +163,38 @@ def guard(pid: int, every_s: float = 0.5, grace_s: float = 10.0) -> None:
 
     for folder in glob.glob(os.path.join(tempfile.gettempdir(), f"{JOB_DIR_PREFIX}{pid}-*")):  # its children's job folders
         shutil.rmtree(folder, ignore_errors=True)
+    if settings is not None:
+        tracking.join()
+        close_runs(settings, f"{what} (pid {pid}) was killed; its guardian closed the run")
 
 
-def start_guardian() -> subprocess.Popen:
-    """A guardian for this process."""
-    return subprocess.Popen([sys.executable, "-m", "tasks.common.lifetime", str(os.getpid())], start_new_session=True,
-                            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, close_fds=True)
+def _import_tracking() -> None:
+    import tasks.common.tracking  # noqa: F401
+
+
+def close_runs(settings: Settings, reason: str) -> list[str]:
+    """After a command is gone and nothing it started runs any more: its RUNNING runs (and those of any
+    other process on this host that ended without closing its runs, as the next command would find them)
+    marked KILLED with ``reason``. A store that cannot be reached leaves them to the next command."""
+    try:
+        from tasks.common.tracking import reap_orphans
+
+        return reap_orphans(settings, reason=reason)
+    except Exception:  # noqa: BLE001  (no one reads a guardian's errors; the next command reaps them)
+        return []
+
+
+def start_guardian(settings: Settings | None = None) -> subprocess.Popen:
+    """A guardian for this process; with ``settings``, it also closes the runs this process leaves open
+    in their tracking store when it is killed."""
+    env = {**os.environ, **settings.child_env()} if settings is not None else None
+    return subprocess.Popen([sys.executable, "-m", "tasks.common.lifetime", str(os.getpid()), *(["--close-runs"] if settings else [])],
+                            start_new_session=True, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL, close_fds=True)
 
 
 if __name__ == "__main__":
-    guard(int(sys.argv[1]))
+    if "--close-runs" in sys.argv[2:]:
+        guard(int(sys.argv[1]), settings=Settings.from_env())
+    else:
+        guard(int(sys.argv[1]))

@@ -54,12 +54,28 @@ def tracking_ready(settings: Settings, timeout_s: float = 5.0, create: bool = Tr
             reason = getattr(exc, "reason", exc)
             raise UserError(f"the MLflow tracking server {uri} does not answer ({reason}); start it (infra/start-mlflow-server.sh) "
                             "or set MLFLOW_TRACKING_URI to one that runs") from None
+        _check_credentials(uri, timeout_s)
     elif uri.startswith("sqlite:///") and create:
         db = Path(uri[len("sqlite:///"):])
         db.parent.mkdir(parents=True, exist_ok=True)
         with open(db.with_name(db.name + ".lock"), "a") as lock:
             fcntl.flock(lock, fcntl.LOCK_EX)  # one creator of the tables at a time
             client_for(settings).search_experiments(max_results=1)
+
+
+def _check_credentials(uri: str, timeout_s: float) -> None:
+    """UserError (one line) if the tracking server refuses this process's credentials, or asks for some
+    and it has none; a server without authentication takes any request."""
+    from tasks.common.credentials import MLFLOW_FILE_ENV, MLFLOW_PASSWORD_ENV, MLFLOW_USER_ENV, auth_refused
+    from tasks.common.errors import UserError
+
+    user, password = os.environ.get(MLFLOW_USER_ENV), os.environ.get(MLFLOW_PASSWORD_ENV)
+    auth = f"{user}:{password}" if user and password else None
+    code = auth_refused(uri.rstrip("/") + "/api/2.0/mlflow/experiments/search?max_results=1", auth, timeout_s)
+    if code:
+        given = f"refuses the user {user!r}" if auth else "asks for a user and password"
+        raise UserError(f"the MLflow tracking server {uri} {given} (HTTP {code}); set {MLFLOW_USER_ENV} and "
+                        f"{MLFLOW_PASSWORD_ENV}, or {MLFLOW_FILE_ENV}, to an account of that server")
 
 
 def experiment_id(client: MlflowClient, settings: Settings) -> str:
@@ -254,15 +270,17 @@ def driver_alive(driver: str) -> bool | None:
     return now is not None and (start in ("?", now))
 
 
-def reap_orphans(settings: Settings, log=None) -> list[str]:
+def reap_orphans(settings: Settings, log=None, reason: str | None = None) -> list[str]:
     """Mark KILLED the RUNNING runs of the experiment whose driver on this host is gone (a killed command
-    or worker); runs driven from other hosts are left alone. Returns the ids marked."""
+    or worker), ``reason`` added to the note of why; runs driven from other hosts are left alone. Returns
+    the ids marked."""
     client = client_for(settings)
     marked = []
     for run in client.search_runs([experiment_id(client, settings)], "attributes.status = 'RUNNING'", max_results=500):
         driver = run.data.tags.get(Tag.DRIVER)
         if driver and driver_alive(driver) is False:
-            client.set_tag(run.info.run_id, Tag.ERROR, f"its driver ({driver.rsplit(':', 1)[0]}) ended without closing it")
+            why = f"its driver ({driver.rsplit(':', 1)[0]}) ended without closing it" + (f": {reason}" if reason else "")
+            client.set_tag(run.info.run_id, Tag.ERROR, why)
             client.set_terminated(run.info.run_id, "KILLED")
             marked.append(run.info.run_id)
             if log is not None:

@@ -130,28 +130,33 @@ def test_sigterm_stops_a_two_process_tensorflow_run_at_the_same_step_in_both_wor
     assert_all_gone(below)
 
 
-def test_a_command_killed_outright_leaves_nothing_running_and_its_run_is_reaped_then_resumed(trainable):
+def test_a_command_killed_outright_leaves_nothing_running_and_its_run_is_closed_then_resumed(trainable):
     proc = start("train", *LONG, cwd=trainable, own_server=True)
     wait_for_line(proc, "] epoch 2:")
     below = tree(proc)
     names = " ".join(" ".join(p.cmdline()) for p in below)
     assert "job_main" in names and "uvicorn" in names  # the training child and the temporary Prefect server
+    run_id = the_run().info.run_id
     proc.kill()
+    t0 = time.monotonic()
     proc.wait()
+    # its guardian, and no other command: the run is KILLED within 15 s, saying why
+    while the_run().info.status == "RUNNING" and time.monotonic() - t0 < 15:
+        time.sleep(0.5)
+    run = the_run()
+    assert run.info.run_id == run_id and run.info.status == "KILLED", run.info.status
+    assert run.data.tags["karman.error"] == (f"its driver ({socket.gethostname()}:{proc.pid}) ended without closing it: "
+                                             f"{os.path.basename(sys.executable)} -m flows train (pid {proc.pid}) was killed; "
+                                             "its guardian closed the run")
     assert_all_gone(below)  # the child died with its parent; the guardian stopped the server
     import glob
     import tempfile
 
-    deadline = time.monotonic() + 15
-    while glob.glob(os.path.join(tempfile.gettempdir(), f"karman-job-{proc.pid}-*")) and time.monotonic() < deadline:
-        time.sleep(0.5)
     assert not glob.glob(os.path.join(tempfile.gettempdir(), f"karman-job-{proc.pid}-*"))  # and removed the job's folder
-    run_id = the_run().info.run_id
-    assert the_run().info.status == "RUNNING"
-    # the next command on the store marks it, and a second writer of the run is refused while the first trains
+    # it resumes; a second writer of the run is refused while the first trains
     first = start("train", "--resume", run_id, cwd=trainable)
     lines = wait_for_line(first, "resuming")
-    assert any(f"run {run_id} was left RUNNING by a process that is gone" in line for line in lines), "".join(lines)
+    assert not any("was left RUNNING" in line for line in lines), "".join(lines)  # nothing left for the next command to reap
     wait_for_line(first, "] epoch ")
     second = run_cli("train", "--resume", run_id, cwd=trainable)
     assert second.returncode == 2

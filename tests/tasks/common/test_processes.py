@@ -39,18 +39,28 @@ def test_a_driver_that_ended_or_whose_pid_was_reused_is_gone_and_another_host_is
     assert driver_alive(f"{host}:not-a-pid:{start}") is None
 
 
-def test_the_guardian_stops_what_a_killed_command_left_running():
+def test_the_guardian_stops_what_a_killed_command_left_running_and_closes_its_runs(workdir):
+    from mlflow.tracking import MlflowClient
+
+    from tasks.common.settings import Settings
+    from tasks.common.tracking import experiment_id
+
+    settings = Settings.from_env()
+    client = MlflowClient(settings.tracking_uri)
+    exp = experiment_id(client, settings)
     # the "command" starts a grandchild in its own session (as a server would be) and prints its pid
-    command = subprocess.Popen(
-        [sys.executable, "-c", "import subprocess, sys, time\n"
-         "p = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(300)'], start_new_session=True)\n"
-         "print(p.pid, flush=True)\ntime.sleep(300)\n"], stdout=subprocess.PIPE, text=True)
+    script = ("import subprocess, sys, time\n"
+              "p = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(300)'], start_new_session=True)\n"
+              "print(p.pid, flush=True)\ntime.sleep(300)\n")
+    command = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
     left = psutil.Process(int(command.stdout.readline()))
-    guardian = subprocess.Popen([sys.executable, "-m", "tasks.common.lifetime", str(command.pid)],
-                                cwd=ROOT)
+    theirs = client.create_run(exp, tags={"karman.driver": driver_id(command.pid)}).info.run_id
+    ours = client.create_run(exp, tags={"karman.driver": driver_id()}).info.run_id  # driven by a living process: left alone
+    guardian = subprocess.Popen([sys.executable, "-m", "tasks.common.lifetime", str(command.pid), "--close-runs"], cwd=ROOT)
     try:
         time.sleep(1.5)  # the guardian has looked at the command's tree
         assert guardian.poll() is None and left.is_running()
+        assert client.get_run(theirs).info.status == "RUNNING"
         command.send_signal(signal.SIGKILL)
         command.wait()
         gone, alive = psutil.wait_procs([left], timeout=20)
@@ -60,3 +70,9 @@ def test_the_guardian_stops_what_a_killed_command_left_running():
         for proc in (left, psutil.Process(guardian.pid) if guardian.poll() is None else None):
             if proc is not None and proc.is_running():
                 proc.kill()
+    closed = client.get_run(theirs)
+    assert closed.info.status == "KILLED"
+    named = " ".join(f"{os.path.basename(sys.executable)} -c {script}".split())[:80]  # the command, in one short line
+    assert closed.data.tags["karman.error"] == (f"its driver ({socket.gethostname()}:{command.pid}) ended without closing it: "
+                                                f"{named} (pid {command.pid}) was killed; its guardian closed the run")
+    assert client.get_run(ours).info.status == "RUNNING"
