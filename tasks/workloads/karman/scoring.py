@@ -195,8 +195,9 @@ class Validation:
             return float("nan") if any(v != v for v in values) else pick(values)
 
         worst = {key: worst_of(key, max) for key in ("one_step_rel_l2_u", "one_step_rel_l2_vorticity", "strouhal_rel_error",
-                                                    "mean_rel_l2_vorticity", "energy_ratio_max_deviation")}
-        return worst | {key: worst_of(key, min) for key in ("horizon_u", "horizon_vorticity", "correlation_periods")}
+                                                    "mean_rel_l2_vorticity", "energy_ratio_max_deviation", "acdm_mse_60")}
+        return worst | {key: worst_of(key, min) for key in ("horizon_u", "horizon_vorticity", "correlation_periods",
+                                                            "horizon_vorticity_lagged", "horizon_vorticity_lowpass")}
 
     def reached(self, quality: dict) -> bool:
         return quality["horizon_vorticity"] >= self.target_steps
