@@ -109,12 +109,12 @@ class LagWindow:
 def lag_aligned_error(pred: np.ndarray, window: LagWindow, mask: np.ndarray | None = None) -> tuple[float, float]:
     """(error, lag): the smallest relative L2 error ||pred - ref_s|| / ||ref_s|| over the window's
     reference frames ref_s, and the shift s that gives it; over the cells of ``mask`` if given."""
-    frames = np.asarray(window.frames, np.float64)
-    p = np.asarray(pred, np.float64)
-    if mask is not None:
-        frames, p = frames[:, mask], p[mask]
-    frames = frames.reshape(len(frames), -1)  # (K, cells)
-    errors = np.linalg.norm(frames - p.ravel()[None], axis=1) / np.maximum(np.linalg.norm(frames, axis=1), 1e-12)
+    frames = np.asarray(window.frames, np.float64)  # (K, H, W)
+    weight = np.ones(frames.shape[1:]) if mask is None else np.asarray(mask, np.float64)
+    diff = frames - np.where(weight > 0, np.asarray(pred, np.float64), 0.0)[None]
+    err2 = np.einsum("khw,khw,hw->k", diff, diff, weight)
+    ref2 = np.einsum("khw,khw,hw->k", frames, frames, weight)
+    errors = np.sqrt(err2) / np.maximum(np.sqrt(ref2), 1e-12)
     if not np.all(np.isfinite(errors)):
         return float("nan"), float("nan")
     best = int(np.argmin(errors))
@@ -129,19 +129,23 @@ def gaussian_kernel(sigma: float) -> np.ndarray:
     return k / k.sum()
 
 
+def _smooth_rows(x: np.ndarray, kernel: np.ndarray) -> np.ndarray:
+    """x (..., W) convolved along its last axis with an odd symmetric kernel, mirrored at the ends."""
+    r = len(kernel) // 2
+    padded = np.pad(x, [(0, 0)] * (x.ndim - 1) + [(r, r)], mode="reflect")
+    n = x.shape[-1]
+    out = kernel[0] * padded[..., :n]
+    for i in range(1, len(kernel)):
+        out += kernel[i] * padded[..., i : i + n]
+    return out
+
+
 def gaussian_lowpass(field: np.ndarray, sigma: float = 1.5) -> np.ndarray:
     """Field (..., H, W) smoothed by a separable Gaussian of ``sigma`` cells; mirrored at the borders
     without repeating the edge cell, so that a checkerboard stays one up to the border."""
     k = gaussian_kernel(sigma)
-    r = len(k) // 2
-    out = np.asarray(field, np.float64)
-    for axis in (-2, -1):
-        pad = [(0, 0)] * out.ndim
-        pad[axis] = (r, r)
-        padded = np.pad(out, pad, mode="reflect")
-        n = out.shape[axis]
-        out = sum(w * np.take(padded, np.arange(i, i + n), axis=axis) for i, w in enumerate(k))
-    return out
+    rows = _smooth_rows(np.asarray(field, np.float64), k)
+    return _smooth_rows(rows.swapaxes(-1, -2), k).swapaxes(-1, -2)
 
 
 def lowpass_error(pred: np.ndarray, ref: np.ndarray, sigma: float = 1.5, mask: np.ndarray | None = None) -> float:
