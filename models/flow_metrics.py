@@ -88,14 +88,13 @@ class RolloutScore:
     reference, and the probe values of v two obstacle sizes downstream (for the wake frequency); and,
     where given, the reference's vorticity at shifts around the step (for the lag-aligned error), the
     wake probes (for the frequency from the phase) and the wake region (for the band errors).
-    ``dt``: time between steps in convective units D/U; ``velocity_scale``: the velocity that makes
-    the velocity RMSE dimensionless (the mean inflow)."""
+    ``dt``: time between steps in convective units D/U; the velocity RMSE is in the fields' velocity
+    unit (the stored frames' is the mean inflow)."""
 
     dt: float
     threshold_u: float = 0.1
     threshold_vorticity: float = 0.3
     threshold_correlation: float = 0.8
-    velocity_scale: float = 1.0
     lowpass_sigma: float = 1.5
     errors: dict = field(default_factory=lambda: {k: [] for k in ("u", "v", "p", "vorticity")})
     persistence: dict = field(default_factory=lambda: {k: [] for k in ("u", "v", "p", "vorticity")})
@@ -110,7 +109,7 @@ class RolloutScore:
     bands: list = field(default_factory=list)  # (3,) vorticity error per wavenumber band on the wake region
     wake_pred: list = field(default_factory=list)  # v at the wake probes
     wake_ref: list = field(default_factory=list)
-    velocity_mse: list = field(default_factory=list)  # mean squared velocity error over the fluid, in velocity_scale units
+    velocity_mse: list = field(default_factory=list)  # mean squared velocity error over the fluid
     acdm_pred: list = field(default_factory=list)  # the first ACDM_STEPS states (3, H, W), float32
     acdm_ref: list = field(default_factory=list)
     solid: np.ndarray | None = None
@@ -153,7 +152,7 @@ class RolloutScore:
         self.bands.append(band_errors(w_pred[wake], w_ref[wake]) if wake is not None and finite else np.full(len(BANDS), nan))
         self.wake_pred.append([float(pred[1][q]) for q in probes])
         self.wake_ref.append([float(ref[1][q]) for q in probes])
-        du = (pred[:2, fluid] - ref[:2, fluid]) / self.velocity_scale  # (2, fluid cells)
+        du = pred[:2, fluid] - ref[:2, fluid]  # (2, fluid cells)
         self.velocity_mse.append(float(np.mean(np.square(du, dtype=np.float64))))
         if len(self.acdm_pred) < ACDM_STEPS:
             self.acdm_pred.append(pred.astype(np.float32))
@@ -227,6 +226,6 @@ class RolloutScore:
         for j, b in enumerate(BANDS):
             out |= {f"band_error_{b}_final": float(bands[-1, j]), f"band_error_{b}_mean": float(np.mean(bands[:, j]))}
         acdm = acdm_mse(np.stack(self.acdm_pred), np.stack(self.acdm_ref), self.solid) if steps >= ACDM_STEPS and finite else {}
-        out |= {f"{k}_{ACDM_STEPS}": acdm.get(k, nan) for k in ("acdm_mse", "acdm_mse_inc_units")}
+        out |= {f"acdm_mse_{ACDM_STEPS}": acdm.get("acdm_mse", nan), f"acdm_mse_{ACDM_STEPS}_inc_units": acdm.get("acdm_mse_inc_units", nan)}
         out |= {f"mgn_rmse_{h}": rollout_rmse(self.velocity_mse, h) for h in MGN_HORIZONS}
         return out

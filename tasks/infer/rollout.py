@@ -44,8 +44,7 @@ def run_scored(spec: InferSpec, settings: Settings, run: Run, setup: RolloutPlan
         simulation=sim, steps=steps, frame_stride=stride, tile=tuple(plan.tile), tiles=plan.count, regime=setup.regime))
     run.log_dict(record.model_dump(mode="json"), RECORD_FILE)
 
-    score = RolloutScore(step_time(setup.sim_spec, stride), spec.threshold_u, spec.threshold_vorticity,
-                         velocity_scale=setup.sim_spec.flow_config().u_mean)
+    score = RolloutScore(step_time(setup.sim_spec, stride), spec.threshold_u, spec.threshold_vorticity)
     seams: list[float] = []
     latencies: list[float] = []
     phases: list[StepTimes] = []

@@ -122,7 +122,7 @@ def score_forward(forward: Callable[[np.ndarray], np.ndarray], codec: StepCodec,
     def predict(state: np.ndarray, cond: np.ndarray) -> np.ndarray:
         return codec.next_state(state, forward(cond))
 
-    score = RolloutScore(step_time(sim, stride), threshold_u, threshold_vorticity, velocity_scale=sim.flow_config().u_mean)
+    score = RolloutScore(step_time(sim, stride), threshold_u, threshold_vorticity)
     for _ in roll(predict, codec, frames, sim, stride, rollout_steps(len(frames), 0, stride, steps), score):
         pass
     return score
