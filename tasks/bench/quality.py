@@ -32,7 +32,10 @@ log = logging.getLogger("karman.bench")
 # Rollout scores reported for the test simulation and each extra one.
 TEST_SCORES = ("one_step_rel_l2_u", "one_step_rel_l2_vorticity", "one_step_skill_u", "one_step_skill_vorticity",
                "horizon_u", "horizon_vorticity", "strouhal_pred", "strouhal_ref", "strouhal_rel_error", "correlation_periods",
-               "energy_ratio_final", "energy_ratio_max_deviation", "stable_steps", "finite", "shedding_amplitude_ratio")
+               "energy_ratio_final", "energy_ratio_max_deviation", "stable_steps", "finite", "shedding_amplitude_ratio",
+               "horizon_vorticity_lagged", "final_lag_steps", "horizon_vorticity_lowpass", "frequency_rel_error_phase", "phase_lag_final",
+               "correlation_steps", "correlation_time", "band_error_low_final", "band_error_mid_final", "band_error_high_final",
+               "acdm_mse_60", "acdm_mse_60_inc_units", "mgn_rmse_1", "mgn_rmse_50", "mgn_rmse_600")
 
 
 class Validations:
@@ -116,8 +119,8 @@ def _train_once(settings, spec: TrainSpec, runtime: TorchRuntime, test_steps: in
 
 
 def _scores(summary: dict) -> dict:
-    """The reported scores, rounded; a score that could not be measured (NaN) is None in the JSON."""
-    return {k: (round(v, 5) if math.isfinite(v) else None) if isinstance(v, float) else v
+    """The reported scores, to five significant digits; a score that could not be measured (NaN) is None in the JSON."""
+    return {k: (float(f"{v:.5g}") if math.isfinite(v) else None) if isinstance(v, float) else v
             for k, v in summary.items() if k in TEST_SCORES}
 
 

@@ -101,7 +101,8 @@ def run_scored(spec: InferSpec, settings: Settings, run: Run, setup: RolloutPlan
     run.log_artifact(vorticity_panels(np.stack([w_preds[i] for i in show]), np.stack([w_refs[i] for i in show]),
                                       [f"step {i + 1}" for i in show], out_dir / "vorticity_rollout.png",
                                       f"rollout on {sim}: predicted vs reference vorticity"))
-    run.log_artifact(error_curves(errors, spec.threshold_vorticity, out_dir / "rollout_error.png", f"rollout error on {sim}"))
+    curves = errors | {"vorticity lag-aligned": score.lagged, "vorticity low-passed": score.lowpass}
+    run.log_artifact(error_curves(curves, spec.threshold_vorticity, out_dir / "rollout_error.png", f"rollout error on {sim}"))
     run.log_artifact(rollout_animation(np.stack(w_preds), np.stack(w_refs), out_dir / "rollout.gif",
                                        f"{spec.mode} x{spec.workers} on {sim}"))
     log.info("%s rollout of %d steps on %s (%d tiles, %d workers): %.2f frames/s warm, solver %.2f frames/s, "
@@ -110,7 +111,8 @@ def run_scored(spec: InferSpec, settings: Settings, run: Run, setup: RolloutPlan
     log.info("verdict: %s", verdict)
     return {**summary, "verdict": verdict, "simulation": sim, "steps": steps, "mode": spec.mode, "workers": spec.workers,
             "tiles": plan.count, "tile": list(plan.tile), "errors": errors, "seam_errors": seams,
-            "vorticity_correlation": score.correlation, "energy_ratio": score.energy_ratio, **setup.regime}
+            "vorticity_correlation": score.correlation, "energy_ratio": score.energy_ratio, "vorticity_lagged": score.lagged,
+            "lag_steps": score.lags, "vorticity_lowpass": score.lowpass, "band_errors": [b.tolist() for b in score.bands], **setup.regime}
 
 
 def surrogate_verdict(summary: dict, dt: float, threshold: float, stride: int, sim: SimulationSpec) -> str:

@@ -127,7 +127,7 @@ def cheapest_to_target(entries: list["Entry"], link=lambda rid: rid[:8]) -> str:
 
 
 ABLATION_COLUMNS = ("one_step_rel_l2_u", "one_step_rel_l2_vorticity", "one_step_skill_u", "horizon_u", "horizon_vorticity",
-                    "strouhal_rel_error", "correlation_periods", "energy_ratio_final")
+                    "strouhal_rel_error", "correlation_periods", "energy_ratio_final", "horizon_vorticity_lagged", "frequency_rel_error_phase")
 
 
 def ablation_row(variant: str, trained: dict, rolled: dict) -> dict:
@@ -453,6 +453,11 @@ def framework_comparison(rows: list[dict]) -> dict[str, list[dict]]:
     return out
 
 
+# A rollout's phase and shape diagnostics and the anchors' metrics (models.rollout_diagnostics), as its record holds them.
+DIAGNOSTIC_SCORES = ("horizon_vorticity_lagged", "final_lag_steps", "horizon_vorticity_lowpass", "frequency_rel_error_phase", "correlation_steps",
+                     "band_error_low_final", "band_error_mid_final", "band_error_high_final", "acdm_mse_60", "mgn_rmse_1", "mgn_rmse_50", "mgn_rmse_600")
+
+
 def infer_rows(entries: list[Entry]) -> list[dict]:
     """One row per finished rollout: the setting (model, steps, tiling), mode x workers -> frames/s,
     latency split, accuracy, the solver; frames/s against the full-frame rollout of the same setting."""
@@ -474,6 +479,7 @@ def infer_rows(entries: list[Entry]) -> list[dict]:
                      "regime": c.regime.get("regime", "?"), "strouhal_pred": m.get("strouhal_pred", nan), "strouhal_ref": m.get("strouhal_ref", nan),
                      "solver_frames_per_s": m.get("solver_frames_per_s", nan), "verdict": e.record.summary.verdict,
                      "surrogate_vs_solver": m.get("surrogate_vs_solver", nan),
+                     **{k: m.get(k, nan) for k in DIAGNOSTIC_SCORES},
                      "setting": (c.model_run, spec.steps, spec.simulation, str(spec.tile), spec.halo, spec.dataset)})
     for r in rows:  # frames/s over the full-frame rollout on the same device, model and setting
         full = [f["frames_per_s"] for f in rows if f["setting"] == r["setting"] and f["device"] == r["device"] and f["mode"] == "full"]
@@ -511,6 +517,12 @@ INFER_SPEED_COLUMNS = {"run": "run", "model_run": "model", "framework": "framewo
 INFER_QUALITY_COLUMNS = {"run": "run", "mode": "mode", "workers": "workers", "steps": "steps", "seam_rel_error": "seam error",
                          "horizon_u": "u horizon", "horizon_vorticity": "ω horizon", "strouhal_pred": "St",
                          "strouhal_ref": "St solver", "surrogate_vs_solver": "× solver"}
+
+INFER_DIAGNOSTIC_COLUMNS = {"run": "run", "horizon_vorticity_lagged": "ω horizon, lag-aligned", "final_lag_steps": "final lag [steps]",
+                            "horizon_vorticity_lowpass": "ω horizon, low-passed", "frequency_rel_error_phase": "frequency error (phase)",
+                            "correlation_steps": "correlation ≥ 0.8 [steps]", "band_error_low_final": "ω error low k",
+                            "band_error_mid_final": "mid k", "band_error_high_final": "high k", "acdm_mse_60": "ACDM MSE-60",
+                            "mgn_rmse_1": "MGN RMSE-1", "mgn_rmse_50": "RMSE-50", "mgn_rmse_600": "RMSE-600"}
 
 
 ENERGY_NOTE = ("Energy is the run's devices' over training, from their counters (NVML's total energy of the GPUs; RAPL's CPU "
@@ -674,6 +686,14 @@ def build_report(settings: Settings, name: str, scope: str, runs, exp_id: str, o
              "× full-frame: frames/s over the full-frame rollout of the same model, device and steps; seam error applies to map-reduce only.\n",
              table_markdown(rollouts, INFER_SPEED_COLUMNS, link), "Accuracy against the solver:\n",
              table_markdown(rollouts, INFER_QUALITY_COLUMNS, link),
+             "Phase against shape, and the published surrogates' measures: the lag-aligned horizon counts the steps whose vorticity "
+             "is within the threshold of some reference frame within half a shedding period (the final lag: the shift that fits the "
+             "last step, positive ahead); the low-passed one, after a Gaussian of 1.5 cells on both fields; the frequency error comes "
+             "from the phase of v at three wake probes (signed: positive sheds too fast); the band errors are the last step's vorticity "
+             "error per wavenumber band on the Hann-windowed wake (The Well's bins); ACDM MSE-60 is over 60 steps on fields normalised "
+             "by their deviation (Kohl et al. 2023), MGN RMSE of velocity in units of the mean inflow (Pfaff et al. 2021), the "
+             "correlation steps PDE-Refiner's high-correlation time (Lippe et al. 2023).\n",
+             table_markdown(rollouts, INFER_DIAGNOSTIC_COLUMNS, link),
              "## Is the surrogate worth it?\n",
              "\n".join(f"- {link(r['run'])} ({r['mode']} x{r['workers']}, {r['regime']}): {r['verdict']}" for r in rollouts if r["verdict"])
              or "_no rollout with a verdict_", "",

@@ -78,6 +78,12 @@ def test_full_and_mapreduce_rollouts_on_cpu_are_scored_and_logged(trained, cpu_f
     # six steps are less than two shedding periods: no Strouhal number, and the verdict says why
     assert "strouhal_ref" not in metrics and "strouhal_pred" not in metrics
     assert cpu_full["correlation_periods"] is None and tiled["strouhal_pred"] is None  # NaN, written as null in strict JSON
+    # the phase and shape diagnostics and the anchors' metrics, as far as six steps reach
+    for name in ("horizon_vorticity_lowpass", "band_error_high_final", "mgn_rmse_1", "correlation_time"):
+        assert name in metrics, name
+    assert "acdm_mse_60" not in metrics and "mgn_rmse_50" not in metrics and cpu_full["acdm_mse_60"] is None
+    curve = client(trained).get_metric_history(tiled["run_id"], "rel_l2_vorticity_lowpass")
+    assert sorted(m.step for m in curve) == list(range(1, 7)) and len(cpu_full["vorticity_lowpass"]) == 6
     assert "too short to measure the shedding period" in run.data.params["verdict"]
     history = client(trained).get_metric_history(tiled["run_id"], "step_seam_rel_error")
     assert [m.step for m in history] == [1, 2, 3, 4, 5, 6]
