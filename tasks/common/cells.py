@@ -9,6 +9,7 @@ import json
 from prefect import task
 from pydantic import BaseModel
 
+from tasks.common.flowrun import flow_run_link
 from tasks.common.names import Tag
 from tasks.common.settings import Settings
 from tasks.common.tracking import client_for, experiment_id
@@ -58,7 +59,9 @@ def record_failed_cell(settings: Settings, stage: str, name: str, key: str, erro
     """A FAILED MLflow run for a cell that failed before opening its own run (refused input, a lost
     worker), so the report lists it; returns its id."""
     client = client_for(settings)
-    tags = {Tag.STAGE: stage, Tag.CELL: key, Tag.ERROR: error[:5000], Tag.DESCRIPTION: f"A {stage} cell that failed before it opened a run of its own: {error[:500]}"}
+    link = flow_run_link()  # the benchmark's flow run
+    description = f"A {stage} cell that failed before it opened a run of its own: {error[:500]}" + (f"\n\n{link.markdown()}" if link else "")
+    tags = {Tag.STAGE: stage, Tag.CELL: key, Tag.ERROR: error[:5000], Tag.DESCRIPTION: description, **(link.tags() if link else {})}
     if parent_run_id:
         tags["mlflow.parentRunId"] = parent_run_id
     run = client.create_run(experiment_id(client, settings), run_name=name, tags=tags)

@@ -15,6 +15,7 @@ from models.host import DeviceKind
 from tasks.common import events
 from tasks.common.errors import RunFailed, RunStopped, UserError, signal_name
 from tasks.common.lifetime import JOB_DIR_PREFIX, PARENT_ENV, defer, raise_pending, signal_of, stop_child
+from tasks.common.flowrun import flow_run_env
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -107,7 +108,8 @@ def run_child(kind: str, body: str, job: dict, log, env: dict[str, str] | None =
         job_path, result_path = Path(tmp) / "job.json", Path(tmp) / "result.json"
         job_path.write_text(json.dumps({**job, "body": body, "framework": framework}))
         raise_pending()  # a signal that came while the previous child finished: stop before starting another
-        child_env = {**os.environ, **(env or {}), "PYTHONUNBUFFERED": "1", PARENT_ENV: str(os.getpid())}
+        # the flow run it works for, so that a run it opens or reports to links back to it
+        child_env = {**os.environ, **flow_run_env(), **(env or {}), "PYTHONUNBUFFERED": "1", PARENT_ENV: str(os.getpid())}
         child_env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), child_env.get("PYTHONPATH")]))
         cmd = [sys.executable, "-m", "tasks.common.job_main", kind, str(job_path), str(result_path)]
         if procs > 1:  # one process per device: torchrun for torch, a TF_CONFIG cluster on 127.0.0.1 for tensorflow

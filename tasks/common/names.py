@@ -27,6 +27,9 @@ class Tag:
     VALIDATION_INSIDE = "karman.validation.inside"
     DRIVER = "karman.driver"  # host:pid:start of the process that holds the run open (for reaping)
     DESCRIPTION = "mlflow.note.content"  # the run's description in the MLflow UI
+    # The Prefect flow run that opened the run (or last reopened it: a resume), on every run opened in one
+    FLOW_RUN_ID = "prefect.flow_run_id"
+    FLOW_RUN_URL = "prefect.flow_run_url"  # its page in the Prefect UI, where a server is configured
 
 
 # Run names, made here only: MLflow's (``train-cpu-b8``) and Prefect's flow and task runs' (``train cpu b8``)

@@ -5,6 +5,12 @@ Layout under ``<data root>/datasets/<name>/``::
     store.zarr/<sim_id>/...   xarray Dataset (time, y, x) of u, v, p, vorticity, mask
     manifest.json             sweep spec, completed simulations with their digests
 
+Each frame of a variable is its own chunk, with a crc32c of its compressed bytes; the chunks of a
+variable sit together in a few shard files (zarr v3 sharding: the frames, then an index of where
+each chunk lies, itself with a crc32c), so a simulation is about twenty files, and one frame is
+read as two small byte ranges of its shard (index, chunk). Stores written before sharding (one
+file per chunk) read the same: zarr's metadata says which layout an array has.
+
 A simulation counts only once the manifest names it; the manifest is replaced atomically, so an
 interrupted sweep never leaves a half-written simulation marked complete.
 """
@@ -56,17 +62,40 @@ def content_digest(ds: xr.Dataset) -> str:
     return h.hexdigest()
 
 
+SHARD_BYTES = 64 << 20  # a shard file holds at most this many uncompressed bytes of one variable
+
+
+def frames_per_shard(frames: int, frame_bytes: int) -> int:
+    """Frames in one shard file of a variable: all ``frames`` of it, as long as they stay under SHARD_BYTES
+    uncompressed (the demo's 64 frames of 128 x 64 float32 are 2 MiB: one shard per variable)."""
+    return max(1, min(frames, SHARD_BYTES // max(frame_bytes, 1)))
+
+
 def write_simulation(dataset_dir: Path, sim_id: str, ds: xr.Dataset) -> None:
-    """Write one simulation's group, replacing any partial group left by an interrupted run."""
+    """Write one simulation's group, replacing any partial group left by an interrupted run.
+
+    The whole simulation is in memory and every shard is written in one piece (never read, modified
+    and written again). A writer killed in the middle leaves a group that the manifest does not
+    name: the next sweep removes it and simulates it again."""
     store = dataset_dir / STORE
     group_dir = store / sim_id
     if group_dir.exists():
         shutil.rmtree(group_dir)
     compressor = zarr.codecs.BloscCodec(cname="zstd", clevel=3, shuffle="shuffle")
-    ny, nx = ds.sizes["y"], ds.sizes["x"]
-    # crc32c over each compressed chunk: a damaged chunk fails to read instead of decoding to wrong values
-    encoding = {name: {"chunks": (1, ny, nx), "compressors": [compressor, zarr.codecs.Crc32cCodec()]} for name in VARIABLES}
+    frames, ny, nx = ds.sizes["time"], ds.sizes["y"], ds.sizes["x"]
+    encoding = {}
+    for name in VARIABLES:
+        per_shard = frames_per_shard(frames, ny * nx * ds[name].dtype.itemsize)
+        # crc32c over each compressed frame: a damaged chunk fails to read instead of decoding to wrong values
+        encoding[name] = {"chunks": (1, ny, nx), "shards": (per_shard, ny, nx), "compressors": [compressor, zarr.codecs.Crc32cCodec()]}
     ds.to_zarr(store, group=sim_id, mode="w", zarr_format=3, consolidated=False, encoding=encoding)
+
+
+def frame_file(array: zarr.Array, frame: int) -> str:
+    """The store key (under ``store.zarr/``) of the file that holds ``frame`` of a (time, y, x) array:
+    its shard, or, in a store written before sharding, the frame's own chunk."""
+    per_file = array.shards[0] if array.shards else array.chunks[0]
+    return f"{array.path}/{array.metadata.encode_chunk_key((frame // per_file,) + (0,) * (array.ndim - 1))}"
 
 
 def damaged(dataset_dir: Path, sim_id: str, name: str, frame, why: str) -> UserError:
@@ -77,34 +106,80 @@ def damaged(dataset_dir: Path, sim_id: str, name: str, frame, why: str) -> UserE
                      "which simulates the damaged simulations again")
 
 
-def checked(values: np.ndarray, dataset_dir: Path, sim_id: str, name: str, frames) -> np.ndarray:
+def checked(values: np.ndarray, dataset_dir: Path, sim_id: str, name: str, frames, array: zarr.Array | None = None) -> np.ndarray:
     """``values`` (F, ...) of ``frames`` unchanged; the ``damaged`` error at the first frame holding a
-    non-finite value (a lost chunk reads as NaN)."""
+    non-finite value (a lost chunk or shard file reads as NaN), naming its file when ``array`` is given."""
     bad = ~np.isfinite(values.reshape(len(values), -1)).all(axis=1)
     if bad.any():
-        raise damaged(dataset_dir, sim_id, name, int(np.asarray(frames)[int(np.argmax(bad))]), "is missing or not finite")
+        frame = int(np.asarray(frames)[int(np.argmax(bad))])
+        where = f" (file {STORE}/{frame_file(array, frame)})" if array is not None else ""
+        raise damaged(dataset_dir, sim_id, name, frame, f"is missing or not finite{where}")
     return values
 
 
 # What reading a damaged chunk raises: it fails its checksum (ValueError), does not decompress
-# (RuntimeError from Blosc), or its file cannot be read (OSError).
+# (RuntimeError from Blosc), or its file cannot be read (OSError). A shard whose index fails its
+# checksum or is cut short raises the same for every frame it holds.
 CHUNK_ERRORS = (ValueError, RuntimeError, OSError)
+
+
+def _read_error(array: zarr.Array, frame: int) -> Exception | None:
+    """What reading ``frame`` alone raises (one of CHUNK_ERRORS), or None if it reads."""
+    try:
+        array.oindex[[frame]]
+    except CHUNK_ERRORS as exc:
+        return exc
+    return None
+
+
+def unreadable(array: zarr.Array, frame: int, exc: Exception, dataset_dir: Path, sim_id: str, name: str) -> UserError:
+    """The ``damaged`` error for ``frame``, which does not read: it names the file, and for a sharded
+    array whether only the frame's chunk is damaged or the whole shard (its index, or a cut-short file)."""
+    file = f"{STORE}/{frame_file(array, frame)}"
+    why = f"({type(exc).__name__}: damaged chunk in file {file})"
+    if array.shards:
+        per_shard = array.shards[0]
+        first = frame - frame % per_shard
+        others = [f for f in range(first, min(first + per_shard, array.shape[0])) if f != frame]
+        if others and all(_read_error(array, f) for f in others):
+            why = f"({type(exc).__name__}: shard file {file}, frames {first}-{first + len(others)}, is damaged as a whole: its index fails its checksum or the file is cut short)"
+    return damaged(dataset_dir, sim_id, name, frame, f"cannot be read {why}")
+
+
+def _frame_values(array: zarr.Array, frames: np.ndarray) -> np.ndarray:
+    """Frames (F, ...) of ``array`` in the order asked. A sharded array is read shard by shard: a shard
+    that holds at least a quarter of its frames' worth of the frames asked for is read whole (one read
+    of its file, several times faster in zarr than a list of its chunks), otherwise frame by frame."""
+    if not array.shards:
+        return array.oindex[frames]
+    per_shard = array.shards[0]
+    values = np.empty((len(frames), *array.shape[1:]), dtype=array.dtype)  # (F, ...)
+    shard = frames // per_shard
+    for s in np.unique(shard):
+        at = np.flatnonzero(shard == s)
+        lo, hi = int(s) * per_shard, min((int(s) + 1) * per_shard, array.shape[0])
+        own = frames[at]
+        values[at] = array[lo:hi][own - lo] if 4 * len(np.unique(own)) >= hi - lo else array.oindex[own]
+    return values
 
 
 def read_frames(array: zarr.Array, frames, dataset_dir: Path, sim_id: str, name: str) -> np.ndarray:
     """Frames (F, ...) of a stored array, checked: a chunk that fails to decode or its checksum, or a
-    frame that is not finite, is the ``damaged`` error naming that frame."""
+    frame that is not finite, is the ``damaged`` error naming that frame and its file."""
     frames = np.arange(array.shape[0])[frames] if isinstance(frames, slice) else np.asarray(frames)
     try:
-        values = array.oindex[frames]
-    except CHUNK_ERRORS as exc:
-        for frame in frames:  # which one
+        values = _frame_values(array, frames)
+    except CHUNK_ERRORS:
+        # Frame by frame: to name the one that does not read, or, when the damaged chunk was one that a
+        # whole-shard read decoded without being asked for, to read the frames asked for around it.
+        parts = []
+        for frame in frames:
             try:
-                array.oindex[[int(frame)]]
-            except CHUNK_ERRORS:
-                raise damaged(dataset_dir, sim_id, name, int(frame), f"cannot be read ({type(exc).__name__}: damaged chunk)") from None
-        raise
-    return checked(values, dataset_dir, sim_id, name, frames)
+                parts.append(array.oindex[[int(frame)]])
+            except CHUNK_ERRORS as exc:
+                raise unreadable(array, int(frame), exc, dataset_dir, sim_id, name) from None
+        values = np.concatenate(parts) if parts else array.oindex[frames]
+    return checked(values, dataset_dir, sim_id, name, frames, array)
 
 
 def verify_simulation(dataset_dir: Path, sim_id: str, digest: str) -> str | None:
@@ -210,7 +285,7 @@ def frame_store(dataset_dir: Path) -> Store:
 
 
 def open_frame_arrays(store: Store, sim_id: str, names: tuple[str, ...]) -> dict[str, zarr.Array]:
-    """Handles on one simulation's (time, y, x) arrays, one chunk per frame; reads metadata only."""
+    """Handles on one simulation's (time, y, x) arrays, one chunk per frame (sharded or not); reads metadata only."""
     try:
         group = zarr.open_group(store, path=sim_id, mode="r", zarr_format=3, use_consolidated=False)
         return {name: group[name] for name in names}

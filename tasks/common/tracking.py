@@ -4,6 +4,7 @@ import contextlib
 import fcntl
 import logging
 import os
+import re
 import socket
 import urllib.error
 import urllib.request
@@ -15,6 +16,7 @@ from mlflow.entities import Metric, Param, RunTag
 from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 
+from tasks.common.flowrun import flow_run_link, running_flow_run
 from tasks.common.names import Tag
 from tasks.common.settings import Settings
 
@@ -96,6 +98,34 @@ def experiment_id(client: MlflowClient, settings: Settings) -> str:
         if exc.error_code != "RESOURCE_ALREADY_EXISTS":
             raise
         return client.get_experiment_by_name(settings.experiment).experiment_id  # another command created it a moment before
+
+
+LOCAL_MLFLOW_UI = "http://127.0.0.1:5000"  # where `mlflow ui --backend-store-uri URI` serves a local store by default
+
+
+def mlflow_ui_url(settings: Settings, run_id: str, exp_id: str) -> tuple[str, str]:
+    """(the run's page in the MLflow UI, how to open it): the tracking server's page, or for a local store
+    the page that ``mlflow ui`` serves once started on it."""
+    if settings.tracking_uri.startswith(("http://", "https://")):
+        return run_url(settings, run_id, exp_id), f"on the tracking server {settings.tracking_uri}"
+    page = f"{LOCAL_MLFLOW_UI}/#/experiments/{exp_id}/runs/{run_id}?workflowType=machine_learning"
+    return page, f"in the local store {settings.tracking_uri}: start `mlflow ui --backend-store-uri {settings.tracking_uri}` to open it"
+
+
+def link_flow_run(settings: Settings, run_id: str, exp_id: str, name: str, stage: str) -> None:
+    """A link artifact on the running Prefect flow run (and task run) to the MLflow run ``run_id``; nothing
+    outside a flow process. A failure to create it is logged, never raised: the run matters more."""
+    if running_flow_run() is None:
+        return
+    from prefect.artifacts import create_link_artifact
+
+    page, where = mlflow_ui_url(settings, run_id, exp_id)
+    key = "mlflow-" + re.sub(r"[^a-z0-9-]+", "-", stage.lower()).strip("-")
+    try:
+        create_link_artifact(link=page, link_text=f"MLflow run {name}", key=key,
+                             description=f"The MLflow run `{name}` ({run_id}) of this flow run, experiment {settings.experiment}, {where}.")
+    except Exception as exc:
+        log.warning("link to MLflow run %s not added to the Prefect flow run: %s", run_id, exc)
 
 
 def run_url(settings: Settings, run_id: str, exp_id: str | None = None) -> str:
@@ -216,22 +246,28 @@ def mlflow_run(
 ) -> Iterator[Run]:
     """Open a run of ``stage`` in the settings' experiment (or ``reopen`` an existing one, to resume
     it), with ``description`` as its note in the MLflow UI; it ends FINISHED, KILLED when stopped by a signal, or
-    FAILED on any other exception."""
+    FAILED on any other exception. Opened for a Prefect flow run (in its process, or in a child job of it),
+    the run carries the flow run's id and page as tags and a link in its note, and the flow run gets a
+    link artifact to the MLflow run."""
     client = client_for(settings)
-    tags = {**(tags or {}), Tag.DRIVER: driver_id()}
-    if description:
-        tags[Tag.DESCRIPTION] = description
+    link = flow_run_link()
+    tags = {**(tags or {}), Tag.DRIVER: driver_id(), **(link.tags() if link else {})}
+    if description or link:
+        tags[Tag.DESCRIPTION] = "\n\n".join(filter(None, [description, link.markdown() if link else None]))
     if reopen:
         client.update_run(reopen, status="RUNNING")
         handle = Run(client, reopen)
-        if tags:
-            handle.set_tags(tags)
+        handle.set_tags(tags)
+        exp_id = client.get_run(reopen).info.experiment_id
     else:
         run_tags = {Tag.STAGE: stage, **(tags or {})}
         if parent_run_id:
             run_tags["mlflow.parentRunId"] = parent_run_id
-        run = client.create_run(experiment_id(client, settings), run_name=name, tags={k: str(v) for k, v in run_tags.items()})
+        exp_id = experiment_id(client, settings)
+        run = client.create_run(exp_id, run_name=name, tags={k: str(v) for k, v in run_tags.items()})
         handle = Run(client, run.info.run_id)
+    if link:
+        link_flow_run(settings, handle.run_id, exp_id, name, stage)
     try:
         if params:
             handle.log_params(params)

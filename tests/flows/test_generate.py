@@ -17,6 +17,7 @@ from tasks.common.store import MANIFEST, STORE, VARIABLES, content_digest, open_
 from tasks.generate.task import _sweep_key, expand
 from tests.conftest import ROOT, run_cli
 from tests.flows.test_cli import assert_refused
+from tests.tasks.common.test_store import chunk_bytes, flip_byte
 
 # Four tiny simulations, one worker: they finish one after another, each after about a second of
 # solver steps (steady low-Reynolds flow, so nothing diverges on a 48 x 24 grid).
@@ -166,28 +167,28 @@ def test_a_diverging_simulation_fails_alone_and_is_never_marked_complete(workdir
 
 @pytest.mark.full
 def test_damaged_data_is_refused_naming_where_it_is_and_generate_verify_repairs_it(workdir):
-    """A flipped byte in one chunk (it fails its checksum) and a deleted chunk (it reads as NaN) are each
-    refused before any training step, in one line naming dataset, simulation, variable and frame; a
-    sweep with --verify simulates exactly the damaged simulations again, and training then runs."""
+    """A flipped byte in one frame's chunk inside its shard (it fails its checksum) and a deleted shard
+    file (it reads as NaN) are each refused before any training step, in one line naming dataset,
+    simulation, variable, frame and file; a sweep with --verify simulates exactly the damaged
+    simulations again, and training then runs."""
     args = ["generate", "--dataset", "hurt", "--reynolds", "20,25,30", "--nx", "64", "--ny", "32", "--size", "6",
             "--warmup-steps", "300", "--frames", "12", "--frame-every", "10", "--workers", "1", "--json"]
     assert run_cli(*args, cwd=workdir).returncode == 0
     store = workdir / "data" / "datasets" / "hurt" / STORE
     manifest = json.loads((workdir / "data" / "datasets" / "hurt" / MANIFEST).read_text())
     first, second = sorted(manifest["simulations"])[:2]
-    chunk = store / first / "u" / "c" / "5" / "0" / "0"
-    data = bytearray(chunk.read_bytes())
-    data[len(data) // 2] ^= 0xFF
-    chunk.write_bytes(bytes(data))
-    (store / second / "v" / "c" / "7" / "0" / "0").unlink()
+    shard = store / first / "u" / "c" / "0" / "0" / "0"  # all 12 frames of u
+    offset, length = chunk_bytes(shard, 5, 12)
+    flip_byte(shard, offset + length // 2)
+    (store / second / "v" / "c" / "0" / "0" / "0").unlink()
     train = ["train", "--dataset", "hurt", "--ngf", "8", "--ndf", "8", "--epochs", "1", "--batch-sizes", "2",
              "--val-simulations", "0", "--test-simulations", "0", "--threads", "1", "--validate-every", "0"]
     proc = run_cli(*train, cwd=workdir)
     assert proc.returncode == 2, proc.stderr[-2000:]
     verdict = proc.stderr.strip().splitlines()[-1]
     assert "dataset 'hurt', simulation" in verdict and "generate --dataset hurt --verify" in verdict, verdict
-    assert (f"simulation {first}, variable u, frame 5 cannot be read" in verdict
-            or f"simulation {second}, variable v, frame 7 is missing or not finite" in verdict), verdict
+    assert (f"simulation {first}, variable u, frame 5 cannot be read (ValueError: damaged chunk in file {STORE}/{first}/u/c/0/0/0)" in verdict
+            or f"simulation {second}, variable v, frame 0 is missing or not finite (file {STORE}/{second}/v/c/0/0/0)" in verdict), verdict
     assert "Traceback" not in proc.stderr.split("[train]")[0]  # the verdict, not a pile of tracebacks
     repaired = run_cli(*args[:-1], "--verify", "--json", cwd=workdir)
     assert repaired.returncode == 0, repaired.stderr[-2000:]

@@ -1,15 +1,24 @@
 """Smoke run of every flow on a tiny grid.
 
 Smoke run of every flow on a tiny grid, in process against a real Prefect API, a real Dask
-LocalCluster, real zarr stores and a real MLflow store."""
+LocalCluster, real zarr stores and a real MLflow store; MLflow runs and Prefect flow runs link to each other."""
 
 import json
+import logging
 
 import numpy as np
 import pytest
 from mlflow.tracking import MlflowClient
+from prefect import flow, task
+from prefect.client.orchestration import get_client
+from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
+from prefect.context import FlowRunContext
+from prefect.settings import PREFECT_UI_URL
 
+from tasks.common.launch import run_child
+from tasks.common.settings import Settings
 from tasks.common.specs import AggregateSpec, DemoSpec, GenerateSpec, InferSpec, TrainSpec
+from tasks.common.tracking import LOCAL_MLFLOW_UI, mlflow_run
 
 TINY = DemoSpec(
     generate=GenerateSpec(dataset="tiny", reynolds=[40.0, 50.0, 60.0], nx=64, ny=32, size=[6.0], warmup_steps=1500,
@@ -51,6 +60,16 @@ def test_demo_flow_logs_every_stage_and_writes_a_report(demo_result, workdir):
     assert {a.path for a in client.list_artifacts(train.info.run_id, "model")} == {"model/generator.pt", "model/meta.json"}
     errors = client.get_metric_history(infer.info.run_id, "rel_l2_u")
     assert [m.step for m in errors] == [1, 2, 3, 4]
+    # linked runs: each stage's run names the flow run it ran in (the demo's, or the stage's subflow run),
+    # and that flow run has a link artifact to it
+    flow_runs = {stage: r.data.tags["prefect.flow_run_id"] for stage, r in runs.items()}
+    assert len(set(flow_runs.values())) == len(runs)
+    with get_client(sync_client=True) as prefect:
+        for stage, r in runs.items():
+            assert r.data.tags["prefect.flow_run_url"] == f"{PREFECT_UI_URL.value()}/runs/flow-run/{flow_runs[stage]}"
+            assert f"({r.data.tags['prefect.flow_run_url']})" in r.data.tags["mlflow.note.content"]
+            links = mlflow_links(prefect.read_artifacts(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[flow_runs[stage]]))))
+            assert any(f"/runs/{r.info.run_id}?" in a.data for a in links), (stage, [a.data for a in links])
     report = (workdir / "data" / "reports" / "tiny" / "report.md").read_text()
     assert "| 4 | cpu x1 | 1 |" in report and "| cpu | full | 1 |" in report
     assert f"the runs of demo run demo ({demo_result['runs']['demo']})" in report
@@ -127,3 +146,46 @@ def test_generate_rerun_reuses_the_dataset(demo_result, workdir):
     assert json.loads(manifest.read_text())["simulations"] == before["simulations"]
     groups = sorted(p.name for p in (workdir / "data" / "datasets" / "tiny" / "store.zarr").iterdir() if p.is_dir())
     assert groups == sorted(before["simulations"])
+
+
+def mlflow_links(artifacts) -> list:
+    """The link artifacts to MLflow runs among a flow run's artifacts (Prefect 3 stores a link artifact
+    with type markdown: its data is the link in Markdown)."""
+    return [a for a in artifacts if (a.key or "").startswith("mlflow-")]
+
+
+@task(task_run_name="open a linked run")
+def open_run_in_task() -> str:
+    with mlflow_run(Settings.from_env(), "linktest", "link-task", description="A run opened by a task.") as run:
+        pass
+    return run.run_id
+
+
+@flow(name="linked-runs", flow_run_name="linked runs")
+def linked_runs() -> dict:
+    child = run_child("rollout", "tests.tasks.common.job_bodies:open_run", {}, logging.getLogger("karman.test"))
+    return {"flow_run": str(FlowRunContext.get().flow_run.id), "task": open_run_in_task(), **child}
+
+
+def test_runs_opened_by_a_flow_run_and_its_child_job_link_to_it_and_it_links_back(workdir, prefect_harness):
+    """Linked runs: an MLflow run opened in a flow run, or in a child job of one, carries the flow run's id and
+    page (tags and a link in its note), and the flow run has a link artifact to its MLflow run."""
+    result = linked_runs()
+    flow_run = result["flow_run"]
+    page = f"{PREFECT_UI_URL.value()}/runs/flow-run/{flow_run}"
+    assert page.startswith("http")
+    client = MlflowClient()
+    for run_id, said in ((result["task"], "A run opened by a task."), (result["run_id"], "A run opened by a child job.")):
+        tags = client.get_run(run_id).data.tags
+        assert tags["prefect.flow_run_id"] == flow_run and tags["prefect.flow_run_url"] == page
+        assert tags["mlflow.note.content"] == f"{said}\n\nPrefect flow run: [linked runs ({flow_run})]({page})"
+    assert result["prefect_loaded"] is False  # the child learnt its flow run from the environment
+
+    with get_client(sync_client=True) as prefect:
+        artifacts = prefect.read_artifacts(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[flow_run])))
+    links = mlflow_links(artifacts)
+    # the task's run (a child job has no Prefect to make one: in the pipeline, a child reports to a run its flow opened and linked)
+    assert [a.key for a in links] == ["mlflow-linktest"]
+    run = client.get_run(result["task"])
+    assert f"({LOCAL_MLFLOW_UI}/#/experiments/{run.info.experiment_id}/runs/{run.info.run_id}?workflowType=machine_learning)" in links[0].data
+    assert "mlflow ui --backend-store-uri sqlite:///" in links[0].description

@@ -1,4 +1,4 @@
-"""Job bodies for the tests of the parent-child protocol: they say misleading things in their log and the truth in events."""
+"""Job bodies for the tests of the parent-child protocol: they say misleading things in their log and the truth in events; one opens an MLflow run."""
 
 import logging
 
@@ -24,3 +24,15 @@ def chatty_success(job: dict) -> dict:
     print("crashed: nothing did", flush=True)
     events.emit(events.PROGRESS, fraction=1.0, epoch=2, step=None, steps=None)
     return {"answer": 42, "missing": float("nan")}
+
+
+def open_run(job: dict) -> dict:
+    """Open (and close) an MLflow run, as a child job of a flow run; say whether Prefect was loaded here."""
+    import sys
+
+    from tasks.common.settings import Settings
+    from tasks.common.tracking import mlflow_run
+
+    with mlflow_run(Settings.from_env(), "linktest", "link-child", description="A run opened by a child job.") as run:
+        pass
+    return {"run_id": run.run_id, "prefect_loaded": "prefect" in sys.modules}

@@ -1,10 +1,12 @@
 """The lazy pair loader against real zarr stores written by the simulation task on tiny grids."""
 
+import json
 import threading
 import time
 
 import numpy as np
 import pytest
+from zarr.abc.store import RangeByteRequest
 from zarr.storage import LocalStore, WrapperStore
 
 from tasks.common.data import OUTPUTS, Normalizer, PairSource, StepCodec, load_frames, split_simulations
@@ -15,6 +17,7 @@ from tests.tasks.common.test_store import tiny_spec
 
 # Uneven frame counts, so that pair numbering across simulations is exercised.
 FRAMES = {20.0: 6, 24.0: 5, 28.0: 7, 32.0: 6, 36.0: 4}
+FRAMES_OF = {tiny_spec(reynolds=re, frames=n).sim_id: n for re, n in FRAMES.items()}
 
 
 @pytest.fixture(scope="module")
@@ -47,8 +50,8 @@ def eager_normalizer(frames: list[np.ndarray]) -> Normalizer:
 
 
 class KeyLog(WrapperStore):
-    """A read-only local store that records every key read through it (the keys list is shared by the
-    copies zarr makes of the store)."""
+    """A read-only local store that records every read through it, as (key, byte range) (the list is
+    shared by the copies zarr makes of the store)."""
 
     def __init__(self, store, keys=None):
         super().__init__(store)
@@ -58,23 +61,42 @@ class KeyLog(WrapperStore):
         return type(self)(store, self.keys)
 
     async def get(self, key, prototype, byte_range=None):
-        self.keys.append(key)
+        self.keys.append((key, byte_range))
         return await self._store.get(key, prototype, byte_range)
 
     async def get_partial_values(self, prototype, key_ranges):
         key_ranges = list(key_ranges)
-        self.keys.extend(k for k, _ in key_ranges)
+        self.keys.extend(key_ranges)
         return await self._store.get_partial_values(prototype, key_ranges)
 
     async def _get_many(self, requests):
         requests = list(requests)
-        self.keys.extend(k for k, _, _ in requests)
+        self.keys.extend((k, r) for k, _, r in requests)
         async for item in self._store._get_many(requests):
             yield item
 
+    def frame_reads(self) -> list[tuple[str, str, tuple[int, ...]]]:
+        """(simulation, variable, frames) of every read of frame data so far: a byte range of a shard
+        file is the frame whose chunk starts there (found in the shard's index), a whole shard file all
+        of its frames; reads of a shard's index (its last bytes) are left out."""
+        reads = []
+        for key, byte_range in self.keys:
+            if "/c/" not in key:
+                continue
+            sim, name, _, shard_number = key.split("/")[:4]
+            meta = json.loads((self._store.root / sim / name / "zarr.json").read_text())
+            per_shard = meta["chunk_grid"]["configuration"]["chunk_shape"][0]
+            frames = np.arange(int(shard_number) * per_shard, min((int(shard_number) + 1) * per_shard, meta["shape"][0]))
+            if byte_range is None:
+                reads.append((sim, name, tuple(frames.tolist())))
+            elif isinstance(byte_range, RangeByteRequest):
+                index = np.frombuffer((self._store.root / key).read_bytes()[-(16 * per_shard + 4):-4], dtype="<u8").reshape(per_shard, 2)
+                reads.append((sim, name, tuple(frames[index[: len(frames), 0] == byte_range.start].tolist())))
+        return reads
+
     def chunk_reads(self) -> set[tuple[str, str, int]]:
-        """(simulation, variable, frame) of every chunk read so far."""
-        return {(k.split("/")[0], k.split("/")[1], int(k.split("/")[3])) for k in self.keys if "/c/" in k}
+        """(simulation, variable, frame) of every frame read so far."""
+        return {(sim, name, frame) for sim, name, frames in self.frame_reads() for frame in frames}
 
 
 def logged_store(root) -> KeyLog:
@@ -191,7 +213,7 @@ def test_constructing_reads_no_frames_and_a_batch_reads_only_its_own(dataset):
     store = logged_store(root)
     source = PairSource(root, ids, 2, store=store)
     assert len(source) > 0 and store.keys, "construction read the metadata through the store"
-    assert store.chunk_reads() == set()
+    assert store.frame_reads() == []
 
     sim, t = source.locate([3, 4, 9])
     source.physical([3, 4, 9])
@@ -199,9 +221,14 @@ def test_constructing_reads_no_frames_and_a_batch_reads_only_its_own(dataset):
     for i, t0 in zip(sim, t):
         expected |= {(ids[i], name, int(t0)) for name in ("u", "v", "p", "mask")}
         expected |= {(ids[i], name, int(t0) + 2) for name in ("u", "v", "p")}
-    assert store.chunk_reads() == expected
-    chunk_keys = [k for k in store.keys if "/c/" in k]
-    assert len(chunk_keys) == len(expected), "a chunk was read twice for one batch"
+    reads = store.frame_reads()
+    assert {(s, name) for s, name, _ in reads} == {(s, name) for s, name, _ in expected}  # no other variable or simulation
+    assert expected <= store.chunk_reads()
+    assert len(reads) == len({(s, name, frames) for s, name, frames in reads}), "a chunk was read twice for one batch"
+    for s, name, frames in reads:
+        # each frame asked for read as its own chunk, or the whole shard in one read when they fill a quarter of it
+        asked = {f for s2, n2, f in expected if (s2, n2) == (s, name)}
+        assert len(frames) == 1 or (len(frames) == FRAMES_OF[s] and 4 * len(asked) >= len(frames)), (s, name, frames, asked)
 
 
 def test_bad_sources_are_clear_errors(dataset):
