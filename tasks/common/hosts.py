@@ -33,8 +33,10 @@ def expand_nodelist(text: str) -> list[str]:
 
 def _expand_one(item: str) -> list[str]:
     """One host expression, which may hold several bracketed ranges ("rack[1-2]-n[01-02]")."""
-    match = re.match(r"([^\[]*)\[([^\]]+)\](.*)", item)
+    match = re.match(r"([^\[]*)\[([^\]]*)\](.*)", item)
     if match is None:
+        if "[" in item or "]" in item:
+            raise ValueError(f"host {item!r} is not SLURM's form (host, host[01-04,07], ...)")
         return [item]
     prefix, ranges, rest = match.groups()
     numbers = []

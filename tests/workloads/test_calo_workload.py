@@ -158,3 +158,22 @@ def test_a_batch_carries_the_steps_randomness_from_numpy():
     labels = np.concatenate([first["real_label"], 1 - first["fake_label"]] + [b["real_label"] for b in trainer.batches(2, 2)])
     assert set(np.unique(labels)) <= {0.0, 1.0} and 0 < (labels == 0).sum() < 0.2 * labels.size  # a few flipped (5 %)
     assert trainer.flops_per_sample > 0 and trainer.params["generator_updates_per_step"] == 2
+
+
+def test_the_ranks_shares_of_a_batch_differ_and_together_are_the_one_device_batch():
+    from tasks.common.specs import TrainSpec
+    from tasks.workloads.calo import workload as calo
+    from tasks.workloads.calo.nets import SMALL
+
+    rng = np.random.default_rng(1)
+    n = 12
+    data = calo.CaloData({r: rng.random((n, 51, 51, 25), dtype=np.float32) * 1e-3 for r in calo.ROLES},
+                         {r: rng.uniform(100, 200, n).astype(np.float32) for r in calo.ROLES}, {r: np.full(n, 90.0, np.float32) for r in calo.ROLES},
+                         {}, "-", 0.02)
+    spec = TrainSpec(workload="calo", dataset="calo", seed=3)
+    whole = next(calo.CaloTrainer(data, spec, 8, SMALL).batches(1, 1))
+    shares = [next(calo.CaloTrainer(data, spec, 8, SMALL, rank, 2).batches(1, 1)) for rank in (0, 1)]
+    for key, value in whole.items():  # the latent (3, b, latent): the batch on its second axis
+        axis = 1 if key == "latent" else 0
+        assert shares[0][key].shape[axis] == 4 and np.array_equal(np.concatenate([s[key] for s in shares], axis=axis), value), key
+    assert not np.allclose(shares[0]["latent"][..., 2:], shares[1]["latent"][..., 2:])  # each rank its own noise
