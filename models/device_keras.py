@@ -66,8 +66,8 @@ def resolve_strategy(device: str, strategy: str, world: int, threads: int | None
                 raise DeviceUnavailable(f"mirrored over {world} GPUs, but TensorFlow sees {len(gpus)}")
             devices = [f"/gpu:{i}" for i in range(world)]
             return KerasContext(tf.distribute.MirroredStrategy(devices), strategy, "cuda", f"{world}x {name} (mirrored)", world)
-        if strategy == "multiworker":  # one GPU per worker process: the one of its index on this host
-            rank = int(json.loads(os.environ.get("TF_CONFIG", "{}")).get("task", {}).get("index", 0))
+        if strategy == "multiworker":  # one GPU per worker process: the one of its index on this host (LOCAL_RANK over several hosts)
+            rank = int(os.environ.get("LOCAL_RANK") or json.loads(os.environ.get("TF_CONFIG", "{}")).get("task", {}).get("index", 0))
             if rank >= len(gpus):
                 raise DeviceUnavailable(f"worker {rank} has no GPU of its own: TensorFlow sees {len(gpus)}")
             tf.config.set_visible_devices(gpus[rank], "GPU")

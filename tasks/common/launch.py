@@ -93,29 +93,45 @@ def device_env(device: DeviceKind, world_size: int | None = None, framework: str
     return env
 
 
+def launcher(framework: str, procs: int, hosts: int = 1) -> list[str]:
+    """The command that starts a job's processes before ``-m MODULE ARGS``: python itself for one process on one
+    host; torchrun (torch) or tasks.common.workers (tensorflow, a TF_CONFIG cluster on 127.0.0.1) for ``procs``
+    on this host; srun over ``hosts`` hosts of a SLURM allocation, each task starting its share through
+    tasks.common.hosts (torch: one task per host running torchrun; tensorflow: one task per worker)."""
+    if hosts > 1:
+        from tasks.common.workers import free_ports
+
+        tasks_per_host = procs if framework == "tensorflow" else 1
+        return ["srun", f"--nodes={hosts}", f"--ntasks={hosts * tasks_per_host}", f"--ntasks-per-node={tasks_per_host}", "--kill-on-bad-exit=1",
+                sys.executable, "-m", "tasks.common.hosts", framework, str(procs), str(free_ports(1)[0])]
+    if procs == 1:
+        return [sys.executable]
+    if framework == "tensorflow":
+        return [sys.executable, "-m", "tasks.common.workers", str(procs), sys.executable]
+    return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={procs}"]
+
+
 def run_child(kind: str, body: str, job: dict, log, env: dict[str, str] | None = None, procs: int = 1, on_event=None,
-              framework: str = "torch") -> dict:
+              framework: str = "torch", hosts: int = 1) -> dict:
     """Run the job body ``body`` (``module:function``, registered by its stage) as a ``kind`` job on ``job``
     in a fresh interpreter (``procs`` > 1: that many, one per device, under torchrun for torch or a
-    TF_CONFIG cluster for tensorflow); return its (rank 0's) result dictionary. ``on_event`` receives
+    TF_CONFIG cluster for tensorflow; ``hosts`` > 1: that many per host on the hosts of the SLURM
+    allocation, see ``launcher``); return its (rank 0's) result dictionary. ``on_event`` receives
     the child's structured events (progress) as they come.
 
     Raises UserError with the child's one-line message for bad input or a missing device, RunFailed
     with its message for a run that failed for a stated reason, and ChildFailed with the tail of its
     output for a crash.
     """
-    with tempfile.TemporaryDirectory(prefix=f"{JOB_DIR_PREFIX}{os.getpid()}-") as tmp:  # the guardian removes it if this process is killed
+    # the guardian removes it if this process is killed; over several hosts it lies in the working folder, which they share
+    with tempfile.TemporaryDirectory(prefix=f"{JOB_DIR_PREFIX}{os.getpid()}-", dir=os.getcwd() if hosts > 1 else None) as tmp:
         job_path, result_path = Path(tmp) / "job.json", Path(tmp) / "result.json"
         job_path.write_text(json.dumps({**job, "body": body, "framework": framework}))
         raise_pending()  # a signal that came while the previous child finished: stop before starting another
         # the flow run it works for, so that a run it opens or reports to links back to it
         child_env = {**os.environ, **flow_run_env(), **(env or {}), "PYTHONUNBUFFERED": "1", PARENT_ENV: str(os.getpid())}
         child_env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), child_env.get("PYTHONPATH")]))
-        cmd = [sys.executable, "-m", "tasks.common.job_main", kind, str(job_path), str(result_path)]
-        if procs > 1:  # one process per device: torchrun for torch, a TF_CONFIG cluster on 127.0.0.1 for tensorflow
-            launcher = ([sys.executable, "-m", "tasks.common.workers", str(procs)] if framework == "tensorflow" else
-                        [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={procs}"])
-            cmd = launcher + cmd[1:] if framework != "tensorflow" else launcher + cmd
+        cmd = launcher(framework, procs, hosts) + ["-m", "tasks.common.job_main", kind, str(job_path), str(result_path)]
         tail: deque[str] = deque(maxlen=30)
         verdicts: list[dict] = []
         with subprocess.Popen(cmd, cwd=os.getcwd(), env=child_env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) as proc:

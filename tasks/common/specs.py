@@ -96,6 +96,7 @@ class TrainSpec(Spec):
     strategy: Literal["auto", "default", "mirrored", "multiworker", "tpu"] = Field(default="auto", description="tensorflow's distribution strategy: default (one device), mirrored (the world's devices in one process; on cpu, logical CPUs), multiworker (one process per device on 127.0.0.1), tpu (a TPU host); auto = default for one device, mirrored for more, tpu for xla. torch takes auto: DDP processes on cpu and cuda, SPMD on xla")
     batch_sizes: list[PositiveInt] = Field(default=[8], min_length=1, description="Global batch sizes; several make a sweep: one run each, children of one parent run")
     world_size: PositiveInt | None = Field(default=None, description="Devices to train on, data-parallel; None = every GPU or TPU core, 1 process on cpu (cpu > 1: DDP processes over gloo)")
+    hosts: PositiveInt = Field(default=1, le=4096, description="Hosts of a SLURM allocation the world spreads over (torch: torchrun on each, a c10d rendezvous; tensorflow: multiworker, TF_CONFIG from SLURM's environment); the world size is the total, an equal share per host; > 1 runs inside the allocation (infra/slurm-train.sbatch)")
     epochs: PositiveInt | None = Field(default=None, le=100_000, description=f"Training epochs at most; None = {DEFAULT_EPOCHS}, or no limit with a time budget")
     time_budget: PositiveFloat | None = Field(default=None, le=30 * 86400, description="Wall-clock seconds of training (validation included): training stops at the end of the step that crosses it and saves the model of that moment")
     validate_every: int = Field(default=2, ge=0, description="Epochs between validation rollouts on the validation simulations, logged against training time (0 = none)")
@@ -155,6 +156,13 @@ class TrainSpec(Spec):
                 raise ValueError(f"precision {self.precision}: the tensorflow version trains in fp32 only")
             if self.strategy == "mirrored" and self.device == "cpu" and (self.world_size or 1) < 2:
                 raise ValueError("strategy mirrored on cpu needs --world-size 2 or more (logical CPU devices)")
+        if self.hosts > 1:
+            if self.framework == "jax" or self.device == "xla":
+                raise ValueError(f"--hosts {self.hosts}: several hosts train torch or tensorflow on cpu or cuda")
+            if self.framework == "tensorflow" and self.strategy not in ("auto", "multiworker"):
+                raise ValueError(f"--hosts {self.hosts}: tensorflow spreads over hosts with strategy multiworker (or auto), not {self.strategy}")
+            if not self.world_size or self.world_size % self.hosts:
+                raise ValueError(f"--hosts {self.hosts} needs --world-size, a multiple of {self.hosts} (the devices of all hosts)")
         if self.target_steps > self.validate_steps:
             raise ValueError(f"target_steps {self.target_steps} exceeds validate_steps {self.validate_steps}: the validation rollout must be at least as long as the target")
         return self

@@ -26,7 +26,8 @@ class TrainPlan(BaseModel):
     spec: TrainSpec = Field(description="The configuration; for a resumed run, the one it was started with")
     batch_sizes: list[int] = Field(description="Global batch sizes, one run each; each splits evenly over the world and fits the training pairs")
     world: int = Field(description="Devices the batch is spread over")
-    procs: int = Field(description="Processes launched: one per device for cpu and cuda DDP, one for xla SPMD")
+    procs: int = Field(description="Processes launched on each host: one per device for cpu and cuda DDP, one for xla SPMD")
+    hosts: int = Field(default=1, description="Hosts of the SLURM allocation the processes spread over (tasks.common.hosts)")
     threads: int | None = Field(description="CPU threads per process (cpu); None elsewhere")
     resume: str | None = Field(description="The run being resumed, or None")
     framework: str = Field(default="torch", description="Selects the training job's framework")
@@ -56,12 +57,18 @@ def tensorflow_strategy(spec: TrainSpec, world: int) -> str:
     """The strategy a tensorflow run uses: the spec's, or for auto: tpu on xla, default for one device, mirrored for more."""
     if spec.strategy != "auto":
         return spec.strategy
+    if spec.hosts > 1:
+        return "multiworker"
     return "tpu" if spec.device == "xla" else "default" if world == 1 else "mirrored"
 
 
 def plan_world(spec: TrainSpec, probed: dict | None) -> tuple[int, int]:
-    """(world size, processes to launch) for the spec on this host; UserError if the host lacks them.
-    ``probed`` is the device probe's answer (None for cpu)."""
+    """(world size, processes to launch on each host) for the spec; UserError if a host lacks them (the hosts
+    of a multi-host run are taken to be alike: this one stands for each). ``probed`` is the device probe's answer (None for cpu)."""
+    if spec.hosts > 1:
+        per_host = spec.model_copy(update={"hosts": 1, "world_size": spec.world_size // spec.hosts,
+                                           "strategy": tensorflow_strategy(spec, spec.world_size) if spec.framework == "tensorflow" else "auto"})
+        return spec.world_size, plan_world(per_host, probed)[1]
     if spec.framework == "jax":  # one process on one device: data parallelism over several is not built yet
         if (spec.world_size or 1) != 1:
             raise UserError(f"jax trains on one device; leave out --world-size or set it to 1 (asked for {spec.world_size})")
@@ -83,6 +90,15 @@ def plan_world(spec: TrainSpec, probed: dict | None) -> tuple[int, int]:
     if spec.framework == "tensorflow":
         return world, (world if tensorflow_strategy(spec, world) == "multiworker" else 1)
     return world, (world if spec.device == "cuda" else 1)
+
+
+def check_allocation(hosts: int, env: dict[str, str]) -> None:
+    """UserError unless this process runs inside a SLURM allocation of at least ``hosts`` nodes (where srun can start the training)."""
+    nodes = env.get("SLURM_JOB_NUM_NODES") or env.get("SLURM_NNODES")
+    if "SLURM_JOB_ID" not in env or not (nodes or "").isdigit():
+        raise UserError(f"--hosts {hosts} runs inside a SLURM allocation of {hosts} nodes (infra/slurm-train.sbatch); this process is in none")
+    if int(nodes) < hosts:
+        raise UserError(f"--hosts {hosts} exceeds the {nodes} nodes of SLURM job {env['SLURM_JOB_ID']}")
 
 
 def check_training_input(settings: Settings, spec: TrainSpec, batch_sizes: list[int], world: int, memory: int | None = None) -> None:
@@ -161,9 +177,11 @@ def plan_training(settings: Settings, spec: TrainSpec, log) -> TrainPlan:
     if spec.device != "cpu":
         probed = run_child("probe", probe.BODY, {"device": spec.device}, log, env=device_env(spec.device, spec.world_size, spec.framework),
                            framework=spec.framework)
+    if spec.hosts > 1:
+        check_allocation(spec.hosts, dict(os.environ))
     world, procs = plan_world(spec, probed)
     check_training_input(settings, spec, batch_sizes, world, device_memory(spec, probed, procs))
     threads = (spec.threads or max(1, cpu_cores() // procs)) if spec.device == "cpu" else spec.threads
     strategy = tensorflow_strategy(spec, world) if spec.framework == "tensorflow" else "auto"
-    return TrainPlan(spec=spec, batch_sizes=batch_sizes, world=world, procs=procs, threads=threads, resume=resume,
+    return TrainPlan(spec=spec, batch_sizes=batch_sizes, world=world, procs=procs, hosts=spec.hosts, threads=threads, resume=resume,
                      framework=spec.framework, strategy=strategy)

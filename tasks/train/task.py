@@ -70,7 +70,7 @@ def train_model(settings: Settings, plan: TrainPlan, batch_size: int, parent_run
                 progress.update(event["fraction"])
 
         record = TrainRecord.model_validate(run_child("train", BODY, job, logger, env=plan.child_env(), procs=plan.procs, on_event=on_event,
-                                                      framework=plan.framework))
+                                                      framework=plan.framework, hosts=plan.hosts))
         progress.update(1.0)
     config = record.config
     return {**record.mlflow_metrics(), "split": config.split, "device": config.device_name, "world_size": config.world_size,

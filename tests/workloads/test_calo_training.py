@@ -1,4 +1,4 @@
-"""The calo GAN's training: torch and Keras take the same four-tape step from the same weights and batch, a checkpoint restores both networks and optimisers, and a short run through the CLI trains, scores the test split and keeps the generator and a figure; bad batches are refused in one line."""
+"""The calo GAN's training: torch and Keras take the same four-tape step from the same weights and batch, a checkpoint restores both networks and optimisers, a short run through the CLI over two DDP processes trains, scores the test split and keeps the generator and a figure, tensorflow trains over two MultiWorkerMirrored workers; bad batches are refused in one line."""
 
 import json
 import os
@@ -58,8 +58,8 @@ def showers(module_workdir):
     return module_workdir
 
 
-def test_a_short_run_trains_scores_the_test_split_and_keeps_the_generator_and_a_figure(showers):
-    proc = run_cli("train", "--workload", "calo", "--dataset", "showers", "--framework", "torch", "--batch-sizes", "4",
+def test_a_short_run_over_two_ddp_processes_trains_scores_the_test_split_and_keeps_the_generator_and_a_figure(showers):
+    proc = run_cli("train", "--workload", "calo", "--dataset", "showers", "--framework", "torch", "--batch-sizes", "4", "--world-size", "2",
                    "--max-steps", "2", "--threads", "1", "--json", cwd=showers)
     assert proc.returncode == 0, proc.stderr[-3000:]
     out = json.loads(proc.stdout.strip().splitlines()[-1])
@@ -67,6 +67,7 @@ def test_a_short_run_trains_scores_the_test_split_and_keeps_the_generator_and_a_
     run = client.get_run(out["run_id"])
     metrics, params = run.data.metrics, run.data.params
     assert run.info.status == "FINISHED" and out["steps"] == 2 and params["workload"] == "calo"
+    assert (out["world_size"], out["strategy"], params["per_device_batch"]) == (2, "ddp", "2")
     assert out["split"]["train"][0].startswith("60 of 100") and out["split"]["test"][0].startswith("20 of 100")
     assert metrics["test_longitudinal_err"] > 0 and metrics["test_sampling_fraction_err"] > 0 and "val_longitudinal_err" in metrics
     assert run.data.tags["karman.target"] == "not reached"
@@ -78,6 +79,15 @@ def test_a_short_run_trains_scores_the_test_split_and_keeps_the_generator_and_a_
     ranking = text.split("calorimeter showers: frameworks and devices ranked by time to target")[1].split("##")[0]
     assert "test longitudinal max error [%]" in ranking and "test sampling-fraction max error [%]" in ranking
     assert "test accuracy [%]" not in ranking and f"{100 * metrics['test_longitudinal_err']:,.0f}" in ranking
+
+
+def test_tensorflow_trains_over_two_multiworker_workers(showers):
+    proc = run_cli("train", "--workload", "calo", "--dataset", "showers", "--framework", "tensorflow", "--strategy", "multiworker",
+                   "--world-size", "2", "--batch-sizes", "2", "--max-steps", "1", "--validate-every", "0", "--json", cwd=showers)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert (out["world_size"], out["strategy"], out["steps"]) == (2, "multiworker", 1) and "2 workers" in out["device"]
+    assert out["final_d_real"] > 0 and out["final_g"] > 0 and out["test_sampling_fraction_err"] > 0
 
 
 @pytest.mark.parametrize("args, message", [

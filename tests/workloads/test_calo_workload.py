@@ -194,3 +194,22 @@ def test_a_benchmark_trains_calo_on_a_dataset_named_after_the_fields_it_changes(
     assert benchmark_dataset(calo, BenchmarkSpec.quick().generate) == ("calo-events400", {"events": 400})
     assert benchmark_dataset(calo, GenerateSpec(energy=[120.0, 180.0])) == ("calo-energy120-180", {"energy": [120.0, 180.0]})
     assert benchmark_dataset(har, BenchmarkSpec.quick().generate) == ("har", {})
+
+
+def test_the_ranks_shares_of_a_batch_differ_and_together_are_the_one_device_batch():
+    from tasks.common.specs import TrainSpec
+    from tasks.workloads.calo import workload as calo
+    from tasks.workloads.calo.nets import SMALL
+
+    rng = np.random.default_rng(1)
+    n = 12
+    data = calo.CaloData({r: rng.random((n, 51, 51, 25), dtype=np.float32) * 1e-3 for r in calo.ROLES},
+                         {r: rng.uniform(100, 200, n).astype(np.float32) for r in calo.ROLES}, {r: np.full(n, 90.0, np.float32) for r in calo.ROLES},
+                         {}, "-", 0.02)
+    spec = TrainSpec(workload="calo", dataset="calo", seed=3)
+    whole = next(calo.CaloTrainer(data, spec, 8, SMALL).batches(1, 1))
+    shares = [next(calo.CaloTrainer(data, spec, 8, SMALL, rank, 2).batches(1, 1)) for rank in (0, 1)]
+    for key, value in whole.items():  # the latent (3, b, latent): the batch on its second axis
+        axis = 1 if key == "latent" else 0
+        assert shares[0][key].shape[axis] == 4 and np.array_equal(np.concatenate([s[key] for s in shares], axis=axis), value), key
+    assert not np.allclose(shares[0]["latent"][..., 2:], shares[1]["latent"][..., 2:])  # each rank its own noise

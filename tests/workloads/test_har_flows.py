@@ -1,14 +1,16 @@
-"""The har workload through the CLI: generate writes the synthetic windows, their subject split and a manifest (stable digest, a no-op again), a short torch run trains a small BiLSTM and scores the held-out subjects, and a network of 0 layers is refused in one line."""
+"""The har workload through the CLI: generate writes the synthetic windows, their subject split and a manifest (stable digest, a no-op again), a short torch run over two hosts of a (simulated) SLURM job trains a small BiLSTM and scores the held-out subjects, tensorflow over the same two hosts takes the same steps, and bad sizes are refused in one line."""
 
 import json
 import os
+import subprocess
+import sys
 
 import numpy as np
 import pytest
 import zarr
 from mlflow.tracking import MlflowClient
 
-from tests.conftest import run_cli
+from tests.conftest import ROOT, run_cli, shared_prefect_api
 from tests.flows.test_cli import assert_refused
 
 
@@ -43,15 +45,37 @@ def test_generate_writes_synthetic_windows_split_by_subject_and_a_manifest_once(
     assert run.data.tags["karman.dataset_digest"] == first["digest"] and run.data.params["synthetic"] == "True"
 
 
-def test_a_short_torch_run_trains_and_scores_the_held_out_subjects(generated):
-    workdir, first = generated
-    proc = run_cli("train", "--workload", "har", "--dataset", "har", "--framework", "torch", "--batch-sizes", "64", "--layers", "1",
-                   "--units", "8", "--max-steps", "6", "--threads", "1", "--json", cwd=workdir)
+def on_two_hosts(workdir, *args: str) -> subprocess.CompletedProcess:
+    """infra/slurm-train.sbatch as sbatch runs it in a job of two nodes, which are this machine under two names
+    (localhost and 127.0.0.1); srun is stood in by tests/infra/fake_srun.py, which starts the step's tasks here
+    with SLURM's environment."""
+    bin_dir = workdir / "bin"
+    bin_dir.mkdir(exist_ok=True)
+    (bin_dir / "srun").write_text(f"#!/bin/sh\nexec {sys.executable} {ROOT / 'tests' / 'infra' / 'fake_srun.py'} \"$@\"\n")
+    (bin_dir / "srun").chmod(0o755)
+    env = {**os.environ, "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}", "SLURM_JOB_ID": "4242", "SLURM_JOB_NUM_NODES": "2",
+           "SLURM_JOB_NODELIST": "localhost,127.0.0.1", "SLURM_SUBMIT_DIR": str(workdir), "KARMAN_BENCH_ROOT": str(ROOT),
+           "PREFECT_SERVER_ANALYTICS_ENABLED": "false", "PREFECT_API_URL": os.environ.get("PREFECT_API_URL") or shared_prefect_api()}
+    return subprocess.run(["bash", str(ROOT / "infra" / "slurm-train.sbatch"), *args], cwd=workdir, env=env, capture_output=True, text=True, timeout=900)
+
+
+SMALL_RUN = ("--workload", "har", "--dataset", "har", "--batch-sizes", "64", "--layers", "1", "--units", "8", "--max-steps", "6", "--threads", "1", "--json")
+
+
+@pytest.fixture(scope="module")
+def torch_on_two_hosts(generated) -> dict:
+    proc = on_two_hosts(generated[0], "--framework", "torch", *SMALL_RUN)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def test_a_short_torch_run_over_two_hosts_trains_and_scores_the_held_out_subjects(generated, torch_on_two_hosts):
+    workdir, first = generated
+    out = torch_on_two_hosts
     run = MlflowClient(tracking_uri=os.environ["MLFLOW_TRACKING_URI"]).get_run(out["run_id"])
     metrics, params = run.data.metrics, run.data.params
     assert run.info.status == "FINISHED" and out["steps"] == 6 and params["workload"] == "har"
+    assert (out["world_size"], out["strategy"]) == (2, "ddp") and "x2 (DDP over gloo)" in out["device"] and params["hosts"] == "2"
     assert (params["layers"], params["units"], params["network_layers"], params["network_units"]) == ("1", "8", "1", "8")
     assert params["parameters"] == str(2 * (4 * 8 * (9 + 8) + 32) + 16 * 6 + 6) and params["synthetic_data"] == "True"
     for name in ("accuracy", "precision", "recall", "f1"):
@@ -60,9 +84,24 @@ def test_a_short_torch_run_trains_and_scores_the_held_out_subjects(generated):
     assert float(params["flops_per_sample"]) == pytest.approx(2 * 128 * 4 * 8 * (9 + 8) * 2 * 2 + 2 * 2 * 128 * 4 * 8 * 8 + 3 * 2 * 16 * 6)
 
 
-def test_a_network_without_layers_is_refused_in_one_line_and_nothing_is_written(generated):
+def test_tensorflow_over_the_same_two_hosts_takes_the_same_steps(generated, torch_on_two_hosts):
+    """Each worker trains on its half of every batch: the mean of the two halves' gradients is the whole batch's,
+    so the run's loss is torch's over two hosts (and one process's) to float precision."""
+    proc = on_two_hosts(generated[0], "--framework", "tensorflow", *SMALL_RUN)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert (out["world_size"], out["strategy"], out["steps"]) == (2, "multiworker", 6) and "2 workers" in out["device"]
+    assert out["final_ce"] == pytest.approx(torch_on_two_hosts["final_ce"], rel=1e-5)
+    assert out["test_f1"] == pytest.approx(torch_on_two_hosts["test_f1"], abs=0.01)
+
+
+def test_a_network_without_layers_or_a_batch_that_does_not_split_over_the_workers_is_refused_in_one_line_and_nothing_is_written(generated):
     workdir, _ = generated
     runs = sorted((workdir / "data").rglob("*"))
     proc = run_cli("train", "--workload", "har", "--dataset", "har", "--layers", "0", cwd=workdir)
     assert_refused(proc, "--layers", "greater than 0")
+    assert sorted((workdir / "data").rglob("*")) == runs
+    proc = run_cli("train", "--workload", "har", "--dataset", "har", "--framework", "tensorflow", "--strategy", "multiworker", "--world-size", "2",
+                   "--batch-sizes", "63", cwd=workdir)
+    assert_refused(proc, "batch size 63 does not split evenly over 2 devices; use a multiple of 2")
     assert sorted((workdir / "data").rglob("*")) == runs

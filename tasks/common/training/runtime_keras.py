@@ -44,6 +44,21 @@ class KerasRuntime(NpzRuntime):
 
         return [float(x) for x in self._mean(tf.constant(values, tf.float32)).numpy()]
 
+    def distribute(self, batch):
+        """This worker's share of a global batch (a nest of arrays, batch first) cut into its replicas'
+        equal shares, as per-replica values for ``strategy.run``; the batch itself on one replica."""
+        import tensorflow as tf
+
+        strategy, local = self.ctx.strategy, self.ctx.local_replicas
+        if strategy.num_replicas_in_sync == 1:
+            return batch
+
+        def share(context):
+            i = context.replica_id_in_sync_group % local  # this worker's replicas take its share in turn
+            return tf.nest.map_structure(lambda a: a[i * (len(a) // local): (i + 1) * (len(a) // local)], batch)
+
+        return strategy.experimental_distribute_values_from_function(share)
+
     def epoch_metrics(self, first: bool) -> dict[str, float]:
         from models.device_keras import peak_memory_mb
 

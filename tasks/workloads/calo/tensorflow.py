@@ -164,9 +164,10 @@ class CaloKeras(CaloTrainer):
         import keras
         import tensorflow as tf
 
-        super().__init__(data, spec, batch_size, cfg)
+        super().__init__(data, spec, batch_size, cfg, runtime.ctx.rank, runtime.ctx.workers)  # this worker's share of each batch
         self.runtime = runtime
         strategy = runtime.ctx.strategy
+        replicas = strategy.num_replicas_in_sync
         with strategy.scope():
             self.g, self.d = build_networks(self.cfg, initial_weights(self.cfg, spec.seed))
             self.opt_g = keras.optimizers.RMSprop(LEARNING_RATE, rho=0.9, epsilon=EPSILON)
@@ -178,9 +179,11 @@ class CaloKeras(CaloTrainer):
         g, d, opt_g, opt_d = self.g, self.d, self.opt_g, self.opt_d
 
         def update(tape, loss, net, opt):
-            opt.apply_gradients(zip(tape.gradient(loss, net.trainable_variables), net.trainable_variables))
+            # the gradient of this replica's mean over the replicas: the optimiser sums them, which makes the global batch's mean
+            grads = [g / replicas for g in tape.gradient(loss, net.trainable_variables)]
+            opt.apply_gradients(zip(grads, net.trainable_variables))
 
-        def replica_step(b):
+        def replica_step(b):  # this replica's share of the batch
             with tf.GradientTape() as tape:  # (1) D on real images
                 loss_real = weighted_loss(d(b["image"], training=True), b["real_label"], b["energy"], b["angle"], b["ecal"])
             update(tape, loss_real, d, opt_d)
@@ -204,8 +207,10 @@ class CaloKeras(CaloTrainer):
         self._step = tf.function(step, jit_compile=spec.compile == "on")
         self._generate = tf.function(lambda z: g(z, training=False), reduce_retracing=True)
 
-    def _device(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        return {k: v.astype(self._dtype, copy=False) for k, v in batch.items()}
+    def _device(self, batch: dict[str, np.ndarray]):
+        """This worker's batch in the network's float type, split over its replicas (the latent as three (b, latent) arrays: batch first)."""
+        batch = {k: v.astype(self._dtype, copy=False) for k, v in batch.items()}
+        return self.runtime.distribute(batch | {"latent": tuple(batch["latent"])})
 
     def step(self, batch, flags: list[float], progress: float):
         losses = {k: float(v) for k, v in self._step(batch).items()}  # reading the losses waits for the step

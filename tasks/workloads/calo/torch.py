@@ -230,9 +230,9 @@ class CaloTorch(CaloTrainer):
     framework = "torch"
 
     def __init__(self, data: CaloData, spec, batch_size: int, runtime, cfg: NetConfig | None = None):
-        super().__init__(data, spec, batch_size, cfg)
-        self.runtime = runtime
         ctx = runtime.ctx
+        super().__init__(data, spec, batch_size, cfg, ctx.rank, ctx.world_size if ctx.strategy == "ddp" else 1)  # this rank's share of each batch
+        self.runtime = runtime
         self.g, self.d = build_networks(self.cfg, initial_weights(self.cfg, spec.seed))
         self.g.to(ctx.device), self.d.to(ctx.device)
         self.opt_g, self.opt_d = RMSprop(self.g.parameters()), RMSprop(self.d.parameters())
@@ -257,8 +257,23 @@ class CaloTorch(CaloTrainer):
         opt.zero_grad()
         loss.backward()
         self._mark("backward")
+        if self.world > 1:
+            self._mean_gradients(opt.params)
+            self._mark("allreduce")
         opt.step()
         self._mark("optimizer")
+
+    def _mean_gradients(self, params: list[torch.Tensor]) -> None:
+        """Each gradient averaged over the ranks in one all-reduce (the ranks' shares are equal, so this is the
+        gradient of the global batch's mean loss): every rank then takes the same optimiser step.
+
+        Not DistributedDataParallel: a step calls D four times and G three, two of D's calls frozen inside G's
+        updates, which DDP's one-forward-one-backward bookkeeping does not follow; and one explicit all-reduce per
+        update is what the step's profile times apart (step_shares' ``allreduce``)."""
+        grads = [p.grad for p in params]
+        flat = self.runtime.ctx.mean_over_ranks(torch.cat([g.reshape(-1) for g in grads]))
+        for g, mean in zip(grads, flat.split([g.numel() for g in grads])):
+            g.copy_(mean.view_as(g))
 
     def step(self, batch, flags: list[float], progress: float):
         """The four tapes: D on real images, D on generated ones (G in training mode, no gradient), then two
@@ -310,8 +325,8 @@ class CaloTorch(CaloTrainer):
 
 def step_shares(trainer: CaloTorch, steps: int = 3) -> dict[str, float]:
     """Where a step's time goes: the fractions of ``steps`` steps' wall time (after one warm-up step) spent on
-    input (the numpy batch and its copy to the device), forward passes (with the losses), backward passes and
-    optimizer updates and the rest (the losses read back), timed section by section with the device waited for at each boundary (which costs a
+    input (the numpy batch and its copy to the device), forward passes (with the losses), backward passes, the
+    gradients' all-reduce (over DDP ranks only), optimizer updates and the rest (the losses read back), timed section by section with the device waited for at each boundary (which costs a
     little overlap on an accelerator), and the mean step time in seconds."""
     batches = trainer.batches(1, steps + 1)
     trainer.step(next(batches), [0.0] * 3, 0.0)

@@ -277,7 +277,7 @@ def prepare(settings, spec, main: bool = True) -> CaloData:
 
 def check(settings, spec, batch_sizes: list[int], world: int, memory: int | None = None) -> None:
     """UserError for a batch the run cannot take: one that does not split over the devices, one larger than
-    the training events; and for more than one device (the calo trainers run on one)."""
+    the training events."""
     events = _manifest(settings.dataset_dir(spec.dataset))["events"]
     train = len(split_of(events)["train"])
     for b in batch_sizes:
@@ -285,8 +285,6 @@ def check(settings, spec, batch_sizes: list[int], world: int, memory: int | None
             raise UserError(f"batch size {b} does not split evenly over {world} devices; use a multiple of {world}")
         if b > train:
             raise UserError(f"batch size {b} exceeds the {train} training showers of dataset {spec.dataset!r}; use at most {train}")
-    if world > 1:
-        raise UserError(f"the calo workload trains on one device; leave out --world-size (asked for {world})")
 
 
 def dataset_info(settings, dataset: str) -> tuple[str, dict]:
@@ -315,8 +313,8 @@ class CaloTrainer:
 
     framework = "?"
 
-    def __init__(self, data: CaloData, spec, batch_size: int, cfg: NetConfig | None = None):
-        self.data, self.spec, self.batch_size = data, spec, batch_size
+    def __init__(self, data: CaloData, spec, batch_size: int, cfg: NetConfig | None = None, rank: int = 0, world: int = 1):
+        self.data, self.spec, self.batch_size, self.rank, self.world = data, spec, batch_size, rank, world
         self.cfg = cfg or config_of(spec)
         self.samples = len(data.energy["train"])
         self.cells = {role: pool_cells(c, self.cfg.pool) for role, c in data.cells.items()}  # on the networks' grid
@@ -332,13 +330,16 @@ class CaloTrainer:
         self.speed = {}
         self._reference: dict[str, dict] = {}
 
-    def batch_of(self, take: np.ndarray, rng: np.random.Generator) -> dict[str, np.ndarray]:
-        """The numpy batch of training events ``take`` with the step's randomness from ``rng`` (see the class)."""
+    def batch_of(self, take: np.ndarray, rng: np.random.Generator, part: slice = slice(None)) -> dict[str, np.ndarray]:
+        """The numpy batch of training events ``take`` with the step's randomness from ``rng`` (see the class), or
+        of its ``part`` (a rank's share): the randomness is drawn for the whole batch, so the ranks' shares differ and
+        together are the one-device batch."""
+        noise = rng.standard_normal((3, len(take), self.cfg.latent - 2))[:, part]
+        flips = (rng.random((2, len(take))) < FLIP_RATE)[:, part]
+        take = take[part]
         cells, energy = self.cells["train"][take], self.data.energy["train"][take].astype(np.float64)
         angle = np.radians(self.data.angle["train"][take].astype(np.float64))
-        b, col = len(take), lambda v: np.asarray(v, np.float32)[:, None]  # noqa: E731
-        noise = rng.standard_normal((3, b, self.cfg.latent - 2))
-        flips = rng.random((2, b)) < FLIP_RATE
+        col = lambda v: np.asarray(v, np.float32)[:, None]  # noqa: E731
         return {"image": to_image(cells), "energy": col(energy / ENERGY_SCALE), "angle": col(angle),
                 "ecal": col(cells.sum(axis=(1, 2, 3), dtype=np.float64)), "ecal_fit": col(energy * self.data.sampling_fraction),
                 "latent": np.stack([latent_of(energy, angle, n) for n in noise]),
@@ -348,11 +349,12 @@ class CaloTrainer:
         return batch
 
     def batches(self, epoch: int, steps: int):
-        """Each step's batch, in the epoch's order, with randomness of (seed, epoch, step) only."""
-        b = self.batch_size
-        order = epoch_order(self.samples, self.spec.seed, epoch)
+        """This rank's share of each step's global batch, in the epoch's order, with randomness of (seed, epoch, step) only."""
+        b, local = self.batch_size, self.batch_size // self.world
+        order = epoch_order(self.samples, self.spec.seed, epoch)  # the same on every rank
+        mine = slice(self.rank * local, (self.rank + 1) * local)
         for s in range(steps):
-            yield self._device(self.batch_of(order[s * b: (s + 1) * b], np.random.default_rng([self.spec.seed, epoch, s, 30])))
+            yield self._device(self.batch_of(order[s * b: (s + 1) * b], np.random.default_rng([self.spec.seed, epoch, s, 30]), mine))
 
     def learning_rate(self) -> float:
         return LEARNING_RATE

@@ -1,4 +1,4 @@
-"""The digits workload in TensorFlow (Keras 3, one device): the CNN of workload.py from its numpy initial weights, one SGD-momentum step per batch, logits for scoring."""
+"""The digits workload in TensorFlow (Keras 3 under the run's tf.distribute strategy): the CNN of workload.py from its numpy initial weights, one SGD-momentum step per batch, logits for scoring."""
 
 import numpy as np
 
@@ -25,7 +25,7 @@ class DigitsKeras(DigitsTrainer):
     def __init__(self, data: DigitsData, spec, batch_size: int, runtime):
         import keras
 
-        super().__init__(data, spec, batch_size)
+        super().__init__(data, spec, batch_size, runtime.ctx.rank, runtime.ctx.workers)
         self.runtime = runtime
         with runtime.ctx.strategy.scope():
             self.net = build_cnn()
@@ -37,18 +37,30 @@ class DigitsKeras(DigitsTrainer):
         self._compile(spec)
 
     def _compile(self, spec) -> None:
-        """The traced step (mean sparse softmax cross-entropy of ``self.net``'s logits, one ``self.opt`` step) and logits."""
+        """The traced step (mean sparse softmax cross-entropy of ``self.net``'s logits, one ``self.opt`` step) on
+        every replica of the strategy, and logits. Each replica's gradient is of its share's mean over the
+        replicas: the optimiser sums the replicas' gradients, which makes the global batch's mean."""
         import keras
         import tensorflow as tf
 
-        def step(x, y):
+        strategy = self.runtime.ctx.strategy
+        replicas = strategy.num_replicas_in_sync
+
+        def replica_step(x, y):  # this replica's share: (b, ...) inputs, (b,) labels
             with tf.GradientTape() as tape:
                 loss = tf.reduce_mean(keras.losses.sparse_categorical_crossentropy(y, self.net(x, training=True), from_logits=True))
-            self.opt.apply_gradients(zip(tape.gradient(loss, self.net.trainable_variables), self.net.trainable_variables))
+            grads = [g / replicas for g in tape.gradient(loss, self.net.trainable_variables)]
+            self.opt.apply_gradients(zip(grads, self.net.trainable_variables))
             return loss
+
+        def step(x, y):
+            return strategy.reduce(tf.distribute.ReduceOp.MEAN, strategy.run(replica_step, args=(x, y)), axis=None)
 
         self._step = tf.function(step, jit_compile=spec.compile == "on")
         self._logits = tf.function(lambda x: self.net(x, training=False), reduce_retracing=True)
+
+    def _device(self, x: np.ndarray, y: np.ndarray):
+        return self.runtime.distribute((x, y))  # this worker's share, split over its replicas
 
     def load_weights(self, weights: dict[str, np.ndarray]) -> None:
         for name, variable in self._variables.items():

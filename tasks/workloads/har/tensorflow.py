@@ -1,4 +1,4 @@
-"""The har workload in TensorFlow (Keras 3, one device): the stacked bidirectional LSTM of workload.py from its numpy initial weights, one Adam step per batch, logits for scoring."""
+"""The har workload in TensorFlow (Keras 3 under the run's tf.distribute strategy: default, mirrored or multiworker): the stacked bidirectional LSTM of workload.py from its numpy initial weights, one Adam step per batch, logits for scoring."""
 
 import numpy as np
 
@@ -40,7 +40,7 @@ class HarKeras(HarTrainer, DigitsKeras):
     def __init__(self, data: HarData, spec, batch_size: int, runtime):
         import keras
 
-        HarTrainer.__init__(self, data, spec, batch_size)
+        HarTrainer.__init__(self, data, spec, batch_size, runtime.ctx.rank, runtime.ctx.workers)  # this worker's share of each batch
         self.runtime = runtime
         with runtime.ctx.strategy.scope():
             self.net = build_bilstm(self.network)

@@ -61,12 +61,13 @@ class HarTorch(HarTrainer, DigitsTorch):
     framework = "torch"
 
     def __init__(self, data: HarData, spec, batch_size: int, runtime):
-        HarTrainer.__init__(self, data, spec, batch_size)
+        ctx = runtime.ctx
+        HarTrainer.__init__(self, data, spec, batch_size, ctx.rank, ctx.world_size if ctx.strategy == "ddp" else 1)  # this rank's share of each batch
         self.runtime = runtime
         self.net = HarBiLSTM(self.network)
-        self.net.load_weights(self.network.initial_weights(spec.seed))  # the same in every framework
-        self.net.to(runtime.ctx.device)
-        self.run_net = self.net  # one device: the workload's check refuses more
+        self.net.load_weights(self.network.initial_weights(spec.seed))  # the same on every rank and in every framework
+        self.net.to(ctx.device)
+        self.run_net = ctx.wrap(self.net) if ctx.wrap else self.net  # DDP: the ranks' gradients averaged in the backward pass
         self.opt = torch.optim.Adam([p for p in self.net.parameters() if p.requires_grad], lr=LEARNING_RATE, eps=EPSILON)
         self.speed = {"threads": runtime.threads, "precision": spec.precision}
 

@@ -363,8 +363,6 @@ def prepare(settings, spec, main: bool = True) -> HarData:
 def check(settings, spec, batch_sizes: list[int], world: int, memory: int | None = None) -> None:
     network_of(spec)  # UserError for a size the network cannot take
     train = _manifest(settings.dataset_dir(spec.dataset))["split"]["train"]
-    if spec.framework == "tensorflow" and world > 1:
-        raise UserError(f"the har workload trains tensorflow on one device; leave out --world-size (asked for {world})")
     for b in batch_sizes:
         if b % world:
             raise UserError(f"batch size {b} does not split evenly over {world} devices; use a multiple of {world}")
