@@ -123,13 +123,13 @@ def test_cpu_run_killed_mid_training_resumes_to_the_uninterrupted_result(trainab
 
 
 def test_xla_spmd_on_two_virtual_devices_trains_and_resumes(trainable):
-    args = (*NET, "--device", "xla", "--world-size", "2", "--epochs", "4", "--batch-sizes", "4")
+    args = (*NET, "--device", "xla", "--world-size", "2", "--epochs", "3", "--batch-sizes", "4")
     whole = train(trainable, *args, env=XLA_ENV)
     assert whole["strategy"] == "spmd" and whole["world_size"] == 2
     run = client().get_run(whole["run_id"])
     assert run.data.params["world_size"] == "2" and run.data.params["strategy"] == "spmd"
     compiled = [m.value for m in sorted(client().get_metric_history(whole["run_id"], "xla_compilations"), key=lambda m: m.step)]
-    assert len(compiled) == 4 and compiled[0] > 0
+    assert len(compiled) == 3 and compiled[0] > 0
     assert compiled[-1] == compiled[1], f"recompiling after warm-up: {compiled}"  # fixed shapes: one step graph
     assert np.isfinite(whole["final_l1"])
     killed = kill_after_first_checkpoint(trainable, *args, env=XLA_ENV)
