@@ -152,7 +152,9 @@ def test_quick_benchmark_deployed_on_real_servers_and_a_worker(tmp_path):
             from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterFlowRunId, ArtifactFilterType
 
             own = client.read_artifacts(artifact_filter=ArtifactFilter(flow_run_id=ArtifactFilterFlowRunId(any_=[second.id])))
-            report_artifact = next(a for a in own if a.type == "markdown")
+            report_artifact = next(a for a in own if a.type == "markdown" and (a.key or "").endswith("-report"))
+            mlflow_link = next(a for a in own if (a.key or "").startswith("mlflow-"))  # the flow run links its MLflow run
+            assert f"http://127.0.0.1:{mlflow_port}/#/experiments/" in mlflow_link.data
             assert "![train_samples_per_s](data:image/png;base64," in report_artifact.data
             assert f"http://127.0.0.1:{mlflow_port}/#/experiments/" in report_artifact.data  # run ids link to MLflow
             assert any(a.type == "progress" and a.data == 100 for a in own)  # the cells' progress
