@@ -345,8 +345,10 @@ def ranking_columns(table: list[dict]) -> dict[str, str]:
     def shown(key: str) -> bool:
         return any(r[key] not in ("", None) and r[key] == r[key] for r in table)
 
-    optional = {"size", "test_accuracy", "test_f1", "test_longitudinal_err", "test_sampling_fraction_err"}
-    return {k: v for k, v in RANKING_COLUMNS.items() if (k not in optional and k != "accuracy_spread") or shown("test_accuracy" if k == "accuracy_spread" else k)}
+    # column -> the value whose presence shows it (accuracy's spread goes with accuracy)
+    optional = {k: k for k in ("size", "test_accuracy", "test_f1", "test_longitudinal_err", "test_sampling_fraction_err")}
+    optional["accuracy_spread"] = "test_accuracy"
+    return {k: v for k, v in RANKING_COLUMNS.items() if k not in optional or shown(optional[k])}
 
 
 def ranking(rows: list[dict]) -> dict[str, list[dict]]:
