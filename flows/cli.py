@@ -151,6 +151,32 @@ def _prefect_ready() -> None:
         raise UserError(f"the Prefect server {api} {given} (HTTP {code}); set {PREFECT_AUTH_ENV}, or {PREFECT_FILE_ENV}, to the server's")
 
 
+def spec_file(model: type[BaseModel], path: str) -> BaseModel:
+    """The spec in the JSON or YAML file ``path``; UserError (one line naming the file, and the field
+    where a value is wrong) if it cannot be read, parsed or validated."""
+    import yaml
+
+    try:
+        text = open(path, encoding="utf-8").read()
+    except OSError as exc:
+        raise UserError(f"--spec {path!r} cannot be read ({exc.strerror or type(exc).__name__})") from None
+    try:
+        values = yaml.safe_load(text)  # JSON is YAML
+    except yaml.YAMLError as exc:
+        raise UserError(f"--spec {path!r} is neither JSON nor YAML ({str(exc).splitlines()[0]})") from None
+    if isinstance(values, dict) and set(values) == {"spec"}:  # a deployment's parameters, as prefect.yaml holds them
+        values = values["spec"]
+    if not isinstance(values, dict):
+        raise UserError(f"--spec {path!r} holds a {type(values).__name__}, not a mapping of the spec's fields")
+    try:
+        return model.model_validate(values)
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        where = ".".join(str(p) for p in err["loc"])
+        got = f" (got {err['input']!r})" if where else ""
+        raise UserError(f"--spec {path!r}: {where + ': ' if where else ''}{err['msg'].removeprefix('Value error, ').rstrip('.')}{got}") from None
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = OneLineParser(prog="python -m flows", description="Kármán Bench: neural surrogates of a vortex street, benchmarked across devices.")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=OneLineParser)
@@ -163,6 +189,9 @@ def build_parser() -> argparse.ArgumentParser:
                            help=f"Wall-clock seconds of training (default: {DemoSpec().train.time_budget:g})")
         else:
             add_spec_options(p, command.spec)
+            p.add_argument("--spec", dest="spec_file", default=None, metavar="FILE",
+                           help="A JSON or YAML file holding the whole spec, as the Prefect form's 'spec' parameter (nested fields "
+                                "included); the options given beside it override its values")
         if command.spec is BenchmarkSpec:
             p.add_argument("--quick", action="store_true", help="Start from the quick CPU matrix (the demo's sizes) instead of the full one")
         p.add_argument("--json", action="store_true", help="Print a one-line JSON summary as the last line of stdout")
@@ -204,6 +233,10 @@ def main(argv: list[str] | None = None) -> int:
             spec: BaseModel = _demo_spec(args)
         else:
             base = BenchmarkSpec.quick() if getattr(args, "quick", False) else None
+            if args.spec_file:
+                if base is not None:
+                    raise UserError("--spec and --quick both give the whole matrix; give one")
+                base = spec_file(cmd.spec, args.spec_file)
             spec = spec_from_args(cmd.spec, args, base)
         from tasks.common.credentials import Credentials
         from tasks.common.settings import Settings

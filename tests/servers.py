@@ -1,64 +1,12 @@
 """Real servers for tests, on 127.0.0.1.
 
 Real servers for tests: free ports on 127.0.0.1, waiting for a health URL, background processes
-stopped together."""
+stopped together (infra/services.py), and the environment of authenticated servers."""
 
-import os
-import signal
-import socket
-import subprocess
-import time
-import urllib.request
 from pathlib import Path
 
+from infra.services import Services, free_port, wait_http  # noqa: F401  (the tests' servers)
 from tests.conftest import ROOT
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def wait_http(url: str, timeout: float, proc: subprocess.Popen, log: Path) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise AssertionError(f"{proc.args} exited with {proc.returncode}:\n{log.read_text()[-3000:]}")
-        try:
-            with urllib.request.urlopen(url, timeout=2) as response:
-                if response.status == 200:
-                    return
-        except OSError:
-            pass
-        time.sleep(0.5)
-    raise AssertionError(f"{url} did not answer within {timeout} s:\n{log.read_text()[-3000:]}")
-
-
-class Services:
-    """Background processes in their own sessions, each logging to a file; stopped together."""
-
-    def __init__(self, folder: Path, env: dict):
-        self.folder, self.env, self.procs = folder, env, []
-
-    def start(self, name: str, args: list[str], extra_env: dict | None = None) -> tuple[subprocess.Popen, Path]:
-        log = self.folder / f"{name}.log"
-        proc = subprocess.Popen(args, cwd=ROOT, env={**self.env, **(extra_env or {})}, stdout=log.open("w"),
-                                stderr=subprocess.STDOUT, start_new_session=True)
-        self.procs.append(proc)
-        return proc, log
-
-    def stop(self) -> None:
-        for proc in reversed(self.procs):
-            if proc.poll() is None:
-                os.killpg(proc.pid, signal.SIGTERM)
-        for proc in reversed(self.procs):
-            try:
-                proc.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
-
 
 AUTH_USER, AUTH_PASSWORD = "admin", "karman-4-vortices!"
 

@@ -22,6 +22,7 @@ import json
 import os
 import shutil
 import socket
+import time
 from pathlib import Path
 from typing import Any
 
@@ -295,19 +296,25 @@ def open_frame_arrays(store: Store, sim_id: str, names: tuple[str, ...]) -> dict
 
 
 @contextlib.contextmanager
-def writer_lock(folder: Path, what: str):
+def writer_lock(folder: Path, what: str, wait_s: float = 0.0):
     """Hold the one-writer lock of ``folder`` (a dataset or a run) for the block: an exclusive flock on
     a file beside it, released when the block ends or the process dies. UserError naming the holder's
-    pid and host if another process holds it."""
+    pid and host if another process holds it (for longer than ``wait_s`` seconds)."""
     lock_path = folder.parent / f".{folder.name}.lock"
     lock_path.parent.mkdir(parents=True, exist_ok=True)
+    deadline = time.monotonic() + wait_s
     with open(lock_path, "a+") as lock:
-        try:
-            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            lock.seek(0)
-            holder = lock.read().strip() or "another process"
-            raise UserError(f"{what} is being written by {holder}; wait until it ends or stop it") from None
+        while True:
+            try:
+                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() < deadline:
+                    time.sleep(0.2)
+                    continue
+                lock.seek(0)
+                holder = lock.read().strip() or "another process"
+                raise UserError(f"{what} is being written by {holder}; wait until it ends or stop it") from None
         lock.seek(0)
         lock.truncate()
         lock.write(f"pid {os.getpid()} on host {socket.gethostname()}")

@@ -93,13 +93,28 @@ def generate_dataset(settings: Settings, spec: GenerateSpec, parent_run_id: str 
     return run_sweep(settings, spec, parent_run_id)
 
 
+COMPLETE_WAIT_S = 120.0  # how long a sweep of a finished dataset waits for another process's pass over it
+
+
+def _complete(dataset_dir, spec: GenerateSpec, sims: list[SimulationSpec]) -> bool:
+    """Whether the manifest already holds every simulation of the sweep (False where it cannot be read)."""
+    try:
+        manifest = Manifest(dataset_dir, _sweep_key(spec))
+    except (UserError, ValueError, OSError):
+        return False
+    return all(manifest.is_complete(s.sim_id) for s in sims)
+
+
 @task(name="simulate-sweep", task_run_name="simulate {spec.dataset}", retries=0)
 def run_sweep(settings: Settings, spec: GenerateSpec, parent_run_id: str | None = None) -> dict:
     """Simulate every missing member of the sweep in parallel on Dask; returns the dataset summary."""
     logger = get_run_logger()
     sims = expand(spec)
     dataset_dir = settings.dataset_dir(spec.dataset)
-    with writer_lock(dataset_dir, f"dataset {spec.dataset!r}"):  # one writer per dataset: a second sweep is refused
+    # One writer per dataset: a second sweep is refused. A sweep with nothing left to simulate only checks
+    # and consolidates, in a second: benchmarks that share a finished dataset wait their turn instead.
+    done = not (spec.overwrite or spec.verify) and _complete(dataset_dir, spec, sims)
+    with writer_lock(dataset_dir, f"dataset {spec.dataset!r}", wait_s=COMPLETE_WAIT_S if done else 0.0):
         return _sweep(settings, spec, sims, dataset_dir, parent_run_id, logger)
 
 

@@ -2,6 +2,7 @@
 
 import pytest
 
+from tasks.common.errors import UserError
 from tests.conftest import run_cli
 
 
@@ -98,3 +99,30 @@ def test_a_report_over_runs_that_cannot_be_found_is_refused_before_anything_is_w
     MlflowClient().create_experiment("test", artifact_location=str(workdir / "mlartifacts"))
     assert_refused(run_cli("aggregate", "--runs", "latest", cwd=workdir), "no benchmark or demo run in experiment 'test'")
     assert_refused(run_cli("aggregate", "--runs", "0" * 32, cwd=workdir), f"unknown run '{'0' * 32}'")
+
+
+def test_a_spec_file_gives_the_whole_spec_and_the_options_beside_it_win(workdir):
+    from flows.cli import build_parser, spec_file
+    from flows.options import spec_from_args
+    from tasks.common.specs import BenchmarkSpec, TrainSpec
+
+    saved = workdir / "matrix.yaml"  # as prefect.yaml holds a deployment's parameters
+    saved.write_text("spec:\n  batch_sizes: [4]\n  train: {epochs: 2, ngf: 8}\n  aggregate: {name: saved}\n")
+    args = build_parser().parse_args(["benchmark", "--spec", str(saved), "--batch-sizes", "8"])
+    spec = spec_from_args(BenchmarkSpec, args, spec_file(BenchmarkSpec, args.spec_file))
+    assert (spec.batch_sizes, spec.train.epochs, spec.train.ngf, spec.aggregate.name) == ([8], 2, 8, "saved")
+    (workdir / "train.json").write_text('{"dataset": "d", "epochs": 0}')
+    (workdir / "list.json").write_text("[1, 2]")
+    (workdir / "broken.yaml").write_text("a: [1\n")
+    for model, name, message in ((TrainSpec, "train.json", "epochs: Input should be greater than 0 (got 0)"),
+                                 (BenchmarkSpec, "list.json", "holds a list, not a mapping of the spec's fields"),
+                                 (BenchmarkSpec, "broken.yaml", "is neither JSON nor YAML (while parsing a flow sequence)"),
+                                 (BenchmarkSpec, "none.json", "cannot be read (No such file or directory)")):
+        with pytest.raises(UserError) as refused:
+            spec_file(model, str(workdir / name))
+        assert str(refused.value).replace(str(workdir / name), name).startswith(f"--spec '{name}'"), refused.value
+        assert message in str(refused.value)
+    # through the command line: one line, exit 2, before anything starts
+    assert_refused(run_cli("train", "--spec", "train.json", cwd=workdir), "--spec 'train.json': epochs: Input should be greater than 0")
+    assert_refused(run_cli("benchmark", "--spec", str(saved), "--quick", cwd=workdir), "--spec and --quick both give the whole matrix; give one")
+    assert TrainSpec.model_fields.keys().isdisjoint({"spec_file"})

@@ -152,3 +152,31 @@ def test_missing_or_empty_dataset_is_a_clear_error(tmp_path):
     Manifest(tmp_path, {}).save()
     with pytest.raises(UserError, match="no completed simulations"):
         load_manifest(tmp_path)
+
+
+def test_the_writer_lock_refuses_a_second_writer_or_waits_for_it_when_asked(tmp_path):
+    import threading
+    import time
+
+    from tasks.common.errors import UserError
+    from tasks.common.store import writer_lock
+
+    folder = tmp_path / "busy"
+    held, release = threading.Event(), threading.Event()
+
+    def first_writer():
+        with writer_lock(folder, "dataset 'busy'"):
+            held.set()
+            release.wait(10)
+
+    thread = threading.Thread(target=first_writer)
+    thread.start()
+    held.wait(10)
+    with pytest.raises(UserError, match=r"dataset 'busy' is being written by pid \d+ on host"):
+        with writer_lock(folder, "dataset 'busy'"):
+            pass
+    threading.Timer(0.5, release.set).start()
+    t0 = time.monotonic()
+    with writer_lock(folder, "dataset 'busy'", wait_s=10):  # the first writer ends within the wait: this one goes on
+        assert time.monotonic() - t0 >= 0.4
+    thread.join()
