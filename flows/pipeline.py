@@ -4,10 +4,16 @@ Every flow run is named and tagged from its parameters (``train cpu b8``; stage,
 device, batch size, mode), so the Prefect UI's runs list tells them apart and filters them.
 """
 
+import contextlib
+import contextvars
 import itertools
+import os
+import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, Callable
 
 from prefect import flow, get_run_logger
 from pydantic import ValidationError
@@ -29,6 +35,66 @@ from tasks.validate.task import validate_solver as run_validation
 # The MLflow run id to file a flow's run under as a child. The benchmark and the demo set it; run forms
 # leave it out (no JSON schema), and the flow still takes it.
 ParentRun = SkipJsonSchema[str | None]
+
+
+# The work pool whose worker started this process: set by each pool's job variables in prefect.yaml.
+POOL_ENV = "KARMAN_POOL"
+# A cell's slot is leased for this long and renewed while it runs: a cell killed with its worker frees its
+# pool within this time (Prefect's default, 300 s, would hold the pool's devices for five minutes).
+SLOT_LEASE_S = 30.0
+
+
+def pool_limit(pool: str | None = None) -> str | None:
+    """The global concurrency limit of work pool ``pool`` (``pool-<name>``; by default this process's
+    pool), None outside a pool's worker."""
+    pool = pool or os.environ.get(POOL_ENV)
+    return f"pool-{pool}" if pool else None
+
+
+@contextlib.contextmanager
+def device_slot(logger, pool: str | None = None):
+    """Hold one slot of this process's pool limit while a cell runs: a pool's devices run as many timed
+    cells at once as the limit has slots (infra/deploy.sh creates one slot per pool), whichever
+    benchmark or trigger sent them. Outside a pool's worker the block runs at once; where the limit
+    does not exist, Prefect says so and the block runs at once."""
+    name = pool_limit(pool)
+    if name is None:
+        yield
+        return
+    from prefect.concurrency.sync import concurrency
+
+    t0 = time.monotonic()
+    with concurrency(name, occupy=1, strict=False, lease_duration=SLOT_LEASE_S, raise_on_lease_renewal_failure=False):
+        waited = time.monotonic() - t0
+        if waited >= 1:
+            logger.info("waited %.0f s for a slot of concurrency limit %s (its pool's devices were busy)", waited, name)
+        yield
+
+
+def run_lanes(jobs: list, lane_of: Callable[[Any], str | None], run: Callable[[Any], dict]) -> list[dict]:
+    """``run(job)`` for every job, lane by lane: one lane's jobs one after the other, in order; different
+    lanes at the same time. Lane None (cells run here) stays in this thread; every other lane (a work
+    pool) gets a thread with a copy of this one's context (the flow run, its logger). Results in the
+    jobs' order."""
+    lanes: dict[str | None, list[int]] = {}
+    for i, job in enumerate(jobs):
+        lanes.setdefault(lane_of(job), []).append(i)
+    results: list[dict] = [{}] * len(jobs)
+
+    def work(indices: list[int]) -> None:
+        for i in indices:
+            results[i] = run(jobs[i])
+
+    remote = [indices for lane, indices in lanes.items() if lane is not None]
+    if not remote:
+        work(lanes.get(None, []))
+        return results
+    with ThreadPoolExecutor(len(remote), thread_name_prefix="lane") as pool:
+        futures = [pool.submit(contextvars.copy_context().run, work, indices) for indices in remote]
+        work(lanes.get(None, []))
+        for future in futures:
+            future.result()
+    return results
 
 
 def _settings() -> Settings:
@@ -89,6 +155,11 @@ def train(spec: TrainSpec = TrainSpec(), parent_run: ParentRun = None) -> dict:
     """Train Pix2Pix on a dataset on the chosen device: one run per batch size (several make a sweep,
     whose runs are children of one parent run holding the study's table), or resume an interrupted run."""
     _tag_run("stage:train", f"workload:{spec.workload}", f"framework:{spec.framework}", f"device:{spec.device}", *(f"batch:{b}" for b in spec.batch_sizes), f"dataset:{spec.dataset}")
+    with device_slot(get_run_logger()):
+        return _train(spec, parent_run)
+
+
+def _train(spec: TrainSpec, parent_run: str | None) -> dict:
     settings = _settings()
     logger = get_run_logger()
     plan = plan_training(settings, spec, logger)
@@ -116,7 +187,8 @@ def train(spec: TrainSpec = TrainSpec(), parent_run: ParentRun = None) -> dict:
 def infer(spec: InferSpec = InferSpec(), parent_run: ParentRun = None) -> dict:
     """Roll a trained generator out on a held-out simulation and score it against the solver."""
     _tag_run("stage:infer", f"device:{spec.device}", f"mode:{spec.mode}", f"workers:{spec.workers}")
-    return rollout(_settings(), spec, parent_run_id=parent_run)
+    with device_slot(get_run_logger()):
+        return rollout(_settings(), spec, parent_run_id=parent_run)
 
 
 @flow(name="aggregate", flow_run_name=_named(AggregateSpec, lambda s: f"aggregate {s.name}"))
@@ -378,18 +450,28 @@ def benchmark(spec: BenchmarkSpec = BenchmarkSpec()) -> dict:
     with mlflow_run(settings, "benchmark", f"benchmark-{name}", params=spec.model_dump(), description=_benchmark_description(spec, matrix),
                     tags={Tag.BENCHMARK: name, Tag.DEVICES: ",".join(spec.devices)}) as bench:
         logger.info("benchmark %s: %d cells; MLflow: %s", name, total, run_url(settings, bench.run_id))
-        cells: list[dict] = []
         progress = Progress(f"cells of benchmark {name} done")
         datasets = {}
+        done: list[dict] = []  # as they finish
+        lock = threading.Lock()
 
-        def record(cell: dict, started: float) -> None:
-            cells.append(cell)
-            left = progress.update(len(cells) / total)
-            where = run_url(settings, cell["run_id"]) if cell.get("run_id") else "no run"
-            extra = f": {cell['error']}" if cell["status"] == "FAILED" else f" ({cell['note']})" if cell.get("note") else ""
-            logger.info("cell %d/%d %s: %s in %.0f s%s%s; MLflow: %s", len(cells), total, cell["label"], cell["status"],
-                        time.monotonic() - started, extra, f" ({left})" if left else "", where)
+        def run(job: tuple[str, Any, dict]) -> dict:
+            kind, cell, shown = job
+            started = time.monotonic()
+            result = {**_run_cell(kind, cell, settings, deployment_for(kind, cell.device, spec.pools), bench.run_id), **shown}
+            with lock:
+                done.append(result)
+                left = progress.update(len(done) / total)
+                where = run_url(settings, result["run_id"]) if result.get("run_id") else "no run"
+                extra = f": {result['error']}" if result["status"] == "FAILED" else f" ({result['note']})" if result.get("note") else ""
+                logger.info("cell %d/%d %s: %s in %.0f s%s%s; MLflow: %s", len(done), total, result["label"], result["status"],
+                            time.monotonic() - started, extra, f" ({left})" if left else "", where)
+            return result
 
+        def lane(job: tuple[str, Any, dict]) -> str | None:  # cells bound for one work pool run one after the other
+            return spec.pools.get(job[1].device) if deployment_for(job[0], job[1].device, spec.pools) else None
+
+        train_jobs = []
         for m in matrix:
             data = _dataset_cell(spec, m, settings, bench.run_id)
             datasets[m.workload.name] = data
@@ -399,10 +481,10 @@ def benchmark(spec: BenchmarkSpec = BenchmarkSpec()) -> dict:
                     for seed in range(spec.train.seed, spec.train.seed + spec.repeats):
                         cell = spec.train_cell(device, batch, seed, framework, m.workload.name, m.dataset, m.epochs).model_copy(update=size)
                         cell = cell.model_copy(update={"cell": cell_key(f"train/{framework}", cell, data["digest"])})
-                        started = time.monotonic()
-                        record({**_run_cell("train", cell, settings, deployment_for("train", device, spec.pools), bench.run_id),
-                                "workload": m.workload.name, "framework": framework, "device": device, "batch_size": batch, "seed": seed},
-                               started)
+                        train_jobs.append(("train", cell, {"workload": m.workload.name, "framework": framework, "device": device,
+                                                           "batch_size": batch, "seed": seed}))
+        cells = run_lanes(train_jobs, lane, run)  # the pools' lanes at the same time
+        infer_jobs = []
         for m in rollouts:
             for framework in m.frameworks:  # each framework's first trained model is rolled out in every rollout cell
                 model = next((c["run_id"] for c in cells if c.get("workload") == "karman" and c.get("framework") == framework
@@ -413,9 +495,8 @@ def benchmark(spec: BenchmarkSpec = BenchmarkSpec()) -> dict:
                 for device, mode, workers in spec.infer_cells():
                     cell = spec.infer_cell(model, device, mode, workers)
                     cell = cell.model_copy(update={"cell": cell_key("infer", cell, datasets["karman"]["digest"])})
-                    started = time.monotonic()
-                    record({**_run_cell("infer", cell, settings, deployment_for("infer", device, spec.pools), bench.run_id),
-                            "framework": framework, "device": device, "mode": mode, "workers": workers}, started)
+                    infer_jobs.append(("infer", cell, {"framework": framework, "device": device, "mode": mode, "workers": workers}))
+        cells += run_lanes(infer_jobs, lane, run)
         bench.client.log_dict(bench.run_id, {"runs": [c["run_id"] for c in cells if c.get("run_id")], "cells": cells}, "runs.json")
         report = aggregate(spec.aggregate.model_copy(update={"runs": bench.run_id}), parent_run=bench.run_id)
         # The report on the benchmark's own runs: its Prefect artifacts and its MLflow run's artifacts.

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Create the process work pools cpu, gpu and tpu where missing, then deploy every flow of prefect.yaml
-# (prefect deploy --all) to the Prefect API in PREFECT_API_URL (default: start-prefect-server.sh's).
+# Create the process work pools cpu, gpu and tpu and their concurrency limits pool-cpu, pool-gpu and pool-tpu
+# where missing, then deploy every flow of prefect.yaml (prefect deploy --all) to the Prefect API in
+# PREFECT_API_URL (default: start-prefect-server.sh's).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 if [ -z "${PREFECT_API_AUTH_STRING:-}" ] && [ -n "${KARMAN_PREFECT_AUTH_FILE:-}" ]; then
@@ -9,9 +10,6 @@ if [ -z "${PREFECT_API_AUTH_STRING:-}" ] && [ -n "${KARMAN_PREFECT_AUTH_FILE:-}"
 fi
 export PREFECT_API_URL=${PREFECT_API_URL:-http://127.0.0.1:4200/api}
 export PREFECT_SERVER_ANALYTICS_ENABLED=${PREFECT_SERVER_ANALYTICS_ENABLED:-false}
-for pool in cpu gpu tpu; do
-  if ! .venv/bin/prefect work-pool inspect "$pool" >/dev/null 2>&1; then
-    .venv/bin/prefect work-pool create "$pool" --type process
-  fi
-done
+# the pools and their one-slot concurrency limits (infra/pools.py), then every deployment
+.venv/bin/python -m infra.pools
 exec .venv/bin/prefect --no-prompt deploy --all
