@@ -51,9 +51,10 @@ def _git(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess:
 
 
 def _reason(done: subprocess.CompletedProcess, url: str) -> str:
-    """git's last error line, with the URL's credentials left out."""
+    """git's first fatal line (else its last line), with the URL's credentials left out."""
     lines = [line.strip() for line in done.stderr.splitlines() if line.strip() and not line.startswith("warning:")]
-    return (lines[-1] if lines else f"exit status {done.returncode}").replace(url, shown(url))
+    fatal = [line for line in lines if line.startswith("fatal:")]
+    return ((fatal or lines or [f"exit status {done.returncode}"])[0 if fatal else -1]).replace(url, shown(url))
 
 
 def resolve_commit(value: str, checkout: Path) -> str:
@@ -129,6 +130,13 @@ def with_pull_steps(config: dict, url: str, commit: str) -> dict:
     return config
 
 
+class _PlainDumper(yaml.SafeDumper):
+    """Writes every mapping in full where prefect.yaml shared it by an alias."""
+
+    def ignore_aliases(self, data) -> bool:
+        return True
+
+
 def main(argv: list[str]) -> int:
     """Check the repository and commit of ``KARMAN_REPO_URL``/``KARMAN_REPO_COMMIT``, then write PREFECT_YAML
     with pull steps to OUTPUT."""
@@ -146,7 +154,7 @@ def main(argv: list[str]) -> int:
     except UserError as exc:
         print(f"{name}: error: {exc}", file=sys.stderr)
         return 2
-    output.write_text(yaml.safe_dump(deployed, sort_keys=False))
+    output.write_text(yaml.dump(deployed, Dumper=_PlainDumper, sort_keys=False))
     if not _checkout_is_at(commit, source.resolve().parent):
         # the parameter forms come from this checkout's flows, the runs from the commit's
         print(f"{name}: warning: this checkout differs from commit {commit}; the deployments' parameter forms are "
