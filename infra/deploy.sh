@@ -21,9 +21,11 @@ elif [ -n "${KARMAN_REPO_COMMIT:-}" ]; then
   echo "infra/deploy.sh: error: KARMAN_REPO_COMMIT='$KARMAN_REPO_COMMIT' is set without KARMAN_REPO_URL; set the URL of the repository that workers clone, or unset both to deploy from this folder" >&2
   exit 2
 fi
+# python -m prefect, not .venv/bin/prefect: a script's first line names the Python of the folder where the
+# environment was created, which a moved .venv no longer is
 for pool in cpu gpu tpu; do
-  if ! .venv/bin/prefect work-pool inspect "$pool" >/dev/null 2>&1; then
-    .venv/bin/prefect work-pool create "$pool" --type process
+  if ! .venv/bin/python -m prefect work-pool inspect "$pool" >/dev/null 2>&1; then
+    .venv/bin/python -m prefect work-pool create "$pool" --type process
   fi
 done
-.venv/bin/prefect --no-prompt deploy --all --prefect-file "$prefect_file"
+.venv/bin/python -m prefect --no-prompt deploy --all --prefect-file "$prefect_file"

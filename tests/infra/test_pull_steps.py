@@ -63,6 +63,7 @@ def test_a_bad_url_or_commit_ends_the_deploy_at_once(case, remote, tmp_path):
     assert done.stderr.startswith("infra/deploy.sh: error: ") and repr(named) in done.stderr, done.stderr
 
 
+@pytest.mark.full  # a server, prefect deploy --all and a flow run: about a minute, two on a busy machine
 @pytest.mark.timeout(600)
 def test_a_worker_in_an_empty_folder_runs_a_deployment_from_a_clone_at_the_deployed_commit(remote, tmp_path):
     url, head, later = remote
