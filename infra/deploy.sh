@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Create the process work pools cpu, gpu and tpu where missing, then deploy every flow of prefect.yaml
 # (prefect deploy --all) to the Prefect API in PREFECT_API_URL (default: start-prefect-server.sh's).
+# Arguments replace --all: infra/deploy.sh --name train/gpu --name infer/gpu deploys those two.
 # With KARMAN_REPO_URL set, every deployment gets pull steps (infra/pull_steps.py): its flow runs clone
 # that repository at KARMAN_REPO_COMMIT (default: this checkout's HEAD), so workers need no checkout.
 # The URL and the commit are checked first: one that git cannot reach or find ends it, exit 2.
@@ -28,4 +29,4 @@ for pool in cpu gpu tpu; do
     .venv/bin/python -m prefect work-pool create "$pool" --type process
   fi
 done
-.venv/bin/python -m prefect --no-prompt deploy --all --prefect-file "$prefect_file"
+.venv/bin/python -m prefect --no-prompt deploy --prefect-file "$prefect_file" "${@:---all}"

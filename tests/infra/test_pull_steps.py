@@ -43,8 +43,10 @@ def base_env(tmp_path: Path) -> dict[str, str]:
     return {**env, "PREFECT_HOME": str(tmp_path / "prefect-home"), "PREFECT_SERVER_ANALYTICS_ENABLED": "false"}
 
 
-def deploy(env: dict[str, str], **repo: str) -> subprocess.CompletedProcess:
-    return subprocess.run(["infra/deploy.sh"], cwd=ROOT, env={**env, **repo}, capture_output=True, text=True, timeout=600)
+def deploy(env: dict[str, str], *names: str, **repo: str) -> subprocess.CompletedProcess:
+    """infra/deploy.sh: every deployment, or those ``names`` (flow/deployment)."""
+    args = [arg for name in names for arg in ("--name", name)]
+    return subprocess.run(["infra/deploy.sh", *args], cwd=ROOT, env={**env, **repo}, capture_output=True, text=True, timeout=600)
 
 
 @pytest.mark.parametrize("case", ["unreachable url", "commit not in the repository", "unknown name"])
@@ -74,7 +76,8 @@ def test_a_worker_in_an_empty_folder_runs_a_deployment_from_a_clone_at_the_deplo
     try:
         server, server_log = services.start("prefect-server", ["infra/start-prefect-server.sh"], {"PORT": str(port)})
         wait_http(f"{api}/health", 180, server, server_log)
-        done = deploy(env, KARMAN_REPO_URL=url, KARMAN_REPO_COMMIT=head)
+        # two deployments on different pools, not all of them: each costs seconds
+        done = deploy(env, "generate/default", "train/gpu", KARMAN_REPO_URL=url, KARMAN_REPO_COMMIT=head)
         assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
 
         # the worker knows nothing of the project: an empty folder, no PYTHONPATH, only a Python with
