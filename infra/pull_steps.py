@@ -54,7 +54,8 @@ def _reason(done: subprocess.CompletedProcess, url: str) -> str:
     """git's first fatal line (else its last line), with the URL's credentials left out."""
     lines = [line.strip() for line in done.stderr.splitlines() if line.strip() and not line.startswith("warning:")]
     fatal = [line for line in lines if line.startswith("fatal:")]
-    return ((fatal or lines or [f"exit status {done.returncode}"])[0 if fatal else -1]).replace(url, shown(url))
+    reason = fatal[0] if fatal else lines[-1] if lines else f"exit status {done.returncode}"
+    return reason.replace(url, shown(url))
 
 
 def resolve_commit(value: str, checkout: Path) -> str:
@@ -84,8 +85,8 @@ def check_repository(url: str, commit: str, files: set[str]) -> None:
         if fetched.returncode != 0:
             raise UserError(f"{REPO_COMMIT_ENV} {commit!r} is not a commit of the repository {shown(url)!r} "
                             f"(push it there first, or name a commit it has)")
-        tree = _git("ls-tree", "--name-only", commit, cwd=Path(probe)).stdout.split()
-    missing = sorted(files - set(tree))
+        present = _git("ls-tree", "--name-only", commit, "--", *sorted(files), cwd=Path(probe)).stdout.splitlines()
+    missing = sorted(files - set(present))
     if missing:
         raise UserError(f"commit {commit} of {shown(url)!r} has no {', '.join(missing)}, which the pools install; "
                         "deploy a commit that has it")
@@ -110,10 +111,9 @@ def _checkout_is_at(commit: str, checkout: Path) -> bool:
 
 def requirements_of(deployment: dict) -> str:
     """The requirements file of a deployment's pool (its ``work_pool.requirements``)."""
-    name = f"{deployment.get('entrypoint', '?').rsplit(':', 1)[-1]}/{deployment.get('name', '?')}"
     requirements = (deployment.get("work_pool") or {}).get("requirements")
     if not isinstance(requirements, str) or not requirements.strip():
-        raise UserError(f"deployment {name} of prefect.yaml: its work_pool names no requirements file "
+        raise UserError(f"deployment {deployment.get('name')!r} ({deployment.get('entrypoint')}) of prefect.yaml: its work_pool names no requirements file "
                         "(work_pool.requirements, e.g. requirements.txt)")
     return requirements.strip()
 

@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 
 import pytest
+import yaml
 
 from infra.pull_steps import CLONE_FOLDER, pull_steps
 from tests.conftest import ROOT
@@ -65,6 +66,33 @@ def test_a_bad_url_or_commit_ends_the_deploy_at_once(case, remote, tmp_path):
     assert done.stderr.startswith("infra/deploy.sh: error: ") and repr(named) in done.stderr, done.stderr
 
 
+def write_pulled(source: Path, out: Path, env: dict[str, str]) -> subprocess.CompletedProcess:
+    """``python -m infra.pull_steps SOURCE OUT``, as infra/deploy.sh runs it."""
+    return subprocess.run([str(ROOT / ".venv" / "bin" / "python"), "-m", "infra.pull_steps", str(source), str(out)], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=120)
+
+
+def test_every_deployment_gets_the_pull_steps_of_its_pool_and_nothing_else_changes(remote, tmp_path):
+    url, head, _ = remote
+    out = tmp_path / "prefect.yaml"
+    env = {**base_env(tmp_path), "KARMAN_REPO_URL": url, "KARMAN_REPO_COMMIT": head}
+    done = write_pulled(ROOT / "prefect.yaml", out, env)
+    assert done.returncode == 0, done.stderr
+    source, pulled = yaml.safe_load((ROOT / "prefect.yaml").read_text()), yaml.safe_load(out.read_text())
+    assert len(pulled["deployments"]) == len(source["deployments"]) > 10
+    for before, after in zip(source["deployments"], pulled["deployments"]):
+        assert after.pop("pull") == pull_steps(url, head, before["work_pool"]["requirements"])
+        assert after == {**before, "work_pool": {k: v for k, v in before["work_pool"].items() if k != "requirements"}}
+
+    # a pool whose requirements file the commit lacks: refused, naming the file, nothing written
+    broken = tmp_path / "broken.yaml"
+    broken.write_text((ROOT / "prefect.yaml").read_text().replace("requirements: requirements.txt", "requirements: envs/nope.txt", 1))
+    out.unlink()
+    done = write_pulled(broken, out, env)
+    assert done.returncode == 2 and "envs/nope.txt" in done.stderr and len(done.stderr.splitlines()) == 1, done.stderr
+    assert not out.exists()
+
+
 @pytest.mark.full  # a server, prefect deploy --all and a flow run: about a minute, two on a busy machine
 @pytest.mark.timeout(600)
 def test_a_worker_in_an_empty_folder_runs_a_deployment_from_a_clone_at_the_deployed_commit(remote, tmp_path):
@@ -87,7 +115,7 @@ def test_a_worker_in_an_empty_folder_runs_a_deployment_from_a_clone_at_the_deplo
         worker, worker_log = services.start("worker", [str(ROOT / ".venv" / "bin" / "python"), "-m", "prefect", "worker", "start",
                                                        "--pool", "cpu", "--type", "process", "--name", "pulled"], {
             "MLFLOW_TRACKING_URI": f"sqlite:///{tmp_path / 'mlflow.db'}", "KARMAN_ARTIFACT_ROOT": str(tmp_path / "mlartifacts"),
-            "KARMAN_EXPERIMENT": "pulled", "PIP_NO_INDEX": "1"}, cwd=folder)
+            "KARMAN_EXPERIMENT": "pulled", "PIP_NO_INDEX": "1", "PREFECT_WORKER_QUERY_SECONDS": "1"}, cwd=folder)
 
         from prefect.client.orchestration import get_client
         from prefect.client.schemas.filters import LogFilter, LogFilterFlowRunId
