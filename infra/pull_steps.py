@@ -96,9 +96,9 @@ def pull_steps(url: str, commit: str, requirements: str) -> list[dict]:
     """A deployment's pull section: clone ``url`` at ``commit`` into the flow run's working folder, work in the
     clone, pip-install ``requirements`` (a path in the clone) into the worker's Python."""
     return [
-        {"prefect.deployments.steps.git_clone": {"id": "clone", "repository": url, "commit_sha": commit,
-                                                 "clone_directory_name": CLONE_FOLDER}},
-        {"prefect.deployments.steps.set_working_directory": {"directory": "{{ clone.directory }}"}},
+        {"prefect.deployments.steps.git_clone": {"repository": url, "commit_sha": commit, "clone_directory_name": CLONE_FOLDER}},
+        # relative to the flow run's working folder, where the clone is (a named path: no placeholder to resolve)
+        {"prefect.deployments.steps.set_working_directory": {"directory": CLONE_FOLDER}},
         {"prefect.deployments.steps.pip_install_requirements": {"requirements_file": requirements, "stream_output": False}},
     ]
 
