@@ -75,6 +75,9 @@ def check_repository(url: str, commit: str, files: set[str]) -> None:
     """UserError unless git reaches ``url``, the repository there holds ``commit`` and the commit holds ``files``."""
     if not url.strip():
         raise UserError(f"{REPO_URL_ENV} is empty; set it to the URL of the repository that workers clone")
+    if urlsplit(url).password is not None:
+        raise UserError(f"{REPO_URL_ENV} {shown(url)!r} carries a password, which every deployment would show; give the "
+                        "URL without it and let git on the workers authenticate (an SSH key, a credential helper)")
     reached = _git("ls-remote", "--quiet", url, "HEAD")
     if reached.returncode != 0:
         raise UserError(f"{REPO_URL_ENV} {shown(url)!r}: git cannot reach the repository ({_reason(reached, url)})")

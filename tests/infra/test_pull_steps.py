@@ -50,19 +50,21 @@ def deploy(env: dict[str, str], *names: str, **repo: str) -> subprocess.Complete
     return subprocess.run(["infra/deploy.sh", *args], cwd=ROOT, env={**env, **repo}, capture_output=True, text=True, timeout=600)
 
 
-@pytest.mark.parametrize("case", ["unreachable url", "commit not in the repository", "unknown name"])
+@pytest.mark.parametrize("case", ["unreachable url", "commit not in the repository", "unknown name", "password in the url"])
 def test_a_bad_url_or_commit_ends_the_deploy_at_once(case, remote, tmp_path):
     url, head, _ = remote
     missing = "0123456789abcdef" * 2 + "01234567"
     repo = {"unreachable url": {"KARMAN_REPO_URL": f"file://{tmp_path}/nowhere.git"},
             "commit not in the repository": {"KARMAN_REPO_URL": url, "KARMAN_REPO_COMMIT": missing},
-            "unknown name": {"KARMAN_REPO_URL": url, "KARMAN_REPO_COMMIT": "no-such-tag"}}[case]
+            "unknown name": {"KARMAN_REPO_URL": url, "KARMAN_REPO_COMMIT": "no-such-tag"},
+            "password in the url": {"KARMAN_REPO_URL": "https://bench:s3cret@git.example.invalid/karman.git"}}[case]
     # nothing listens at this API: a deploy that got as far as Prefect would fail otherwise
     env = {**base_env(tmp_path), "PREFECT_API_URL": f"http://127.0.0.1:{free_port()}/api"}
     done = deploy(env, **repo)
     assert done.returncode == 2, done.stdout + done.stderr
     assert done.stdout == "" and len(done.stderr.strip().splitlines()) == 1, done.stderr
-    named = repo.get("KARMAN_REPO_COMMIT", repo["KARMAN_REPO_URL"])
+    named = repo.get("KARMAN_REPO_COMMIT", repo["KARMAN_REPO_URL"]).replace("bench:s3cret@", "")
+    assert "s3cret" not in done.stderr
     assert done.stderr.startswith("infra/deploy.sh: error: ") and repr(named) in done.stderr, done.stderr
 
 
