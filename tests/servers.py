@@ -41,9 +41,9 @@ class Services:
     def __init__(self, folder: Path, env: dict):
         self.folder, self.env, self.procs = folder, env, []
 
-    def start(self, name: str, args: list[str], extra_env: dict | None = None, cwd: Path = ROOT) -> tuple[subprocess.Popen, Path]:
+    def start(self, name: str, args: list[str], extra_env: dict | None = None) -> tuple[subprocess.Popen, Path]:
         log = self.folder / f"{name}.log"
-        proc = subprocess.Popen(args, cwd=cwd, env={**self.env, **(extra_env or {})}, stdout=log.open("w"),
+        proc = subprocess.Popen(args, cwd=ROOT, env={**self.env, **(extra_env or {})}, stdout=log.open("w"),
                                 stderr=subprocess.STDOUT, start_new_session=True)
         self.procs.append(proc)
         return proc, log

@@ -114,10 +114,10 @@ def test_a_worker_in_an_empty_folder_runs_a_deployment_from_a_clone_at_the_deplo
         # everything installed (PIP_NO_INDEX: the pull's pip install must find every requirement satisfied)
         folder = tmp_path / "worker"
         folder.mkdir()
-        worker, worker_log = services.start("worker", [str(ROOT / ".venv" / "bin" / "python"), "-m", "prefect", "worker", "start",
-                                                       "--pool", "cpu", "--type", "process", "--name", "pulled"], {
+        worker, worker_log = services.start("worker", ["env", f"--chdir={folder}", str(ROOT / ".venv" / "bin" / "python"), "-m", "prefect",
+                                                       "worker", "start", "--pool", "cpu", "--type", "process", "--name", "pulled"], {
             "MLFLOW_TRACKING_URI": f"sqlite:///{tmp_path / 'mlflow.db'}", "KARMAN_ARTIFACT_ROOT": str(tmp_path / "mlartifacts"),
-            "KARMAN_EXPERIMENT": "pulled", "PIP_NO_INDEX": "1", "PREFECT_WORKER_QUERY_SECONDS": "1"}, cwd=folder)
+            "KARMAN_EXPERIMENT": "pulled", "PIP_NO_INDEX": "1", "PREFECT_WORKER_QUERY_SECONDS": "1"})
 
         from prefect.client.orchestration import get_client
         from prefect.client.schemas.filters import LogFilter, LogFilterFlowRunId
