@@ -6,8 +6,9 @@ from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
-# Dask's own chatter (workers joining and leaving, a lost worker's tasks rescheduled) stays at warnings.
-_DASK_LOGGERS = ("distributed", "distributed.scheduler", "distributed.nanny", "distributed.core", "distributed.worker")
+# Dask's own chatter (workers joining and leaving, a lost worker's tasks rescheduled) stays at warnings, and so does the
+# task runner's (it names a dashboard link even for a cluster started without one).
+_DASK_LOGGERS = ("distributed", "distributed.scheduler", "distributed.nanny", "distributed.core", "distributed.worker", "prefect.task_runner.dask")
 
 
 @contextmanager
@@ -69,6 +70,14 @@ def finished(runner: Any, futures: Iterable[Any]) -> Iterator[tuple[Any, Any, Ba
             yield future, future.result(), None
         except Exception as exc:  # noqa: BLE001 - the caller reports each failure and goes on with the others
             yield future, None, exc
+
+
+def worth_retrying(task, task_run, state) -> bool:
+    """A Prefect ``retry_condition_fn`` for a dataset's pieces: no retry for what would fail again the same way (a
+    diverged simulation, a spec refused), a retry for the rest (a file system that hiccuped, a worker short of memory)."""
+    from tasks.common.errors import UserError
+
+    return not isinstance(state.data, (FloatingPointError, ValueError, UserError))
 
 
 def restore_environ(saved: dict[str, str]) -> None:

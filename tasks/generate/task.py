@@ -8,7 +8,7 @@ import time
 from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 
-from tasks.common.cluster import dask_task_runner, finished
+from tasks.common.cluster import dask_task_runner, finished, worth_retrying
 from tasks.common.errors import UserError
 from tasks.common.names import Tag
 from tasks.common.progress import Progress
@@ -156,16 +156,10 @@ def _run_on_gpu(spec: GenerateSpec, dataset_dir, todo: list[SimulationSpec], man
                 result["records"][0]["steps"], result["records"][0]["wall_s"], result["records"][0]["mlups"])
 
 
-def _deterministic(task, task_run, state) -> bool:
-    """A simulation's retry condition: not for what would fail again the same way (a diverged simulation, a spec
-    the solver refuses); yes for the rest (a file system that hiccuped, a worker short of memory)."""
-    return not isinstance(state.data, (FloatingPointError, ValueError, UserError))
-
-
 # One simulation as a Prefect task run on a Dask worker. Nothing is cached or persisted by Prefect: the zarr
 # group is the result, and the manifest (written by the flow process) says what is complete.
 simulate = task(run_simulation, name="simulate", task_run_name="simulate {spec.sim_id}", retries=2, retry_delay_seconds=[2, 10],
-                retry_condition_fn=_deterministic, cache_policy=NO_CACHE, persist_result=False)
+                retry_condition_fn=worth_retrying, cache_policy=NO_CACHE, persist_result=False)
 
 
 def _run_on_dask(spec: GenerateSpec, dataset_dir, todo: list[SimulationSpec], manifest: Manifest, logger) -> list[str]:
@@ -175,7 +169,9 @@ def _run_on_dask(spec: GenerateSpec, dataset_dir, todo: list[SimulationSpec], ma
     dataset_dir.mkdir(parents=True, exist_ok=True)
     failures = []
     progress = Progress(f"simulations of dataset {spec.dataset} done")
-    with dask_task_runner(min(spec.workers, len(todo)), spec.scheduler) as runner:
+    workers = min(spec.workers, len(todo))
+    logger.info("simulating on %s", f"the Dask scheduler at {spec.scheduler}" if spec.scheduler else f"a local Dask cluster of {workers} worker process(es)")
+    with dask_task_runner(workers, spec.scheduler) as runner:
         # One thread per simulation: numba parallelism inside a worker would oversubscribe the other workers' cores.
         futures = [runner.submit(simulate, {"dataset_dir": str(dataset_dir), "spec": s.model_copy(update={"threads": 1})}) for s in todo]
         sims = {f.task_run_id: s for f, s in zip(futures, todo)}
