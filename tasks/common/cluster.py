@@ -21,8 +21,15 @@ def dask_task_runner(workers: int, scheduler: str | None = None) -> Iterator[Any
     Every task submitted to it is a Prefect task run of the running flow, executed on a Dask worker; a worker lost
     in the middle has its task started again on another worker by the Dask scheduler, under the same task run."""
     from distributed import LocalCluster
+    from prefect.client.orchestration import get_client
+    from prefect.settings import PREFECT_API_URL, temporary_settings
     from prefect_dask import DaskTaskRunner
 
+    # The workers report their task runs to the API this process reports to; they learn its address from the settings
+    # each task carries. Without PREFECT_API_URL this process runs on a temporary local server that the settings do not
+    # name: name it, or every worker process would start a temporary server of its own.
+    with get_client(sync_client=True) as client:
+        api = PREFECT_API_URL.value() or str(client.api_url)
     for name in _DASK_LOGGERS:
         logging.getLogger(name).setLevel(logging.WARNING)
     if scheduler:
@@ -30,7 +37,7 @@ def dask_task_runner(workers: int, scheduler: str | None = None) -> Iterator[Any
     else:
         runner = DaskTaskRunner(cluster_class=LocalCluster, cluster_kwargs={
             "n_workers": workers, "threads_per_worker": 1, "processes": True, "dashboard_address": None, "host": "127.0.0.1"})
-    with runner:
+    with temporary_settings({PREFECT_API_URL: api}), runner:
         # LocalCluster sets OMP/MKL/OPENBLAS_NUM_THREADS=1 (and more) in this process and leaves them set: a training
         # child started from here later would run on one thread. The runner starts its cluster on first use: start it
         # now, then put them back.
@@ -39,10 +46,8 @@ def dask_task_runner(workers: int, scheduler: str | None = None) -> Iterator[Any
             runner.client
         finally:
             restore_environ(saved)
-        try:
-            yield runner
-        finally:
-            runner.client.run(_flush_prefect)
+        yield runner
+        runner.client.run(_flush_prefect)
 
 
 async def _flush_prefect() -> None:

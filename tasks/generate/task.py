@@ -94,9 +94,9 @@ def generate_dataset(settings: Settings, spec: GenerateSpec, parent_run_id: str 
     return run_sweep(settings, spec, parent_run_id)
 
 
-@task(name="simulate-sweep", task_run_name="simulate {spec.dataset}", retries=0)
 def run_sweep(settings: Settings, spec: GenerateSpec, parent_run_id: str | None = None) -> dict:
-    """Simulate every missing member of the sweep in parallel on Dask; returns the dataset summary."""
+    """Simulate every missing member of the sweep in parallel on Dask; returns the dataset summary. Not a task
+    itself: each simulation is a task run of the flow (``simulate <sim_id>``), side by side in its graph."""
     logger = get_run_logger()
     sims = expand(spec)
     dataset_dir = settings.dataset_dir(spec.dataset)
