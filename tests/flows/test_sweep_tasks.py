@@ -14,10 +14,21 @@ from flows.pipeline import generate
 from tasks.common.specs import GenerateSpec
 from tasks.common.store import MANIFEST, STORE, VARIABLES, content_digest, open_simulation
 from tasks.generate.task import expand
+from tests.conftest import shared_prefect_api
 from tests.flows.test_generate import read_manifest
 
 # Tiny simulations (steady low-Reynolds flow on 48 x 24 cells): each some tenths of a second of solver steps.
 TINY = dict(nx=48, ny=24, size=[5.0], frames=3, frame_every=20, cpu_backend="numpy")
+
+
+@pytest.fixture(scope="module")
+def prefect_api():
+    """The flows here report to the tests' real Prefect server (the one the CLI tests start), whose API records
+    the task runs that the Dask workers report."""
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    with temporary_settings({PREFECT_API_URL: shared_prefect_api()}):
+        yield
 
 
 def task_runs_of(flow_run_id, expected: int, timeout: float = 30) -> list:
@@ -47,8 +58,8 @@ def stored_once(dataset_dir, spec: GenerateSpec) -> dict:
     return records
 
 
-def test_each_simulation_is_a_named_task_run_of_the_generate_flow(workdir, prefect_harness):
-    spec = GenerateSpec(dataset="tasks", reynolds=[20.0, 30.0, 40.0], warmup_steps=200, workers=2, **TINY)
+def test_each_simulation_is_a_named_task_run_of_the_generate_flow(workdir, prefect_api):
+    spec = GenerateSpec(dataset="tasks", reynolds=[20.0, 30.0, 40.0], warmup_steps=200, workers=1, **TINY)
     state = generate(spec, return_state=True)
     assert state.is_completed(), state.message
     stored_once(workdir / "data" / "datasets" / "tasks", spec)
@@ -63,7 +74,7 @@ def test_each_simulation_is_a_named_task_run_of_the_generate_flow(workdir, prefe
     assert task_runs_of(again.state_details.flow_run_id, expected=1, timeout=2) == []
 
 
-def test_a_dask_worker_killed_mid_sweep_leaves_every_simulation_stored_once(workdir, prefect_harness):
+def test_a_dask_worker_killed_mid_sweep_leaves_every_simulation_stored_once(workdir, prefect_api):
     """Two workers of a real cluster (the sweep reaches it by its scheduler address, as one on SLURM); a watcher
     kills the worker process running a simulation; that simulation runs again on the other worker (or the one
     its nanny starts) within the same task run, and the flow ends with every simulation stored once."""
