@@ -2,12 +2,13 @@
 
 import itertools
 import logging
-import os
 import shutil
 import time
 
 from prefect import get_run_logger, task
+from prefect.cache_policies import NO_CACHE
 
+from tasks.common.cluster import dask_task_runner, finished, worth_retrying
 from tasks.common.errors import UserError
 from tasks.common.names import Tag
 from tasks.common.progress import Progress
@@ -105,9 +106,9 @@ def _complete(dataset_dir, spec: GenerateSpec, sims: list[SimulationSpec]) -> bo
     return all(manifest.is_complete(s.sim_id) for s in sims)
 
 
-@task(name="simulate-sweep", task_run_name="simulate {spec.dataset}", retries=0)
 def run_sweep(settings: Settings, spec: GenerateSpec, parent_run_id: str | None = None) -> dict:
-    """Simulate every missing member of the sweep in parallel on Dask; returns the dataset summary."""
+    """Simulate every missing member of the sweep in parallel on Dask; returns the dataset summary. Not a task
+    itself: each simulation is a task run of the flow (``simulate <sim_id>``), side by side in its graph."""
     logger = get_run_logger()
     sims = expand(spec)
     dataset_dir = settings.dataset_dir(spec.dataset)
@@ -170,52 +171,33 @@ def _run_on_gpu(spec: GenerateSpec, dataset_dir, todo: list[SimulationSpec], man
                 result["records"][0]["steps"], result["records"][0]["wall_s"], result["records"][0]["mlups"])
 
 
-def _run_on_dask(spec: GenerateSpec, dataset_dir, todo: list[SimulationSpec], manifest: Manifest, logger) -> list[str]:
-    from dask.distributed import Client, LocalCluster, as_completed
+# One simulation as a Prefect task run on a Dask worker. Nothing is cached or persisted by Prefect: the zarr
+# group is the result, and the manifest (written by the flow process) says what is complete.
+simulate = task(run_simulation, name="simulate", task_run_name="simulate {spec.sim_id}", retries=2, retry_delay_seconds=[2, 10],
+                retry_condition_fn=worth_retrying, cache_policy=NO_CACHE, persist_result=False)
 
+
+def _run_on_dask(spec: GenerateSpec, dataset_dir, todo: list[SimulationSpec], manifest: Manifest, logger) -> list[str]:
+    """Each missing simulation as a Prefect task run ``simulate <sim_id>`` through the Dask task runner; the manifest
+    records each as it lands (here, in the flow process, only). A simulation whose worker is lost runs again on
+    another; one that fails does not stop the others. Returns the failures, one line each."""
     dataset_dir.mkdir(parents=True, exist_ok=True)
-    for name in ("distributed", "distributed.scheduler", "distributed.nanny", "distributed.core", "distributed.worker"):
-        logging.getLogger(name).setLevel(logging.WARNING)
-    threads = 1
-    if spec.scheduler:
-        cluster, client = None, Client(spec.scheduler)
-    else:
-        workers = min(spec.workers, len(todo))
-        # One process per worker, one thread each: numba parallelism inside a process would
-        # oversubscribe the cores that the other workers use.
-        # LocalCluster sets OMP/MKL/OPENBLAS_NUM_THREADS=1 (and more) in this process and leaves them
-        # set: a training child started from here later would run on one thread. Put them back.
-        saved = dict(os.environ)
-        try:
-            cluster = LocalCluster(n_workers=workers, threads_per_worker=1, processes=True, dashboard_address=None, host="127.0.0.1")
-        finally:
-            _restore_environ(saved)
-        client = Client(cluster)
     failures = []
     progress = Progress(f"simulations of dataset {spec.dataset} done")
-    try:
-        futures = {client.submit(run_simulation, str(dataset_dir), s.model_copy(update={"threads": threads}), pure=False): s for s in todo}
-        for i, fut in enumerate(as_completed(futures), 1):
-            sim = futures[fut]
-            try:
-                record = fut.result()
-            except Exception as exc:  # one failed simulation must not lose the others
-                failures.append(f"{sim.sim_id}: {exc}")
-                logger.error("simulation %s failed: %s", sim.sim_id, exc)
+    workers = min(spec.workers, len(todo))
+    logger.info("simulating on %s", f"the Dask scheduler at {spec.scheduler}" if spec.scheduler else f"a local Dask cluster of {workers} worker process(es)")
+    with dask_task_runner(workers, spec.scheduler) as runner:
+        # One thread per simulation: numba parallelism inside a worker would oversubscribe the other workers' cores.
+        futures = [runner.submit(simulate, {"dataset_dir": str(dataset_dir), "spec": s.model_copy(update={"threads": 1})}) for s in todo]
+        sims = {f.task_run_id: s for f, s in zip(futures, todo)}
+        for i, (future, record, error) in enumerate(finished(runner, futures), 1):
+            sim = sims[future.task_run_id]
+            if error is not None:  # one failed simulation must not lose the others
+                failures.append(f"{sim.sim_id}: {error}")
+                logger.error("simulation %s failed: %s", sim.sim_id, error)
                 continue
             manifest.add(sim.sim_id, {k: record[k] for k in ("digest", "frames", "wall_s", "mlups", "steps", "spec")})
             left = progress.update(i / len(todo))
             logger.info("[%d/%d] %s done: %d steps at %.0f MLUPS in %.1f s%s", i, len(todo), sim.sim_id, record["steps"], record["mlups"],
                         record["wall_s"], f"; {left}" if left else "")
-    finally:
-        client.close()
-        if cluster is not None:
-            cluster.close()
     return failures
-
-
-def _restore_environ(saved: dict[str, str]) -> None:
-    """Make os.environ equal to ``saved`` again (values changed, added or removed since)."""
-    for key in set(os.environ) - set(saved):
-        del os.environ[key]
-    os.environ.update(saved)

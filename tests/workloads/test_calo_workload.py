@@ -4,11 +4,12 @@ import json
 import os
 import subprocess
 import sys
+import time
 
 import numpy as np
 import pytest
 
-from tests.conftest import ROOT, run_cli
+from tests.conftest import ROOT, run_cli, shared_prefect_api
 from tests.flows.test_cli import assert_refused
 
 
@@ -62,8 +63,19 @@ def test_the_dataset_is_synthetic_chunked_and_the_same_whatever_the_workers(work
     from tasks.workloads.calo import workload as calo
     from tasks.workloads.calo.showers import shower_events
 
+    from prefect.client.orchestration import get_client
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
     spec = GenerateSpec(workload="calo", dataset="showers", events=150, workers=2, seed=4)
-    out = calo.generate(Settings.from_env(), spec)
+    with temporary_settings({PREFECT_API_URL: shared_prefect_api()}):  # each chunk is a Prefect task run, reported there
+        out = calo.generate(Settings.from_env(), spec)
+        with get_client(sync_client=True) as client:
+            for _ in range(60):  # the API records task runs from their events, a moment later
+                names = {r.name for r in client.read_task_runs() if r.state and r.state.is_completed()}
+                if {"simulate calo chunk 0", "simulate calo chunk 1"} <= names:
+                    break
+                time.sleep(0.5)
+    assert {"simulate calo chunk 0", "simulate calo chunk 1"} <= names
     assert out["written"] and out["events"] == 150 and out["synthetic"] and get_workload("calo").synthetic
     manifest = calo.load_checked(workdir / "data" / "datasets" / "showers")
     assert manifest["synthetic"] and "GFlash" in manifest["model"] and manifest["chunks"] == 2 and manifest["parameters"]["energy_gev"] == [100.0, 200.0]

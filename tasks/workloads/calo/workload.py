@@ -8,7 +8,6 @@ Training (CaloTrainer, with torch.py and tensorflow.py) runs the published four-
 
 import hashlib
 import logging
-import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -16,6 +15,7 @@ from pathlib import Path
 import numpy as np
 import zarr
 
+from tasks.common.cluster import dask_task_runner, finished, worth_retrying
 from tasks.common.data import epoch_order
 from tasks.common.datasets import write_once
 from tasks.common.errors import UserError
@@ -81,33 +81,28 @@ def write_chunk(store: str, k: int, energy: np.ndarray, angle: np.ndarray, seed:
 
 
 def _run_on_dask(store: Path, energy: np.ndarray, angle: np.ndarray, spec) -> list[dict]:
-    """Every chunk as one task on a local Dask cluster (one process per worker, one thread each) or on ``spec.scheduler``."""
-    from dask.distributed import Client, LocalCluster
+    """Every chunk as a Prefect task run ``simulate calo chunk <k>`` through the Dask task runner (a local cluster of
+    ``spec.workers`` one-thread processes, or ``spec.scheduler``); RuntimeError naming the chunks that failed."""
+    from prefect import task  # here, not at the top: training children import this module and need no Prefect
+    from prefect.cache_policies import NO_CACHE
 
-    for name in ("distributed", "distributed.scheduler", "distributed.nanny", "distributed.core", "distributed.worker"):
-        logging.getLogger(name).setLevel(logging.WARNING)
+    # A chunk writes its own region of the store whole: one run again (its worker lost) writes the same bytes over
+    # the same place. Nothing is cached or persisted by Prefect.
+    simulate_chunk = task(write_chunk, name="simulate-chunk", task_run_name="simulate calo chunk {k}", retries=2, retry_delay_seconds=[2, 10],
+                          retry_condition_fn=worth_retrying, cache_policy=NO_CACHE, persist_result=False)
     chunks = range(0, len(energy), CHUNK_EVENTS)
-    cluster = None
-    if spec.scheduler:
-        client = Client(spec.scheduler)
-    else:
-        saved = dict(os.environ)  # LocalCluster leaves OMP_NUM_THREADS and friends set to 1 in this process: put them back
-        try:
-            cluster = LocalCluster(n_workers=min(spec.workers, len(chunks)), threads_per_worker=1, processes=True,
-                                   dashboard_address=None, host="127.0.0.1")
-        finally:
-            for key in set(os.environ) - set(saved):
-                del os.environ[key]
-            os.environ.update(saved)
-        client = Client(cluster)
-    try:
-        futures = [client.submit(write_chunk, str(store), i // CHUNK_EVENTS, energy[i: i + CHUNK_EVENTS], angle[i: i + CHUNK_EVENTS],
-                                 spec.seed, pure=False) for i in chunks]
-        return client.gather(futures)
-    finally:
-        client.close()
-        if cluster is not None:
-            cluster.close()
+    records, failures = [], []
+    with dask_task_runner(min(spec.workers, len(chunks)), spec.scheduler) as runner:
+        futures = [runner.submit(simulate_chunk, {"store": str(store), "k": i // CHUNK_EVENTS, "energy": energy[i: i + CHUNK_EVENTS],
+                                                  "angle": angle[i: i + CHUNK_EVENTS], "seed": spec.seed}) for i in chunks]
+        for _, record, error in finished(runner, futures):
+            if error is None:
+                records.append(record)
+            else:
+                failures.append(str(error))
+    if failures:
+        raise RuntimeError(f"{len(failures)} of {len(futures)} chunks of showers failed: " + "; ".join(failures))
+    return records
 
 
 def write_dataset(dataset_dir: Path, spec) -> dict:

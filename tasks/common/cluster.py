@@ -1,0 +1,92 @@
+"""Prefect task runs on Dask: the task runner a flow submits a dataset's pieces to (a local cluster or an existing scheduler), and their results as they finish."""
+
+import logging
+import os
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+# Dask's own chatter (workers joining and leaving, a lost worker's tasks rescheduled) stays at warnings, and so does the
+# task runner's (it names a dashboard link even for a cluster started without one).
+_DASK_LOGGERS = ("distributed", "distributed.scheduler", "distributed.nanny", "distributed.core", "distributed.worker", "prefect.task_runner.dask")
+
+
+@contextmanager
+def dask_task_runner(workers: int, scheduler: str | None = None) -> Iterator[Any]:
+    """A started ``prefect_dask.DaskTaskRunner``: on ``scheduler`` (a Dask scheduler's address: a SLURM cluster of
+    infra/start-slurm-cluster.py, any other) when given, else on a LocalCluster here of ``workers`` processes, one
+    thread each (numba threads inside a process would take the cores the other workers use), no dashboard, on
+    127.0.0.1. The cluster is started on entry and closed on exit; a scheduler given by address is left running.
+
+    Every task submitted to it is a Prefect task run of the running flow, executed on a Dask worker; a worker lost
+    in the middle has its task started again on another worker by the Dask scheduler, under the same task run."""
+    from distributed import LocalCluster
+    from prefect.client.orchestration import get_client
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+    from prefect_dask import DaskTaskRunner
+
+    # The workers report their task runs to the API this process reports to; they learn its address from the settings
+    # each task carries. Without PREFECT_API_URL this process runs on a temporary local server that the settings do not
+    # name: name it, or every worker process would start a temporary server of its own.
+    with get_client(sync_client=True) as client:
+        api = PREFECT_API_URL.value() or str(client.api_url)
+    for name in _DASK_LOGGERS:
+        logging.getLogger(name).setLevel(logging.WARNING)
+    if scheduler:
+        runner = DaskTaskRunner(address=scheduler)
+    else:
+        runner = DaskTaskRunner(cluster_class=LocalCluster, cluster_kwargs={
+            "n_workers": workers, "threads_per_worker": 1, "processes": True, "dashboard_address": None, "host": "127.0.0.1"})
+    with temporary_settings({PREFECT_API_URL: api}), runner:
+        # LocalCluster sets OMP/MKL/OPENBLAS_NUM_THREADS=1 (and more) in this process and leaves them set: a training
+        # child started from here later would run on one thread. The runner starts its cluster on first use: start it
+        # now, then put them back.
+        saved = dict(os.environ)
+        try:
+            runner.client
+        finally:
+            restore_environ(saved)
+        yield runner
+        runner.client.run(_flush_prefect)
+
+
+async def _flush_prefect() -> None:
+    """On a worker: send the task runs' last events and logs to the Prefect API now; without it, they are sent when
+    the worker process exits, which outlasts the time a closing cluster gives it."""
+    from prefect.events.worker import EventsWorker
+    from prefect.logging.handlers import APILogWorker
+
+    for service in (EventsWorker, APILogWorker):
+        waiting = service.drain_all(timeout=10)
+        if waiting is not None:
+            await waiting
+
+
+def finished(runner: Any, futures: Iterable[Any]) -> Iterator[tuple[Any, Any, BaseException | None]]:
+    """``(future, result, None)`` or ``(future, None, error)`` for each Prefect future of ``runner``, in the
+    order they finish; the error is the task's last exception after its retries, or Dask's (a worker lost more often
+    than the scheduler allows, a scheduler gone)."""
+    from distributed import as_completed
+
+    by_dask = {f.wrapped_future: f for f in futures}
+    for done in as_completed(list(by_dask), loop=runner.client.loop):
+        future = by_dask[done]
+        try:
+            yield future, future.result(), None
+        except Exception as exc:  # noqa: BLE001 - the caller reports each failure and goes on with the others
+            yield future, None, exc
+
+
+def worth_retrying(task, task_run, state) -> bool:
+    """A Prefect ``retry_condition_fn`` for a dataset's pieces: no retry for what would fail again the same way (a
+    diverged simulation, a spec refused), a retry for the rest (a file system that hiccuped, a worker short of memory)."""
+    from tasks.common.errors import UserError
+
+    return not isinstance(state.data, (FloatingPointError, ValueError, UserError))
+
+
+def restore_environ(saved: dict[str, str]) -> None:
+    """Make os.environ equal to ``saved`` again (values changed, added or removed since)."""
+    for key in set(os.environ) - set(saved):
+        del os.environ[key]
+    os.environ.update(saved)
