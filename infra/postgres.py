@@ -32,8 +32,9 @@ DATABASE_ENV = "DATABASE"  # sqlite (the default) or postgresql
 DB_FILE_ENV = "KARMAN_DB_AUTH_FILE"
 DATABASES = ("mlflow", "prefect")  # one per server, named after it
 DEBIAN_ROOT = Path("/usr/lib/postgresql")
-# the variable each server reads its store from, and the SQLAlchemy driver it needs
-STORE_VARIABLE = {"mlflow": ("MLFLOW_BACKEND_STORE_URI", "postgresql"),
+# the variable each server reads its store from, and the SQLAlchemy driver it needs (a bare postgresql:// is
+# psycopg 3 in SQLAlchemy 2.1, which requirements.txt does not install)
+STORE_VARIABLE = {"mlflow": ("MLFLOW_BACKEND_STORE_URI", "postgresql+psycopg2"),
                   "prefect": ("PREFECT_SERVER_DATABASE_CONNECTION_URL", "postgresql+asyncpg")}
 PREFECT_OLD_VARIABLE = "PREFECT_API_DATABASE_CONNECTION_URL"  # Prefect 3.8 reads this name too
 

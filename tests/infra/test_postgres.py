@@ -57,7 +57,7 @@ def test_without_pg_bin_pg_config_or_debian_packages_no_binaries_are_found(tmp_p
 def test_the_servers_stores_name_the_user_and_keep_the_password_in_the_environment(tmp_path):
     creds = secret_file(tmp_path, "bench:pa:ss\n", 0o600)
     env = {"DATABASE": "postgresql", "PGPORT": "6543", "KARMAN_DB_AUTH_FILE": str(creds)}
-    assert store_env("mlflow", env) == {"MLFLOW_BACKEND_STORE_URI": "postgresql://bench@127.0.0.1:6543/mlflow",
+    assert store_env("mlflow", env) == {"MLFLOW_BACKEND_STORE_URI": "postgresql+psycopg2://bench@127.0.0.1:6543/mlflow",
                                         "PGUSER": "bench", "PGPASSWORD": "pa:ss"}
     assert store_env("prefect", {**env, "PGHOST": "db.lan"}) == {
         "PREFECT_SERVER_DATABASE_CONNECTION_URL": "postgresql+asyncpg://bench@db.lan:6543/prefect", "PGUSER": "bench", "PGPASSWORD": "pa:ss"}
