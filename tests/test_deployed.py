@@ -1,13 +1,12 @@
 """The benchmark as users drive it through deployed servers, pools and workers.
 
 The benchmark as users drive it: a real Prefect server and MLflow tracking server started by the
-infra scripts on 127.0.0.1 (free ports) in their authenticated mode, on a PostgreSQL server that
-infra/start-postgres.sh starts (credentials from an owner-only file), the pools and ``prefect deploy --all`` from prefect.yaml
-(infra/deploy.sh), a process worker
-on the ``cpu`` pool, and ``benchmark/quick`` triggered through the API as the UI does. The worker is
-killed mid-run, a new one started and the run triggered again: finished cells are skipped, the data
-is reused, and the runs and the report are read back from the MLflow server. Everything is shut down,
-also on failure."""
+infra scripts on 127.0.0.1 (free ports) in their authenticated mode, their stores in the PostgreSQL
+server of infra/start-postgres.sh (credentials from an owner-only file), the pools and ``prefect deploy
+--all`` from prefect.yaml (infra/deploy.sh), a process worker on the ``cpu`` pool, and
+``benchmark/quick`` triggered through the API as the UI does. The worker is killed mid-run, a new one
+started and the run triggered again: finished cells are skipped, the data is reused, and the runs and
+the report are read back from the MLflow server. Everything is shut down, also on failure."""
 
 import json
 import os
@@ -78,7 +77,8 @@ def test_quick_benchmark_deployed_on_real_servers_and_a_worker(tmp_path, monkeyp
     # outside tmp_path: started by root, PostgreSQL runs as the postgres account, which may not enter it.)
     pgdata = Path(tempfile.mkdtemp(prefix="karman-pgdata-"))
     auth = authenticated(tmp_path)
-    env = {**{k: v for k, v in os.environ.items() if not k.startswith(("MLFLOW_TRACKING_", "PREFECT_API_", "PGUSER", "PGPASSWORD", "PGHOST"))}, **auth,
+    own = ("MLFLOW_TRACKING_", "PREFECT_API_", "PGUSER", "PGPASSWORD", "PGHOST")  # what this test sets
+    env = {**{k: v for k, v in os.environ.items() if not k.startswith(own)}, **auth,
            "PREFECT_HOME": str(tmp_path / "prefect-home"), "PREFECT_API_URL": api, "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
            "PYTHONPATH": str(ROOT), "DATABASE": "postgresql", "PGDATA": str(pgdata), "PGPORT": str(pg_port),
            "KARMAN_DB_AUTH_FILE": auth["KARMAN_MLFLOW_AUTH_FILE"]}
