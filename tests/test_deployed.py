@@ -87,10 +87,11 @@ def test_quick_benchmark_deployed_on_real_servers_and_a_worker(tmp_path, monkeyp
     services = Services(tmp_path, env)
     try:
         database, database_log = services.start("postgres", ["infra/start-postgres.sh"])
-        wait_postgres(pg_port, "prefect", 120, database, database_log)
-        server, server_log = services.start("prefect-server", ["infra/start-prefect-server.sh"], {"PORT": str(prefect_port)})
+        # MLflow retries its store until PostgreSQL listens (it starts the slowest); Prefect waits for it
         tracking, tracking_log = services.start("mlflow-server", ["infra/start-mlflow-server.sh"], {
             "PORT": str(mlflow_port), "KARMAN_ARTIFACT_ROOT": str(tmp_path / "mlartifacts")})
+        wait_postgres(pg_port, "prefect", 120, database, database_log)
+        server, server_log = services.start("prefect-server", ["infra/start-prefect-server.sh"], {"PORT": str(prefect_port)})
         wait_http(f"{api}/health", 180, server, server_log)
         wait_http(f"http://127.0.0.1:{mlflow_port}/health", 180, tracking, tracking_log)
         # neither server serves a request without the credentials
