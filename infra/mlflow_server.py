@@ -12,9 +12,12 @@ loads, in a browser that has not chosen yet. A choice made in the sidebar is kep
 ``?workflowType=genai`` still opens the GenAI view. The same goes for the assistant panel, which
 otherwise opens by itself on a browser's first visit.
 
-    python -m infra.mlflow_server --host 127.0.0.1 --port 5000 --backend-store-uri sqlite:///mlflow.db ...
+    python -m infra.mlflow_server --host 127.0.0.1 --port 5000 ...
 
-Bound beyond loopback (or with AUTH=1) it runs behind MLflow's basic-auth app (infra/server_auth.py).
+Its store is ``MLFLOW_BACKEND_STORE_URI`` (default ``sqlite:///mlflow.db``), or with ``DATABASE=postgresql``
+the database of infra/start-postgres.sh's server (infra/postgres.py); an environment variable, never an
+argument, which every user of the host could read. Bound beyond loopback (or with AUTH=1) it runs behind
+MLflow's basic-auth app (infra/server_auth.py).
 """
 from __future__ import annotations
 
@@ -83,15 +86,18 @@ _OURS = {_MLFLOW_APP: "mlflow_server:create_app", _AUTH_APP: "mlflow_server:crea
 
 
 def main(argv: list[str]) -> int:
-    """``mlflow server ARGV``, its uvicorn workers serving :func:`create_app` instead of MLflow's app, or
-    :func:`create_auth_app` where the server authenticates (infra/server_auth.py: beyond loopback, or
-    AUTH=1); refused in one line where it must authenticate and has no credentials."""
+    """``mlflow server ARGV`` on its store (:func:`infra.postgres.store_env`), its uvicorn workers serving
+    :func:`create_app` instead of MLflow's app, or :func:`create_auth_app` where the server authenticates
+    (infra/server_auth.py: beyond loopback, or AUTH=1); refused in one line where it must authenticate and
+    has no credentials, or its store's settings are wrong."""
+    from infra.postgres import store_env
     from infra.server_auth import mlflow_auth
     from tasks.common.errors import UserError
 
     host = argv[argv.index("--host") + 1] if "--host" in argv else "127.0.0.1"
     try:
         auth = mlflow_auth(host, dict(os.environ))
+        os.environ.update(store_env("mlflow", dict(os.environ)))  # MLflow's --backend-store-uri reads it
     except UserError as exc:
         print(f"infra/start-mlflow-server.sh: error: {exc}", file=sys.stderr)
         return 2

@@ -21,6 +21,7 @@ import secrets
 import sys
 from pathlib import Path
 
+from infra.postgres import store_env
 from tasks.common.credentials import MLFLOW_FILE_ENV, PREFECT_FILE_ENV, Credentials, plain
 from tasks.common.errors import UserError
 
@@ -85,11 +86,12 @@ def prefect_auth(host: str, env: dict[str, str]) -> dict[str, str] | None:
 
 
 def prefect_main(argv: list[str]) -> int:
-    """``prefect server start ARGV`` (``--host`` taken from ARGV), with its auth string where it needs one."""
+    """``prefect server start ARGV`` (``--host`` taken from ARGV), with its auth string where it needs one,
+    on its store (:func:`infra.postgres.store_env`)."""
     name = "infra/start-prefect-server.sh"
     host = argv[argv.index("--host") + 1] if "--host" in argv else "127.0.0.1"
     try:
-        extra = prefect_auth(host, dict(os.environ)) or {}
+        extra = {**(prefect_auth(host, dict(os.environ)) or {}), **store_env("prefect", dict(os.environ))}
     except UserError as exc:
         print(f"{name}: error: {exc}", file=sys.stderr)
         return 2

@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Prefect server and UI. Binds to 127.0.0.1 unless HOST says otherwise; beyond loopback (or with AUTH=1)
-# only with an API auth string, which every request must carry (infra/server_auth.py).
+# only with an API auth string, which every request must carry (infra/server_auth.py). Its store is
+# SQLite in PREFECT_HOME, or with DATABASE=postgresql the database prefect of infra/start-postgres.sh's
+# server (infra/postgres.py).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 HOST=${HOST:-127.0.0.1}

@@ -1,16 +1,18 @@
 """The benchmark as users drive it through deployed servers, pools and workers.
 
 The benchmark as users drive it: a real Prefect server and MLflow tracking server started by the
-infra scripts on 127.0.0.1 (free ports), the pools and ``prefect deploy --all`` from prefect.yaml
-(infra/deploy.sh), a process worker
-on the ``cpu`` pool, and ``benchmark/quick`` triggered through the API as the UI does. The worker is
-killed mid-run, a new one started and the run triggered again: finished cells are skipped, the data
-is reused, and the runs and the report are read back from the MLflow server. Everything is shut down,
-also on failure."""
+infra scripts on 127.0.0.1 (free ports) in their authenticated mode, their stores in the PostgreSQL
+server of infra/start-postgres.sh (credentials from an owner-only file), the pools and ``prefect deploy
+--all`` from prefect.yaml (infra/deploy.sh), a process worker on the ``cpu`` pool, and
+``benchmark/quick`` triggered through the API as the UI does. The worker is killed mid-run, a new one
+started and the run triggered again: finished cells are skipped, the data is reused, and the runs and
+the report are read back from the MLflow server. Everything is shut down, also on failure."""
 
 import json
 import os
+import shutil
 import subprocess
+import tempfile
 import time
 from pathlib import Path
 
@@ -18,9 +20,12 @@ import pytest
 import yaml
 from mlflow.tracking import MlflowClient
 
+from infra.postgres import bindir
+from tasks.common.credentials import auth_refused
+from tasks.common.errors import UserError
 from tasks.common.specs import BenchmarkSpec
 from tests.conftest import ROOT, kill_tree
-from tests.servers import Services, free_port, wait_http
+from tests.servers import AUTH_PASSWORD, AUTH_USER, Services, authenticated, free_port, wait_http, wait_postgres
 
 def wait_for_finished_train_cell(uri: str, worker: subprocess.Popen, log: Path, timeout: float = 900):
     """The first FINISHED training run of a benchmark cell in the MLflow server's 'deployed' experiment."""
@@ -60,20 +65,40 @@ def test_quick_prefect_yaml_parameters_are_the_quick_matrix():
 
 
 @pytest.mark.timeout(1500)
-def test_quick_benchmark_deployed_on_real_servers_and_a_worker(tmp_path):
-    prefect_port, mlflow_port = free_port(), free_port()
+def test_quick_benchmark_deployed_on_real_servers_and_a_worker(tmp_path, monkeypatch):
+    try:
+        bindir(dict(os.environ))
+    except UserError as exc:
+        pytest.skip(f"the servers' PostgreSQL cannot start here: {exc}")
+    prefect_port, mlflow_port, pg_port = free_port(), free_port(), free_port()
     api = f"http://127.0.0.1:{prefect_port}/api"
-    env = {**os.environ, "PREFECT_HOME": str(tmp_path / "prefect-home"), "PREFECT_API_URL": api,
-           "PREFECT_SERVER_ANALYTICS_ENABLED": "false", "PYTHONPATH": str(ROOT)}
-    env.pop("MLFLOW_TRACKING_URI", None)
+    # The servers authenticate (AUTH=1) and keep their stores in PostgreSQL; the servers, deploy.sh, the
+    # workers and this test's clients read the same owner-only credentials file. (The cluster's folder lies
+    # outside tmp_path: started by root, PostgreSQL runs as the postgres account, which may not enter it.)
+    pgdata = Path(tempfile.mkdtemp(prefix="karman-pgdata-"))
+    auth = authenticated(tmp_path)
+    own = ("MLFLOW_TRACKING_", "PREFECT_API_", "PGUSER", "PGPASSWORD", "PGHOST")  # what this test sets
+    env = {**{k: v for k, v in os.environ.items() if not k.startswith(own)}, **auth,
+           "PREFECT_HOME": str(tmp_path / "prefect-home"), "PREFECT_API_URL": api, "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+           "PYTHONPATH": str(ROOT), "DATABASE": "postgresql", "PGDATA": str(pgdata), "PGPORT": str(pg_port),
+           "KARMAN_DB_AUTH_FILE": auth["KARMAN_MLFLOW_AUTH_FILE"]}
+    for key, value in {"MLFLOW_TRACKING_USERNAME": AUTH_USER, "MLFLOW_TRACKING_PASSWORD": AUTH_PASSWORD}.items():
+        monkeypatch.setenv(key, value)  # what MLflow's client in this process sends
     services = Services(tmp_path, env)
     try:
-        server, server_log = services.start("prefect-server", ["infra/start-prefect-server.sh"], {"PORT": str(prefect_port)})
+        database, database_log = services.start("postgres", ["infra/start-postgres.sh"])
+        # MLflow retries its store until PostgreSQL listens (it starts the slowest); Prefect waits for it
         tracking, tracking_log = services.start("mlflow-server", ["infra/start-mlflow-server.sh"], {
-            "PORT": str(mlflow_port), "MLFLOW_BACKEND_STORE_URI": f"sqlite:///{tmp_path / 'mlflow.db'}",
-            "KARMAN_ARTIFACT_ROOT": str(tmp_path / "mlartifacts")})
+            "PORT": str(mlflow_port), "KARMAN_ARTIFACT_ROOT": str(tmp_path / "mlartifacts")})
+        wait_postgres(pg_port, "prefect", 120, database, database_log)
+        server, server_log = services.start("prefect-server", ["infra/start-prefect-server.sh"], {"PORT": str(prefect_port)})
         wait_http(f"{api}/health", 180, server, server_log)
         wait_http(f"http://127.0.0.1:{mlflow_port}/health", 180, tracking, tracking_log)
+        # neither server serves a request without the credentials
+        search = f"http://127.0.0.1:{mlflow_port}/api/2.0/mlflow/experiments/search?max_results=1"
+        quick_url = f"{api}/deployments/name/benchmark/quick"
+        assert [auth_refused(search, None), auth_refused(f"{api}/admin/version", None)] == [401, 401]
+        assert auth_refused(search, f"{AUTH_USER}:{AUTH_PASSWORD}") is None
 
         deploy = subprocess.run(["infra/deploy.sh"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
         assert deploy.returncode == 0, deploy.stdout[-3000:] + deploy.stderr[-3000:]
@@ -84,9 +109,10 @@ def test_quick_benchmark_deployed_on_real_servers_and_a_worker(tmp_path):
 
         from prefect.client.orchestration import get_client
         from prefect.exceptions import ObjectNotFound
-        from prefect.settings import PREFECT_API_URL, temporary_settings
+        from prefect.settings import PREFECT_API_AUTH_STRING, PREFECT_API_URL, temporary_settings
 
-        with temporary_settings({PREFECT_API_URL: api}), get_client(sync_client=True) as client:
+        prefect_auth = f"{AUTH_USER}:{AUTH_PASSWORD}"
+        with temporary_settings({PREFECT_API_URL: api, PREFECT_API_AUTH_STRING: prefect_auth}), get_client(sync_client=True) as client:
             def wait(flow_run_id, timeout: float = 1200):
                 deadline = time.monotonic() + timeout
                 while time.monotonic() < deadline:
@@ -98,6 +124,7 @@ def test_quick_benchmark_deployed_on_real_servers_and_a_worker(tmp_path):
                 raise AssertionError(f"flow run {flow_run_id} not done in {timeout} s:\n{worker_log.read_text()[-5000:]}")
 
             deployment = client.read_deployment_by_name("benchmark/quick")
+            assert [auth_refused(quick_url, None), auth_refused(quick_url, prefect_auth)] == [401, None]
             with pytest.raises(ObjectNotFound):
                 client.read_deployment_by_name("benchmark/nope")
             # parameters the form's schema rejects never become a run
@@ -172,6 +199,18 @@ def test_quick_benchmark_deployed_on_real_servers_and_a_worker(tmp_path):
         cells = [r.data.tags["karman.cell"] for r in finished if "karman.cell" in r.data.tags]
         assert len(cells) == 5 and len(set(cells)) == 5  # 2 training + 3 rollout cells, each finished once
         assert done_cell.info.run_id in {r.info.run_id for r in finished}  # kept, not redone
+        # the runs and flow runs live in PostgreSQL, not in a SQLite file
+        import psycopg2
+
+        with psycopg2.connect(host="127.0.0.1", port=pg_port, user=AUTH_USER, password=AUTH_PASSWORD, dbname="mlflow") as db:
+            with db.cursor() as cursor:
+                cursor.execute("SELECT run_uuid FROM runs WHERE experiment_id = %s", (int(experiment.experiment_id),))
+                assert {row[0] for row in cursor.fetchall()} == {r.info.run_id for r in runs}
+        with psycopg2.connect(host="127.0.0.1", port=pg_port, user=AUTH_USER, password=AUTH_PASSWORD, dbname="prefect") as db:
+            with db.cursor() as cursor:
+                cursor.execute("SELECT state_type FROM flow_run WHERE id = %s", (str(second.id),))
+                assert cursor.fetchall() == [("COMPLETED",)]
+        assert not (tmp_path / "prefect-home" / "prefect.db").exists()
         assert sum(r.data.tags.get("karman.stage") == "generate" and r.info.status == "FINISHED" for r in runs) == 2
         manifest = json.loads((tmp_path / "data" / "datasets" / "karman-demo" / "manifest.json").read_text())
         assert len(manifest["simulations"]) == 9  # the data written before the kill is intact and was reused
@@ -223,4 +262,5 @@ def test_quick_benchmark_deployed_on_real_servers_and_a_worker(tmp_path):
                 os.environ["MLFLOW_TRACKING_URI"] = before_env
     finally:
         services.stop()
+        shutil.rmtree(pgdata, ignore_errors=True)
     assert all(p.poll() is not None for p in services.procs)
