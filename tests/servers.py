@@ -3,6 +3,8 @@
 Real servers for tests: free ports on 127.0.0.1, waiting for a health URL, background processes
 stopped together (infra/services.py), and the environment of authenticated servers."""
 
+import subprocess
+import time
 from pathlib import Path
 
 from infra.services import Services, free_port, wait_http  # noqa: F401  (the tests' servers)
