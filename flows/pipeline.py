@@ -40,8 +40,8 @@ ParentRun = SkipJsonSchema[str | None]
 # The work pool whose worker started this process: set by each pool's job variables in prefect.yaml.
 POOL_ENV = "KARMAN_POOL"
 # A cell's slot is leased for this long and renewed while it runs: a cell killed with its worker frees its
-# pool within this time (Prefect's default, 300 s, would hold the pool's devices for five minutes).
-SLOT_LEASE_S = 30.0
+# pool within this time (the API allows no less than 60 s; its default, 300 s, would hold the pool's devices for five minutes).
+SLOT_LEASE_S = 60.0
 
 
 def pool_limit(pool: str | None = None) -> str | None:

@@ -14,4 +14,4 @@ case "$POOL" in
 esac
 export PREFECT_API_URL=${PREFECT_API_URL:-http://127.0.0.1:4200/api}
 export PREFECT_SERVER_ANALYTICS_ENABLED=${PREFECT_SERVER_ANALYTICS_ENABLED:-false}
-exec .venv/bin/python -m tasks.common.credentials --as infra/start-worker.sh .venv/bin/prefect worker start --pool "$POOL" --type process --name "$POOL-$(hostname)"
+exec .venv/bin/python -m tasks.common.credentials --as infra/start-worker.sh .venv/bin/python -m prefect worker start --pool "$POOL" --type process --name "$POOL-$(hostname)"

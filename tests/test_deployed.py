@@ -260,6 +260,28 @@ def test_quick_benchmark_deployed_on_real_servers_and_a_worker(tmp_path, monkeyp
             mlflow_api.set_tracking_uri(None)  # back to no process-wide URI (this also unsets the variable)
             if before_env is not None:
                 os.environ["MLFLOW_TRACKING_URI"] = before_env
+
+        # Devices shared out: two cells sent to the cpu pool at once run one after the other (the pool's
+        # one-slot limit, which deploy.sh created), while a cell sent to the gpu pool (on this host, its
+        # spec on the cpu) runs beside them.
+        gpu_worker, gpu_log = services.start("worker-gpu", ["infra/start-worker.sh", "gpu"], worker_env)
+        tiny = {"dataset": "karman-demo", "epochs": 1, "max_steps": 3, "ngf": 8, "ndf": 8, "batch_sizes": [4], "threads": 1,
+                "val_simulations": 0, "device": "cpu"}
+        with temporary_settings({PREFECT_API_URL: api, PREFECT_API_AUTH_STRING: prefect_auth}), get_client(sync_client=True) as client:
+            sent = [client.create_flow_run_from_deployment(client.read_deployment_by_name(f"train/{pool}").id,
+                                                           parameters={"spec": {**tiny, "seed": 10 + i}})
+                    for i, pool in enumerate(("cpu", "cpu", "gpu"))]
+            for flow_run in sent:
+                state = wait(flow_run.id, 600)
+                assert state.is_completed(), f"{state}\n{worker_log.read_text()[-3000:]}\n{gpu_log.read_text()[-3000:]}"
+        spans = []
+        for flow_run in sent:
+            (trained,) = mlflow.search_runs([experiment.experiment_id], f"tags.`prefect.flow_run_id` = '{flow_run.id}'")
+            spans.append((trained.info.start_time, trained.info.end_time))
+        (a0, a1), (b0, b1), (g0, g1) = spans
+        assert a1 <= b0 or b1 <= a0, spans  # the cpu pool's two cells never overlapped
+        assert g0 < max(a1, b1) and min(a0, b0) < g1, spans  # the gpu pool's cell ran beside them
+        assert "for a slot of concurrency limit pool-cpu" in worker_log.read_text()  # the later cpu cell waited, and said so
     finally:
         services.stop()
         shutil.rmtree(pgdata, ignore_errors=True)
