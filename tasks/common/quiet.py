@@ -14,7 +14,8 @@ LIBRARIES = r"(zarr|numcodecs|mlflow|torch|torch_xla|dask|distributed|numba|matp
 # Prefect lines that say nothing a user asked for: the temporary API's start and stop, task and flow
 # runs that began or completed (a failed state still shows).
 LIFECYCLE = ("Starting temporary server", "Stopping temporary server", "Beginning flow run", "Beginning subflow run",
-             "Created task run", "Executing '", "Finished in state Completed")
+             "Created task run", "Executing '", "Finished in state Completed",
+             "Still processing items")  # Prefect's event worker flushing what is left as the command ends
 
 
 # Exceptions whose one-line message says it all: their tracebacks stay off the console (the Prefect UI

@@ -70,18 +70,23 @@ def test_two_holders_of_one_pools_limit_never_overlap_and_another_pool_runs_besi
     assert pool_limit() is None
     spans: dict[str, tuple[float, float]] = {}
     log = logging.getLogger("test")
+    holding = threading.Event()
 
-    def cell(name: str, pool: str):
+    def cell(name: str, pool: str, hold_s: float):
         with device_slot(log, pool):
             t0 = time.monotonic()
-            time.sleep(1.0)
+            holding.set()
+            time.sleep(hold_s)
             spans[name] = (t0, time.monotonic())
 
-    threads = [threading.Thread(target=cell, args=args) for args in (("cpu-1", "cpu"), ("cpu-2", "cpu"), ("gpu-1", "gpu"))]
-    for t in threads:
+    first = threading.Thread(target=cell, args=("cpu-1", "cpu", 4.0))
+    first.start()
+    assert holding.wait(60)  # cpu-1 holds the cpu pool's only slot; then the others ask for theirs
+    others = [threading.Thread(target=cell, args=args) for args in (("cpu-2", "cpu", 0.5), ("gpu-1", "gpu", 0.5))]
+    for t in others:
         t.start()
-    for t in threads:
-        t.join(60)
+    for t in (first, *others):
+        t.join(120)
     (a0, a1), (b0, b1), (g0, g1) = spans["cpu-1"], spans["cpu-2"], spans["gpu-1"]
-    assert a1 <= b0 or b1 <= a0, spans  # one pool: one cell at a time
-    assert (g0 < a1 and a0 < g1) or (g0 < b1 and b0 < g1), spans  # another pool's cell ran beside one of them
+    assert a1 <= b0, spans  # one pool: cpu-2 waited for cpu-1's slot
+    assert g0 < a1, spans  # another pool: gpu-1 went ahead while cpu-1 held the cpu pool
