@@ -24,7 +24,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import shutil
 import signal
 import subprocess
@@ -34,6 +33,7 @@ import time
 from pathlib import Path
 
 from infra.services import ROOT, Services, free_port, wait_http
+from tasks.common.ceiling import cpu_name
 
 EXPERIMENT = "soak"
 DATASET = "soak-tiny"
@@ -47,16 +47,6 @@ def benchmark_spec(index: int, epochs: int) -> dict:
     return {"generate": GENERATE, "batch_sizes": [4], "modes": ["full"], "workers": [1],
             "train": {"dataset": DATASET, "ngf": 8, "ndf": 8, "epochs": epochs, "threads": 1, "seed": index},
             "infer": {"steps": 3, "halo": 4}, "aggregate": {"name": f"soak-{index}"}}
-
-
-def _cpu_name() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
 
 
 class Soak:
@@ -167,7 +157,7 @@ class Soak:
                 "metric_values": found["metric_values"], "metrics_per_s": round(found["metric_values"] / wall, 1),
                 "artifacts": found["artifacts"], "restart_downtime_s": round(downtime, 1), "benchmarks_running_at_restart": running,
                 "reruns": len(reruns), "lost": found["lost"], "left_running": found["left_running"], "wall_s": round(wall, 1),
-                "total_s": round(time.monotonic() - t_start, 1), "cpu": _cpu_name(), "cores": os.cpu_count(),
+                "total_s": round(time.monotonic() - t_start, 1), "cpu": cpu_name(), "cores": os.cpu_count(),
                 "tracking_store": self.tracking_env["MLFLOW_BACKEND_STORE_URI"].split(":", 1)[0]}
 
     def read_back(self, summaries: dict[str, dict]) -> dict:
