@@ -32,6 +32,12 @@ DEFAULT_DTYPES = {"cpu": ("fp32", "bf16"), "cuda": DTYPES, "xla": ("fp32", "bf16
 QUICK_SIZE = {"cpu": 2048, "cuda": 8192, "xla": 8192}
 
 
+def quick_size(device: str, device_name: str) -> int:
+    """The size of a quick ceiling's product: QUICK_SIZE's, the CPU's for XLA on the host CPU (PJRT_DEVICE=CPU),
+    where an accelerator's 8192 would take tens of seconds a product."""
+    return QUICK_SIZE["cpu" if device_name == "CPU" else device]
+
+
 def tflops(n: int, seconds: float) -> float:
     """TFLOP/s of one n x n by n x n product taking ``seconds``: 2·n³ FLOPs (a multiply and an add per term)."""
     return 2 * n**3 / seconds / 1e12
@@ -231,7 +237,7 @@ def measure(framework: str, device: str, dtype: str, n: int, repeats: int) -> di
 
 def quick_ceiling(framework: str, device: str, dtype: str, repeats: int = 3, budget_s: float = 2.0) -> dict:
     """A quick warm ceiling for a training run, in its own process (framework already loaded): one size
-    (2048 on cpu, 8192 on cuda and xla), up to ``repeats`` warm products while ``budget_s`` lasts (one at
+    (2048 on cpu and XLA's host CPU, 8192 on cuda and other xla devices), up to ``repeats`` warm products while ``budget_s`` lasts (one at
     least). Returns ``measure``'s dictionary; ``repeats`` in it is the number of warm products made."""
     timer = Timer(framework, device, dtype)
-    return {**timer.measure(QUICK_SIZE[device], repeats, budget_s), "init_s": timer.init_s}
+    return {**timer.measure(quick_size(device, timer.device_name), repeats, budget_s), "init_s": timer.init_s}

@@ -132,6 +132,9 @@ def test_xla_spmd_on_two_virtual_devices_trains_and_resumes(trainable):
     assert len(compiled) == 3 and compiled[0] > 0
     assert compiled[-1] == compiled[1], f"recompiling after warm-up: {compiled}"  # fixed shapes: one step graph
     assert np.isfinite(whole["final_l1"])
+    # the host CPU's quick ceiling is a CPU-sized product (an accelerator's 8192 would take tens of seconds)
+    record = json.loads(Path(client().download_artifacts(whole["run_id"], "record.json", str(trainable))).read_text())
+    assert ", n=2048" in record["utilisation"]["ceiling_source"], record["utilisation"]
     killed = kill_after_first_checkpoint(trainable, *args, env=XLA_ENV)
     train(trainable, "--resume", killed, env=XLA_ENV)
     assert_same_weights(generator_state(trainable, whole["run_id"]), generator_state(trainable, killed), atol=1e-5)
