@@ -102,6 +102,21 @@ def shared_prefect_api() -> str:
     return _shared_api[0]
 
 
+def write_sweep(data_root: Path, spec) -> None:
+    """The sweep of GenerateSpec ``spec`` written under ``data_root``/datasets as the generate flow writes it
+    (its zarr groups, manifest and consolidated metadata), simulated here one after the other: for tests that
+    need a finished dataset, not a sweep (no Dask cluster, no flow run)."""
+    from tasks.common.store import Manifest, consolidate
+    from tasks.generate.simulation import run_simulation
+    from tasks.generate.task import _sweep_key, expand
+
+    dataset_dir = data_root / "datasets" / spec.dataset
+    manifest = Manifest(dataset_dir, _sweep_key(spec))
+    for sim in expand(spec):
+        manifest.add(sim.sim_id, run_simulation(str(dataset_dir), sim.model_copy(update={"threads": 1})))
+    consolidate(dataset_dir)
+
+
 def kill_tree(pid: int) -> None:
     """SIGKILL a process and every descendant (a worker and its flow runs, a command and its children)."""
     import psutil

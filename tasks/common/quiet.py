@@ -7,6 +7,7 @@ of this project's own one-line errors. Errors, failed states and this project's 
 
 import logging
 import os
+import sys
 import warnings
 
 VERBOSE_ENV = "KARMAN_VERBOSE"
@@ -57,9 +58,12 @@ def quiet_libraries() -> None:
     warnings.filterwarnings("ignore", module=LIBRARIES)
     for name in ("distributed", "numba", "alembic", "urllib3", "matplotlib", "tensorflow", "absl"):
         logging.getLogger(name).setLevel(logging.WARNING)
-    import mlflow  # noqa: F401  (it sets its loggers' levels when imported: import it first)
-
-    logging.getLogger("mlflow").setLevel(logging.ERROR)  # its warnings are advice on its own use (pickled models, ...)
+    # MLflow's warnings are advice on its own use (pickled models, ...). It sets its loggers' levels when
+    # imported, from MLFLOW_LOGGING_LEVEL: say ERROR there (this process and its children) rather than
+    # importing it here (1.5 s) in a process that may never need it; one that already has it is set directly.
+    os.environ.setdefault("MLFLOW_LOGGING_LEVEL", "ERROR")
+    if "mlflow" in sys.modules:
+        logging.getLogger("mlflow").setLevel(logging.ERROR)
 
 
 def quiet_prefect_console() -> None:

@@ -4,12 +4,14 @@ The benchmark flow in process against a real Prefect API, a real Dask cluster, r
 a real MLflow store: every cell its own flow run, reruns skip finished cells, a failed cell fails
 alone and shows in the report; bad matrices are refused."""
 
+import shutil
+
 import pytest
 from mlflow.tracking import MlflowClient
 from pydantic import ValidationError
 
 from tasks.common.specs import AggregateSpec, BenchmarkSpec, GenerateSpec, InferOptions, TrainOptions
-from tests.conftest import run_cli
+from tests.conftest import run_cli, write_sweep
 from tests.flows.test_cli import assert_refused
 
 TINY = BenchmarkSpec(
@@ -21,6 +23,21 @@ TINY = BenchmarkSpec(
     modes=["full", "mapreduce"], workers=[1, 2],
     aggregate=AggregateSpec(name="tiny-bench"),
 )
+
+
+@pytest.fixture(scope="module")
+def tiny_datasets(tmp_path_factory):
+    """TINY's dataset, simulated once for the module (the sweep itself is tests/flows/test_generate.py's subject):
+    each benchmark below finds it complete, as a benchmark on a team's shared data root does."""
+    root = tmp_path_factory.mktemp("bench-data")
+    write_sweep(root, TINY.generate)
+    return root
+
+
+@pytest.fixture
+def workdir(workdir, tiny_datasets):
+    shutil.copytree(tiny_datasets / "datasets", workdir / "data" / "datasets")
+    return workdir
 
 
 def test_benchmark_runs_every_cell_then_skips_the_finished_ones(workdir, prefect_harness):

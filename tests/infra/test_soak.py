@@ -37,11 +37,11 @@ def test_bad_input_is_refused_in_one_line(tmp_path):
 
 @pytest.mark.full
 @pytest.mark.timeout(1200)
-def test_three_benchmarks_at_once_survive_a_tracking_server_restart_and_lose_nothing(tmp_path):
-    proc = soak("--benchmarks", "3", "--epochs", "1", "--folder", str(tmp_path / "soak"), "--json")
+def test_two_benchmarks_at_once_survive_a_tracking_server_restart_and_lose_nothing(tmp_path):
+    proc = soak("--benchmarks", "2", "--epochs", "1", "--folder", str(tmp_path / "soak"), "--json")
     assert proc.returncode == 0, proc.stderr[-4000:]
     result = json.loads(proc.stdout.strip().splitlines()[-1])
     print("soak:", json.dumps(result))  # the figures (pytest -s shows them)
     assert result["lost"] == [] and result["left_running"] == []
-    assert result["cells"] == 6 and result["benchmarks_running_at_restart"] >= 2 and result["cells_at_once"] >= 2
-    assert result["restart_downtime_s"] > 0 and result["metric_values"] > 0 and result["artifacts"] >= 6
+    assert result["cells"] == 4 and result["benchmarks_running_at_restart"] == 2 and result["cells_at_once"] >= 2
+    assert result["restart_downtime_s"] > 0 and result["metric_values"] > 0 and result["artifacts"] >= 4
