@@ -58,11 +58,15 @@ def module_workdir(tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def prefect_harness():
-    """A real (temporary) Prefect API for in-process flow runs."""
-    from prefect.testing.utilities import prefect_test_harness
+    """A real Prefect API for in-process flow runs: the test process's shared server (``shared_prefect_api``),
+    which the commands the tests run report to as well (one server per test process, not two)."""
+    from prefect.context import _temporary_global_settings_context, get_settings_context
+    from prefect.settings import PREFECT_API_URL, temporary_settings
 
-    with prefect_test_harness(server_startup_timeout=120):
-        yield
+    with temporary_settings({PREFECT_API_URL: shared_prefect_api()}):
+        # process-wide, as Prefect's own test harness does: threads the tests start report to it as well
+        with _temporary_global_settings_context(get_settings_context()):
+            yield
 
 
 _shared_api: list[str] = []
