@@ -107,7 +107,7 @@ def main(argv: list[str]) -> int:
     # What a benchmark's tracking server needs, and no more (either can be set otherwise in the environment):
     # no GenAI job execution (MLflow 3 starts a job runner and seven queue consumers for its scorers and
     # trace roll-ups, none of which this project uses), and no more uvicorn workers than the host has cores
-    # (MLflow's default is 4: on 2 cores each start then costs 7 CPU seconds more, and a restart 4 s more).
+    # (MLflow's default is 4, each importing MLflow at every start and restart).
     os.environ.setdefault("MLFLOW_SERVER_ENABLE_JOB_EXECUTION", "false")
     if "--workers" not in argv and "-w" not in argv:
         os.environ.setdefault("MLFLOW_WORKERS", str(min(4, os.cpu_count() or 1)))

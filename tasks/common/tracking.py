@@ -1,5 +1,7 @@
 """MLflow behind one context manager: every run is opened, tagged and closed here."""
 
+from __future__ import annotations
+
 import contextlib
 import fcntl
 import logging
@@ -9,16 +11,20 @@ import socket
 import urllib.error
 import urllib.request
 from pathlib import Path
-from typing import Any, Iterator
+from typing import TYPE_CHECKING, Any, Iterator
 
 import psutil
-from mlflow.entities import Metric, Param, RunTag
-from mlflow.exceptions import MlflowException
-from mlflow.tracking import MlflowClient
 
 from tasks.common.flowrun import flow_run_link, running_flow_run
 from tasks.common.names import Tag
 from tasks.common.settings import Settings
+
+if TYPE_CHECKING:
+    from mlflow.exceptions import MlflowException
+    from mlflow.tracking import MlflowClient
+
+# MLflow (over a second to import) is imported where it is used: a command refused for bad input before it
+# talks to its store does not load it.
 
 log = logging.getLogger(__name__)
 
@@ -92,6 +98,8 @@ def experiment_id(client: MlflowClient, settings: Settings) -> str:
     location = None
     if not settings.tracking_uri.startswith(("http://", "https://", "databricks")):
         location = settings.artifact_root.as_uri()
+    from mlflow.exceptions import MlflowException
+
     try:
         return client.create_experiment(settings.experiment, artifact_location=location, tags=EXPERIMENT_KIND)
     except MlflowException as exc:
@@ -151,17 +159,23 @@ class Run:
         """Several steps' metrics in one request per 500 values: rows of (step, {name: value})."""
         import time
 
+        from mlflow.entities import Metric
+
         now = int(time.time() * 1000)
         batch = [Metric(k, float(v), now, step) for step, values in rows for k, v in values.items()]
         for i in range(0, len(batch), 500):
             self.client.log_batch(self.run_id, metrics=batch[i : i + 500])
 
     def log_params(self, params: dict[str, Any]) -> None:
+        from mlflow.entities import Param
+
         flat = [Param(k, v) for k, v in _flatten(params).items()]
         for i in range(0, len(flat), 100):
             self.client.log_batch(self.run_id, params=flat[i : i + 100])
 
     def set_tags(self, tags: dict[str, Any]) -> None:
+        from mlflow.entities import RunTag
+
         self.client.log_batch(self.run_id, tags=[RunTag(k, str(v)) for k, v in tags.items()])
 
     def log_dataset(self, name: str, digest: str, source: Path, context: str, profile: dict | None = None) -> None:
@@ -210,6 +224,8 @@ def code_version() -> str:
 
 def training_run(settings: Settings, run_id: str, label: str = "run"):
     """The MLflow run ``run_id``; UserError if the store does not know it or it is not a training run."""
+    from mlflow.exceptions import MlflowException
+
     from tasks.common.errors import UserError
 
     try:
@@ -230,6 +246,8 @@ def missing(exc: MlflowException) -> bool:
 
 
 def client_for(settings: Settings) -> MlflowClient:
+    from mlflow.tracking import MlflowClient
+
     return MlflowClient(tracking_uri=settings.tracking_uri)
 
 
