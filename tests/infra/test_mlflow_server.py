@@ -62,14 +62,25 @@ def server(tmp_path_factory):
             run = client.create_run(exp, run_name=f"train-cpu-b{batch}")
             client.log_metric(run.info.run_id, "epoch_time_s", 1.0 + batch, step=0)
             client.set_terminated(run.info.run_id)
-        yield uri, exp
+        yield uri, exp, proc
     finally:
         services.stop()
 
 
 @pytest.mark.full
+def test_the_server_runs_no_genai_job_consumers_and_no_more_workers_than_cores(server):
+    import psutil
+
+    _, _, proc = server
+    commands = [" ".join(p.cmdline()) for p in psutil.Process(proc.pid).children(recursive=True)]
+    assert not [c for c in commands if "huey" in c or "_job_runner" in c], commands  # MLflow 3 starts eight otherwise
+    workers = [c for c in commands if "multiprocessing.spawn" in c]  # uvicorn's worker processes (none for one worker)
+    assert len(workers) <= min(4, os.cpu_count() or 1), commands
+
+
+@pytest.mark.full
 def test_the_server_serves_mlflow_with_the_landing_page_defaults(server):
-    uri, exp = server
+    uri, exp, _ = server
     with urllib.request.urlopen(uri + "/", timeout=10) as response:
         page = response.read().decode()
         assert response.headers["Cache-Control"] == "no-cache"
@@ -97,7 +108,7 @@ def _rendered(url: str) -> str:
 
 @pytest.mark.full
 def test_a_new_browser_opens_the_experiment_on_its_runs_in_the_training_view(server):
-    uri, exp = server
+    uri, exp, _ = server
     dom = _rendered(f"{uri}/#/experiments/{exp}")
     assert "train-cpu-b4" in dom and "train-cpu-b8" in dom  # the runs table, not the GenAI overview
     assert "Detect Issues" not in dom
