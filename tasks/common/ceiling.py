@@ -204,7 +204,7 @@ def cpu_peak(info: CpuInfo | None = None) -> CpuPeak:
     return CpuPeak(cores=info.cores, ghz=ghz, clock=clock, family=family, flops_per_cycle={"fp32": fp32, "bf16": bf16 or fp32}, assumption=why)
 
 
-def _on_host_cpu(device_kind: str, device_name: str | None) -> bool:
+def on_host_cpu(device_kind: str, device_name: str | None) -> bool:
     """Whether the device is this host's CPU: device cpu, or an XLA device on the CPU runtime (PJRT_DEVICE=CPU)."""
     return device_kind == "cpu" or (device_kind == "xla" and device_name == "CPU")
 
@@ -213,7 +213,7 @@ def peak_tflops(device_kind: str, device_name: str | None, dtype: str, cpu: CpuI
     """(dense peak TFLOP/s, its source) of a device for a dtype (fp32, tf32, bf16, fp16), or None where
     none is known. A cpu's (or an XLA device's named "CPU") is derived from ``cpu`` (default: this host's
     /proc/cpuinfo); a GPU's or TPU's is the datasheet's, looked up by its exact name."""
-    if _on_host_cpu(device_kind, device_name):
+    if on_host_cpu(device_kind, device_name):
         derived = cpu_peak(cpu)
         value = derived.tflops(dtype)
         return None if value is None else (value, derived.source(dtype))
@@ -224,7 +224,7 @@ def peak_tflops(device_kind: str, device_name: str | None, dtype: str, cpu: CpuI
 # ---- the cache of measured ceilings: <data root>/ceilings.json ----
 
 def _key(device_kind: str, device_name: str | None, framework: str, dtype: str) -> str:
-    if _on_host_cpu(device_kind, device_name):
+    if on_host_cpu(device_kind, device_name):
         device_name = host_key()
     elif not device_name:
         raise UserError(f"a {device_kind} ceiling needs the device's name (e.g. NVIDIA H100 80GB HBM3)")

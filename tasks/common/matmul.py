@@ -35,7 +35,9 @@ QUICK_SIZE = {"cpu": 2048, "cuda": 8192, "xla": 8192}
 def quick_size(device: str, device_name: str) -> int:
     """The size of a quick ceiling's product: QUICK_SIZE's, the CPU's for XLA on the host CPU (PJRT_DEVICE=CPU),
     where an accelerator's 8192 would take tens of seconds a product."""
-    return QUICK_SIZE["cpu" if device_name == "CPU" else device]
+    from tasks.common.ceiling import on_host_cpu
+
+    return QUICK_SIZE["cpu" if on_host_cpu(device, device_name) else device]
 
 
 def tflops(n: int, seconds: float) -> float:

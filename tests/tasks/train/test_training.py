@@ -21,6 +21,7 @@ from mlflow.tracking import MlflowClient
 
 from models.recipe import lr_factor
 from tasks.common.data import epoch_order, split_of
+from tasks.common.records import RECORD_FILE
 from tasks.common.store import STORE, Manifest, consolidate
 from tasks.generate.simulation import run_simulation
 from tests.conftest import ROOT, run_cli
@@ -133,7 +134,7 @@ def test_xla_spmd_on_two_virtual_devices_trains_and_resumes(trainable):
     assert compiled[-1] == compiled[1], f"recompiling after warm-up: {compiled}"  # fixed shapes: one step graph
     assert np.isfinite(whole["final_l1"])
     # the host CPU's quick ceiling is a CPU-sized product (an accelerator's 8192 would take tens of seconds)
-    record = json.loads(Path(client().download_artifacts(whole["run_id"], "record.json", str(trainable))).read_text())
+    record = json.loads(Path(client().download_artifacts(whole["run_id"], RECORD_FILE, str(trainable))).read_text())
     assert ", n=2048" in record["utilisation"]["ceiling_source"], record["utilisation"]
     killed = kill_after_first_checkpoint(trainable, *args, env=XLA_ENV)
     train(trainable, "--resume", killed, env=XLA_ENV)
