@@ -9,6 +9,10 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 
+# torch_xla on the host CPU, as the XLA tests run it. They check what XLA computes, not how fast: XLA's CPU backend
+# without its LLVM optimisations compiles a training step in about a third of the time, with the same results.
+XLA_CPU_ENV = {"PJRT_DEVICE": "CPU", "XLA_FLAGS": "--xla_backend_optimization_level=0"}
+
 # The full tier: modules whose tests start servers, run flows end to end or train models for minutes.
 # ``make test-fast`` (pytest -m "not full") leaves them out, with the tests marked ``full`` elsewhere;
 # ``make test`` (CI) runs everything.

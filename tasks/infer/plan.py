@@ -5,8 +5,6 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from mlflow.exceptions import MlflowException
-
 from models.host import cpu_cores
 from models.nets.config import NetConfig
 from models.tiling import TilePlan, TilingError
@@ -27,6 +25,7 @@ from tasks.workloads.karman.scoring import rollout_steps
 
 def download(settings: Settings, model_run: str, path: str, tmp: str) -> Path:
     """A training run's artifact ``path`` downloaded under ``tmp``; UserError if the run has none."""
+    from mlflow.exceptions import MlflowException  # not at the top: Dask workers import the flows without MLflow
     try:
         return Path(client_for(settings).download_artifacts(model_run, path, tmp))
     except MlflowException as exc:

@@ -6,7 +6,6 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from mlflow.exceptions import MlflowException
 from prefect import get_run_logger, task
 
 from tasks.common.names import Tag
@@ -537,6 +536,7 @@ def covered_runs(settings: Settings, client, exp_id: str, source: str) -> tuple[
     """(what the report covers, in words; the runs; one line per run it leaves out, saying why): the runs a
     benchmark or demo run recorded in its runs.json ('latest' = the newest such run, or its id); or 'all'
     of the experiment. A recorded run that is deleted since is left out."""
+    from mlflow.exceptions import MlflowException  # not at the top: Dask workers import the flows without MLflow
     import json
     import tempfile
 

@@ -185,7 +185,7 @@ def test_torch_backend_on_an_xla_device_matches_the_reference():
     import subprocess
     import sys
 
-    from tests.conftest import ROOT
+    from tests.conftest import ROOT, XLA_CPU_ENV
 
     code = (
         "import numpy as np, torch_xla\n"
@@ -196,7 +196,7 @@ def test_torch_backend_on_an_xla_device_matches_the_reference():
         "fr, _ = ref.advance(10); fx, _ = xla.advance(10)\n"
         "print(np.abs(ref.f - xla.f).max(), np.abs(fr - fx).max())\n"
     )
-    env = {**os.environ, "PJRT_DEVICE": "CPU", "CPU_NUM_DEVICES": "1", "PYTHONPATH": str(ROOT)}
+    env = {**os.environ, **XLA_CPU_ENV, "CPU_NUM_DEVICES": "1", "PYTHONPATH": str(ROOT)}
     proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]
     state_gap, force_gap = map(float, proc.stdout.split())

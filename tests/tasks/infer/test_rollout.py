@@ -17,11 +17,10 @@ from mlflow.tracking import MlflowClient
 
 from tasks.common.store import Manifest, consolidate
 from tasks.generate.simulation import run_simulation
-from tests.conftest import ROOT, run_cli, strict_json
+from tests.conftest import ROOT, XLA_CPU_ENV, run_cli, strict_json
 from tests.flows.test_cli import assert_refused
 from tests.tasks.common.test_store import tiny_spec
 
-XLA_ENV = {"PJRT_DEVICE": "CPU"}
 
 
 @pytest.fixture(scope="module")
@@ -102,9 +101,9 @@ def test_mapreduce_with_the_whole_frame_as_tile_reproduces_full_frame(trained, c
 
 @pytest.mark.full  # minutes of XLA compilation or training
 def test_rollouts_on_two_virtual_xla_devices_match_cpu(trained, cpu_full):
-    full = infer(trained, "--device", "xla", "--mode", "full", env=XLA_ENV)
-    sharded = infer(trained, "--device", "xla", "--mode", "mapreduce", "--workers", "2", "--tile", "32,64", env=XLA_ENV)
-    tiled = infer(trained, "--device", "xla", "--mode", "mapreduce", "--workers", "2", "--tile", "32", "--halo", "8", env=XLA_ENV)
+    full = infer(trained, "--device", "xla", "--mode", "full", env=XLA_CPU_ENV)
+    sharded = infer(trained, "--device", "xla", "--mode", "mapreduce", "--workers", "2", "--tile", "32,64", env=XLA_CPU_ENV)
+    tiled = infer(trained, "--device", "xla", "--mode", "mapreduce", "--workers", "2", "--tile", "32", "--halo", "8", env=XLA_CPU_ENV)
     for result in (full, sharded):
         np.testing.assert_allclose(result["final_rel_l2_u"], cpu_full["final_rel_l2_u"], rtol=1e-3)
         np.testing.assert_allclose(result["mean_rel_l2_u"], cpu_full["mean_rel_l2_u"], rtol=1e-3)

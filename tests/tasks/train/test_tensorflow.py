@@ -7,6 +7,7 @@ a real MLflow store, real child processes (TensorFlow never enters the test proc
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 
@@ -19,6 +20,7 @@ from tests.flows.test_cli import assert_refused
 from tests.tasks.train.test_training import NET, client, dataset_root, kill_after_first_checkpoint, train, trainable  # noqa: F401
 
 TF = ("--framework", "tensorflow")
+WHOLE = (*NET, "--epochs", "6", "--batch-sizes", "4")
 PHASES = {"forward_s", "backward_s", "optimizer_s"}  # torch's step split; a tf.function is one call
 
 
@@ -37,10 +39,18 @@ def keras_weights(workdir, *run_ids: str) -> list[list[np.ndarray]]:
     return weights
 
 
-def test_tensorflow_trains_with_torchs_names_logs_a_keras_model_and_rolls_out_full_and_tiled(trainable):
-    args = (*NET, "--epochs", "2", "--batch-sizes", "4")
-    torch_out = train(trainable, *args)
-    tf_out = train(trainable, *TF, *args)
+@pytest.fixture(scope="module")
+def trained(module_workdir, dataset_root):
+    """A store with a torch run and a TensorFlow run of the same network; the TensorFlow run (six epochs) is also
+    the uninterrupted run that a killed and resumed one must end equal to."""
+    shutil.copytree(dataset_root / "datasets", module_workdir / "data" / "datasets")
+    torch_out = train(module_workdir, *NET, "--epochs", "2", "--batch-sizes", "4")
+    tf_out = train(module_workdir, *TF, *WHOLE)
+    return module_workdir, torch_out, tf_out
+
+
+def test_tensorflow_trains_with_torchs_names_logs_a_keras_model_and_rolls_out_full_and_tiled(trained):
+    trainable, torch_out, tf_out = trained
     assert tf_out["strategy"] == "default" and tf_out["world_size"] == 1 and np.isfinite(tf_out["final_l1"])
     torch_run, tf_run = client().get_run(torch_out["run_id"]), client().get_run(tf_out["run_id"])
     p, m = tf_run.data.params, tf_run.data.metrics
@@ -89,10 +99,9 @@ def test_mirrored_over_two_logical_cpus_and_multiworker_over_two_processes_compl
     assert (trainable / "data" / "runs" / workers["run_id"] / "model" / "generator.keras").is_file()
 
 
-def test_a_tensorflow_run_killed_mid_training_resumes_to_the_uninterrupted_result(trainable):
-    args = (*TF, *NET, "--epochs", "6", "--batch-sizes", "4")
-    whole = train(trainable, *args)
-    killed = kill_after_first_checkpoint(trainable, *args, checkpoint="checkpoint.npz")
+def test_a_tensorflow_run_killed_mid_training_resumes_to_the_uninterrupted_result(trained):
+    trainable, _, whole = trained
+    killed = kill_after_first_checkpoint(trainable, *TF, *WHOLE, checkpoint="checkpoint.npz")
     resumed = train(trainable, "--resume", killed)
     assert resumed["run_id"] == killed and resumed["epochs"] == 6
     for a, b in zip(*keras_weights(trainable, whole["run_id"], killed), strict=True):

@@ -24,12 +24,11 @@ from tasks.common.data import epoch_order, split_of
 from tasks.common.records import RECORD_FILE
 from tasks.common.store import STORE, Manifest, consolidate
 from tasks.generate.simulation import run_simulation
-from tests.conftest import ROOT, run_cli
+from tests.conftest import ROOT, XLA_CPU_ENV, run_cli
 from tests.flows.test_cli import assert_refused
 from tests.tasks.common.test_store import tiny_spec
 
 NET = ("--ngf", "8", "--ndf", "8", "--threads", "1")
-XLA_ENV = {"PJRT_DEVICE": "CPU"}
 
 
 @pytest.fixture(scope="module")
@@ -125,7 +124,7 @@ def test_cpu_run_killed_mid_training_resumes_to_the_uninterrupted_result(trainab
 
 def test_xla_spmd_on_two_virtual_devices_trains_and_resumes(trainable):
     args = (*NET, "--device", "xla", "--world-size", "2", "--epochs", "3", "--batch-sizes", "4")
-    whole = train(trainable, *args, env=XLA_ENV)
+    whole = train(trainable, *args, env=XLA_CPU_ENV)
     assert whole["strategy"] == "spmd" and whole["world_size"] == 2
     run = client().get_run(whole["run_id"])
     assert run.data.params["world_size"] == "2" and run.data.params["strategy"] == "spmd"
@@ -136,8 +135,8 @@ def test_xla_spmd_on_two_virtual_devices_trains_and_resumes(trainable):
     # the host CPU's quick ceiling is a CPU-sized product (an accelerator's 8192 would take tens of seconds)
     record = json.loads(Path(client().download_artifacts(whole["run_id"], RECORD_FILE, str(trainable))).read_text())
     assert ", n=2048" in record["utilisation"]["ceiling_source"], record["utilisation"]
-    killed = kill_after_first_checkpoint(trainable, *args, env=XLA_ENV)
-    train(trainable, "--resume", killed, env=XLA_ENV)
+    killed = kill_after_first_checkpoint(trainable, *args, env=XLA_CPU_ENV)
+    train(trainable, "--resume", killed, env=XLA_CPU_ENV)
     assert_same_weights(generator_state(trainable, whole["run_id"]), generator_state(trainable, killed), atol=1e-5)
 
 
