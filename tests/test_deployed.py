@@ -150,11 +150,12 @@ def test_quick_benchmark_deployed_on_real_servers_and_a_worker(tmp_path, monkeyp
 
             # What the UI's "Quick run" does. The worker is killed (with its flow run and every child)
             # once the first training cell has finished; a new worker and a second run finish the job.
-            # (one epoch of at most eight steps per training cell instead of three epochs of 106 and 53: a custom
-            # run of the quick matrix, as the UI's form makes; each cell still validates, checkpoints and logs its model)
+            # (one training cell, batch 4, of one epoch of at most eight steps instead of three epochs of 106: a custom
+            # run of the quick matrix, as the UI's form makes; the cell still validates, checkpoints and logs its model;
+            # the three rollout cells as in the quick matrix)
             quick = BenchmarkSpec.quick()
             short = quick.train.model_copy(update={"epochs": 1, "max_steps": 8})
-            custom = {"spec": json.loads(quick.model_copy(update={"train": short}).model_dump_json())}
+            custom = {"spec": json.loads(quick.model_copy(update={"train": short, "batch_sizes": [4]}).model_dump_json())}
             first = client.create_flow_run_from_deployment(deployment.id, parameters=custom)
             done_cell = wait_for_finished_train_cell(uri, worker, worker_log)
             kill_tree(worker.pid)
@@ -171,10 +172,10 @@ def test_quick_benchmark_deployed_on_real_servers_and_a_worker(tmp_path, monkeyp
             # what the Prefect UI shows: runs named and tagged by their parameters, the report (figures
             # inline) on the benchmark's own run, progress artifacts of the training runs
             run_names = {r.name for r in children}
-            assert {"benchmark quick", "generate karman-demo", "train cpu b4", "train cpu b8", "infer full cpu x1",
+            assert {"benchmark quick", "generate karman-demo", "train cpu b4", "infer full cpu x1",
                     "infer mapreduce cpu x2", "aggregate quick"} <= run_names, run_names
             tagged = {r.name: set(r.tags) for r in children if r.parent_task_run_id or r.name.startswith(("train", "infer"))}
-            assert {"stage:train", "device:cpu", "batch:8"} <= tagged["train cpu b8"]
+            assert {"stage:train", "device:cpu", "batch:4"} <= tagged["train cpu b4"]
             assert {"stage:infer", "mode:mapreduce", "workers:2"} <= tagged["infer mapreduce cpu x2"]
             from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterFlowRunId, ArtifactFilterType
 
@@ -197,7 +198,7 @@ def test_quick_benchmark_deployed_on_real_servers_and_a_worker(tmp_path, monkeyp
         stages = sorted(r.data.tags.get("karman.stage") for r in runs)
         finished = [r for r in runs if r.info.status == "FINISHED"]
         cells = [r.data.tags["karman.cell"] for r in finished if "karman.cell" in r.data.tags]
-        assert len(cells) == 5 and len(set(cells)) == 5  # 2 training + 3 rollout cells, each finished once
+        assert len(cells) == 4 and len(set(cells)) == 4  # 1 training + 3 rollout cells, each finished once
         assert done_cell.info.run_id in {r.info.run_id for r in finished}  # kept, not redone
         # the runs and flow runs live in PostgreSQL, not in a SQLite file
         import psycopg2
@@ -222,21 +223,21 @@ def test_quick_benchmark_deployed_on_real_servers_and_a_worker(tmp_path, monkeyp
         assert "| cpu | mapreduce | 2 |" in report and "Training: device × batch size" in report
 
         # What the MLflow UI shows: a model-training experiment; the second benchmark's run holds the
-        # report and lists its five cells, the new ones its children; descriptions and tags; the dataset
+        # report and lists its four cells, the new ones its children; descriptions and tags; the dataset
         # as an input; the generator as a logged model that loads with MLflow's own API.
         assert experiment.tags["mlflow.experimentKind"] == "custom_model_development"
         benchmarks = [r for r in runs if r.data.tags.get("karman.stage") == "benchmark"]
         bench = next(r for r in benchmarks if r.info.status == "FINISHED")
         assert {"report/report.md", "report/report.html"} <= {a.path for a in mlflow.list_artifacts(bench.info.run_id, "report")}
         listed = json.loads(Path(mlflow.download_artifacts(bench.info.run_id, "runs.json", str(tmp_path / "dl"))).read_text())
-        assert sorted(c["status"] for c in listed["cells"]) == ["FINISHED"] * 4 + ["SKIPPED"]
+        assert sorted(c["status"] for c in listed["cells"]) == ["FINISHED"] * 3 + ["SKIPPED"]
         assert set(listed["runs"]) == {r.info.run_id for r in finished if "karman.cell" in r.data.tags}
         parents = {r.data.tags.get("mlflow.parentRunId") for r in finished if r.data.tags.get("karman.stage") in ("train", "infer", "aggregate")}
         assert parents <= {b.info.run_id for b in benchmarks} and bench.info.run_id in parents
         assert bench.info.run_id in report  # the report says which benchmark it covers
         assert all(r.data.tags.get("mlflow.note.content") for r in finished)
         trained = next(r for r in finished if r.data.tags.get("karman.stage") == "train")
-        assert trained.data.tags["karman.batch_size"] in ("4", "8") and trained.data.tags["karman.framework"] == "torch"
+        assert trained.data.tags["karman.batch_size"] == "4" and trained.data.tags["karman.framework"] == "torch"
         assert [d.dataset.name for d in trained.inputs.dataset_inputs] == ["karman-demo"]
         models = mlflow.search_logged_models([experiment.experiment_id])
         assert {m.source_run_id for m in models} >= {r.info.run_id for r in finished if r.data.tags.get("karman.stage") == "train"}
