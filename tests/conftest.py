@@ -92,9 +92,13 @@ def shared_prefect_api() -> str:
             port = sock.getsockname()[1]
         home = tempfile.mkdtemp(prefix="prefect-home-")
         log = open(Path(home) / "server.log", "w")
+        # No scheduled, late or paused runs, workers or automations reach this server: the services that look
+        # for them every few seconds stay off (the event, task-run and concurrency-lease services run).
+        idle = {f"PREFECT_SERVER_SERVICES_{name}_ENABLED": "false"
+                for name in ("SCHEDULER", "LATE_RUNS", "PAUSE_EXPIRATIONS", "FOREMAN", "CANCELLATION_CLEANUP", "TRIGGERS")}
         server = subprocess.Popen([sys.executable, "-m", "prefect", "server", "start", "--host", "127.0.0.1", "--port", str(port)],
                                   env={**os.environ, "PREFECT_HOME": home, "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
-                                       "PREFECT_UI_ENABLED": "false"}, stdout=log, stderr=subprocess.STDOUT)
+                                       "PREFECT_UI_ENABLED": "false", **idle}, stdout=log, stderr=subprocess.STDOUT)
         atexit.register(lambda: (server.terminate(), server.wait(30)))
         url = f"http://127.0.0.1:{port}/api"
         deadline = time.monotonic() + 180
