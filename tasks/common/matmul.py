@@ -11,6 +11,7 @@ import statistics
 import time
 from typing import Callable
 
+from tasks.common.ceiling import on_host_cpu
 from tasks.common.errors import UserError
 
 FRAMEWORKS = ("torch", "tensorflow", "jax")
@@ -35,8 +36,6 @@ QUICK_SIZE = {"cpu": 2048, "cuda": 8192, "xla": 8192}
 def quick_size(device: str, device_name: str) -> int:
     """The size of a quick ceiling's product: QUICK_SIZE's, the CPU's for XLA on the host CPU (PJRT_DEVICE=CPU),
     where an accelerator's 8192 would take tens of seconds a product."""
-    from tasks.common.ceiling import on_host_cpu
-
     return QUICK_SIZE["cpu" if on_host_cpu(device, device_name) else device]
 
 

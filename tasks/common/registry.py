@@ -19,6 +19,8 @@ from tasks.common.records import RECORD_FILE, TrainRecord
 from tasks.common.settings import Settings
 from tasks.common.tracking import client_for, missing
 
+# MlflowException is imported in the functions that catch it: Dask workers import the flows' modules and need no MLflow.
+
 CHAMPION = "champion"
 MODEL_URI = re.compile(r"models:/(?P<name>[^/@]+)(?:@(?P<alias>[A-Za-z0-9_-]+)|/(?P<version>\d+))")
 QUALITY_TARGET = "karman.quality_target"  # a model version's quality target in words
@@ -86,7 +88,8 @@ class Candidate:
 
 def candidate(client, run_id: str) -> Candidate | None:
     """The candidate training run ``run_id`` is, from its record; None where it is none (or its record is missing)."""
-    from mlflow.exceptions import MlflowException  # not at the top: Dask workers import the flows without MLflow
+    from mlflow.exceptions import MlflowException
+
     run = client.get_run(run_id)
     try:
         with tempfile.TemporaryDirectory() as tmp:
@@ -98,7 +101,8 @@ def candidate(client, run_id: str) -> Candidate | None:
 
 def champion(client, name: str) -> tuple[object, Candidate] | None:
     """(the model version holding the alias, its candidate), or None where the model or the alias does not exist."""
-    from mlflow.exceptions import MlflowException  # not at the top: Dask workers import the flows without MLflow
+    from mlflow.exceptions import MlflowException
+
     try:
         version = client.get_model_version_by_alias(name, CHAMPION)
     except MlflowException as exc:
@@ -111,7 +115,8 @@ def champion(client, name: str) -> tuple[object, Candidate] | None:
 def register_champion(settings: Settings, run_ids: list[str]) -> dict:
     """Register the best of the training runs ``run_ids`` as a version of the settings' registered model (once per run)
     and move the alias ``champion`` to it if it beats the current one; what was done, with the reason."""
-    from mlflow.exceptions import MlflowException  # not at the top: Dask workers import the flows without MLflow
+    from mlflow.exceptions import MlflowException
+
     client, name = client_for(settings), settings.registered_model
     offered = [c for rid in dict.fromkeys(run_ids) if (c := candidate(client, rid)) is not None]
     if not offered:
@@ -146,7 +151,8 @@ def register_champion(settings: Settings, run_ids: list[str]) -> dict:
 def resolve_model_uri(settings: Settings, uri: str) -> str:
     """The training run id behind a registered model's URI, models:/NAME@ALIAS or models:/NAME/VERSION;
     UserError naming the URI where it is malformed or the registry does not know it."""
-    from mlflow.exceptions import MlflowException  # not at the top: Dask workers import the flows without MLflow
+    from mlflow.exceptions import MlflowException
+
     found = MODEL_URI.fullmatch(uri)
     if found is None:
         raise UserError(f"model {uri!r} is not a registered model's URI; use models:/NAME@ALIAS or models:/NAME/VERSION")

@@ -22,10 +22,13 @@ from tasks.common.store import file_sha256, load_manifest
 from tasks.common.tracking import client_for, experiment_id, missing, training_run
 from tasks.workloads.karman.scoring import rollout_steps
 
+# MlflowException is imported in the functions that catch it: Dask workers import the flows' modules and need no MLflow.
+
 
 def download(settings: Settings, model_run: str, path: str, tmp: str) -> Path:
     """A training run's artifact ``path`` downloaded under ``tmp``; UserError if the run has none."""
-    from mlflow.exceptions import MlflowException  # not at the top: Dask workers import the flows without MLflow
+    from mlflow.exceptions import MlflowException
+
     try:
         return Path(client_for(settings).download_artifacts(model_run, path, tmp))
     except MlflowException as exc:

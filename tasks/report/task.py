@@ -17,6 +17,8 @@ from tasks.common.tables import markdown_table
 from tasks.common.tracking import client_for, experiment_id, missing, mlflow_run, run_url
 from tasks.report.ceiling import ceiling_section
 
+# MlflowException is imported in the functions that catch it: Dask workers import the flows' modules and need no MLflow.
+
 
 def _rows(client, exp_id: str, stage: str) -> list:
     return client.search_runs([exp_id], f"tags.`{Tag.STAGE}` = '{stage}'", order_by=["attributes.start_time ASC"], max_results=1000)
@@ -536,9 +538,10 @@ def covered_runs(settings: Settings, client, exp_id: str, source: str) -> tuple[
     """(what the report covers, in words; the runs; one line per run it leaves out, saying why): the runs a
     benchmark or demo run recorded in its runs.json ('latest' = the newest such run, or its id); or 'all'
     of the experiment. A recorded run that is deleted since is left out."""
-    from mlflow.exceptions import MlflowException  # not at the top: Dask workers import the flows without MLflow
     import json
     import tempfile
+
+    from mlflow.exceptions import MlflowException
 
     from tasks.common.errors import UserError
 

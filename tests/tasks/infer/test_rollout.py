@@ -22,7 +22,6 @@ from tests.flows.test_cli import assert_refused
 from tests.tasks.common.test_store import tiny_spec
 
 
-
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory):
     """A working folder with dataset 'tiny' (three 32 x 64 simulations of 16 frames) and one finished
