@@ -29,8 +29,8 @@ def data_of():
 
 
 def steps(framework: str, dtype: str) -> dict:
-    """Two steps of SMALL at half its width (the same layers, fewer channels) without dropout (the label flips and noise come from numpy), seed 0,
-    in ``dtype`` (float64: the frameworks' rounding out of the way)."""
+    """Two steps of SMALL at half its width (the same layers, fewer channels) without dropout (the label flips and
+    noise come from numpy), seed 0, in ``dtype`` (float64: the frameworks' rounding out of the way)."""
     if framework == "torch":
         import torch
 
