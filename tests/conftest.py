@@ -152,6 +152,46 @@ def run_cli(*args: str, cwd: Path, env: dict | None = None, timeout: int = 900) 
     return subprocess.run([sys.executable, "-m", "flows", *args], cwd=cwd, env=full_env, capture_output=True, text=True, timeout=timeout)
 
 
+class _NoGuardian:
+    def terminate(self) -> None:
+        pass
+
+
+def run_in_process(*args: str, cwd: Path, env: dict | None = None) -> subprocess.CompletedProcess:
+    """``python -m flows ...`` as ``run_cli`` runs it, but in this test process: the same checks, flow and
+    summary (``flows.cli.main``) in ``cwd`` with ``env`` added to the environment, its stdout and stderr
+    captured, the environment and folder restored after. For tests about what a command computes and records,
+    not about the command's process: each saves the 3-4 s of CPU a new process spends importing Prefect and
+    MLflow. The two parts of main that are about a process's own death stay out (the guardian that would watch
+    this test process, the SIGTERM handler); tests/flows/test_lifetime.py runs those as users do."""
+    import contextlib
+    import io
+
+    from prefect.context import _temporary_global_settings_context, get_settings_context
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    from flows import cli
+    from tasks.common import lifetime
+
+    full_env = {"PYTHONPATH": str(ROOT), "PREFECT_SERVER_ANALYTICS_ENABLED": "false", **(env or {})}
+    api = full_env.get("PREFECT_API_URL", os.environ.get("PREFECT_API_URL")) or shared_prefect_api()  # a server: not Prefect's temporary one
+    full_env["PREFECT_API_URL"] = api
+    saved, out, err = dict(os.environ), io.StringIO(), io.StringIO()
+    with pytest.MonkeyPatch.context() as patch:
+        patch.chdir(cwd)
+        patch.setattr(lifetime, "start_guardian", lambda settings=None: _NoGuardian())
+        patch.setattr(lifetime, "raise_on_sigterm", lambda: None)
+        os.environ.update(full_env)
+        try:
+            with temporary_settings({PREFECT_API_URL: api}), _temporary_global_settings_context(get_settings_context()):
+                with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+                    code = cli.main(list(args))
+        finally:  # main sets variables of its own (credentials, verbosity): all of them go
+            os.environ.clear()
+            os.environ.update(saved)
+    return subprocess.CompletedProcess(["python", "-m", "flows", *args], code, out.getvalue(), err.getvalue())
+
+
 def strict_json(line: str):
     """A command's ``--json`` line parsed as strict JSON: a bare NaN or Infinity fails the test."""
     import json

@@ -15,7 +15,7 @@ from tasks.common.errors import UserError
 from tasks.common.specs import GenerateSpec
 from tasks.common.store import MANIFEST, STORE, VARIABLES, content_digest, open_simulation
 from tasks.generate.task import _sweep_key, expand
-from tests.conftest import ROOT, run_cli
+from tests.conftest import ROOT, run_cli, run_in_process
 from tests.flows.test_cli import assert_refused
 from tests.tasks.common.test_store import chunk_bytes, flip_byte
 
@@ -173,7 +173,7 @@ def test_damaged_data_is_refused_naming_where_it_is_and_generate_verify_repairs_
     simulations again, and training then runs."""
     args = ["generate", "--dataset", "hurt", "--reynolds", "20,25,30", "--nx", "64", "--ny", "32", "--size", "6",
             "--warmup-steps", "300", "--frames", "12", "--frame-every", "10", "--workers", "1", "--json"]
-    assert run_cli(*args, cwd=workdir).returncode == 0
+    assert run_in_process(*args, cwd=workdir).returncode == 0
     store = workdir / "data" / "datasets" / "hurt" / STORE
     manifest = json.loads((workdir / "data" / "datasets" / "hurt" / MANIFEST).read_text())
     first, second = sorted(manifest["simulations"])[:2]
@@ -193,14 +193,14 @@ def test_damaged_data_is_refused_naming_where_it_is_and_generate_verify_repairs_
     repaired = run_cli(*args[:-1], "--verify", "--json", cwd=workdir)
     assert repaired.returncode == 0, repaired.stderr[-2000:]
     assert "2 already complete" not in repaired.stderr and "1 already complete, 2 to run" in repaired.stderr, repaired.stderr[-3000:]
-    assert run_cli(*train, cwd=workdir).returncode == 0
+    assert run_in_process(*train, cwd=workdir).returncode == 0
 
 
 def test_compare_datasets_measures_how_far_two_backends_sweeps_differ(workdir):
     tiny = ["--reynolds", "40", "--nx", "48", "--ny", "24", "--size", "5", "--warmup-steps", "200", "--frames", "2", "--frame-every", "10",
             "--workers", "1", "--json"]
     for name, backend in (("by-numba", "numba"), ("by-numpy", "numpy")):
-        proc = run_cli("generate", "--dataset", name, "--cpu-backend", backend, *tiny, cwd=workdir)
+        proc = run_in_process("generate", "--dataset", name, "--cpu-backend", backend, *tiny, cwd=workdir)
         assert proc.returncode == 0, proc.stderr[-2000:]
     proc = run_cli("compare-datasets", "--first", "by-numba", "--second", "by-numpy", "--json", cwd=workdir)
     assert proc.returncode == 0, proc.stderr

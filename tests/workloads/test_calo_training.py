@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from mlflow.tracking import MlflowClient
 
-from tests.conftest import ROOT, run_cli
+from tests.conftest import ROOT, run_cli, run_in_process
 from tests.flows.test_cli import assert_refused
 
 FRAMEWORKS = ("torch", "tensorflow")
@@ -53,13 +53,13 @@ def test_torch_and_keras_take_the_same_four_tape_step(stepped):
 
 @pytest.fixture(scope="module")
 def showers(module_workdir):
-    proc = run_cli("generate", "--workload", "calo", "--dataset", "showers", "--events", "100", "--workers", "1", "--json", cwd=module_workdir)
+    proc = run_in_process("generate", "--workload", "calo", "--dataset", "showers", "--events", "100", "--workers", "1", "--json", cwd=module_workdir)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return module_workdir
 
 
 def test_a_short_run_over_two_ddp_processes_trains_scores_the_test_split_and_keeps_the_generator_and_a_figure(showers):
-    proc = run_cli("train", "--workload", "calo", "--dataset", "showers", "--framework", "torch", "--batch-sizes", "4", "--world-size", "2",
+    proc = run_in_process("train", "--workload", "calo", "--dataset", "showers", "--framework", "torch", "--batch-sizes", "4", "--world-size", "2",
                    "--max-steps", "2", "--threads", "1", "--json", cwd=showers)
     assert proc.returncode == 0, proc.stderr[-3000:]
     out = json.loads(proc.stdout.strip().splitlines()[-1])
@@ -73,7 +73,7 @@ def test_a_short_run_over_two_ddp_processes_trains_scores_the_test_split_and_kee
     assert run.data.tags["karman.target"] == "not reached"
     artifacts = {a.path for a in client.list_artifacts(run.info.run_id)} | {a.path for a in client.list_artifacts(run.info.run_id, "model")}
     assert {"shower_profiles.png", "model/generator.npz"} <= artifacts
-    report = run_cli("aggregate", "--runs", "all", "--name", "calo", "--json", cwd=showers)  # the ranking shows the shower metrics
+    report = run_in_process("aggregate", "--runs", "all", "--name", "calo", "--json", cwd=showers)  # the ranking shows the shower metrics
     assert report.returncode == 0, report.stderr[-3000:]
     text = Path(json.loads(report.stdout.strip().splitlines()[-1])["report"]).read_text()
     ranking = text.split("calorimeter showers: frameworks and devices ranked by time to target")[1].split("##")[0]
@@ -82,7 +82,7 @@ def test_a_short_run_over_two_ddp_processes_trains_scores_the_test_split_and_kee
 
 
 def test_tensorflow_trains_over_two_multiworker_workers(showers):
-    proc = run_cli("train", "--workload", "calo", "--dataset", "showers", "--framework", "tensorflow", "--strategy", "multiworker",
+    proc = run_in_process("train", "--workload", "calo", "--dataset", "showers", "--framework", "tensorflow", "--strategy", "multiworker",
                    "--world-size", "2", "--batch-sizes", "2", "--max-steps", "1", "--validate-every", "0", "--json", cwd=showers)
     assert proc.returncode == 0, proc.stderr[-3000:]
     out = json.loads(proc.stdout.strip().splitlines()[-1])

@@ -8,12 +8,12 @@ import pytest
 import zarr
 from mlflow.tracking import MlflowClient
 
-from tests.conftest import run_cli
+from tests.conftest import run_cli, run_in_process
 from tests.flows.test_cli import assert_refused
 
 
 def _generate(workdir, *args) -> dict:
-    proc = run_cli("generate", "--workload", "digits", "--dataset", "mnist", *args, "--json", cwd=workdir)
+    proc = run_in_process("generate", "--workload", "digits", "--dataset", "mnist", *args, "--json", cwd=workdir)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
@@ -57,7 +57,7 @@ def test_a_damaged_store_is_refused_and_overwrite_writes_it_afresh(generated):
 @pytest.mark.parametrize("framework", ["jax"])  # the other two share its scoring; their steps are checked in test_digits_workload.py
 def test_a_short_run_trains_and_scores_the_test_split(generated, framework):
     workdir, first = generated
-    proc = run_cli("train", "--workload", "digits", "--dataset", "mnist", "--framework", framework, "--batch-sizes", "32",
+    proc = run_in_process("train", "--workload", "digits", "--dataset", "mnist", "--framework", framework, "--batch-sizes", "32",
                    "--max-steps", "8", "--threads", "1", "--json", cwd=workdir)
     assert proc.returncode == 0, proc.stderr[-3000:]
     out = json.loads(proc.stdout.strip().splitlines()[-1])

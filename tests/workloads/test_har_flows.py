@@ -10,12 +10,12 @@ import pytest
 import zarr
 from mlflow.tracking import MlflowClient
 
-from tests.conftest import ROOT, run_cli, shared_prefect_api
+from tests.conftest import ROOT, run_cli, run_in_process, shared_prefect_api
 from tests.flows.test_cli import assert_refused
 
 
 def _generate(workdir, *args) -> dict:
-    proc = run_cli("generate", "--workload", "har", "--dataset", "har", *args, "--json", cwd=workdir)
+    proc = run_in_process("generate", "--workload", "har", "--dataset", "har", *args, "--json", cwd=workdir)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return json.loads(proc.stdout.strip().splitlines()[-1])
 

@@ -13,7 +13,7 @@ import pytest
 from mlflow.tracking import MlflowClient
 
 from tasks.common.records import RECORD_FILE, TrainRecord
-from tests.conftest import ROOT, run_cli
+from tests.conftest import ROOT, run_cli, run_in_process
 from tests.flows.test_cli import assert_refused
 from tests.workloads.toy.workload import generate
 
@@ -27,7 +27,7 @@ def toy(workdir):
 
 
 def _train(workdir, *args) -> dict:
-    proc = run_cli("train", "--workload", "toy", "--dataset", "blobs", "--threads", "1", *args, "--json", cwd=workdir, env=TOY)
+    proc = run_in_process("train", "--workload", "toy", "--dataset", "blobs", "--threads", "1", *args, "--json", cwd=workdir, env=TOY)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
@@ -55,7 +55,7 @@ def test_a_workload_from_its_own_folder_trains_is_evaluated_logged_and_reported(
     cached = json.loads((toy / "data" / "ceilings.json").read_text())["ceilings"]
     assert [c["framework"] for c in cached.values()] == ["torch"]  # the next run of this host reads it
 
-    report = run_cli("aggregate", "--runs", "all", "--name", "toy", "--json", cwd=toy, env=TOY)
+    report = run_in_process("aggregate", "--runs", "all", "--name", "toy", "--json", cwd=toy, env=TOY)
     assert report.returncode == 0, report.stderr[-3000:]
     text = Path(json.loads(report.stdout.strip().splitlines()[-1])["report"]).read_text()
     row = next(line for line in text.splitlines() if f"`{out['run_id'][:8]}`" in line and "| toy |" in line)

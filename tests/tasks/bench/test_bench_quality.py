@@ -12,7 +12,7 @@ import sys
 
 import pytest
 
-from tests.conftest import ROOT, run_cli, strict_json
+from tests.conftest import ROOT, run_cli, run_in_process, strict_json
 from tests.flows.test_cli import assert_refused
 from tests.tasks.train.test_training import dataset_root  # noqa: F401  (the module's dataset fixture)
 
@@ -91,7 +91,7 @@ def test_bench_quality_trains_as_train_does_the_same_seed_gives_the_same_losses(
 
     common = ("--dataset", "tiny", "--ngf", "8", "--ndf", "8", "--threads", "1", "--epochs", "2", "--seed", "5", "--validate-steps", "3",
               "--target-steps", "1")
-    trained = run_cli("train", *common, "--batch-sizes", "4", "--validate-every", "0", "--json", cwd=data)
+    trained = run_in_process("train", *common, "--batch-sizes", "4", "--validate-every", "0", "--json", cwd=data)
     assert trained.returncode == 0, trained.stderr[-3000:]
     run_id = json.loads(trained.stdout.strip().splitlines()[-1])["run_id"]
     client = MlflowClient(tracking_uri=os.environ["MLFLOW_TRACKING_URI"])

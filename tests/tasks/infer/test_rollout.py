@@ -17,7 +17,7 @@ from mlflow.tracking import MlflowClient
 
 from tasks.common.store import Manifest, consolidate
 from tasks.generate.simulation import run_simulation
-from tests.conftest import ROOT, XLA_CPU_ENV, run_cli, strict_json
+from tests.conftest import ROOT, XLA_CPU_ENV, run_cli, run_in_process, strict_json
 from tests.flows.test_cli import assert_refused
 from tests.tasks.common.test_store import tiny_spec
 
@@ -35,7 +35,7 @@ def trained(tmp_path_factory):
         spec = tiny_spec(nx=64, ny=32, cx=12.0, cy=16.25, size=6.0, reynolds=re, warmup_steps=600, frames=16, frame_every=20, backend="numpy")
         manifest.add(spec.sim_id, run_simulation(str(ds_dir), spec))
     consolidate(ds_dir)
-    proc = run_cli("train", "--dataset", "tiny", "--ngf", "8", "--ndf", "8", "--threads", "1", "--epochs", "2",
+    proc = run_in_process("train", "--dataset", "tiny", "--ngf", "8", "--ndf", "8", "--threads", "1", "--epochs", "2",
                    "--batch-sizes", "4", "--json", cwd=root, env=env)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return root, env, json.loads(proc.stdout.strip().splitlines()[-1])["run_id"]
@@ -43,7 +43,7 @@ def trained(tmp_path_factory):
 
 def infer(trained, *args, env=None) -> dict:
     root, base_env, run_id = trained
-    proc = run_cli("infer", "--model-run", run_id, "--steps", "6", *args, "--json", cwd=root, env={**base_env, **(env or {})})
+    proc = run_in_process("infer", "--model-run", run_id, "--steps", "6", *args, "--json", cwd=root, env={**base_env, **(env or {})})
     assert proc.returncode == 0, proc.stderr[-3000:]
     return strict_json(proc.stdout.strip().splitlines()[-1])
 
@@ -157,7 +157,7 @@ def test_a_model_trained_on_crops_tiles_at_its_crop_side_by_default(trained):
     """--crop 32 trains a depth-5 U-Net on random 32 x 32 crops of the 32 x 64 frames; its map-reduce
     rollout takes tiles of the trained side without being told, and full-frame still works."""
     root, env, _ = trained
-    proc = run_cli("train", "--dataset", "tiny", "--ngf", "8", "--ndf", "8", "--threads", "1", "--epochs", "2",
+    proc = run_in_process("train", "--dataset", "tiny", "--ngf", "8", "--ndf", "8", "--threads", "1", "--epochs", "2",
                    "--batch-sizes", "4", "--crop", "32", "--json", cwd=root, env=env)
     assert proc.returncode == 0, proc.stderr[-3000:]
     run_id = json.loads(proc.stdout.strip().splitlines()[-1])["run_id"]

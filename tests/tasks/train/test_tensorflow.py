@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from tasks.common.names import Tag
-from tests.conftest import ROOT, run_cli
+from tests.conftest import ROOT, run_cli, run_in_process
 from tests.flows.test_cli import assert_refused
 from tests.tasks.train.test_training import NET, client, dataset_root, kill_after_first_checkpoint, train, trainable  # noqa: F401
 
@@ -75,7 +75,7 @@ def test_tensorflow_trains_with_torchs_names_logs_a_keras_model_and_rolls_out_fu
     assert loaded.stdout.split()[0] == p["generator_params"] and loaded.stdout.strip().endswith("(1, 32, 64, 3)")
     # rollouts of the TensorFlow model, full-frame and map-reduce over two workers
     for extra in ((), ("--mode", "mapreduce", "--workers", "2", "--tile", "32", "--halo", "8")):
-        proc = run_cli("infer", "--model-run", tf_out["run_id"], "--steps", "4", *extra, "--json", cwd=trainable)
+        proc = run_in_process("infer", "--model-run", tf_out["run_id"], "--steps", "4", *extra, "--json", cwd=trainable)
         assert proc.returncode == 0, proc.stderr[-3000:]
         assert "absl::InitializeLog" not in proc.stderr and "cuInit" not in proc.stderr  # TensorFlow's runtime notices stay out
         out = json.loads(proc.stdout.strip().splitlines()[-1])

@@ -24,7 +24,7 @@ from tasks.common.data import epoch_order, split_of
 from tasks.common.records import RECORD_FILE
 from tasks.common.store import STORE, Manifest, consolidate
 from tasks.generate.simulation import run_simulation
-from tests.conftest import ROOT, XLA_CPU_ENV, run_cli
+from tests.conftest import ROOT, XLA_CPU_ENV, run_cli, run_in_process
 from tests.flows.test_cli import assert_refused
 from tests.tasks.common.test_store import tiny_spec
 
@@ -55,7 +55,7 @@ def client() -> MlflowClient:
 
 
 def train(workdir, *args, env=None):
-    proc = run_cli("train", "--dataset", "tiny", *args, "--json", cwd=workdir, env=env)
+    proc = run_in_process("train", "--dataset", "tiny", *args, "--json", cwd=workdir, env=env)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
