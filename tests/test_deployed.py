@@ -158,6 +158,18 @@ def test_quick_benchmark_deployed_on_real_servers_and_a_worker(tmp_path, monkeyp
             custom = {"spec": json.loads(quick.model_copy(update={"train": short, "batch_sizes": [4]}).model_dump_json())}
             first = client.create_flow_run_from_deployment(deployment.id, parameters=custom)
             done_cell = wait_for_finished_train_cell(uri, worker, worker_log)
+            # its Prefect flow run completed too (it closes its MLflow run first): the kill lands between cells, and
+            # that run is the completed training run (with its progress artifact) the checks below read
+            from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterName, FlowRunFilterState, FlowRunFilterStateType
+            from prefect.client.schemas.objects import StateType
+
+            completed = FlowRunFilter(name=FlowRunFilterName(any_=["train cpu b4"]),
+                                      state=FlowRunFilterState(type=FlowRunFilterStateType(any_=[StateType.COMPLETED])))
+            deadline = time.monotonic() + 120
+            while not client.read_flow_runs(flow_run_filter=completed):
+                assert time.monotonic() < deadline, f"the training cell's flow run did not complete:\n{worker_log.read_text()[-3000:]}"
+                assert worker.poll() is None, worker_log.read_text()[-3000:]
+                time.sleep(0.5)
             kill_tree(worker.pid)
             assert not client.read_flow_run(first.id).state.is_completed()
             worker, worker_log = services.start("worker-2", ["infra/start-worker.sh", "cpu"], worker_env)
@@ -269,9 +281,18 @@ def test_quick_benchmark_deployed_on_real_servers_and_a_worker(tmp_path, monkeyp
         tiny = {"dataset": "karman-demo", "epochs": 1, "max_steps": 3, "ngf": 8, "ndf": 8, "batch_sizes": [4], "threads": 1,
                 "val_simulations": 0, "device": "cpu"}
         with temporary_settings({PREFECT_API_URL: api, PREFECT_API_AUTH_STRING: prefect_auth}), get_client(sync_client=True) as client:
-            sent = [client.create_flow_run_from_deployment(client.read_deployment_by_name(f"train/{pool}").id,
-                                                           parameters={"spec": {**tiny, "seed": 10 + i}})
-                    for i, pool in enumerate(("cpu", "cpu", "gpu"))]
+            def send(pool: str, seed: int):
+                return client.create_flow_run_from_deployment(client.read_deployment_by_name(f"train/{pool}").id,
+                                                              parameters={"spec": {**tiny, "seed": seed}})
+
+            sent = [send("cpu", 10), send("cpu", 11)]
+            # the gpu pool's cell is sent once a cpu cell runs: sent with them, it could be done before the cpu
+            # worker's next poll (a cell of three steps takes about as long as a worker's 10 s between polls)
+            deadline = time.monotonic() + 300
+            while not any(client.read_flow_run(r.id).state.is_running() for r in sent):
+                assert time.monotonic() < deadline, worker_log.read_text()[-3000:]
+                time.sleep(0.5)
+            sent.append(send("gpu", 12))
             for flow_run in sent:
                 state = wait(flow_run.id, 600)
                 assert state.is_completed(), f"{state}\n{worker_log.read_text()[-3000:]}\n{gpu_log.read_text()[-3000:]}"
