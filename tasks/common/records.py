@@ -57,7 +57,8 @@ class TrainSummary(Record):
     epochs: int
     steps: int
     warmup_s: float | None = Field(description="Seconds of the first steps of each process (tracing, compilation, warm-up)")
-    time_per_epoch_s: float = Field(description="Median seconds of an epoch, the first left out when there are more")
+    time_per_epoch_s: float = Field(description="Median seconds of a whole epoch, the first left out when there are more; where none "
+                                    "of those ran whole (a step limit or time budget), a whole epoch at their samples per second")
     samples_per_s: float = Field(description="An epoch's samples over time_per_epoch_s")
     train_time_s: float
     samples_seen: int

@@ -45,7 +45,8 @@ def train_model(settings: Settings, plan: TrainPlan, batch_size: int, parent_run
     digest, profile = workload.dataset_info(settings, spec.dataset)
     name = train_run_name(spec, batch_size)
     description = (f"{workload.title}, {workload.setting(spec)}, trained with {spec.framework} on dataset `{spec.dataset}` ({', '.join(f'{v} {k}' for k, v in profile.items())}) on {spec.device} x{world}{f' ({plan.strategy} strategy)' if spec.framework == 'tensorflow' else ''}, global batch {batch_size}, {spec.precision}, for {_budget_words(spec)}, seed {spec.seed}. "
-                   "Metrics: epoch_time_s per epoch; time_per_epoch_s is their median without the first epoch (warm-up); "
+                   "Metrics: epoch_time_s per epoch; time_per_epoch_s is the median whole epoch without the first (warm-up), samples_per_s "
+                   "the samples per second at it (where a limit cut the epochs short, their samples over their time); "
                    "val_* are validation scores, logged against epochs; record.json holds the run's configuration and summary.")
     # batch_size, world_size and strategy are logged by the run itself, as they resolved
     params = None if resume_run_id else spec.model_dump(exclude={"batch_sizes", "resume", "world_size", "strategy", "cell"})

@@ -90,6 +90,7 @@ class History:
 
     epoch: int = 0
     epoch_s: list[float] = field(default_factory=list)  # each epoch's seconds
+    epoch_samples: list[int] = field(default_factory=list)  # each epoch's samples: fewer than a whole epoch's where a limit cut it short
     global_step: int = 0
     train_s: float = 0.0
     samples: int = 0
@@ -180,6 +181,7 @@ def train(trainer: Trainer, runtime: Runtime, recorder: Recorder, spec: TrainSpe
         epoch_s = time.perf_counter() - t_epoch
         history.epoch, history.samples = epoch, history.samples + done * batch_size
         history.epoch_s.append(epoch_s)
+        history.epoch_samples.append(done * batch_size)
         history.last_losses = {k: v / done for k, v in sums.items()}
         metrics = {"epoch_time_s": epoch_s, "epoch_samples_per_s": done * batch_size / epoch_s, "data_wait_fraction": data_s / epoch_s,
                    "learning_rate": trainer.learning_rate(), **runtime.epoch_metrics(epoch == 1), **trainer.epoch_metrics(),
@@ -230,15 +232,30 @@ def _validate(trainer: Trainer, history: History, epoch: int, clock_t0: float, m
     return float(stop_at_target)
 
 
+def epoch_rate(history: History, samples_per_epoch: int) -> tuple[float, float]:
+    """(seconds per whole epoch, samples per second) of a run, the first epoch (the warm-up) left out when
+    there are more: the median of the whole epochs among the rest; where none of them ran whole (a step
+    limit or a time budget cut it short), their samples over their seconds, as a whole epoch would take."""
+    known = history.epoch_samples
+    counts = [samples_per_epoch] * (len(history.epoch_s) - len(known)) + known  # a checkpoint written before epochs were counted
+    epochs = list(zip(history.epoch_s, counts))
+    steady = epochs[1:] or epochs
+    whole = [seconds for seconds, n in steady if n >= samples_per_epoch]
+    if whole:
+        time_per_epoch = float(np.median(whole))
+        return time_per_epoch, samples_per_epoch / time_per_epoch
+    rate = sum(n for _, n in steady) / sum(seconds for seconds, _ in steady)
+    return samples_per_epoch / rate, rate
+
+
 def summary(history: History, samples_per_epoch: int, ended_by: str) -> TrainSummary:
-    """The finished run's summary: its epoch time is the median epoch without the first (the warm-up)."""
-    steady = history.epoch_s[1:] or history.epoch_s
-    time_per_epoch = float(np.median(steady))
+    """The finished run's summary: its epoch time and samples per second as ``epoch_rate`` measures them."""
+    time_per_epoch, samples_per_s = epoch_rate(history, samples_per_epoch)
     target = history.target or {}
     finite = lambda v: v if v is not None and math.isfinite(v) else None  # noqa: E731
     return TrainSummary(
         epochs=len(history.epoch_s), steps=history.global_step, warmup_s=finite(float(np.nansum(history.warmup_s))),
-        time_per_epoch_s=time_per_epoch, samples_per_s=samples_per_epoch / time_per_epoch, train_time_s=history.train_s,
+        time_per_epoch_s=time_per_epoch, samples_per_s=samples_per_s, train_time_s=history.train_s,
         samples_seen=history.samples, final_losses={k: finite(v) for k, v in history.last_losses.items()},
         target_reached=history.target is not None, time_to_target_s=target.get("time_to_target_s"),
         epochs_to_target=target.get("epochs_to_target"), samples_to_target=target.get("samples_to_target"),
