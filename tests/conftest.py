@@ -153,6 +153,8 @@ def run_cli(*args: str, cwd: Path, env: dict | None = None, timeout: int = 900) 
 
 
 class _NoGuardian:
+    """What ``run_in_process`` gives main for its guardian: nothing to watch or stop."""
+
     def terminate(self) -> None:
         pass
 
