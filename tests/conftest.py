@@ -143,12 +143,18 @@ def kill_tree(pid: int) -> None:
     psutil.wait_procs(procs, timeout=30)
 
 
+def _command_env(env: dict | None) -> dict:
+    """What a command the tests run gets on top of this process's environment: the project on its path, no
+    telemetry, the tests' Prefect server (unless ``env`` or this process names another), then ``env``."""
+    return {"PYTHONPATH": str(ROOT), "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+            "PREFECT_API_URL": os.environ.get("PREFECT_API_URL") or shared_prefect_api(), **(env or {})}
+
+
 def run_cli(*args: str, cwd: Path, env: dict | None = None, timeout: int = 900) -> subprocess.CompletedProcess:
     """``python -m flows ...`` in a child process, as a user types it (reporting to the tests' Prefect
     server unless ``env`` sets PREFECT_API_URL, or sets it to "" for a temporary server of its own, as
     an empty value means to the command)."""
-    full_env = {**os.environ, "PYTHONPATH": str(ROOT), "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
-                "PREFECT_API_URL": os.environ.get("PREFECT_API_URL") or shared_prefect_api(), **(env or {})}
+    full_env = {**os.environ, **_command_env(env)}
     return subprocess.run([sys.executable, "-m", "flows", *args], cwd=cwd, env=full_env, capture_output=True, text=True, timeout=timeout)
 
 
@@ -175,9 +181,8 @@ def run_in_process(*args: str, cwd: Path, env: dict | None = None) -> subprocess
     from flows import cli
     from tasks.common import lifetime
 
-    full_env = {"PYTHONPATH": str(ROOT), "PREFECT_SERVER_ANALYTICS_ENABLED": "false", **(env or {})}
-    api = full_env.get("PREFECT_API_URL", os.environ.get("PREFECT_API_URL")) or shared_prefect_api()  # a server: not Prefect's temporary one
-    full_env["PREFECT_API_URL"] = api
+    full_env = _command_env(env)
+    api = full_env["PREFECT_API_URL"] = full_env["PREFECT_API_URL"] or shared_prefect_api()  # a server: Prefect's temporary one cannot run in process
     saved, out, err = dict(os.environ), io.StringIO(), io.StringIO()
     with pytest.MonkeyPatch.context() as patch:
         patch.chdir(cwd)

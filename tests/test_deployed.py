@@ -113,15 +113,18 @@ def test_quick_benchmark_deployed_on_real_servers_and_a_worker(tmp_path, monkeyp
 
         prefect_auth = f"{AUTH_USER}:{AUTH_PASSWORD}"
         with temporary_settings({PREFECT_API_URL: api, PREFECT_API_AUTH_STRING: prefect_auth}), get_client(sync_client=True) as client:
-            def wait(flow_run_id, timeout: float = 1200):
+            def until(condition, timeout: float, what: str, every: float = 0.5):
+                """condition()'s first true value, polled while the worker lives; fails naming ``what`` after ``timeout`` s."""
                 deadline = time.monotonic() + timeout
-                while time.monotonic() < deadline:
-                    state = client.read_flow_run(flow_run_id).state
-                    if state is not None and state.is_final():
-                        return state
+                while not (found := condition()):
+                    assert time.monotonic() < deadline, f"{what} within {timeout} s:\n{worker_log.read_text()[-5000:]}"
                     assert worker.poll() is None, worker_log.read_text()[-3000:]
-                    time.sleep(2)
-                raise AssertionError(f"flow run {flow_run_id} not done in {timeout} s:\n{worker_log.read_text()[-5000:]}")
+                    time.sleep(every)
+                return found
+
+            def wait(flow_run_id, timeout: float = 1200):
+                final = lambda state: state if state is not None and state.is_final() else None  # noqa: E731
+                return until(lambda: final(client.read_flow_run(flow_run_id).state), timeout, f"flow run {flow_run_id} not done", every=2)
 
             deployment = client.read_deployment_by_name("benchmark/quick")
             assert [auth_refused(quick_url, None), auth_refused(quick_url, prefect_auth)] == [401, None]
@@ -165,11 +168,7 @@ def test_quick_benchmark_deployed_on_real_servers_and_a_worker(tmp_path, monkeyp
 
             completed = FlowRunFilter(name=FlowRunFilterName(any_=["train cpu b4"]),
                                       state=FlowRunFilterState(type=FlowRunFilterStateType(any_=[StateType.COMPLETED])))
-            deadline = time.monotonic() + 120
-            while not client.read_flow_runs(flow_run_filter=completed):
-                assert time.monotonic() < deadline, f"the training cell's flow run did not complete:\n{worker_log.read_text()[-3000:]}"
-                assert worker.poll() is None, worker_log.read_text()[-3000:]
-                time.sleep(0.5)
+            until(lambda: client.read_flow_runs(flow_run_filter=completed), 120, "the training cell's flow run did not complete")
             kill_tree(worker.pid)
             assert not client.read_flow_run(first.id).state.is_completed()
             worker, worker_log = services.start("worker-2", ["infra/start-worker.sh", "cpu"], worker_env)
@@ -288,10 +287,7 @@ def test_quick_benchmark_deployed_on_real_servers_and_a_worker(tmp_path, monkeyp
             sent = [send("cpu", 10), send("cpu", 11)]
             # the gpu pool's cell is sent once a cpu cell runs: sent with them, it could be done before the cpu
             # worker's next poll (a cell of three steps takes about as long as a worker's 10 s between polls)
-            deadline = time.monotonic() + 300
-            while not any(client.read_flow_run(r.id).state.is_running() for r in sent):
-                assert time.monotonic() < deadline, worker_log.read_text()[-3000:]
-                time.sleep(0.5)
+            until(lambda: any(client.read_flow_run(r.id).state.is_running() for r in sent), 300, "no cpu cell running")
             sent.append(send("gpu", 12))
             for flow_run in sent:
                 state = wait(flow_run.id, 600)
