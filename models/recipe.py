@@ -14,7 +14,16 @@ A recipe fixes what the network predicts and how it is trained, apart from its w
 - ``noise``: standard deviation of Gaussian noise added to the input u, v, p (network units) at
   training time, with the delta target corrected so that the network learns to undo it;
 - ``unroll``: steps of the loss; 2 or more adds the pushforward terms: the next step is predicted
-  again from the network's own (detached) prediction and scored against the reference frame;
+  again from the network's own prediction and scored against the reference frame;
+- ``pushforward``: ``detached`` (each later step starts from the prediction as a constant: the
+  gradient of step n reaches the network through step n's own call only) or ``through`` (the
+  gradient flows back through every earlier prediction of the unrolled chain, as in ACDM's unrolled
+  training, at the memory of keeping the chain's activations);
+- ``condition``: ``none`` (the network sees u, v, p and the obstacle) or ``reynolds`` (also the
+  simulation's Reynolds number, as a constant input channel, as ACDM feeds it: the viscosity need
+  not be inferred from the flow);
+- ``curriculum``: the fraction of the run over which the loss grows from one step to ``unroll``, in
+  equal parts (0: every step unrolls fully from the start); the cheaper early steps buy epochs;
 - ``lr`` and ``beta1`` of Adam; ``schedule``: ``constant`` or ``cosine`` (the rate falls along half a
   cosine from ``lr`` to a hundredth of it over the run: its time budget, or else its epoch limit);
 - ``ngf`` and ``ndf``: the widths a training run uses unless it asks for others.
@@ -27,6 +36,7 @@ from typing import Literal
 
 
 SCHEDULES = ("constant", "cosine")
+PUSHFORWARDS = ("detached", "through")
 LR_FLOOR = 0.01  # the cosine schedule ends at this fraction of the initial rate
 
 
@@ -63,6 +73,9 @@ class Recipe:
     ngf: int
     ndf: int
     schedule: Literal["constant", "cosine"] = "constant"
+    pushforward: Literal["detached", "through"] = "detached"
+    curriculum: float = 0.0
+    condition: Literal["none", "reynolds"] = "none"
 
     def __post_init__(self):
         if self.predict not in ("state", "delta"):
@@ -77,10 +90,23 @@ class Recipe:
             raise ValueError(f"recipe {self.name!r}: widths ngf {self.ngf} and ndf {self.ndf} must be positive")
         if self.unroll < 1:
             raise ValueError(f"unroll {self.unroll} must be at least 1 (one-step loss)")
+        if self.pushforward not in PUSHFORWARDS:
+            raise ValueError(f"unknown pushforward {self.pushforward!r}; choose {' or '.join(PUSHFORWARDS)}")
+        if self.condition not in ("none", "reynolds"):
+            raise ValueError(f"unknown condition {self.condition!r}; choose none or reynolds")
+        if not 0 <= self.curriculum <= 1:
+            raise ValueError(f"curriculum {self.curriculum} is a fraction of the run: choose 0 (none) to 1")
         if self.noise < 0 or self.gan_weight < 0 or self.l1_weight < 0 or not 0 <= self.dropout < 1:
             raise ValueError(f"recipe {self.name!r}: noise, gan_weight and l1_weight must be >= 0 and dropout in [0, 1)")
         if self.gan_weight == 0 and self.l1_weight == 0:
             raise ValueError(f"recipe {self.name!r} has neither an adversarial nor an L1 term to train on")
+
+    def loss_steps(self, progress: float) -> int:
+        """Steps of the loss at ``progress`` (0 to 1) of the run: ``unroll``, or under a curriculum 1 in the
+        first unroll-th of its span, 2 in the next, ..., ``unroll`` from its end on."""
+        if self.curriculum <= 0 or self.unroll == 1:
+            return self.unroll
+        return min(self.unroll, 1 + int(max(progress, 0.0) * self.unroll / self.curriculum))
 
     def with_overrides(self, **values) -> "Recipe":
         """The recipe with the given fields replaced (None values are ignored); renamed when changed."""
@@ -121,6 +147,7 @@ class OptimConfig:
     gan_weight: float = 1.0  # 0: no adversarial term, the discriminator is not trained
     noise: float = 0.0  # std of Gaussian noise on the input state (network units) during training
     unroll: int = 1  # steps of the loss (2+: pushforward terms from the network's own predictions)
+    pushforward: str = "detached"  # or "through": the gradient flows back through the earlier predictions
     # Delta prediction: RMS of the change over the state's scale, per output channel (network units
     # of the change -> network units of the state); None: the network predicts the state itself.
     delta_ratio: tuple[float, ...] | None = None
@@ -133,4 +160,4 @@ class OptimConfig:
         if recipe.predict == "delta" and ratio is None:
             raise ValueError(f"recipe {recipe.name!r} predicts changes: its delta_ratio is needed")
         return cls(lr=recipe.lr, beta1=recipe.beta1, l1_weight=recipe.l1_weight, gan_weight=recipe.gan_weight,
-                   noise=recipe.noise, unroll=recipe.unroll, delta_ratio=ratio)
+                   noise=recipe.noise, unroll=recipe.unroll, pushforward=recipe.pushforward, delta_ratio=ratio)

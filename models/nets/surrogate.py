@@ -1,6 +1,7 @@
 """The trained generator as one self-contained model: physical state in, physical next state out.
 
-The normalisation (centre and scale of u, v, p; the mask's {0, 1} -> {-1, 1}) and, for models that
+The normalisation (centre and scale of u, v, p; the mask's {0, 1} -> {-1, 1}; a conditioned model's
+Reynolds centre and scale) and, for models that
 predict the change of state, its per-channel scale travel with the weights as buffers, so whoever
 loads the model (``mlflow.pytorch.load_model``) steps a flow without this project's data code.
 """
@@ -11,12 +12,16 @@ from torch import nn
 
 class Surrogate(nn.Module):
     """``forward(state)``: state (B, 4, H, W) = u, v, p and the obstacle mask (1 inside) at time t, in
-    lattice units -> (B, 3, H, W) = u, v, p at t + k. H and W must suit the U-Net (multiples of
-    2^depth)."""
+    lattice units, and for a model conditioned on the Reynolds number (``reynolds``: its centre and
+    scale) a fifth channel holding it everywhere -> (B, 3, H, W) = u, v, p at t + k. H and W must suit
+    the U-Net (multiples of 2^depth)."""
 
-    def __init__(self, generator: nn.Module, center: list[float], scale: list[float], delta_scale: list[float] | None):
+    def __init__(self, generator: nn.Module, center: list[float], scale: list[float], delta_scale: list[float] | None,
+                 reynolds: list[float] | None = None):
         super().__init__()
         self.generator = generator
+        self.conditioned = reynolds is not None
+        self.register_buffer("reynolds", torch.tensor(reynolds or [0.0, 1.0], dtype=torch.float32))
         self.register_buffer("center", torch.tensor(center, dtype=torch.float32).view(1, 3, 1, 1))
         self.register_buffer("scale", torch.tensor(scale, dtype=torch.float32).view(1, 3, 1, 1))
         self.predicts_change = delta_scale is not None
@@ -24,7 +29,10 @@ class Surrogate(nn.Module):
 
     def forward(self, state: torch.Tensor) -> torch.Tensor:
         fields, mask = state[:, :3], state[:, 3:4]
-        encoded = torch.cat([(fields - self.center) / self.scale, 2 * mask - 1], dim=1)
+        parts = [(fields - self.center) / self.scale, 2 * mask - 1]
+        if self.conditioned:
+            parts.append((state[:, 4:5] - self.reynolds[0]) / self.reynolds[1])
+        encoded = torch.cat(parts, dim=1)
         out = self.generator(encoded).float()
         if self.predicts_change:
             return fields + out * self.delta_scale

@@ -86,26 +86,32 @@ class Pix2Pix(nn.Module):
         self.opt_g.load_state_dict(state["opt_g"])
         self.opt_d.load_state_dict(state["opt_d"])
 
-    def train_step(self, cond: torch.Tensor, target: torch.Tensor, autocast, clock: PhaseClock | None = None) -> dict[str, torch.Tensor]:
+    def train_step(self, cond: torch.Tensor, target: torch.Tensor, autocast, clock: PhaseClock | None = None,
+                   steps: int | None = None) -> dict[str, torch.Tensor]:
         """Update D (if the loss has an adversarial term), then G, on a batch. cond (B, Cin, H, W) is
         the state at t with the mask; target (B, 3·unroll, H, W) the states at t+k, ..., t+unroll·k,
-        all in network units. Returns detached losses.
+        all in network units; ``steps`` (default: unroll) of them enter the loss (a curriculum's
+        shorter loss). Returns detached losses.
 
         As in the reference implementation, D's weights take no gradient during G's update: the
         generator step back-propagates through D to its input only."""
         o = self.optim_config
+        steps = o.unroll if steps is None else steps
         clock = clock or NoClock()
         gen, disc = self._runners or (self.generator, self.discriminator)
         if target.shape[1] != 3 * o.unroll:
             raise ValueError(f"target has {target.shape[1]} channels; unroll {o.unroll} needs {3 * o.unroll} (u, v, p per step)")
-        targets = target.chunk(o.unroll, dim=1)  # unroll × (B, 3, H, W)
+        if not 1 <= steps <= o.unroll:
+            raise ValueError(f"{steps} loss steps: choose 1 to the unroll, {o.unroll}")
+        targets = target.chunk(o.unroll, dim=1)[:steps]  # steps × (B, 3, H, W)
+        through = o.pushforward == "through"
         clock.start()
         if o.noise > 0:  # (B, 3, H, W) noise on u, v, p; the mask stays exact
             state = cond[:, :3] + o.noise * torch.randn_like(cond[:, :3])
             cond = torch.cat([state, cond[:, 3:]], dim=1)
         # Under DDP a forward decides whether its backward reduces gradients: with an unrolled loss
-        # only the last step's does, after the steps' gradients have been summed locally.
-        with self._gen_no_sync(gen, o.unroll > 1), autocast():
+        # only the last forward's backward does, after the steps' gradients have been summed locally.
+        with self._gen_no_sync(gen, steps > 1), autocast():
             out = gen(cond)  # (B, Cout, H, W)
         fake = self.next_state(cond, out)  # (B, 3, H, W) the predicted state at t+k
         zero = torch.zeros((), device=cond.device)
@@ -139,25 +145,34 @@ class Pix2Pix(nn.Module):
                         loss_gan = self.bce(fake_logits.float(), torch.ones_like(fake_logits, dtype=torch.float32))
                         loss_g = loss_g + o.gan_weight * loss_gan
                 clock.lap("forward")
-                loss_g.backward()
-                clock.lap("backward")
+                if not through:
+                    loss_g.backward()
+                    clock.lap("backward")
         finally:
             self.discriminator.requires_grad_(True)
         losses = {"loss_d": loss_d.detach(), "loss_g_gan": loss_gan.detach(), "loss_l1": loss_l1.detach()}
-        # Pushforward: predict again from the network's own detached prediction (with the mask), so
-        # training sees the inputs a rollout produces; each step is scored against the reference.
-        state = fake.detach()
+        # Pushforward: predict again from the network's own prediction (with the mask), so training
+        # sees the inputs a rollout produces; each step is scored against the reference. Detached,
+        # each step's loss is back-propagated at once; through, the chain's summed loss at the end.
+        state = fake if through else fake.detach()
         for n, target_n in enumerate(targets[1:], start=2):
             cond_n = torch.cat([state, cond[:, 3:]], dim=1)  # (B, Cin, H, W)
-            with self._gen_no_sync(gen, n < o.unroll):
+            with self._gen_no_sync(gen, n < steps):
                 with autocast():
                     out_n = gen(cond_n)
                     loss_n = (out_n.float() - self.encode_target(cond_n, target_n).float()).abs().mean()
                 clock.lap("forward")
-                (o.l1_weight * loss_n).backward()
+                if through:
+                    loss_g = loss_g + o.l1_weight * loss_n
+                else:
+                    (o.l1_weight * loss_n).backward()
             clock.lap("backward")
             losses[f"loss_l1_step{n}"] = loss_n.detach()
-            state = self.next_state(cond_n, out_n).detach()
+            state = self.next_state(cond_n, out_n)
+            state = state if through else state.detach()
+        if through:
+            loss_g.backward()
+            clock.lap("backward")
         self.opt_g.step()
         clock.lap("optimizer")
         return losses

@@ -75,12 +75,14 @@ class KerasPix2Pix:
     def _bce(self, logits, label: float):
         return self._mean(tf.nn.sigmoid_cross_entropy_with_logits(labels=tf.fill(tf.shape(logits), label), logits=logits))
 
-    def _replica_step(self, cond, target, seed):
+    def _replica_step(self, cond, target, seed, steps: int):
         """cond (b, H, W, 4) and target (b, H, W, 3·unroll): this replica's share of the global batch;
-        seed (2,) int32: the step's noise seed (stateless: a resumed run draws what an uninterrupted one does)."""
+        seed (2,) int32: the step's noise seed (stateless: a resumed run draws what an uninterrupted one does);
+        steps: how many of the unrolled targets enter the loss (a Python int: one trace per value)."""
         o = self.optim
         gen, disc = self.generator, self.discriminator
-        targets = tf.split(target, o.unroll, axis=-1)
+        targets = tf.split(target, o.unroll, axis=-1)[:steps]
+        hold = (lambda x: x) if o.pushforward == "through" else tf.stop_gradient  # gradients through the chain, or not
         if o.noise > 0:  # noise on u, v, p; the mask stays exact; each replica its own draw
             replica = tf.distribute.get_replica_context().replica_id_in_sync_group
             draw = tf.random.stateless_normal(tf.shape(cond[..., :3]), seed=seed + tf.stack([0, 7919 * replica]))
@@ -104,33 +106,37 @@ class KerasPix2Pix:
                 loss_gan = self._bce(disc([cond, fake], training=True), 1.0)  # the updated D, its weights untouched
                 loss_g = loss_g + o.gan_weight * loss_gan
             losses = {"loss_d": loss_d, "loss_g_gan": loss_gan, "loss_l1": loss_l1}
-            # Pushforward: predict again from the network's own detached prediction (with the mask).
-            state = tf.stop_gradient(fake)
+            # Pushforward: predict again from the network's own prediction (with the mask).
+            state = hold(fake)
             for n, target_n in enumerate(targets[1:], start=2):
                 cond_n = tf.concat([state, cond[..., 3:]], axis=-1)
                 out_n = gen(cond_n, training=True)
                 loss_n = self._mean(tf.abs(out_n - self.encode_target(cond_n, target_n)))
                 loss_g = loss_g + o.l1_weight * loss_n
                 losses[f"loss_l1_step{n}"] = loss_n
-                state = tf.stop_gradient(self.next_state(cond_n, out_n))
+                state = hold(self.next_state(cond_n, out_n))
         g_vars = gen.trainable_variables
         self.opt_g.apply_gradients(zip(g_tape.gradient(loss_g, g_vars), g_vars))
         return losses
 
-    def _distributed_step(self, cond, target, flags, seed):
+    def _distributed_step(self, cond, target, flags, seed, steps):
         def replica(cond, target, flags, seed):
-            return self._replica_step(cond, target, seed) | {AGREED: flags / self.strategy.num_replicas_in_sync}
+            return self._replica_step(cond, target, seed, steps) | {AGREED: flags / self.strategy.num_replicas_in_sync}
 
         per_replica = self.strategy.run(replica, args=(cond, target, flags, seed))
         return {k: self.strategy.reduce(tf.distribute.ReduceOp.SUM, v, axis=None) for k, v in per_replica.items()}
 
-    def train_step(self, cond, target, flags=None, seed: tuple[int, int] = (0, 0)) -> dict:
+    def train_step(self, cond, target, flags=None, seed: tuple[int, int] = (0, 0), steps: int | None = None) -> dict:
         """One step on a distributed batch (what the strategy's distributed dataset yields); the global
         batch's mean losses as tensors, and under AGREED the mean over the replicas of ``flags``, values
         each process contributes (a stop request, its clock) so that every process decides alike.
-        ``seed`` (this process's, this step's) seeds the input noise."""
+        ``seed`` (this process's, this step's) seeds the input noise; ``steps`` (default: unroll) of the
+        unrolled targets enter the loss."""
+        steps = self.optim.unroll if steps is None else steps
+        if not 1 <= steps <= self.optim.unroll:
+            raise ValueError(f"{steps} loss steps: choose 1 to the unroll, {self.optim.unroll}")
         flags = tf.zeros((1,)) if flags is None else tf.constant(flags, tf.float32)
-        return self._step(cond, target, flags, tf.constant(seed, tf.int32))
+        return self._step(cond, target, flags, tf.constant(seed, tf.int32), int(steps))
 
     def set_lr_factor(self, factor: float) -> None:
         for opt in (self.opt_g, self.opt_d):

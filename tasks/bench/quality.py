@@ -69,7 +69,7 @@ def bench_quality(bench: BenchQualitySpec) -> dict:
     extra_sims = []  # (label, steps, frames, spec) of every extra simulation, read once for all seeds
     for extra_dir, extra_steps in extra:
         extra_manifest = load_manifest(extra_dir)
-        extra_sims += [(f"{extra_dir.name}/{sim_id}", extra_steps, *load_simulation(extra_dir, extra_manifest, sim_id))
+        extra_sims += [(f"{extra_dir.name}/{sim_id}", extra_steps, *load_simulation(extra_dir, extra_manifest, sim_id, spec.resolved_recipe().condition))
                        for sim_id in sorted(extra_manifest["simulations"])]
     get_workload(spec.workload).check(settings, spec, spec.batch_sizes, 1)
     runtime = TorchRuntime(spec.device, spec.precision, spec.threads, data_parallel=False)
@@ -97,7 +97,7 @@ def _train_once(settings, spec: TrainSpec, runtime: TorchRuntime, test_steps: in
     train_s = time.perf_counter() - t0
     generator, ctx, codec = trainer.generator.eval(), runtime.ctx, data.codec
     test_sim_id = data.split["test"][0]
-    test_frames, test_sim = load_simulation(data.dataset_dir, data.manifest, test_sim_id)
+    test_frames, test_sim = load_simulation(data.dataset_dir, data.manifest, test_sim_id, data.recipe.condition)
     test = score_generator(generator, ctx.device, codec, test_frames, test_sim, spec.frame_stride, test_steps)
     surrogate_s = _surrogate_step_s(generator, ctx, codec, test_frames[0])
     solver = _solver_cost(test_sim, ctx.kind, torch.get_num_threads())

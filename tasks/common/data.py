@@ -18,8 +18,26 @@ from zarr.abc.store import Store
 from tasks.common.errors import UserError
 from tasks.common.store import frame_store, open_frame_arrays, read_frames
 
-INPUTS = ("u", "v", "p", "mask")
+INPUTS = ("u", "v", "p", "mask")  # stored with every frame
 OUTPUTS = ("u", "v", "p")
+# What a model may take besides the frame: the flow's parameters as constant input channels
+# ("reynolds": the simulation's Reynolds number), so it need not infer the viscosity from the flow.
+CONDITIONS = ("none", "reynolds")
+
+
+def model_inputs(condition: str) -> tuple[str, ...]:
+    """The input channels of a model trained with ``condition``: the stored inputs, then the condition's."""
+    if condition not in CONDITIONS:
+        raise ValueError(f"unknown condition {condition!r}; choose {' or '.join(CONDITIONS)}")
+    return INPUTS + (("reynolds",) if condition == "reynolds" else ())
+
+
+def with_condition(frames: np.ndarray, reynolds: float | None) -> np.ndarray:
+    """Frames (..., 4, H, W) with the Reynolds number appended as a constant channel (..., 5, H, W); unchanged for None."""
+    if reynolds is None:
+        return frames
+    extra = np.full(frames.shape[:-3] + (1,) + frames.shape[-2:], reynolds, np.float32)
+    return np.concatenate([frames, extra], axis=-3)
 
 
 def split_simulations(sim_ids: list[str], n_val: int, n_test: int, seed: int,
@@ -75,10 +93,13 @@ def epoch_order(n_pairs: int, seed: int, epoch: int) -> np.ndarray:
 @dataclass
 class Normalizer:
     """Affine map of the physical channels to [-1, 1] (tanh range) from training-set extremes, with
-    10% headroom so a rollout can leave the training range a little; the mask maps {0, 1} -> {-1, 1}."""
+    10% headroom so a rollout can leave the training range a little; the mask maps {0, 1} -> {-1, 1};
+    ``reynolds`` (centre, scale), for a model conditioned on it, maps the training simulations'
+    Reynolds numbers onto [-1, 1] (a simulation outside their range lands outside it)."""
 
     center: list[float]
     scale: list[float]
+    reynolds: list[float] | None = None
 
     @classmethod
     def from_range(cls, lo: np.ndarray, hi: np.ndarray) -> "Normalizer":
@@ -88,23 +109,35 @@ class Normalizer:
 
     @classmethod
     def fit(cls, source: "PairSource") -> "Normalizer":
-        """Extremes over every frame of the source's simulations, streamed (see PairSource.channel_range)."""
-        return cls.from_range(*source.channel_range())
+        """Extremes over every frame of the source's simulations, streamed (see PairSource.channel_range),
+        and the range of their Reynolds numbers when the source carries them."""
+        norm = cls.from_range(*source.channel_range())
+        if source.reynolds is not None:
+            lo, hi = min(source.reynolds), max(source.reynolds)
+            norm.reynolds = [(hi + lo) / 2, max((hi - lo) / 2, 1.0)]
+        return norm
+
+    @property
+    def input_channels(self) -> int:
+        return 4 + (self.reynolds is not None)
 
     def encode(self, x: np.ndarray) -> np.ndarray:
-        """Physical (..., C, H, W) with C = 4 inputs (u, v, p, mask) or 3·n outputs (n states of u, v,
-        p one after another) -> network units."""
-        channels = x.shape[-3]
-        if channels != 4 and channels % 3:
-            raise ValueError(f"{channels} channels: expected 4 (u, v, p, mask) or a multiple of 3 (u, v, p states)")
-        reps = 1 if channels == 4 else channels // 3
+        """Physical (..., C, H, W) with C = the model's inputs (u, v, p, mask[, reynolds]) or 3·n outputs
+        (n states of u, v, p one after another) -> network units."""
+        channels, inputs = x.shape[-3], self.input_channels
+        if channels != inputs and (channels % 3 or channels in (4, 5)):
+            raise ValueError(f"{channels} channels: expected {inputs} (u, v, p, mask{', reynolds' if inputs == 5 else ''}) "
+                             "or a multiple of 3 (u, v, p states)")
+        reps = 1 if channels == inputs else channels // 3
         c = np.tile(np.array(self.center, np.float32), reps)[:, None, None]
         s = np.tile(np.array(self.scale, np.float32), reps)[:, None, None]
         out = np.empty_like(x, dtype=np.float32)
         n = 3 * reps
         out[..., :n, :, :] = (x[..., :n, :, :] - c) / s
-        if channels == 4:
+        if channels == inputs:
             out[..., 3, :, :] = 2 * x[..., 3, :, :] - 1
+            if self.reynolds is not None:
+                out[..., 4, :, :] = (x[..., 4, :, :] - self.reynolds[0]) / self.reynolds[1]
         return out
 
     def decode(self, y: np.ndarray) -> np.ndarray:
@@ -141,7 +174,7 @@ class StepCodec:
         return state[..., :3, :, :] + out * np.array(self.delta_scale, np.float32)[:, None, None]
 
 
-def training_net(height: int, width: int, crop: int | None, depth: int | None = None, **widths):
+def training_net(height: int, width: int, crop: int | None, depth: int | None = None, in_channels: int = len(INPUTS), **widths):
     """The NetConfig a training run uses on frames of height × width: its size is the crop side, or
     the frames' shorter side when training on whole frames. UserError when the frames or the crop do
     not fit the U-Net. ``widths``: ngf, ndf, norm, and the recipe's dropout, upsample and output."""
@@ -150,7 +183,7 @@ def training_net(height: int, width: int, crop: int | None, depth: int | None = 
     side = crop or min(height, width)
     if crop and crop > min(height, width):
         raise UserError(f"crop {crop} does not fit the {height}x{width} frames; use at most {min(height, width)}")
-    net = NetConfig(in_channels=len(INPUTS), out_channels=len(OUTPUTS), size=side, depth=depth, **widths)
+    net = NetConfig(in_channels=in_channels, out_channels=len(OUTPUTS), size=side, depth=depth, **widths)
     try:
         net.check_image(*((crop, crop) if crop else (height, width)))
     except ValueError as exc:
@@ -185,13 +218,19 @@ class PairSource:
 
     Construction reads array metadata only. Pair ``j`` is ``(simulation i, frame t)`` with the pairs of
     each simulation numbered consecutively in the order of ``sim_ids``. ``store`` is the zarr store
-    holding the simulation groups; the default is the dataset's local ``store.zarr``.
+    holding the simulation groups; the default is the dataset's local ``store.zarr``. ``reynolds``
+    (one per simulation): the inputs carry it as a fifth, constant channel (a conditioned model's).
     """
 
-    def __init__(self, dataset_dir: Path, sim_ids: list[str], stride: int, store: Store | None = None, unroll: int = 1):
+    def __init__(self, dataset_dir: Path, sim_ids: list[str], stride: int, store: Store | None = None, unroll: int = 1,
+                 reynolds: list[float] | None = None):
         if not sim_ids:
             raise UserError("no simulations to draw (t, t+k) pairs from")
+        if reynolds is not None and len(reynolds) != len(sim_ids):
+            raise ValueError(f"{len(reynolds)} Reynolds numbers for {len(sim_ids)} simulations")
         self.sim_ids, self.stride, self.unroll = list(sim_ids), stride, unroll
+        self.reynolds = None if reynolds is None else [float(r) for r in reynolds]
+        self.channels = len(INPUTS) + (reynolds is not None)
         self.dataset_dir = Path(dataset_dir)
         self.in_memory = False
         store = frame_store(dataset_dir) if store is None else store
@@ -232,11 +271,12 @@ class PairSource:
         return sim, j - self._starts[sim]
 
     def physical(self, indices) -> tuple[np.ndarray, np.ndarray]:
-        """cond (B, 4, H, W) u, v, p, mask at t and target (B, 3·unroll, H, W) u, v, p at t+stride, ...,
-        t+unroll·stride, physical units; reads one chunk per needed (frame, variable), each once per call."""
+        """cond (B, 4 or 5, H, W) u, v, p, mask (and the simulation's Reynolds number) at t and target
+        (B, 3·unroll, H, W) u, v, p at t+stride, ..., t+unroll·stride, physical units; reads one chunk per
+        needed (frame, variable), each once per call."""
         sims, t = self.locate(indices)
         n_out = len(OUTPUTS)
-        cond = np.empty((len(t), len(INPUTS), self.height, self.width), np.float32)  # (B, 4, H, W)
+        cond = np.empty((len(t), self.channels, self.height, self.width), np.float32)  # (B, 4 or 5, H, W)
         target = np.empty((len(t), n_out * self.unroll, self.height, self.width), np.float32)  # (B, 3·unroll, H, W)
         for i in np.unique(sims):
             rows = np.flatnonzero(sims == i)
@@ -251,6 +291,8 @@ class PairSource:
                     target[rows, (j - 1) * n_out + c] = block[where[j]]
             mask_frames, mask_where = np.unique(t0, return_inverse=True)
             cond[rows, 3] = self._frames(i, "mask", mask_frames)[mask_where]
+            if self.reynolds is not None:
+                cond[rows, 4] = self.reynolds[i]
         return cond, target
 
     def _frames(self, i: int, name: str, frames: np.ndarray) -> np.ndarray:
@@ -262,7 +304,7 @@ class PairSource:
         return read_frames(array, frames, self.dataset_dir, self.sim_ids[i], name)
 
     def batch(self, indices, norm: Normalizer) -> tuple[np.ndarray, np.ndarray]:
-        """cond (B, 4, H, W) and target (B, 3, H, W) in network units."""
+        """cond (B, 4 or 5, H, W) and target (B, 3·unroll, H, W) in network units."""
         cond, target = self.physical(indices)
         return norm.encode(cond), norm.encode(target)
 

@@ -118,6 +118,9 @@ class TrainSpec(Spec):
     upsample: Literal["transpose", "resize"] | None = Field(default=None, description="Decoder upsampling: transpose (4x4 stride-2 transposed convolutions) or resize (nearest doubling + 3x3 convolution); None = the recipe's")
     noise: float | None = Field(default=None, ge=0, description="Std of Gaussian noise on the input state (network units) during training; None = the recipe's")
     unroll: PositiveInt | None = Field(default=None, description="Steps of the loss: 1 = one-step, 2+ = pushforward terms from the network's own predictions; None = the recipe's")
+    pushforward: Literal["detached", "through"] | None = Field(default=None, description="How the unrolled loss's later steps see the earlier predictions: detached (as constants) or through (gradients flow back through the chain); None = the recipe's")
+    condition: Literal["none", "reynolds"] | None = Field(default=None, description="What the network sees besides u, v, p and the obstacle: none, or reynolds (the simulation's Reynolds number as a constant input channel); None = the recipe's")
+    curriculum: float | None = Field(default=None, ge=0, le=1, description="Fraction of the run over which the loss grows from one step to --unroll, in equal parts (0 = full unroll from the start); None = the recipe's")
     gan_weight: float | None = Field(default=None, ge=0, description="Weight of the adversarial term (0 = no discriminator training); None = the recipe's")
     lr: PositiveFloat | None = Field(default=None, description="Adam learning rate; None = the recipe's")
     schedule: Literal["constant", "cosine"] | None = Field(default=None, description="Learning-rate schedule: constant, or cosine (half a cosine down to a hundredth of the rate over the time budget, else over the epoch limit); None = the recipe's")
@@ -189,7 +192,8 @@ class TrainSpec(Spec):
         return get_recipe(self.recipe).with_overrides(
             predict=self.predict, upsample=self.upsample, noise=self.noise, unroll=self.unroll,
             gan_weight=self.gan_weight, lr=self.lr, l1_weight=self.l1_weight, ngf=self.ngf, ndf=self.ndf,
-            schedule=self.schedule)
+            schedule=self.schedule, pushforward=self.pushforward, curriculum=self.curriculum,
+            condition=self.condition)
 
 
 class InferSpec(Spec):
@@ -260,11 +264,14 @@ ABLATIONS: dict[str, dict] = {
     "one-step-loss": {"unroll": 1},
     "two-step-loss": {"unroll": 2},
     "constant-lr": {"schedule": "constant"},
+    "gradient-through": {"pushforward": "through"},
+    "curriculum": {"curriculum": 0.5},
+    "reynolds-input": {"condition": "reynolds"},
     "with-gan": {"gan_weight": 1.0, "l1_weight": 100.0},
     "width-32": {"ngf": 32, "ndf": 32},
 }
 Ablation = Literal["default", "paper", "next-frame", "transposed-conv", "no-noise", "one-step-loss", "two-step-loss", "constant-lr",
-                   "with-gan", "width-32"]
+                   "gradient-through", "curriculum", "reynolds-input", "with-gan", "width-32"]
 
 
 class AblationSpec(Spec):

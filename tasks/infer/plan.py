@@ -9,7 +9,7 @@ from models.host import cpu_cores
 from models.nets.config import NetConfig
 from models.tiling import TilePlan, TilingError
 from tasks.common import plans
-from tasks.common.data import INPUTS, OUTPUTS
+from tasks.common.data import CONDITIONS, OUTPUTS, model_inputs
 from tasks.common.errors import UserError
 from tasks.common import probe
 from tasks.common.launch import device_env, run_child
@@ -149,9 +149,11 @@ def plan_rollout(settings: Settings, spec: InferSpec, log) -> RolloutPlan:
     check_model_size(settings, model_run_id, meta)
     net = NetConfig(**meta["net"])
     dataset = spec.dataset or meta["dataset"]
-    if net.in_channels != len(INPUTS) or net.out_channels != len(OUTPUTS) or list(meta.get("inputs", INPUTS)) != list(INPUTS):
-        raise UserError(f"model run {model_run_id} maps {net.in_channels} channels ({', '.join(meta.get('inputs', []))}) to "
-                        f"{net.out_channels}, but dataset {dataset!r} gives {len(INPUTS)} ({', '.join(INPUTS)}) -> "
+    inputs = list(meta.get("inputs", model_inputs("none")))
+    known = [list(model_inputs(c)) for c in CONDITIONS]  # the stored inputs, and those plus a simulation's Reynolds number
+    if net.in_channels != len(inputs) or net.out_channels != len(OUTPUTS) or inputs not in known:
+        raise UserError(f"model run {model_run_id} maps {net.in_channels} channels ({', '.join(inputs)}) to "
+                        f"{net.out_channels}, but dataset {dataset!r} gives {' or '.join(', '.join(k) for k in known)} -> "
                         f"{len(OUTPUTS)} ({', '.join(OUTPUTS)}); roll it out on data with the model's channels")
     manifest = load_manifest(settings.dataset_dir(dataset))
     sims = manifest["simulations"]

@@ -12,7 +12,7 @@ import numpy as np
 
 from models.flow_metrics import RolloutScore, relative_l2
 from models.inference import Predictor, StepTimes
-from tasks.common.data import OUTPUTS, StepCodec, load_frames
+from tasks.common.data import OUTPUTS, StepCodec, load_frames, with_condition
 from tasks.common.plots import error_curves, rollout_animation, vorticity_panels
 from tasks.common.settings import Settings
 from tasks.common.simulation import SimulationSpec
@@ -32,7 +32,9 @@ def run_scored(spec: InferSpec, settings: Settings, run: Run, setup: RolloutPlan
     meta, sim, stride = setup.meta, setup.simulation, setup.frame_stride
     codec = StepCodec.from_meta(meta)
     norm = codec.norm
-    frames = load_frames(settings.dataset_dir(setup.dataset), sim)  # (T, 4, H, W) physical u, v, p, mask
+    conditioned = "reynolds" in meta.get("inputs", ())
+    # (T, 4, H, W) physical u, v, p, mask, and the simulation's Reynolds number for a model conditioned on it
+    frames = with_condition(load_frames(settings.dataset_dir(setup.dataset), sim), setup.sim_spec.reynolds if conditioned else None)
     steps = rollout_steps(len(frames), spec.start_frame, stride, spec.steps)
     plan = setup.tiles
     run.log_params({"rollout_simulation": sim, "rollout_steps": steps, "frame_stride": stride, "device_name": device_name,

@@ -90,6 +90,51 @@ def test_a_pushforward_step_scores_both_steps_and_leaves_the_discriminator_alone
         _model("default", unroll=3).train_step(cond, target, contextlib.nullcontext)
 
 
+def test_a_curriculum_grows_the_loss_from_one_step_to_the_unroll_in_equal_parts():
+    r = get_recipe("default").with_overrides(unroll=3, curriculum=0.6)
+    assert [r.loss_steps(p) for p in (0.0, 0.19, 0.2, 0.39, 0.4, 0.6, 1.0, 1.5)] == [1, 1, 2, 2, 3, 3, 3, 3]
+    assert {get_recipe("default").loss_steps(p) for p in (0.0, 0.5, 1.0)} == {3}  # no curriculum: the full unroll throughout
+    assert r.with_overrides(unroll=1).loss_steps(0.0) == 1
+    with pytest.raises(ValueError, match="curriculum 1.5 is a fraction of the run: choose 0"):
+        r.with_overrides(curriculum=1.5)
+    with pytest.raises(ValueError, match="unknown pushforward 'sideways'; choose detached or through"):
+        r.with_overrides(pushforward="sideways")
+    with pytest.raises(ValueError, match="4 loss steps: choose 1 to the unroll, 3"):
+        _model("default").train_step(torch.randn(2, 4, 16, 16), torch.randn(2, 9, 16, 16), contextlib.nullcontext, steps=4)
+
+
+def _gradients_of_one_step(pushforward: str, steps: int | None = None, unroll: int = 3) -> list[torch.Tensor]:
+    """The generator's gradients after one step on a fixed batch (noise off: the same input every time)."""
+    model = _model("default", unroll=unroll, noise=0.0, pushforward=pushforward)
+    torch.manual_seed(1)
+    cond, target = torch.randn(2, 4, 16, 16), torch.randn(2, 9, 16, 16)  # the same first states whatever the unroll
+    model.opt_g.step = lambda: None  # keep the weights: the gradients are what is compared
+    model.train_step(cond, target[:, : 3 * unroll], contextlib.nullcontext, steps=steps)
+    return [p.grad.clone() for p in model.generator.parameters()]
+
+
+def test_gradients_through_the_chain_are_those_of_the_whole_unrolled_loss():
+    """Through: the gradient of the three steps' summed L1 with the chain differentiated end to end (autograd on the
+    plain composition); detached: each step's input taken as a constant, which differs; one loss step: no chain."""
+    model = _model("default", unroll=3, noise=0.0)
+    torch.manual_seed(1)
+    cond, target = torch.randn(2, 4, 16, 16), torch.randn(2, 9, 16, 16)
+    state, loss = cond, 0.0
+    for t in target.chunk(3, dim=1):
+        out = model.generator(state)
+        loss = loss + (out - model.encode_target(state, t)).abs().mean()
+        state = torch.cat([model.next_state(state, out), cond[:, 3:]], dim=1)
+    expected = torch.autograd.grad(loss, list(model.generator.parameters()))
+    through, detached = _gradients_of_one_step("through"), _gradients_of_one_step("detached")
+    for got, want in zip(through, expected):
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-6)
+    assert max(float((a - b).abs().max()) for a, b in zip(through, detached)) > 1e-3
+    for a, b, c in zip(_gradients_of_one_step("through", steps=1), _gradients_of_one_step("detached", steps=1),
+                       _gradients_of_one_step("detached", unroll=1)):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-7)
+        torch.testing.assert_close(a, c, rtol=1e-5, atol=1e-7)
+
+
 def _checkerboard(upsample: str) -> float:
     """Spread of the generator's output on a constant input, away from the borders."""
     torch.manual_seed(0)

@@ -142,7 +142,7 @@ def train(trainer: Trainer, runtime: Runtime, recorder: Recorder, spec: TrainSpe
     stopping = None  # why training ends before its epoch limit: "time budget" or "target reached"
     for epoch in range(history.epoch + 1, spec.epoch_limit + 1):
         runtime.seed_epoch(spec.seed, epoch)
-        t_epoch, data_s, sums, done = time.perf_counter(), 0.0, {}, 0
+        t_epoch, data_s, sums, counts, done = time.perf_counter(), 0.0, {}, {}, 0
         batches = trainer.batches(epoch, steps_per_epoch)
         try:
             for step in range(steps_per_epoch):
@@ -162,8 +162,8 @@ def train(trainer: Trainer, runtime: Runtime, recorder: Recorder, spec: TrainSpe
                 if session_steps == WARMUP_STEPS:
                     warmup_s = t2 - warmup_t0
                 _check_finite(values, epoch, history.global_step, checkpoint, rows)
-                for k, v in values.items():
-                    sums[k] = sums.get(k, 0.0) + v
+                for k, v in values.items():  # a key may be absent from some steps (a curriculum's later loss terms)
+                    sums[k], counts[k] = sums.get(k, 0.0) + v, counts.get(k, 0) + 1
                 rows.add(history.global_step, {f"step_{k}": v for k, v in values.items()} | {"step_time_s": t2 - t0})
                 progress.step(epoch, step + 1, steps_per_epoch, spec.progress(train_s, history.global_step, steps_per_epoch), train_s)
                 if stop > 0:
@@ -182,7 +182,7 @@ def train(trainer: Trainer, runtime: Runtime, recorder: Recorder, spec: TrainSpe
         history.epoch, history.samples = epoch, history.samples + done * batch_size
         history.epoch_s.append(epoch_s)
         history.epoch_samples.append(done * batch_size)
-        history.last_losses = {k: v / done for k, v in sums.items()}
+        history.last_losses = {k: v / counts[k] for k, v in sums.items()}
         metrics = {"epoch_time_s": epoch_s, "epoch_samples_per_s": done * batch_size / epoch_s, "data_wait_fraction": data_s / epoch_s,
                    "learning_rate": trainer.learning_rate(), **runtime.epoch_metrics(epoch == 1), **trainer.epoch_metrics(),
                    **{f"epoch_{k}": v for k, v in history.last_losses.items()}}

@@ -9,7 +9,7 @@ import numpy as np
 from models.flow_metrics import RolloutScore
 from models.rollout_diagnostics import LagWindow, phase_frequency
 from models.solver import vorticity
-from tasks.common.data import StepCodec, load_frames
+from tasks.common.data import StepCodec, load_frames, with_condition
 from tasks.common.simulation import SimulationSpec
 
 
@@ -88,11 +88,11 @@ class Step:
 
 def roll(predict: Callable[[np.ndarray, np.ndarray], np.ndarray], codec: StepCodec, frames: np.ndarray, sim: SimulationSpec,
          stride: int, steps: int, score: RolloutScore, start: int = 0) -> Iterator[Step]:
-    """Roll a network out from ``frames[start]`` (frames: (T, 4, H, W) physical u, v, p, mask) for
-    ``steps`` steps of ``stride`` frames, scoring each against the reference into ``score``.
-    ``predict(state, cond)`` maps the physical state (4, H, W) and its network-unit encoding to the
+    """Roll a network out from ``frames[start]`` (frames: (T, 4, H, W) physical u, v, p, mask; a
+    conditioned model's Reynolds number a fifth channel) for ``steps`` steps of ``stride`` frames, scoring each against the reference into ``score``.
+    ``predict(state, cond)`` maps the physical state (4 or 5, H, W) and its network-unit encoding to the
     next physical state (3, H, W); velocities and pressure inside the obstacle are zeroed after it."""
-    first = frames[start]  # (4, H, W)
+    first = frames[start]  # (4 or 5, H, W)
     mask = first[3] > 0.5
     fluid = ~mask
     w_start = vorticity(first[0], first[1], mask)
@@ -102,22 +102,24 @@ def roll(predict: Callable[[np.ndarray, np.ndarray], np.ndarray], codec: StepCod
     for n in range(1, steps + 1):
         pred = predict(state, codec.norm.encode(state))  # (3, H, W) physical
         pred[:, mask] = 0.0
-        state = np.concatenate([pred, first[3:4]])
+        state = np.concatenate([pred, first[3:]])  # the mask (and a condition) as they were
         ref = frames[start + n * stride, :3]
         w_pred, w_ref = vorticity(pred[0], pred[1], mask), vorticity(ref[0], ref[1], mask)
         metrics = score.add(pred, ref, first[:3], w_pred, w_ref, w_start, probe, fluid, windows.at(n), probes, wake)
         yield Step(n, pred, ref, w_pred, w_ref, metrics)
 
 
-def load_simulation(dataset_dir: Path, manifest: dict, sim_id: str) -> tuple[np.ndarray, SimulationSpec]:
-    """A stored simulation's frames (T, 4, H, W) and its spec, from the dataset's manifest."""
-    return load_frames(dataset_dir, sim_id), SimulationSpec(**manifest["simulations"][sim_id]["spec"])
+def load_simulation(dataset_dir: Path, manifest: dict, sim_id: str, condition: str = "none") -> tuple[np.ndarray, SimulationSpec]:
+    """A stored simulation's frames (T, 4, H, W), or (T, 5, H, W) with its Reynolds number for a model
+    conditioned on it, and its spec, from the dataset's manifest."""
+    sim = SimulationSpec(**manifest["simulations"][sim_id]["spec"])
+    return with_condition(load_frames(dataset_dir, sim_id), sim.reynolds if condition == "reynolds" else None), sim
 
 
 def score_forward(forward: Callable[[np.ndarray], np.ndarray], codec: StepCodec, frames: np.ndarray, sim: SimulationSpec, stride: int,
                   steps: int, threshold_u: float = 0.1, threshold_vorticity: float = 0.3) -> RolloutScore:
     """Roll a network out for ``steps`` steps from the first frame of ``frames`` (T, 4, H, W) and return
-    its filled score; ``forward`` maps one encoded state (4, H, W) to the network's output (3, H, W)
+    its filled score; ``forward`` maps one encoded state (4 or 5, H, W) to the network's output (3, H, W)
     (any framework)."""
     def predict(state: np.ndarray, cond: np.ndarray) -> np.ndarray:
         return codec.next_state(state, forward(cond))
@@ -150,7 +152,7 @@ class Validation:
     the quality target: vorticity relative L2 at most ``target_vorticity`` for the first
     ``target_steps`` steps of every validation rollout."""
 
-    sims: list  # [(frames (T, 4, H, W), SimulationSpec)]
+    sims: list  # [(frames (T, 4 or 5, H, W), SimulationSpec)]
     codec: StepCodec
     net: object  # the generator's NetConfig (for a CPU copy of an XLA generator)
     stride: int
@@ -161,8 +163,8 @@ class Validation:
 
     @classmethod
     def of(cls, dataset_dir: Path, manifest: dict, sim_ids: list[str], codec: StepCodec, net, stride: int, every: int,
-           steps: int, target_vorticity: float, target_steps: int) -> "Validation":
-        sims = [load_simulation(dataset_dir, manifest, s) for s in sim_ids]
+           steps: int, target_vorticity: float, target_steps: int, condition: str = "none") -> "Validation":
+        sims = [load_simulation(dataset_dir, manifest, s, condition) for s in sim_ids]
         return cls(sims, codec, net, stride, every, steps, target_vorticity, target_steps)
 
     def due(self, epoch: int, last: bool) -> bool:

@@ -83,7 +83,8 @@ class KarmanKeras:
             self.model.set_lr_factor(lr_factor(self.data.recipe.schedule, progress))
         cond, target = batch
         # the input noise draws statelessly from (this epoch's seed on this worker, the step)
-        out = self.model.train_step(cond, target, flags, (self.runtime.epoch_seed, self.global_step))
+        out = self.model.train_step(cond, target, flags, (self.runtime.epoch_seed, self.global_step),
+                                    self.data.recipe.loss_steps(progress))
         self.global_step += 1
         values = {k: float(v) for k, v in out.items() if k != AGREED}  # reading the losses waits for the step
         return values, [float(x) for x in out[AGREED].numpy()]
@@ -134,7 +135,7 @@ class KarmanKeras:
 
     def _log_model(self, settings, run, generator, meta: dict) -> str:
         """The generator as the run's MLflow model 'generator' in Keras format (mlflow.tensorflow.load_model
-        loads it); its signature is one encoded state (B, H, W, 4) -> the network's output (B, H, W, 3), and
+        loads it); its signature is one encoded state (B, H, W, 4 or 5) -> the network's output (B, H, W, 3), and
         the normalisation that maps physical states to and from network units travels in its metadata."""
         import mlflow
         import mlflow.tensorflow
@@ -142,7 +143,7 @@ class KarmanKeras:
         from mlflow.models import infer_signature
 
         unit = 2**self.data.net.generator_depth
-        example = nhwc(self.data.codec.norm.encode(largest_corner(self.data.train.physical([0])[0], unit)).astype(np.float32))  # (1, H, W, 4)
+        example = nhwc(self.data.codec.norm.encode(largest_corner(self.data.train.physical([0])[0], unit)).astype(np.float32))  # (1, H, W, 4 or 5)
         out = self.forward(example.transpose(0, 3, 1, 2)).transpose(0, 2, 3, 1)
         mlflow.set_tracking_uri(settings.tracking_uri)
         mlflow.set_experiment(experiment_id=run.client.get_run(run.run_id).info.experiment_id)

@@ -10,7 +10,7 @@ from models.device import to_cpu
 from models.nets.pix2pix import build_generator
 from models.nets.trainer import NoClock, PhaseClock, build_trainer, speed_options
 from models.recipe import OptimConfig, lr_factor
-from tasks.common.data import INPUTS, OUTPUTS, crop_offsets, crop_pairs, epoch_order
+from tasks.common.data import OUTPUTS, crop_offsets, crop_pairs, epoch_order
 from tasks.common.names import Tag
 from tasks.workloads.karman.workload import HEADLINE, KarmanData, largest_corner, model_meta, sample_figure
 
@@ -37,7 +37,7 @@ class KarmanTorch:
         self.params, self.speed = data.params(g, d), self.options
 
     def batches(self, epoch: int, steps: int):
-        """This rank's (cond (b, 4, H, W), target (b, 3·unroll, H, W)) of each global batch, on the device;
+        """This rank's (cond (b, 4 or 5, H, W), target (b, 3·unroll, H, W)) of each global batch, on the device;
         the next batch is read on a background thread while this one trains."""
         spec, ctx, train, b = self.spec, self.runtime.ctx, self.data.train, self.batch_size
         self.model.train()
@@ -62,7 +62,7 @@ class KarmanTorch:
         if self.data.recipe.schedule != "constant":
             self.model.set_lr_factor(lr_factor(self.data.recipe.schedule, progress))
         cond, target = batch
-        losses = self.model.train_step(cond, target, self.runtime.ctx.autocast, self.clock)
+        losses = self.model.train_step(cond, target, self.runtime.ctx.autocast, self.clock, self.data.recipe.loss_steps(progress))
         self.runtime.ctx.step_end()
         return self.runtime.reduce(losses, flags)
 
@@ -125,8 +125,8 @@ def _numpy_forward(generator):
 def log_surrogate(settings, run, generator: torch.nn.Module, data: KarmanData, meta: dict) -> str:
     """The generator with its normalisation (models.nets.surrogate.Surrogate) as the run's MLflow model
     'generator': listed under the run's Models, loadable with mlflow.pytorch.load_model, registrable.
-    Its signature is one physical state (u, v, p, mask) of the training frames' size -> the next (u, v,
-    p); the model's code travels with it. Returns the model's URI."""
+    Its signature is one physical state (u, v, p, mask, and the Reynolds number for a model conditioned on
+    it) of the training frames' size -> the next (u, v, p); the model's code travels with it. Returns the model's URI."""
     import mlflow
     import mlflow.pytorch
     from mlflow.models import infer_signature
@@ -134,8 +134,8 @@ def log_surrogate(settings, run, generator: torch.nn.Module, data: KarmanData, m
     from models.nets.surrogate import Surrogate
 
     codec = data.codec
-    model = Surrogate(generator.eval(), codec.norm.center, codec.norm.scale, codec.delta_scale).eval()
-    example = np.ascontiguousarray(largest_corner(data.train.physical([0])[0], 2**data.net.generator_depth), dtype=np.float32)  # (1, 4, H, W)
+    model = Surrogate(generator.eval(), codec.norm.center, codec.norm.scale, codec.delta_scale, codec.norm.reynolds).eval()
+    example = np.ascontiguousarray(largest_corner(data.train.physical([0])[0], 2**data.net.generator_depth), dtype=np.float32)  # (1, 4 or 5, H, W)
     with torch.no_grad():
         out = model(torch.from_numpy(example)).numpy()
     mlflow.set_tracking_uri(settings.tracking_uri)
@@ -144,7 +144,7 @@ def log_surrogate(settings, run, generator: torch.nn.Module, data: KarmanData, m
     info = mlflow.pytorch.log_model(
         model, name="generator", run_id=run.run_id, signature=infer_signature(example, out), serialization_format="pickle",
         code_paths=[str(root / "models")], pip_requirements=[f"torch=={torch.__version__.split('+')[0]}", "numpy"],
-        metadata={"inputs": list(INPUTS), "outputs": list(OUTPUTS), "recipe": meta["recipe"], "dataset": meta["dataset"],
+        metadata={"inputs": list(meta["inputs"]), "outputs": list(OUTPUTS), "recipe": meta["recipe"], "dataset": meta["dataset"],
                   "dataset_digest": meta["dataset_digest"], "frame_stride": meta["frame_stride"]})
     run.set_tags({Tag.MODEL_URI: info.model_uri})
     return info.model_uri

@@ -13,7 +13,7 @@ import numpy as np
 
 from models.solver import vorticity
 
-from tasks.common.data import IN_MEMORY_BYTES, INPUTS, OUTPUTS, Normalizer, PairSource, StepCodec, split_of, training_net
+from tasks.common.data import IN_MEMORY_BYTES, OUTPUTS, Normalizer, PairSource, StepCodec, model_inputs, split_of, training_net
 from tasks.common.errors import UserError
 from tasks.common.plots import vorticity_panels
 from tasks.common.store import file_sha256, load_manifest
@@ -63,12 +63,14 @@ def _pairs(settings, spec) -> tuple[Path, dict, dict, object, PairSource]:
     manifest = load_manifest(dataset_dir)
     split = split_of(manifest, spec.val_simulations, spec.test_simulations, spec.seed)
     recipe = spec.resolved_recipe()
-    return dataset_dir, manifest, split, recipe, PairSource(dataset_dir, split["train"], spec.frame_stride, unroll=recipe.unroll)
+    reynolds = [float(manifest["simulations"][s]["spec"]["reynolds"]) for s in split["train"]] if recipe.condition == "reynolds" else None
+    return dataset_dir, manifest, split, recipe, PairSource(dataset_dir, split["train"], spec.frame_stride, unroll=recipe.unroll,
+                                                            reynolds=reynolds)
 
 
 def _net(source: PairSource, spec, recipe):
-    return training_net(source.height, source.width, spec.crop, spec.depth, ngf=recipe.ngf, ndf=recipe.ndf, norm=spec.norm,
-                        dropout=recipe.dropout, upsample=recipe.upsample, output=recipe.output)
+    return training_net(source.height, source.width, spec.crop, spec.depth, in_channels=source.channels, ngf=recipe.ngf,
+                        ndf=recipe.ndf, norm=spec.norm, dropout=recipe.dropout, upsample=recipe.upsample, output=recipe.output)
 
 
 def prepare(settings, spec, main: bool = True) -> KarmanData:
@@ -83,7 +85,7 @@ def prepare(settings, spec, main: bool = True) -> KarmanData:
     codec = StepCodec(Normalizer.fit(train), train.change_rms().tolist() if recipe.predict == "delta" else None)
     net = _net(train, spec, recipe)
     validation = (Validation.of(dataset_dir, manifest, split["val"], codec, net, spec.frame_stride, spec.validate_every,
-                                spec.validate_steps, spec.target_vorticity, spec.target_steps) if main else None)
+                                spec.validate_steps, spec.target_vorticity, spec.target_steps, recipe.condition) if main else None)
     return KarmanData(dataset_dir, manifest, split, recipe, train, codec, net, validation, spec.crop)
 
 
@@ -121,9 +123,9 @@ def largest_corner(x: np.ndarray, unit: int) -> np.ndarray:
 
 def sample_figure(forward: Callable[[np.ndarray], np.ndarray], source: PairSource, codec: StepCodec, path: Path, unit: int) -> Path:
     """Vorticity of one-step predictions against targets for three training pairs; ``forward`` maps
-    encoded states (B, 4, H, W) to the network's outputs (B, 3, H, W) (any framework, on the CPU)."""
+    encoded states (B, 4 or 5, H, W) to the network's outputs (B, 3, H, W) (any framework, on the CPU)."""
     picks = np.linspace(0, len(source) - 1, 3).astype(int)
-    cond, ref = source.physical(picks)  # (3, 4, H, W), (3, 3, H, W)
+    cond, ref = source.physical(picks)  # (3, 4 or 5, H, W), (3, 3, H, W)
     # A model trained on crops may not take whole frames: show the largest corner it takes.
     cond, ref = largest_corner(cond, unit), largest_corner(ref[:, :3], unit)  # the first step's target
     pred = codec.next_state(cond, forward(codec.norm.encode(cond)))  # (3, 3, H, W)
@@ -135,7 +137,8 @@ def sample_figure(forward: Callable[[np.ndarray], np.ndarray], source: PairSourc
 
 def model_meta(net, codec: StepCodec, spec, manifest: dict, split: dict, framework: str, weights: Path) -> dict:
     """meta.json of a trained model: what a rollout needs besides the weights, and the weights file's name, size and checksum."""
-    return {"net": dataclasses.asdict(net), "normalizer": dataclasses.asdict(codec.norm), "inputs": INPUTS, "outputs": OUTPUTS,
+    inputs = model_inputs(spec.resolved_recipe().condition)
+    return {"net": dataclasses.asdict(net), "normalizer": dataclasses.asdict(codec.norm), "inputs": inputs, "outputs": OUTPUTS,
             "predict": "delta" if codec.delta_scale is not None else "state", "delta_scale": codec.delta_scale,
             "recipe": spec.resolved_recipe().name, "frame_stride": spec.frame_stride, "dataset": spec.dataset, "dataset_digest": manifest["digest"],
             "split": split, "framework": framework, "weights_file": weights.name,

@@ -9,7 +9,7 @@ import pytest
 from zarr.abc.store import RangeByteRequest
 from zarr.storage import LocalStore, WrapperStore
 
-from tasks.common.data import OUTPUTS, Normalizer, PairSource, StepCodec, load_frames, split_simulations
+from tasks.common.data import OUTPUTS, Normalizer, PairSource, StepCodec, load_frames, model_inputs, split_simulations, with_condition
 from tasks.common.errors import UserError
 from tasks.common.store import STORE
 from tasks.generate.simulation import run_simulation
@@ -337,3 +337,32 @@ def test_step_codec_adds_the_decoded_change_to_the_state():
     plain = StepCodec.from_meta({"normalizer": {"center": norm.center, "scale": norm.scale}})  # a model from before delta prediction
     assert plain.delta_scale is None
     np.testing.assert_allclose(plain.next_state(state, out), norm.decode(out))
+
+
+def test_a_reynolds_condition_is_a_fifth_constant_channel_mapped_onto_the_training_range(dataset, eager):
+    """A source given each simulation's Reynolds number carries it as a fifth input channel; the normaliser maps the
+    training range onto [-1, 1] (beyond it for a simulation outside), and refuses inputs without the channel."""
+    root, ids = dataset
+    reynolds = [float(re) for re in sorted(FRAMES)]  # ids sort as their Reynolds numbers do (tiny_spec's names)
+    source = PairSource(root, ids, 1, unroll=2, reynolds=reynolds)
+    assert source.channels == 5
+    plain = PairSource(root, ids, 1, unroll=2)
+    picks = np.arange(len(source))
+    cond, target = source.physical(picks)
+    plain_cond, plain_target = plain.physical(picks)
+    np.testing.assert_array_equal(cond[:, :4], plain_cond)
+    np.testing.assert_array_equal(target, plain_target)
+    sims, _ = source.locate(picks)
+    np.testing.assert_array_equal(cond[:, 4], np.broadcast_to(np.array(reynolds, np.float32)[sims][:, None, None], cond[:, 4].shape))
+    norm = Normalizer.fit(source)
+    assert norm.reynolds == [28.0, 8.0] and Normalizer.fit(plain).reynolds is None
+    encoded, _ = source.batch(picks, norm)
+    assert encoded[:, 4].min() == -1.0 and encoded[:, 4].max() == 1.0
+    np.testing.assert_array_equal(encoded[:, :4], plain.batch(picks, Normalizer(norm.center, norm.scale))[0])
+    outside = with_condition(eager[ids[0]], 44.0)  # (T, 5, H, W): Re 44, beyond the range's top
+    assert outside.shape[1] == 5 and np.all(norm.encode(outside)[:, 4] == 2.0)
+    with pytest.raises(ValueError, match="4 channels: expected 5 \\(u, v, p, mask, reynolds\\)"):
+        norm.encode(plain_cond)
+    with pytest.raises(ValueError, match="2 Reynolds numbers for 5 simulations"):
+        PairSource(root, ids, 1, reynolds=[1.0, 2.0])
+    assert model_inputs("reynolds") == ("u", "v", "p", "mask", "reynolds") and model_inputs("none") == ("u", "v", "p", "mask")
