@@ -153,8 +153,9 @@ def plan_rollout(settings: Settings, spec: InferSpec, log) -> RolloutPlan:
     known = [list(model_inputs(c)) for c in CONDITIONS]  # the stored inputs, and those plus a simulation's Reynolds number
     if net.in_channels != len(inputs) or net.out_channels != len(OUTPUTS) or inputs not in known:
         raise UserError(f"model run {model_run_id} maps {net.in_channels} channels ({', '.join(inputs)}) to "
-                        f"{net.out_channels}, but dataset {dataset!r} gives {' or '.join(', '.join(k) for k in known)} -> "
-                        f"{len(OUTPUTS)} ({', '.join(OUTPUTS)}); roll it out on data with the model's channels")
+                        f"{net.out_channels}, but dataset {dataset!r} gives {len(known[0])} ({', '.join(known[0])}), or "
+                        f"{len(known[1])} with each simulation's Reynolds number, -> {len(OUTPUTS)} ({', '.join(OUTPUTS)}); "
+                        "roll it out on data with the model's channels")
     manifest = load_manifest(settings.dataset_dir(dataset))
     sims = manifest["simulations"]
     if spec.simulation:

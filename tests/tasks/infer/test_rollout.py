@@ -149,7 +149,37 @@ def test_unknown_model_runs_and_models_with_other_channels_are_refused(trained):
     assert_refused(run_cli("infer", "--model-run", "f" * 32, cwd=root, env=env), "unknown model run")
     other = _model_with_three_inputs(trained)
     assert_refused(run_cli("infer", "--model-run", other, cwd=root, env=env),
-                   f"model run {other} maps 3 channels (u, v, p)", "dataset 'tiny' gives 4 (u, v, p, mask)")
+                   f"model run {other} maps 3 channels (u, v, p)", "dataset 'tiny' gives 4 (u, v, p, mask), or 5 with each simulation's Reynolds")
+
+
+def test_a_model_conditioned_on_the_reynolds_number_rolls_out_with_each_simulations_own(trained):
+    """--condition reynolds: the model's fifth input holds the rolled-out simulation's Reynolds number (the training
+    range mapped onto [-1, 1]); full-frame and map-reduce rollouts take it, and so does the logged MLflow model."""
+    root, env, _ = trained
+    proc = run_in_process("train", "--dataset", "tiny", "--ngf", "8", "--ndf", "8", "--threads", "1", "--epochs", "1",
+                          "--batch-sizes", "4", "--condition", "reynolds", "--validate-every", "0", "--json", cwd=root, env=env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    run_id = json.loads(proc.stdout.strip().splitlines()[-1])["run_id"]
+    meta = json.loads(Path(client(trained).download_artifacts(run_id, "model/meta.json", str(root))).read_text())
+    assert meta["inputs"] == ["u", "v", "p", "mask", "reynolds"] and meta["net"]["in_channels"] == 5
+    train_re = meta["train_reynolds"]
+    assert meta["normalizer"]["reynolds"] == pytest.approx([(max(train_re) + min(train_re)) / 2, max((max(train_re) - min(train_re)) / 2, 1.0)])
+    full = infer((root, env, run_id), "--mode", "full")
+    tiled = infer((root, env, run_id), "--mode", "mapreduce", "--workers", "1")
+    assert np.isfinite(full["final_rel_l2_vorticity"]) and np.isfinite(tiled["final_rel_l2_vorticity"])
+    import mlflow.pytorch
+    import torch
+
+    mlflow.set_tracking_uri(env["MLFLOW_TRACKING_URI"])
+    surrogate = mlflow.pytorch.load_model(f"runs:/{run_id}/generator")
+    state = torch.zeros(1, 5, 32, 64)
+    state[:, 0] = 0.05
+    outs = []
+    for re in (min(train_re), min(train_re) + 30):
+        state[:, 4] = re
+        with torch.no_grad():
+            outs.append(surrogate(state))
+    assert float((outs[0] - outs[1]).abs().max()) > 0  # the Reynolds number reaches the network
 
 
 @pytest.mark.full  # minutes of XLA compilation or training
