@@ -461,6 +461,30 @@ DIAGNOSTIC_SCORES = ("horizon_vorticity_lagged", "final_lag_steps", "horizon_vor
                      "band_error_low_final", "band_error_mid_final", "band_error_high_final", "acdm_mse_60", "mgn_rmse_1", "mgn_rmse_50", "mgn_rmse_600")
 
 
+def stride_verdicts(rollouts: list[dict]) -> list[str]:
+    """Per device, the smallest frame stride at which a rollout's surrogate was cheaper than the solver per unit of
+    simulated time, with the accuracy it held there (its vorticity horizon), or a plain statement that no stride
+    measured was, with the strides and the cost ratios measured."""
+    lines = []
+    for device in sorted({r["device"] for r in rollouts}):
+        rows = [r for r in rollouts if r["device"] == device and r["surrogate_vs_solver"] == r["surrogate_vs_solver"]]
+        if not rows:
+            continue
+        cheaper = sorted((r for r in rows if r["surrogate_vs_solver"] >= 1), key=lambda r: (r["stride"], -r["horizon_vorticity"]))
+        if cheaper:
+            best = cheaper[0]
+            lines.append(f"- On {device}, the surrogate is cheaper than the solver from stride k = {best['stride']} on: "
+                         f"{best['surrogate_vs_solver']:.2g}x cheaper per unit of simulated time, at vorticity relative L2 within "
+                         f"the threshold for {best['horizon_vorticity']} network steps ({best['horizon_vorticity'] * best['stride']} stored "
+                         f"frames) of {best['steps']} on {best['setting'][2] or 'the test simulation'} ({best['regime']}).")
+        else:
+            strides = sorted({r["stride"] for r in rows})
+            lo, hi = (f"{x:.2g}" for x in (min(1 / r["surrogate_vs_solver"] for r in rows), max(1 / r["surrogate_vs_solver"] for r in rows)))
+            lines.append(f"- On {device}, at no stride measured (k = {', '.join(map(str, strides))}) is the surrogate cheaper than the "
+                         f"solver: the solver is {lo if lo == hi else f'{lo}-{hi}'}x faster per unit of simulated time.")
+    return lines
+
+
 def infer_rows(entries: list[Entry]) -> list[dict]:
     """One row per finished rollout: the setting (model, steps, tiling), mode x workers -> frames/s,
     latency split, accuracy, the solver; frames/s against the full-frame rollout of the same setting."""
@@ -481,7 +505,7 @@ def infer_rows(entries: list[Entry]) -> list[dict]:
                      "horizon_u": int(m.get("horizon_u", 0)), "horizon_vorticity": int(m.get("horizon_vorticity", 0)),
                      "regime": c.regime.get("regime", "?"), "strouhal_pred": m.get("strouhal_pred", nan), "strouhal_ref": m.get("strouhal_ref", nan),
                      "solver_frames_per_s": m.get("solver_frames_per_s", nan), "verdict": e.record.summary.verdict,
-                     "surrogate_vs_solver": m.get("surrogate_vs_solver", nan),
+                     "surrogate_vs_solver": m.get("surrogate_vs_solver", nan), "stride": c.frame_stride,
                      **{k: m.get(k, nan) for k in DIAGNOSTIC_SCORES},
                      "setting": (c.model_run, spec.steps, spec.simulation, str(spec.tile), spec.halo, spec.dataset)})
     for r in rows:  # frames/s over the full-frame rollout on the same device, model and setting
@@ -700,6 +724,7 @@ def build_report(settings: Settings, name: str, scope: str, runs, exp_id: str, o
              "correlation steps PDE-Refiner's high-correlation time (Lippe et al. 2023).\n",
              table_markdown(rollouts, INFER_DIAGNOSTIC_COLUMNS, link),
              "## Is the surrogate worth it?\n",
+             "\n".join(stride_verdicts(rollouts)) + "\n" if rollouts else "",
              "\n".join(f"- {link(r['run'])} ({r['mode']} x{r['workers']}, {r['regime']}): {r['verdict']}" for r in rollouts if r["verdict"])
              or "_no rollout with a verdict_", "",
              f"## Failed runs\n\n{len(failed)} failed run(s)" + (": " + ", ".join(f"{r.info.run_name} ({link(r.info.run_id)})" for r in failed) if failed else "") + "\n"]

@@ -196,3 +196,20 @@ def test_energy_cost_and_the_cheapest_device_to_the_target_are_shown_or_said_to_
     assert (by_device["cuda x2"]["energy"], by_device["cuda x2"]["cost_to_target"]) == ("5000 J", "0.06 EUR")
     assert (by_device["cpu x1"]["energy"], by_device["cpu x1"]["cost_to_target"]) == ("unavailable", "0.02 EUR")
     assert "no run reached the target, so no device is named" in cheapest_to_target([slow])
+
+
+def test_the_verdict_names_the_smallest_stride_at_which_the_surrogate_is_cheaper_or_says_none_is():
+    from tasks.report.task import stride_verdicts
+
+    def row(device, stride, ratio, horizon):
+        return {"device": device, "stride": stride, "surrogate_vs_solver": ratio, "horizon_vorticity": horizon, "steps": 60,
+                "setting": ("m", 60, "circle-re105", "None", 0, "long"), "regime": "interpolation"}
+
+    lines = stride_verdicts([row("cpu", 1, 0.2, 58), row("cpu", 8, 1.4, 12), row("cpu", 6, 1.1, 13), row("cpu", 6, 1.06, 20),
+                             row("cuda", 1, 0.5, 60), row("cuda", 2, float("nan"), 60)])
+    # of the two at k = 6, the one that held longer
+    assert lines[0] == ("- On cpu, the surrogate is cheaper than the solver from stride k = 6 on: 1.1x cheaper per unit of simulated "
+                        "time, at vorticity relative L2 within the threshold for 20 network steps (120 stored frames) of 60 on "
+                        "circle-re105 (interpolation).")
+    assert lines[1] == "- On cuda, at no stride measured (k = 1) is the surrogate cheaper than the solver: the solver is 2x faster per unit of simulated time."
+    assert stride_verdicts([]) == []
