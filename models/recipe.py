@@ -37,6 +37,9 @@ from typing import Literal
 
 SCHEDULES = ("constant", "cosine")
 PUSHFORWARDS = ("detached", "through")
+# What a model may take besides the frame: the flow's parameters as constant input channels
+# ("reynolds": the simulation's Reynolds number), so it need not infer the viscosity from the flow.
+CONDITIONS = ("none", "reynolds")
 LR_FLOOR = 0.01  # the cosine schedule ends at this fraction of the initial rate
 
 
@@ -92,8 +95,8 @@ class Recipe:
             raise ValueError(f"unroll {self.unroll} must be at least 1 (one-step loss)")
         if self.pushforward not in PUSHFORWARDS:
             raise ValueError(f"unknown pushforward {self.pushforward!r}; choose {' or '.join(PUSHFORWARDS)}")
-        if self.condition not in ("none", "reynolds"):
-            raise ValueError(f"unknown condition {self.condition!r}; choose none or reynolds")
+        if self.condition not in CONDITIONS:
+            raise ValueError(f"unknown condition {self.condition!r}; choose {' or '.join(CONDITIONS)}")
         if not 0 <= self.curriculum <= 1:
             raise ValueError(f"curriculum {self.curriculum} is a fraction of the run: choose 0 (none) to 1")
         if self.noise < 0 or self.gan_weight < 0 or self.l1_weight < 0 or not 0 <= self.dropout < 1:

@@ -15,14 +15,12 @@ from pathlib import Path
 import numpy as np
 from zarr.abc.store import Store
 
+from models.recipe import CONDITIONS
 from tasks.common.errors import UserError
 from tasks.common.store import frame_store, open_frame_arrays, read_frames
 
 INPUTS = ("u", "v", "p", "mask")  # stored with every frame
 OUTPUTS = ("u", "v", "p")
-# What a model may take besides the frame: the flow's parameters as constant input channels
-# ("reynolds": the simulation's Reynolds number), so it need not infer the viscosity from the flow.
-CONDITIONS = ("none", "reynolds")
 
 
 def model_inputs(condition: str) -> tuple[str, ...]:
