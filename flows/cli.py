@@ -52,6 +52,10 @@ def _check_ablation(settings, spec: AblationSpec) -> None:
 
     for variant in spec.variants:
         check_training_input(settings, spec.train_spec(variant), [spec.batch_size], 1)
+    if spec.extra_dataset:  # every model is rolled out there: a missing dataset ends the command before anything trains
+        from tasks.common.store import load_manifest
+
+        load_manifest(settings.dataset_dir(spec.extra_dataset))
 
 
 def _check_infer(settings, spec: InferSpec) -> None:

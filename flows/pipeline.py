@@ -24,6 +24,7 @@ from tasks.common.names import Tag, infer_label, infer_run_name, train_label, tr
 from tasks.common.progress import Progress
 from tasks.common.settings import Settings
 from tasks.common.specs import AblationSpec, AggregateSpec, BenchmarkSpec, DemoSpec, GenerateSpec, InferSpec, TrainSpec, ValidateSpec
+from tasks.common.store import load_manifest
 from tasks.common.tracking import mlflow_run, reap_orphans, run_url
 from tasks.generate.task import generate_dataset
 from tasks.infer.task import rollout
@@ -209,26 +210,31 @@ def validate_solver(spec: ValidateSpec = ValidateSpec()) -> dict:
 
 @flow(name="ablate", flow_run_name=_named(AblationSpec, lambda s: f"ablate {s.name} ({len(s.variants)} variants)"))
 def ablate(spec: AblationSpec = AblationSpec()) -> dict:
-    """Train each recipe variant on the same data and budget, roll it out on the test simulation, and
-    tabulate one-step error, useful horizons, Strouhal error and training time."""
+    """Train each recipe variant on the same data and budget (once per seed), roll it out on the test
+    simulation and on every simulation of the extra dataset, and tabulate one-step error, useful
+    horizons, phase and frequency errors, energy and shedding over the long rollouts, and training time."""
     settings = _settings()
     logger = get_run_logger()
+    # the extra dataset is read before anything trains: a missing one ends the command at once
+    extra = sorted(load_manifest(settings.dataset_dir(spec.extra_dataset))["simulations"]) if spec.extra_dataset else []
     rows, simulation = [], "?"
-    for variant in spec.variants:
+    for variant, seed in itertools.product(spec.variants, spec.seeds()):
         try:
-            trained = train(spec.train_spec(variant))
+            trained = train(spec.train_spec(variant, seed))
             rolled = infer(InferSpec(model_run=trained["run_id"], steps=spec.steps))
+            long = [infer(InferSpec(model_run=trained["run_id"], dataset=spec.extra_dataset, simulation=sim, steps=spec.extra_steps))
+                    for sim in extra]
         except Exception as exc:  # one failed variant does not stop the others; its row says so
-            logger.error("variant %s failed: %s", variant, exc)
-            rows.append(ablation_row(variant, {"run_id": "FAILED", "epochs": 0}, {}))
+            logger.error("variant %s, seed %d failed: %s", variant, seed, exc)
+            rows.append(ablation_row(variant, seed, {"run_id": "FAILED", "epochs": 0}, {}, []))
             continue
         simulation = rolled["simulation"]
-        rows.append(ablation_row(variant, trained, rolled))
-        logger.info("variant %s: vorticity horizon %d steps, one-step vorticity error %.3g", variant,
+        rows.append(ablation_row(variant, seed, trained, rolled, long))
+        logger.info("variant %s, seed %d: vorticity horizon %d steps, one-step vorticity error %.3g", variant, seed,
                     rows[-1]["horizon_vorticity"], rows[-1]["one_step_rel_l2_vorticity"])
     if all(r["train_run"] == "FAILED" for r in rows):
         raise RuntimeError("every variant of the ablation failed; see the log")
-    return write_ablation(settings, spec.name, spec.model_dump(), rows, simulation)
+    return write_ablation(settings, spec.name, spec.model_dump(), rows, simulation, extra)
 
 
 @flow(name="demo", flow_run_name="demo")

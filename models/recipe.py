@@ -24,6 +24,9 @@ A recipe fixes what the network predicts and how it is trained, apart from its w
   not be inferred from the flow);
 - ``curriculum``: the fraction of the run over which the loss grows from one step to ``unroll``, in
   equal parts (0: every step unrolls fully from the start); the cheaper early steps buy epochs;
+- ``damping``: the fraction of the cell-scale (Nyquist) mode taken out of the predicted change by a
+  fixed binomial filter (models.damping), in the loss and in every rollout step alike (0: none); only
+  for a recipe that predicts the change;
 - ``lr`` and ``beta1`` of Adam; ``schedule``: ``constant`` or ``cosine`` (the rate falls along half a
   cosine from ``lr`` to a hundredth of it over the run: its time budget, or else its epoch limit);
 - ``ngf`` and ``ndf``: the widths a training run uses unless it asks for others.
@@ -33,6 +36,8 @@ import dataclasses
 import math
 from dataclasses import dataclass
 from typing import Literal
+
+from models.damping import check_strength
 
 
 SCHEDULES = ("constant", "cosine")
@@ -79,6 +84,7 @@ class Recipe:
     pushforward: Literal["detached", "through"] = "detached"
     curriculum: float = 0.0
     condition: Literal["none", "reynolds"] = "none"
+    damping: float = 0.0
 
     def __post_init__(self):
         if self.predict not in ("state", "delta"):
@@ -99,6 +105,9 @@ class Recipe:
             raise ValueError(f"unknown condition {self.condition!r}; choose {' or '.join(CONDITIONS)}")
         if not 0 <= self.curriculum <= 1:
             raise ValueError(f"curriculum {self.curriculum} is a fraction of the run: choose 0 (none) to 1")
+        check_strength(self.damping)
+        if self.damping > 0 and self.predict != "delta":
+            raise ValueError(f"damping {self.damping} filters the predicted change: it needs predict delta, not {self.predict}")
         if self.noise < 0 or self.gan_weight < 0 or self.l1_weight < 0 or not 0 <= self.dropout < 1:
             raise ValueError(f"recipe {self.name!r}: noise, gan_weight and l1_weight must be >= 0 and dropout in [0, 1)")
         if self.gan_weight == 0 and self.l1_weight == 0:
@@ -154,6 +163,7 @@ class OptimConfig:
     # Delta prediction: RMS of the change over the state's scale, per output channel (network units
     # of the change -> network units of the state); None: the network predicts the state itself.
     delta_ratio: tuple[float, ...] | None = None
+    damping: float = 0.0  # the predicted change's highest wavenumbers damped by this (models.damping)
     fused: bool = False  # one fused Adam kernel over all parameters (CPU and CUDA; not XLA)
 
     @classmethod
@@ -163,4 +173,5 @@ class OptimConfig:
         if recipe.predict == "delta" and ratio is None:
             raise ValueError(f"recipe {recipe.name!r} predicts changes: its delta_ratio is needed")
         return cls(lr=recipe.lr, beta1=recipe.beta1, l1_weight=recipe.l1_weight, gan_weight=recipe.gan_weight,
-                   noise=recipe.noise, unroll=recipe.unroll, pushforward=recipe.pushforward, delta_ratio=ratio)
+                   noise=recipe.noise, unroll=recipe.unroll, pushforward=recipe.pushforward, delta_ratio=ratio,
+                   damping=recipe.damping)

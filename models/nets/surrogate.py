@@ -7,19 +7,35 @@ loads the model (``mlflow.pytorch.load_model``) steps a flow without this projec
 """
 
 import torch
+import torch.nn.functional as F
 from torch import nn
+
+
+def damp(x: torch.Tensor, strength: float) -> torch.Tensor:
+    """x (B, C, H, W) with its highest wavenumbers damped by ``strength``: models.damping.damp in torch."""
+    if strength == 0:
+        return x
+    c = x.shape[1]
+    kernel = torch.tensor([0.25, 0.5, 0.25], dtype=x.dtype, device=x.device)
+    rows = kernel.view(1, 1, 3, 1).expand(c, 1, 3, 1)  # depthwise, along H
+    cols = kernel.view(1, 1, 1, 3).expand(c, 1, 1, 3)  # depthwise, along W
+    blurred = F.conv2d(F.pad(x, (0, 0, 1, 1), mode="replicate"), rows, groups=c)
+    blurred = F.conv2d(F.pad(blurred, (1, 1, 0, 0), mode="replicate"), cols, groups=c)
+    return x - strength * (x - blurred)
 
 
 class Surrogate(nn.Module):
     """``forward(state)``: state (B, 4, H, W) = u, v, p and the obstacle mask (1 inside) at time t, in
     lattice units, and for a model conditioned on the Reynolds number (``reynolds``: its centre and
     scale) a fifth channel holding it everywhere -> (B, 3, H, W) = u, v, p at t + k. H and W must suit
-    the U-Net (multiples of 2^depth)."""
+    the U-Net (multiples of 2^depth). ``damping``: the recipe's damping of the predicted change's
+    highest wavenumbers (models.damping)."""
 
     def __init__(self, generator: nn.Module, center: list[float], scale: list[float], delta_scale: list[float] | None,
-                 reynolds: list[float] | None = None):
+                 reynolds: list[float] | None = None, damping: float = 0.0):
         super().__init__()
         self.generator = generator
+        self.damping = float(damping)
         self.conditioned = reynolds is not None
         self.register_buffer("reynolds", torch.tensor(reynolds or [0.0, 1.0], dtype=torch.float32))
         self.register_buffer("center", torch.tensor(center, dtype=torch.float32).view(1, 3, 1, 1))
@@ -35,5 +51,6 @@ class Surrogate(nn.Module):
         encoded = torch.cat(parts, dim=1)
         out = self.generator(encoded).float()
         if self.predicts_change:
-            return fields + out * self.delta_scale
+            # a model pickled before damping existed has no such attribute
+            return fields + damp(out, getattr(self, "damping", 0.0)) * self.delta_scale
         return out * self.scale + self.center

@@ -9,6 +9,7 @@ import torch
 from torch import nn
 
 from models.nets.pix2pix import NetConfig, build_discriminator, build_generator, use_gemm_for_small_maps, use_winograd
+from models.nets.surrogate import damp
 from models.recipe import OptimConfig  # torch-free, shared with the Keras trainer
 
 PHASES = ("forward", "backward", "optimizer")
@@ -112,7 +113,7 @@ class Pix2Pix(nn.Module):
         # Under DDP a forward decides whether its backward reduces gradients: with an unrolled loss
         # only the last forward's backward does, after the steps' gradients have been summed locally.
         with self._gen_no_sync(gen, steps > 1), autocast():
-            out = gen(cond)  # (B, Cout, H, W)
+            out = damp(gen(cond), o.damping)  # (B, Cout, H, W)
         fake = self.next_state(cond, out)  # (B, 3, H, W) the predicted state at t+k
         zero = torch.zeros((), device=cond.device)
         loss_d = loss_gan = zero
@@ -159,7 +160,7 @@ class Pix2Pix(nn.Module):
             cond_n = torch.cat([state, cond[:, 3:]], dim=1)  # (B, Cin, H, W)
             with self._gen_no_sync(gen, n < steps):
                 with autocast():
-                    out_n = gen(cond_n)
+                    out_n = damp(gen(cond_n), o.damping)
                     loss_n = (out_n.float() - self.encode_target(cond_n, target_n).float()).abs().mean()
                 clock.lap("forward")
                 if through:

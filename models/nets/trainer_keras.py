@@ -17,6 +17,19 @@ from models.nets.config import NetConfig
 from models.nets.pix2pix_keras import build_discriminator, build_generator
 from models.recipe import OptimConfig
 
+
+def damp(x, strength: float):
+    """x (B, H, W, C) with its highest wavenumbers damped by ``strength``: models.damping.damp in TensorFlow."""
+    if strength == 0:
+        return x
+    blurred = x
+    for axis in (1, 2):  # H, then W, edges repeated
+        n = tf.shape(blurred)[axis]
+        padded = tf.concat([tf.gather(blurred, [0], axis=axis), blurred, tf.gather(blurred, [n - 1], axis=axis)], axis=axis)
+        lo, mid, hi = (tf.gather(padded, tf.range(i, i + n), axis=axis) for i in range(3))
+        blurred = 0.25 * lo + 0.5 * mid + 0.25 * hi
+    return x - strength * (x - blurred)
+
 ADAM_EPSILON = 1e-8  # torch's default; Keras' is 1e-7
 AGREED = "agreed"  # the key of train_step's reduced flags
 
@@ -60,6 +73,10 @@ class KerasPix2Pix:
         self._step = tf.function(self._distributed_step, jit_compile=jit_compile, reduce_retracing=True)
 
     # -- the recipe's algebra (NHWC; network units) ----------------------------------------------
+    def predict(self, cond, training: bool = True):
+        """The generator's output (B, H, W, 3), its highest wavenumbers damped as the recipe says."""
+        return damp(self.generator(cond, training=training), self.optim.damping)
+
     def next_state(self, cond, out):
         """The state at t+k (B, H, W, 3) from cond (B, H, W, 4) and the network's output."""
         return out if self.delta_ratio is None else cond[..., :3] + out * self.delta_ratio
@@ -90,7 +107,7 @@ class KerasPix2Pix:
         zero = tf.zeros(())
         loss_d = loss_gan = zero
         with tf.GradientTape() as g_tape:
-            out = gen(cond, training=True)
+            out = self.predict(cond)
             fake = self.next_state(cond, out)
             if o.gan_weight > 0:
                 with g_tape.stop_recording(), tf.GradientTape() as d_tape:
@@ -110,7 +127,7 @@ class KerasPix2Pix:
             state = hold(fake)
             for n, target_n in enumerate(targets[1:], start=2):
                 cond_n = tf.concat([state, cond[..., 3:]], axis=-1)
-                out_n = gen(cond_n, training=True)
+                out_n = self.predict(cond_n)
                 loss_n = self._mean(tf.abs(out_n - self.encode_target(cond_n, target_n)))
                 loss_g = loss_g + o.l1_weight * loss_n
                 losses[f"loss_l1_step{n}"] = loss_n

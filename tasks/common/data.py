@@ -15,6 +15,7 @@ from pathlib import Path
 import numpy as np
 from zarr.abc.store import Store
 
+from models.damping import damp
 from models.recipe import CONDITIONS
 from tasks.common.errors import UserError
 from tasks.common.store import frame_store, open_frame_arrays, read_frames
@@ -148,15 +149,18 @@ class Normalizer:
 class StepCodec:
     """How a network output becomes the next state. ``delta_scale`` None: the output is the next state
     in the normaliser's units; otherwise the output is the change x(t+k) - x(t) in units of its
-    per-channel RMS ``delta_scale`` (physical units) over the training pairs."""
+    per-channel RMS ``delta_scale`` (physical units) over the training pairs, its highest wavenumbers
+    damped by ``damping`` (models.damping) before it is added."""
 
     norm: Normalizer
     delta_scale: list[float] | None = None
+    damping: float = 0.0
 
     @classmethod
     def from_meta(cls, meta: dict) -> "StepCodec":
         """From a model's meta.json (models saved before delta prediction predict the state)."""
-        return cls(Normalizer(**meta["normalizer"]), meta.get("delta_scale") if meta.get("predict") == "delta" else None)
+        delta = meta.get("predict") == "delta"
+        return cls(Normalizer(**meta["normalizer"]), meta.get("delta_scale") if delta else None, meta.get("damping", 0.0) if delta else 0.0)
 
     @property
     def delta_ratio(self) -> list[float] | None:
@@ -169,7 +173,7 @@ class StepCodec:
         """Physical state (..., 3 or 4, H, W) at t and network output (..., 3, H, W) -> physical (..., 3, H, W) at t+k."""
         if self.delta_scale is None:
             return self.norm.decode(out)
-        return state[..., :3, :, :] + out * np.array(self.delta_scale, np.float32)[:, None, None]
+        return state[..., :3, :, :] + damp(out, self.damping) * np.array(self.delta_scale, np.float32)[:, None, None]
 
 
 def training_net(height: int, width: int, crop: int | None, depth: int | None = None, in_channels: int = len(INPUTS), **widths):

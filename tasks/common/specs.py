@@ -121,6 +121,7 @@ class TrainSpec(Spec):
     pushforward: Literal["detached", "through"] | None = Field(default=None, description="How the unrolled loss's later steps see the earlier predictions: detached (as constants) or through (gradients flow back through the chain); None = the recipe's")
     condition: Literal["none", "reynolds"] | None = Field(default=None, description="What the network sees besides u, v, p and the obstacle: none, or reynolds (the simulation's Reynolds number as a constant input channel); None = the recipe's")
     curriculum: float | None = Field(default=None, ge=0, le=1, description="Fraction of the run over which the loss grows from one step to --unroll, in equal parts (0 = full unroll from the start); None = the recipe's")
+    damping: float | None = Field(default=None, ge=0, le=1, description="Fraction of the cell-scale mode taken out of the predicted change by a fixed binomial filter, in the loss and every rollout step (0 = none; needs predict delta); None = the recipe's")
     gan_weight: float | None = Field(default=None, ge=0, description="Weight of the adversarial term (0 = no discriminator training); None = the recipe's")
     lr: PositiveFloat | None = Field(default=None, description="Adam learning rate; None = the recipe's")
     schedule: Literal["constant", "cosine"] | None = Field(default=None, description="Learning-rate schedule: constant, or cosine (half a cosine down to a hundredth of the rate over the time budget, else over the epoch limit); None = the recipe's")
@@ -193,7 +194,7 @@ class TrainSpec(Spec):
             predict=self.predict, upsample=self.upsample, noise=self.noise, unroll=self.unroll,
             gan_weight=self.gan_weight, lr=self.lr, l1_weight=self.l1_weight, ngf=self.ngf, ndf=self.ndf,
             schedule=self.schedule, pushforward=self.pushforward, curriculum=self.curriculum,
-            condition=self.condition)
+            condition=self.condition, damping=self.damping)
 
 
 class InferSpec(Spec):
@@ -253,8 +254,8 @@ class ValidateSpec(Spec):
         return self
 
 
-# Recipe elements taken back one at a time from the default (and the paper's whole recipe): the
-# TrainSpec fields each variant sets.
+# The default with one recipe element changed each (taken back, or one of the long horizon's candidates
+# added), and the paper's whole recipe: the TrainSpec fields each variant sets.
 ABLATIONS: dict[str, dict] = {
     "default": {},
     "paper": {"recipe": "paper"},
@@ -267,11 +268,18 @@ ABLATIONS: dict[str, dict] = {
     "gradient-through": {"pushforward": "through"},
     "curriculum": {"curriculum": 0.5},
     "reynolds-input": {"condition": "reynolds"},
+    "damped-change": {"damping": 0.5},
+    "noise-0.02": {"noise": 0.02},
+    "noise-0.05": {"noise": 0.05},
+    "through-6": {"unroll": 6, "pushforward": "through", "curriculum": 0.5},
+    "stride-2": {"frame_stride": 2},
+    "stride-4": {"frame_stride": 4},
     "with-gan": {"gan_weight": 1.0, "l1_weight": 100.0},
     "width-32": {"ngf": 32, "ndf": 32},
 }
 Ablation = Literal["default", "paper", "next-frame", "transposed-conv", "no-noise", "one-step-loss", "two-step-loss", "constant-lr",
-                   "gradient-through", "curriculum", "reynolds-input", "with-gan", "width-32"]
+                   "gradient-through", "curriculum", "reynolds-input", "damped-change", "noise-0.02", "noise-0.05",
+                   "through-6", "stride-2", "stride-4", "with-gan", "width-32"]
 
 
 class AblationSpec(Spec):
@@ -279,14 +287,17 @@ class AblationSpec(Spec):
     wall-clock budget: each variant is trained, rolled out on the test simulation and tabulated."""
 
     dataset: str = DatasetName
-    variants: list[Ablation] = Field(default=list(ABLATIONS), min_length=1, description="Variants: default, the paper's recipe, and the default with one element taken back each")
+    variants: list[Ablation] = Field(default=list(ABLATIONS), min_length=1, description="Variants: default, the paper's recipe, and the default with one element changed each")
     time_budget: PositiveFloat = Field(default=120.0, le=30 * 86400, description="Wall-clock seconds of training per variant")
     ngf: PositiveInt = Field(default=16, le=1024, description="Generator base width")
     ndf: PositiveInt = Field(default=16, le=1024, description="Discriminator base width (variants with a GAN term)")
     batch_size: PositiveInt = Field(default=8, description="Batch size")
     threads: PositiveInt | None = Field(default=None, le=4096, description="CPU threads for torch, at most the host's cores; None = all cores")
     seed: int = Field(default=0, ge=0, le=2**31 - 1, description="Seed of weights, split and shuffling")
+    repeats: PositiveInt = Field(default=1, le=100, description="Trainings per variant, with seeds seed, seed+1, ...")
     steps: PositiveInt = Field(default=60, le=100_000, description="Rollout steps on the test simulation")
+    extra_dataset: str | None = Field(default=None, pattern=FOLDER_NAME, description="Also roll every model out on each simulation of this dataset (for example longer simulations at Reynolds numbers no run trained on); None = none")
+    extra_steps: PositiveInt = Field(default=600, le=100_000, description="Steps of the rollouts on the extra dataset")
     name: str = Field(default="ablation", pattern=FOLDER_NAME, description="Report folder name under the data root's reports folder")
 
     @field_validator("variants")
@@ -294,9 +305,12 @@ class AblationSpec(Spec):
     def _distinct(cls, values: list) -> list:
         return once_each(values, "variant")
 
-    def train_spec(self, variant: str) -> TrainSpec:
+    def seeds(self) -> list[int]:
+        return [self.seed + i for i in range(self.repeats)]
+
+    def train_spec(self, variant: str, seed: int | None = None) -> TrainSpec:
         values = {"dataset": self.dataset, "batch_sizes": [self.batch_size], "ngf": self.ngf, "ndf": self.ndf,
-                  "time_budget": self.time_budget, "threads": self.threads, "seed": self.seed}
+                  "time_budget": self.time_budget, "threads": self.threads, "seed": self.seed if seed is None else seed}
         return TrainSpec(**(values | ABLATIONS[variant]))
 
 

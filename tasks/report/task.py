@@ -127,29 +127,66 @@ def cheapest_to_target(entries: list["Entry"], link=lambda rid: rid[:8]) -> str:
     return "**Cheapest device to the quality target** (at the price table's prices; among the runs that reached it):\n\n" + "\n".join(lines) + "\n"
 
 
-ABLATION_COLUMNS = ("one_step_rel_l2_u", "one_step_rel_l2_vorticity", "one_step_skill_u", "horizon_u", "horizon_vorticity",
+ABLATION_COLUMNS = ("one_step_rel_l2_u", "one_step_rel_l2_vorticity", "one_step_skill_u", "one_step_skill_vorticity", "horizon_u", "horizon_vorticity",
                     "strouhal_rel_error", "correlation_periods", "energy_ratio_final", "horizon_vorticity_lagged", "frequency_rel_error_phase")
 
 
-def ablation_row(variant: str, trained: dict, rolled: dict) -> dict:
-    """One row of the ablation table from a training result and its rollout's summary."""
+# The long rollouts' scores an ablation row keeps: the worst over the extra simulations, each by its own sense of worse.
+LONG_COLUMNS = {"horizon_u": min, "horizon_vorticity": min, "horizon_vorticity_lagged": min, "correlation_periods": min,
+                "energy_ratio_max_deviation": max, "shedding_amplitude_ratio": lambda values: max(values, key=lambda a: abs(a - 1)),
+                "frequency_rel_error_phase": lambda values: max(values, key=abs)}
+
+
+def ablation_row(variant: str, seed: int, trained: dict, rolled: dict, long: list[dict]) -> dict:
+    """One row of the ablation table from a training result, its rollout on the test simulation and its
+    ``long`` rollouts (columns ``long_*``: the worst over them; NaN where there are none or a score is missing)."""
     nan = float("nan")
-    return {"variant": variant, "train_run": trained["run_id"][:8], "epochs": trained["epochs"],
+    worst = {}
+    for key, pick in LONG_COLUMNS.items():
+        values = [r[key] for r in long if r.get(key) is not None and r[key] == r[key]]
+        worst[f"long_{key}"] = pick(values) if values and len(values) == len(long) else nan
+    return {"variant": variant, "seed": seed, "train_run": trained["run_id"][:8], "epochs": trained["epochs"],
             "train_time_s": trained.get("train_time_s", nan), "time_to_target_s": trained.get("time_to_target_s", nan),
-            **{k: rolled.get(k, nan) for k in ABLATION_COLUMNS}}
+            **{k: rolled.get(k, nan) for k in ABLATION_COLUMNS}, **worst}
+
+
+def ablation_medians(rows: list[dict]) -> list[dict]:
+    """Per variant (in the rows' order): its finished runs and the median over them of every numeric column
+    (NaN where no run has a value)."""
+    import statistics
+
+    out = []
+    for variant in dict.fromkeys(r["variant"] for r in rows):
+        done = [r for r in rows if r["variant"] == variant and r["train_run"] != "FAILED"]
+        row = {"variant": variant, "runs": len(done)}
+        for key in (k for k in rows[0] if k not in ("variant", "seed", "train_run")):
+            values = [r[key] for r in done if isinstance(r.get(key), (int, float)) and r[key] == r[key]]
+            row[key] = float(statistics.median(values)) if values else float("nan")
+        out.append(row)
+    return out
 
 
 @task(name="write-ablation")
-def write_ablation(settings: Settings, name: str, params: dict, rows: list[dict], simulation: str) -> dict:
+def write_ablation(settings: Settings, name: str, params: dict, rows: list[dict], simulation: str, extra: list[str] = ()) -> dict:
     """``ablation.md`` and ``ablation.json`` under the report folder, logged to an MLflow run of stage ablation."""
     import json
 
     out = settings.report_dir(name)
     out.mkdir(parents=True, exist_ok=True)
+    seeds = ", ".join(str(s) for s in sorted({r["seed"] for r in rows}))
+    shown = [{k: v for k, v in r.items() if extra or not k.startswith("long_")} for r in rows]
+    long = (f" Each model was also rolled out {params['extra_steps']} steps on every simulation of dataset "
+            f"`{params['extra_dataset']}` ({', '.join(extra)}); the `long_` columns are the worst over those rollouts "
+            f"(the shortest horizon, the largest energy deviation and frequency error, the shedding amplitude farthest from 1)."
+            if extra else "")
     text = (f"# Training recipe ablation `{name}`\n\nEach variant trained for {params['time_budget']:g} s on dataset "
-            f"`{params['dataset']}` (ngf {params['ngf']}, batch {params['batch_size']}, seed {params['seed']}), then rolled out "
+            f"`{params['dataset']}` (ngf {params['ngf']}, batch {params['batch_size']}, seeds {seeds}), then rolled out "
             f"{params['steps']} steps on the held-out simulation `{simulation}`; horizons count steps with u error <= 0.1 "
-            f"and vorticity error <= 0.3 (relative L2).\n\n" + markdown_table(rows))
+            f"and vorticity error <= 0.3 (relative L2).{long}\n\n"
+            + markdown_table(shown))
+    if len({r["seed"] for r in rows}) > 1:
+        text += "\n## Medians over the seeds\n\nPer variant, the median of each column over its runs that finished.\n\n"
+        text += markdown_table([{k: v for k, v in m.items() if extra or not k.startswith("long_")} for m in ablation_medians(rows)])
     (out / "ablation.md").write_text(text)
     (out / "ablation.json").write_text(json.dumps(rows, indent=2))
     with mlflow_run(settings, "ablation", f"ablation-{name}", params=params) as run:

@@ -28,6 +28,8 @@ def test_overrides_rename_the_recipe_only_when_they_change_it():
         base.with_overrides(unroll=0)
     with pytest.raises(ValueError, match="neither an adversarial nor an L1 term"):
         base.with_overrides(l1_weight=0.0)
+    with pytest.raises(ValueError, match="damping 0.5 filters the predicted change: it needs predict delta, not state"):
+        base.with_overrides(predict="state", damping=0.5)
 
 
 def test_the_paper_recipe_is_the_studys_pix2pix():

@@ -152,7 +152,7 @@ class KarmanKeras:
             pip_requirements=[f"tensorflow=={tf.__version__}", "keras", "numpy"],
             metadata={"inputs": list(meta["inputs"]), "outputs": list(meta["outputs"]), "recipe": meta["recipe"], "dataset": meta["dataset"],
                       "dataset_digest": meta["dataset_digest"], "frame_stride": meta["frame_stride"], "normalizer": meta["normalizer"],
-                      "predict": meta["predict"], "delta_scale": meta["delta_scale"], "layout": "NHWC, network units"})
+                      "predict": meta["predict"], "delta_scale": meta["delta_scale"], "damping": meta["damping"], "layout": "NHWC, network units"})
         run.set_tags({Tag.MODEL_URI: info.model_uri})
         return info.model_uri
 

@@ -134,7 +134,8 @@ def log_surrogate(settings, run, generator: torch.nn.Module, data: KarmanData, m
     from models.nets.surrogate import Surrogate
 
     codec = data.codec
-    model = Surrogate(generator.eval(), codec.norm.center, codec.norm.scale, codec.delta_scale, codec.norm.reynolds).eval()
+    model = Surrogate(generator.eval(), codec.norm.center, codec.norm.scale, codec.delta_scale, codec.norm.reynolds,
+                      codec.damping).eval()
     example = np.ascontiguousarray(largest_corner(data.train.physical([0])[0], 2**data.net.generator_depth), dtype=np.float32)  # (1, 4 or 5, H, W)
     with torch.no_grad():
         out = model(torch.from_numpy(example)).numpy()
