@@ -218,6 +218,7 @@ class InferSpec(Spec):
     start_frame: int = Field(default=0, ge=0, description="Reference frame the rollout starts from")
     threshold_u: PositiveFloat = Field(default=0.1, description="Relative L2 error of u that ends the rollout's useful horizon (horizon_u)")
     threshold_vorticity: PositiveFloat = Field(default=0.3, description="Relative L2 error of vorticity that ends the rollout's useful horizon (horizon_vorticity)")
+    hold_inflow: bool = Field(default=False, description="Hold u and v of the inlet column at the first frame's values after every step (the inflow is steady), as u, v and p inside the obstacle are always held at zero")
     cell: SkipJsonSchema[CellKey | None] = Field(default=None, description=CELL_DESCRIPTION)
 
     @model_validator(mode="after")

@@ -37,7 +37,7 @@ def run_scored(spec: InferSpec, settings: Settings, run: Run, setup: RolloutPlan
     frames = with_condition(load_frames(settings.dataset_dir(setup.dataset), sim), setup.sim_spec.reynolds if conditioned else None)
     steps = rollout_steps(len(frames), spec.start_frame, stride, spec.steps)
     plan = setup.tiles
-    run.log_params({"rollout_simulation": sim, "rollout_steps": steps, "frame_stride": stride, "device_name": device_name,
+    run.log_params({"rollout_simulation": sim, "rollout_steps": steps, "frame_stride": stride, "device_name": device_name, "hold_inflow": spec.hold_inflow,
                     "rollout_dataset": setup.dataset, "dataset_digest": meta["dataset_digest"], "model_run_id": setup.model_run_id,
                     "tile_shape": f"{plan.tile[0]}x{plan.tile[1]}", "tiles": plan.count, "tile_overhead": round(plan.overhead, 4),
                     "group_size": predictor.group, "frame": f"{plan.height}x{plan.width}", **setup.regime})
@@ -63,7 +63,7 @@ def run_scored(spec: InferSpec, settings: Settings, run: Run, setup: RolloutPlan
             seams.append(max(relative_l2(pred[c], full[c]) for c in range(len(OUTPUTS))))
         return pred
 
-    for step in roll(predict, codec, frames, setup.sim_spec, stride, steps, score, spec.start_frame):
+    for step in roll(predict, codec, frames, setup.sim_spec, stride, steps, score, spec.start_frame, spec.hold_inflow):
         metrics = step.metrics | {"step_latency_s": latencies[-1]} | {f"{name}_s": getattr(phases[-1], name) for name in PHASES}
         if seams:
             metrics["step_seam_rel_error"] = seams[-1]

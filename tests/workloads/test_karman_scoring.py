@@ -54,3 +54,19 @@ def test_without_two_periods_of_reference_there_is_no_lag_window():
     s = rolled(synthetic_frames(12), 8, lead=0)
     assert np.isnan(s["horizon_vorticity_lagged"]) and np.isnan(s["final_lag_steps"]) and np.isnan(s["frequency_rel_error_phase"])
     assert s["final_rel_l2_vorticity"] == 0.0 and s["horizon_vorticity_lowpass"] == 8
+
+
+@pytest.mark.parametrize("hold", [False, True])
+def test_holding_the_inflow_sets_the_inlet_velocity_back_and_nothing_else(hold):
+    """A 'network' that drifts everywhere: with hold_inflow the inlet column's u and v are the first frame's after
+    every step (its pressure and every other cell keep the prediction); the obstacle is zeroed either way."""
+    frames = synthetic_frames(10)
+    codec = StepCodec(Normalizer(center=[0.0] * 3, scale=[1.0] * 3))
+    steps = list(roll(lambda state, cond: state[:3] + 0.01, codec, frames, SIM, 1, 3, RolloutScore(0.25), hold_inflow=hold))
+    mask = frames[0, 3] > 0.5
+    last = steps[-1].pred  # (3, H, W): three drifts of 0.01 from the first frame
+    assert np.all(last[:, mask] == 0.0)
+    inlet = frames[0, :2, :, 0] if hold else frames[0, :2, :, 0] + 0.03
+    np.testing.assert_allclose(last[:2, :, 0], inlet, atol=1e-6)
+    np.testing.assert_allclose(last[2, :, 0], frames[0, 2, :, 0] + 0.03, atol=1e-6)
+    np.testing.assert_allclose(last[:, :, 1][:, ~mask[:, 1]], (frames[0, :3, :, 1] + 0.03)[:, ~mask[:, 1]], atol=1e-6)

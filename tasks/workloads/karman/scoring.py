@@ -87,11 +87,12 @@ class Step:
 
 
 def roll(predict: Callable[[np.ndarray, np.ndarray], np.ndarray], codec: StepCodec, frames: np.ndarray, sim: SimulationSpec,
-         stride: int, steps: int, score: RolloutScore, start: int = 0) -> Iterator[Step]:
+         stride: int, steps: int, score: RolloutScore, start: int = 0, hold_inflow: bool = False) -> Iterator[Step]:
     """Roll a network out from ``frames[start]`` (frames: (T, 4, H, W) physical u, v, p, mask; a
     conditioned model's Reynolds number a fifth channel) for ``steps`` steps of ``stride`` frames, scoring each against the reference into ``score``.
     ``predict(state, cond)`` maps the physical state (4 or 5, H, W) and its network-unit encoding to the
-    next physical state (3, H, W); velocities and pressure inside the obstacle are zeroed after it."""
+    next physical state (3, H, W); velocities and pressure inside the obstacle are zeroed after it, and
+    with ``hold_inflow`` u and v of the inlet column (x = 0) are set back to the first frame's."""
     first = frames[start]  # (4 or 5, H, W)
     mask = first[3] > 0.5
     fluid = ~mask
@@ -102,6 +103,8 @@ def roll(predict: Callable[[np.ndarray, np.ndarray], np.ndarray], codec: StepCod
     for n in range(1, steps + 1):
         pred = predict(state, codec.norm.encode(state))  # (3, H, W) physical
         pred[:, mask] = 0.0
+        if hold_inflow:
+            pred[:2, :, 0] = first[:2, :, 0]
         state = np.concatenate([pred, first[3:]])  # the mask (and a condition) as they were
         ref = frames[start + n * stride, :3]
         w_pred, w_ref = vorticity(pred[0], pred[1], mask), vorticity(ref[0], ref[1], mask)
