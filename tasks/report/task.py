@@ -175,7 +175,10 @@ def write_ablation(settings: Settings, name: str, params: dict, rows: list[dict]
     out = settings.report_dir(name)
     out.mkdir(parents=True, exist_ok=True)
     seeds = ", ".join(str(s) for s in sorted({r["seed"] for r in rows}))
-    shown = [{k: v for k, v in r.items() if extra or not k.startswith("long_")} for r in rows]
+
+    def shown(row: dict) -> dict:  # the long_ columns where there were long rollouts
+        return {k: v for k, v in row.items() if extra or not k.startswith("long_")}
+
     long = (f" Each model was also rolled out {params['extra_steps']} steps on every simulation of dataset "
             f"`{params['extra_dataset']}` ({', '.join(extra)}); the `long_` columns are the worst over those rollouts "
             f"(the shortest horizon, the largest energy deviation and frequency error, the shedding amplitude farthest from 1)."
@@ -184,10 +187,10 @@ def write_ablation(settings: Settings, name: str, params: dict, rows: list[dict]
             f"`{params['dataset']}` (ngf {params['ngf']}, batch {params['batch_size']}, seeds {seeds}), then rolled out "
             f"{params['steps']} steps on the held-out simulation `{simulation}`; horizons count steps with u error <= 0.1 "
             f"and vorticity error <= 0.3 (relative L2).{long}\n\n"
-            + markdown_table(shown))
+            + markdown_table([shown(r) for r in rows]))
     if len({r["seed"] for r in rows}) > 1:
         text += "\n## Medians over the seeds\n\nPer variant, the median of each column over its runs that finished.\n\n"
-        text += markdown_table([{k: v for k, v in m.items() if extra or not k.startswith("long_")} for m in ablation_medians(rows)])
+        text += markdown_table([shown(m) for m in ablation_medians(rows)])
     (out / "ablation.md").write_text(text)
     (out / "ablation.json").write_text(json.dumps(rows, indent=2))
     with mlflow_run(settings, "ablation", f"ablation-{name}", params=params) as run:
