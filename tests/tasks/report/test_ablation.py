@@ -44,3 +44,20 @@ def test_medians_are_per_variant_over_the_runs_that_finished():
     assert (medians["default"]["runs"], medians["default"]["epochs"], medians["default"]["horizon_vorticity"]) == (3, 11, 55)
     assert (medians["stride-2"]["runs"], medians["stride-2"]["epochs"], medians["stride-2"]["horizon_vorticity"]) == (1, 5, 30)
     assert math.isnan(medians["default"]["long_horizon_u"])
+
+
+def test_the_written_ablation_has_the_long_columns_only_with_long_rollouts_and_medians_only_over_seeds(workdir):
+    from tasks.common.settings import Settings
+    from tasks.report.task import write_ablation
+
+    settings = Settings.from_env()
+    params = {"time_budget": 300.0, "dataset": "demo", "ngf": 16, "batch_size": 8, "steps": 60, "extra_dataset": "long", "extra_steps": 600}
+    rows = [ablation_row("default", s, {"run_id": f"{s}" * 32, "epochs": 10 + s}, rollout(), [rollout(correlation_periods=9.0 + s)])
+            for s in (0, 1, 2)]
+    text = open(write_ablation.fn(settings, "two", params, rows, "sim-110", ["sim-105"])["report"]).read()
+    assert "seeds 0, 1, 2" in text and "600 steps on every simulation of dataset `long` (sim-105)" in text
+    medians = text.split("## Medians over the seeds")[1]
+    assert "long_correlation_periods" in medians and "| default | 3 | 11 |" in medians  # runs, median epochs
+    single = open(write_ablation.fn(settings, "one", params | {"extra_dataset": None}, [ablation_row("default", 0, {"run_id": "0" * 32, "epochs": 3}, rollout(), [])],
+                                    "sim-110")["report"]).read()
+    assert "long_" not in single and "Medians" not in single and "seeds 0," not in single
