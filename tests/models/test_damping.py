@@ -1,5 +1,4 @@
-"""The damping of the predicted change's highest wavenumbers: its transfer function on known modes, the
-same numbers in numpy and torch, and where a rollout applies it."""
+"""The damping of the predicted change's highest wavenumbers: its transfer function, numpy = torch, and its use in rollouts."""
 
 import numpy as np
 import pytest

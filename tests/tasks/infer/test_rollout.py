@@ -170,8 +170,9 @@ def test_a_model_conditioned_on_the_reynolds_number_rolls_out_with_each_simulati
     import mlflow.pytorch
     import torch
 
-    mlflow.set_tracking_uri(env["MLFLOW_TRACKING_URI"])
-    surrogate = mlflow.pytorch.load_model(f"runs:/{run_id}/generator")
+    with pytest.MonkeyPatch.context() as patch:  # the store for this load only: mlflow.set_tracking_uri would outlive the test
+        patch.setenv("MLFLOW_TRACKING_URI", env["MLFLOW_TRACKING_URI"])
+        surrogate = mlflow.pytorch.load_model(f"runs:/{run_id}/generator")
     state = torch.zeros(1, 5, 32, 64)
     state[:, 0] = 0.05
     outs = []
