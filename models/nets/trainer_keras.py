@@ -18,6 +18,10 @@ from models.nets.pix2pix_keras import build_discriminator, build_generator
 from models.recipe import OptimConfig
 
 
+ADAM_EPSILON = 1e-8  # torch's default; Keras' is 1e-7
+AGREED = "agreed"  # the key of train_step's reduced flags
+
+
 def damp(x, strength: float):
     """x (B, H, W, C) with its highest wavenumbers damped by ``strength``: models.damping.damp in TensorFlow."""
     if strength == 0:
@@ -29,9 +33,6 @@ def damp(x, strength: float):
         lo, mid, hi = (tf.gather(padded, tf.range(i, i + n), axis=axis) for i in range(3))
         blurred = 0.25 * lo + 0.5 * mid + 0.25 * hi
     return x - strength * (x - blurred)
-
-ADAM_EPSILON = 1e-8  # torch's default; Keras' is 1e-7
-AGREED = "agreed"  # the key of train_step's reduced flags
 
 
 class TorchAdam(keras.optimizers.Adam):
