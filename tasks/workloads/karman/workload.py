@@ -93,8 +93,14 @@ def check(settings, spec, batch_sizes: list[int], world: int, memory: int | None
     """What can be refused before any run starts (reads the dataset's metadata only): the frames must
     fit the U-Net, each batch must split over the devices and fit in the training pairs, and (given a
     device's ``memory`` in bytes) the estimated memory of a step must fit it."""
-    _, _, _, recipe, source = _pairs(settings, spec)
+    _, manifest, split, recipe, source = _pairs(settings, spec)
     net = _net(source, spec, recipe)
+    if spec.stop_at_target and spec.validate_every and split["val"]:
+        shortest = min((int(manifest["simulations"][s]["frames"]) - 1) // spec.frame_stride for s in split["val"])
+        if spec.target_steps > shortest:
+            raise UserError(f"target_steps {spec.target_steps} exceeds the {shortest} steps of frame stride {spec.frame_stride} that the shortest "
+                            f"validation simulation of dataset {spec.dataset!r} holds, so --stop-at-target could never stop; "
+                            f"use --target-steps {shortest} or less, or a smaller stride")
     for b in batch_sizes:
         if b % world:
             raise UserError(f"batch size {b} does not split evenly over {world} devices; use a multiple of {world}")

@@ -193,6 +193,8 @@ def test_a_loss_turning_nan_stops_the_run_and_keeps_the_last_good_checkpoint(tra
         (("--epochs", "100000000"), None, ("--epochs: Input should be less than or equal to 100000",)),
         (("--threads", "4096"), None, ("--threads 4096 exceeds the", "CPU cores of this host")),
         (("--ngf", "1024", "--ndf", "1024"), None, ("ngf 1024 and ndf 1024 at batch 8 need about", "GiB a device", "use narrower networks")),
+        (("--stop-at-target", "--target-steps", "6", "--validate-steps", "10", "--frame-stride", "2"), None,
+         ("target_steps 6 exceeds the 5 steps of frame stride 2 that the shortest validation simulation", "use --target-steps 5 or less")),
     ],
 )
 def test_bad_training_input_is_refused_with_one_line(trainable, args, env, fragments):
