@@ -6,6 +6,9 @@ import sys
 
 # No telemetry from the embedded Prefect server: these machines may have no internet at all.
 os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+# The embedded server starts in seconds on an idle host but can take longer than Prefect's default wait when
+# training or tests hold every core: a command should wait for it, not fail.
+os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "120")
 # MLflow's database set-up chatter is not the user's business on the command line.
 os.environ.setdefault("MLFLOW_LOGGING_LEVEL", "WARNING")
 
