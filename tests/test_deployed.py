@@ -104,7 +104,9 @@ def test_quick_benchmark_deployed_on_real_servers_and_a_worker(tmp_path, monkeyp
         assert deploy.returncode == 0, deploy.stdout[-3000:] + deploy.stderr[-3000:]
 
         uri = f"http://127.0.0.1:{mlflow_port}"
-        worker_env = {"MLFLOW_TRACKING_URI": uri, "KARMAN_DATA_ROOT": str(tmp_path / "data"), "KARMAN_EXPERIMENT": "deployed"}
+        # (the workers poll every 2 s, not Prefect's 10: each run sent below starts without waiting out a poll)
+        worker_env = {"MLFLOW_TRACKING_URI": uri, "KARMAN_DATA_ROOT": str(tmp_path / "data"), "KARMAN_EXPERIMENT": "deployed",
+                      "PREFECT_WORKER_QUERY_SECONDS": "2"}
         worker, worker_log = services.start("worker", ["infra/start-worker.sh", "cpu"], worker_env)
 
         from prefect.client.orchestration import get_client
@@ -285,8 +287,8 @@ def test_quick_benchmark_deployed_on_real_servers_and_a_worker(tmp_path, monkeyp
                                                               parameters={"spec": {**tiny, "seed": seed}})
 
             sent = [send("cpu", 10), send("cpu", 11)]
-            # the gpu pool's cell is sent once a cpu cell runs: sent with them, it could be done before the cpu
-            # worker's next poll (a cell of three steps takes about as long as a worker's 10 s between polls)
+            # the gpu pool's cell is sent once a cpu cell runs: sent with them, its three steps could be done before
+            # the cpu worker's next poll picked up the cpu cells
             until(lambda: any(client.read_flow_run(r.id).state.is_running() for r in sent), 300, "no cpu cell running")
             sent.append(send("gpu", 12))
             for flow_run in sent:

@@ -43,7 +43,8 @@ def test_torch_and_keras_take_the_same_four_tape_step(stepped):
         assert keras_["second"][name] == pytest.approx(value, rel=1e-2), name
     assert torch_["second"]["loss_g"] < torch_["first"]["loss_g"]  # the generator learns (its energy sum first)
     for r in stepped.values():
-        assert r["restored"] and r["second"] == r["second_fresh"]  # a checkpoint carries both networks and both optimisers
+        assert r["restored"] and r["second"] == r["second_fresh"]  # a checkpoint carries both networks, the average and both optimisers
+        assert r["averaged"]  # the generator's moving average after one step (nets.average_decay)
         assert r["flags"] == pytest.approx([0.0, 0.0, 1.5]) and r["generated_sum"] > 0
         assert set(r["scores"]) == {"longitudinal_err", "sampling_fraction_err", "x_err", "y_err", "resolution_err"}
     shares = dict(torch_["shares"])

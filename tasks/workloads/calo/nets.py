@@ -18,6 +18,10 @@ order (x, y, z):
   cells of 3 X0 across, the 25 layers kept, so the longitudinal profile and the energy sum are those of the
   published grid); the generator starts from a (5, 5, 8) seed upsampled by (4, 4, 6) so that the same
   convolutions end at (17, 17, 25), and the angle head measures in X0 (cells 3 wide).
+* ``energy_scaled``: a calorimeter's response is close to linear in the primary's energy, which the published
+  generator has to learn from one of its latent inputs; with it the last layer's output is multiplied by
+  (E / 100 GeV)^POWER (the first latent input to that power: the image holds deposits^POWER), so the network
+  learns a 100 GeV shower's shape and its energy dependence beyond the linear one. It adds no weights.
 
 Weights in one layout for every framework: conv kernels (kx, ky, kz, in, out), dense kernels (in, out).
 """
@@ -42,12 +46,18 @@ LEARNING_RATE = 1e-3  # RMSprop, both networks (Keras' defaults otherwise: rho 0
 @dataclass(frozen=True)
 class NetConfig:
     """latent: the generator's input size (2 conditions + noise); width: channel multiplier; dropout: the
-    discriminator's rate; pool: cells merged across per side (1: the published 51 x 51 grid, 3: 17 x 17)."""
+    discriminator's rate; pool: cells merged across per side (1: the published 51 x 51 grid, 3: 17 x 17);
+    energy_scaled: the generator's image multiplied by (E / 100 GeV)^POWER, so that its deposits are a 100 GeV
+    shower's scaled by the primary's energy (not in the published network: no weights, see the module);
+    average: the decay of a moving average of the generator's weights that generates for validation, test and
+    the saved model (0: none, as published; see average_decay)."""
 
     latent: int = 256
     width: float = 1.0
     dropout: float = 0.2
     pool: int = 1
+    energy_scaled: bool = False
+    average: float = 0.0
 
     def __post_init__(self):
         if self.pool not in GRIDS:
@@ -73,6 +83,13 @@ class NetConfig:
     def cell(self) -> tuple[float, float, float]:
         """A cell's (x, y, z) extent in published cells (X0): what the angle head measures in."""
         return (float(self.pool), float(self.pool), 1.0)
+
+
+def average_decay(cfg: NetConfig, updates: int) -> float:
+    """The old average's weight in the generator's moving average after ``updates`` earlier steps: cfg.average,
+    less at first ((1 + n) / (10 + n)), so that the initial weights fade out within the first steps. Batch-norm
+    statistics are copied, not averaged (they are moving averages already)."""
+    return min(cfg.average, (1.0 + updates) / (10.0 + updates))
 
 
 PUBLISHED = NetConfig()

@@ -4,7 +4,7 @@ import math
 
 import numpy as np
 
-from tasks.workloads.calo.nets import (BN_EPSILON, BN_MOMENTUM, LEAKY_SLOPE, LEARNING_RATE, LOSS_WEIGHTS, POWER,
+from tasks.workloads.calo.nets import (BN_EPSILON, BN_MOMENTUM, LEAKY_SLOPE, LEARNING_RATE, LOSS_WEIGHTS, POWER, average_decay,
                                        NetConfig, discriminator_convs, generator_convs, initial_weights, seed_channels)
 from tasks.workloads.calo.workload import CaloData, CaloTrainer
 
@@ -47,6 +47,8 @@ def build_generator(cfg: NetConfig):
         x = layers.Conv3D(c.cout, c.kernel, activation="relu", name=c.name)(x)
         if c.bn:
             x = _batch_norm(f"{c.name}_bn")(x)
+    if cfg.energy_scaled:  # deposits^POWER of a 100 GeV shower, scaled to the primary's energy (E / 100 GeV, the first input)
+        x = x * keras.ops.power(keras.ops.maximum(z[:, :1], 0.0), POWER)[:, None, None, None, :]
     return keras.Model(z, x, name="generator")
 
 
@@ -174,6 +176,11 @@ class CaloKeras(CaloTrainer):
             self.opt_d = keras.optimizers.RMSprop(LEARNING_RATE, rho=0.9, epsilon=EPSILON)
             self.opt_g.build(self.g.trainable_variables)
             self.opt_d.build(self.d.trainable_variables)
+            # the generator's moving average (nets.average_decay), which generates wherever the trainer's showers are scored
+            self.g_avg = build_generator(self.cfg) if self.cfg.average else None
+            self.averaged = tf.Variable(0, dtype="int64", trainable=False, name="averaged")
+        if self.g_avg is not None:
+            load_weights(self.g_avg, weights_of(self.g))
         self.speed = {"threads": runtime.threads, "jit_compile": spec.compile == "on"}
         self._dtype = np.dtype(keras.config.floatx())  # float32 (float64 in the tests)
         g, d, opt_g, opt_d = self.g, self.d, self.opt_g, self.opt_d
@@ -200,12 +207,25 @@ class CaloKeras(CaloTrainer):
             return {"loss_d_real": loss_real, "loss_d_fake": loss_fake, "loss_g_first": loss_g[0], "loss_g_second": loss_g[1],
                     "loss_g": (loss_g[0] + loss_g[1]) / 2}
 
-        def step(b):
+        live, avg, cfg = _named(g), _named(self.g_avg) if self.g_avg is not None else {}, self.cfg
+
+        live, avg = _named(g), _named(self.g_avg) if self.g_avg is not None else {}
+
+        def step(b, decay):
             per_replica = strategy.run(replica_step, args=(b,))
+            for name, a in avg.items():  # (in the cross-replica context: every replica's copy takes the same values)
+                a.assign(live[name] if "moving" in name else decay * a + (1.0 - decay) * live[name])
+            if avg:
+                self.averaged.assign_add(1)
             return {k: strategy.reduce(tf.distribute.ReduceOp.MEAN, v, axis=None) for k, v in per_replica.items()}
 
         self._step = tf.function(step, jit_compile=spec.compile == "on")
-        self._generate = tf.function(lambda z: g(z, training=False), reduce_retracing=True)
+        self._generate = tf.function(lambda z: self.generator(z, training=False), reduce_retracing=True)
+
+    @property
+    def generator(self):
+        """The generator that generates: the moving average where there is one."""
+        return self.g if self.g_avg is None else self.g_avg
 
     def _device(self, batch: dict[str, np.ndarray]):
         """This worker's batch in the network's float type, split over its replicas (the latent as three (b, latent) arrays: batch first)."""
@@ -213,17 +233,19 @@ class CaloKeras(CaloTrainer):
         return self.runtime.distribute(batch | {"latent": tuple(batch["latent"])})
 
     def step(self, batch, flags: list[float], progress: float):
-        losses = {k: float(v) for k, v in self._step(batch).items()}  # reading the losses waits for the step
+        decay = np.asarray(average_decay(self.cfg, int(self.averaged.numpy())) if self.g_avg is not None else 0.0, self._dtype)
+        losses = {k: float(v) for k, v in self._step(batch, decay).items()}  # reading the losses waits for the step
         return losses, self.runtime.agree(flags)
 
     def generate_images(self, latent: np.ndarray) -> np.ndarray:
         return self._generate(latent.astype(self._dtype, copy=False)).numpy()
 
     def weights(self) -> dict[str, dict[str, np.ndarray]]:
-        return {"generator": weights_of(self.g), "discriminator": weights_of(self.d)}
+        return {"generator": weights_of(self.generator), "discriminator": weights_of(self.d)}
 
     def _all(self) -> list:
-        return self.g.weights + self.d.weights + self.opt_g.variables + self.opt_d.variables
+        averaged = self.g_avg.weights + [self.averaged] if self.g_avg is not None else []
+        return self.g.weights + self.d.weights + self.opt_g.variables + self.opt_d.variables + averaged
 
     def state(self) -> dict:
         return {f"{i:04d}": np.asarray(v.numpy()) for i, v in enumerate(self._all())}

@@ -1,5 +1,6 @@
 """The 3DGAN in PyTorch: the generator and discriminator layer by layer as nets.py describes them (weights in its one layout), and the trainer of the published four-tape step."""
 
+import copy
 import math
 import time
 
@@ -8,7 +9,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from tasks.workloads.calo.nets import (BN_EPSILON, BN_MOMENTUM, LEAKY_SLOPE, LEARNING_RATE, LOSS_WEIGHTS, POWER,
+from tasks.workloads.calo.nets import (BN_EPSILON, BN_MOMENTUM, LEAKY_SLOPE, LEARNING_RATE, LOSS_WEIGHTS, POWER, average_decay,
                                        NetConfig, discriminator_convs, flat_features, generator_convs, initial_weights, seed_channels)
 from tasks.workloads.calo.workload import CaloData, CaloTrainer
 
@@ -90,6 +91,8 @@ class Generator(nn.Module):
             x = F.relu(self.layers.conv[c.name](F.pad(x, _pad(c))))
             if c.bn:
                 x = self.layers.bn[c.name](x)
+        if self.cfg.energy_scaled:  # deposits^POWER of a 100 GeV shower, scaled to the primary's energy (E / 100 GeV, the first input)
+            x = x * z[:, :1].clamp(min=0.0).pow(POWER).view(-1, 1, 1, 1, 1)
         return x.permute(0, 2, 3, 4, 1)  # (B, 51, 51, 25, 1)
 
     def load_weights(self, weights: dict[str, np.ndarray]) -> None:
@@ -235,6 +238,9 @@ class CaloTorch(CaloTrainer):
         self.runtime = runtime
         self.g, self.d = build_networks(self.cfg, initial_weights(self.cfg, spec.seed))
         self.g.to(ctx.device), self.d.to(ctx.device)
+        # the generator's moving average (nets.average_decay), which generates wherever the trainer's showers are scored
+        self.g_avg = copy.deepcopy(self.g).requires_grad_(False).eval() if self.cfg.average else None
+        self.averaged = 0
         self.opt_g, self.opt_d = RMSprop(self.g.parameters()), RMSprop(self.d.parameters())
         self.speed = {"threads": runtime.threads, "precision": spec.precision}
         self._sections: dict[str, float] | None = None
@@ -298,29 +304,54 @@ class CaloTorch(CaloTrainer):
                 self._update(loss_g[-1], self.opt_g)
         finally:
             self.d.requires_grad_(True)
+        self._average()
         ctx.step_end()
         losses = {"loss_d_real": loss_real.detach(), "loss_d_fake": loss_fake.detach(), "loss_g_first": loss_g[0].detach(),
                   "loss_g_second": loss_g[1].detach(), "loss_g": (loss_g[0].detach() + loss_g[1].detach()) / 2}
         return self.runtime.reduce(losses, flags)
 
     @torch.no_grad()
+    def _average(self) -> None:
+        if self.g_avg is None:
+            return
+        decay = average_decay(self.cfg, self.averaged)
+        self.averaged += 1
+        for avg, p in zip(self.g_avg.parameters(), self.g.parameters()):
+            avg.lerp_(p, 1.0 - decay)
+        for avg, b in zip(self.g_avg.buffers(), self.g.buffers()):
+            avg.copy_(b)
+
+    @property
+    def generator(self) -> Generator:
+        """The generator that generates: the moving average where there is one."""
+        return self.g if self.g_avg is None else self.g_avg
+
+    @torch.no_grad()
     def generate_images(self, latent: np.ndarray) -> np.ndarray:
-        self.g.eval()
+        g = self.generator
+        was_training = g.training
+        g.eval()
         try:
             with self.runtime.ctx.autocast():
-                return self.g(torch.from_numpy(latent).to(self.runtime.ctx.device, self.d.fake.weight.dtype)).float().cpu().numpy()
+                return g(torch.from_numpy(latent).to(self.runtime.ctx.device, self.d.fake.weight.dtype)).float().cpu().numpy()
         finally:
-            self.g.train()
+            g.train(was_training)
 
     def weights(self) -> dict[str, dict[str, np.ndarray]]:
-        return {"generator": self.g.weights(), "discriminator": self.d.weights()}
+        return {"generator": self.generator.weights(), "discriminator": self.d.weights()}
 
     def state(self) -> dict:
-        return {"g": self.g.state_dict(), "d": self.d.state_dict(), "opt_g": self.opt_g.state_dict(), "opt_d": self.opt_d.state_dict()}
+        state = {"g": self.g.state_dict(), "d": self.d.state_dict(), "opt_g": self.opt_g.state_dict(), "opt_d": self.opt_d.state_dict()}
+        if self.g_avg is not None:
+            state |= {"g_avg": self.g_avg.state_dict(), "averaged": self.averaged}
+        return state
 
     def load_state(self, state: dict) -> None:
         self.g.load_state_dict(state["g"]), self.d.load_state_dict(state["d"])
         self.opt_g.load_state_dict(state["opt_g"]), self.opt_d.load_state_dict(state["opt_d"])
+        if self.g_avg is not None:
+            self.g_avg.load_state_dict(state["g_avg"])
+            self.averaged = int(state["averaged"])
 
 
 def step_shares(trainer: CaloTorch, steps: int = 3) -> dict[str, float]:
