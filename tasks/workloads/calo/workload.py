@@ -321,7 +321,7 @@ class CaloTrainer:
                        "discriminator_parameters": counts["discriminator"]["trainable"], "optimizer": "RMSprop (rho 0.9, epsilon 1e-7)",
                        "learning_rate": LEARNING_RATE, "loss_weights": "/".join(f"{k} {w:g}" for k, w in LOSS_WEIGHTS.items()),
                        "generator_updates_per_step": 2, "label_flip_rate": FLIP_RATE, "target": TARGET, "split": SPLIT_RULE,
-                       "flops_per_sample": self.flops_per_sample}
+                       "flops_per_sample": self.flops_per_sample, "energy_scaled": self.cfg.energy_scaled, "generator_average": self.cfg.average}
         self.speed = {}
         self._reference: dict[str, dict] = {}
 
