@@ -30,9 +30,9 @@ def data_of():
 
 def steps(framework: str, dtype: str) -> dict:
     """Two steps of SMALL at half its width on the coarse grid (the same layers, fewer channels and cells across; the
-    published grid's outputs are compared in test_calo_workload), its output scaled by the primary's energy and a moving average of its generator, without
-    dropout (the label flips and noise come from numpy), seed 0, in ``dtype`` (float64: the frameworks' rounding out
-    of the way)."""
+    published grid's outputs are compared in test_calo_workload), its output scaled by the primary's energy, with a
+    moving average of its generator, without dropout (the label flips and noise come from numpy), seed 0, in
+    ``dtype`` (float64: the frameworks' rounding out of the way)."""
     if framework == "torch":
         import torch
 

@@ -207,8 +207,6 @@ class CaloKeras(CaloTrainer):
             return {"loss_d_real": loss_real, "loss_d_fake": loss_fake, "loss_g_first": loss_g[0], "loss_g_second": loss_g[1],
                     "loss_g": (loss_g[0] + loss_g[1]) / 2}
 
-        live, avg, cfg = _named(g), _named(self.g_avg) if self.g_avg is not None else {}, self.cfg
-
         live, avg = _named(g), _named(self.g_avg) if self.g_avg is not None else {}
 
         def step(b, decay):
