@@ -15,7 +15,7 @@ def main(latent: int, width: float, pool: int = 1) -> dict:
 
     from tasks.workloads.calo import tensorflow as kn
     from tasks.workloads.calo import torch as tn
-    from tasks.workloads.calo.nets import NetConfig, SMALL, initial_weights
+    from tasks.workloads.calo.nets import POWER, PROFILE_FLOOR, NetConfig, SMALL, initial_weights
 
     cfg = NetConfig(latent=latent, width=width, pool=pool)
     weights = initial_weights(cfg, 0)
@@ -36,6 +36,14 @@ def main(latent: int, width: float, pool: int = 1) -> dict:
         out["image_mean"] = float(t_img.numpy().mean())
         out["heads_torch"] = [h.numpy().ravel().tolist() for h in t_heads]
         out["heads_keras"] = [np.asarray(h).ravel().tolist() for h in k_heads]
+        # the generator's profile term (nets.py) of the generated images against the same images tilted in depth
+        real = t_img.numpy() * np.linspace(0.25, 4.0, t_img.shape[3], dtype=np.float32)[None, None, None, :, None]
+        share = lambda im: (lambda layers: (layers / layers.sum(1, keepdims=True)).mean(0))(  # noqa: E731
+            (np.maximum(im[..., 0].astype(np.float64), 0.0) ** (1 / POWER)).sum(axis=(1, 2)))
+        g_share, r_share = share(t_img.numpy()), share(real)
+        out["profile"] = {"numpy": float((((g_share - r_share) / np.maximum(r_share, PROFILE_FLOOR)) ** 2).mean()),
+                          "torch": float(tn.profile_loss(t_img, torch.from_numpy(real))), "keras": float(kn.profile_loss(k_img, real)),
+                          "same": float(tn.profile_loss(t_img, t_img)) + float(kn.profile_loss(k_img, k_img))}
         back = kn.weights_of(kd)
         out["round_trip"] = all(np.array_equal(back[k], v) for k, v in td.weights().items()) and set(back) == set(td.weights())
     return out

@@ -31,7 +31,7 @@ def data_of():
 def steps(framework: str, dtype: str) -> dict:
     """Two steps of SMALL at half its width on the coarse grid (the same layers, fewer channels and cells across; the
     published grid's outputs are compared in test_calo_workload), its output scaled by the primary's energy, with a
-    moving average of its generator, without dropout (the label flips and noise come from numpy), seed 0, in
+    moving average of its generator and the profile term in its loss, without dropout (the label flips and noise come from numpy), seed 0, in
     ``dtype`` (float64: the frameworks' rounding out of the way)."""
     if framework == "torch":
         import torch
@@ -45,7 +45,7 @@ def steps(framework: str, dtype: str) -> dict:
     from tasks.workloads import framework_module, get_workload
     from tasks.workloads.calo.nets import SMALL, average_decay
 
-    cfg = replace(SMALL, dropout=0.0, width=0.25, pool=3, energy_scaled=True, average=0.9)
+    cfg = replace(SMALL, dropout=0.0, width=0.25, pool=3, energy_scaled=True, average=0.9, profile=1.0)
     module = framework_module(get_workload("calo"), framework)
     trainer_class = module.CaloTorch if framework == "torch" else module.CaloKeras
     data, spec, runtime = data_of(), TrainSpec(workload="calo", dataset="calo", framework=framework, seed=0), runtime_of(framework)
@@ -58,6 +58,9 @@ def steps(framework: str, dtype: str) -> dict:
     after, decay = live(), average_decay(cfg, 0)  # the average after one step: decay x the initial weights + (1 - decay) x the stepped ones
     averaged = all(np.array_equal(v, after[k]) if "moving" in k else np.allclose(v, decay * before[k] + (1 - decay) * after[k], rtol=1e-5, atol=1e-7)
                    for k, v in trainer.weights()["generator"].items()) and not np.array_equal(before["g1/kernel"], after["g1/kernel"])
+    trainer.calibrate()  # the average's batch-norm statistics taken afresh from the calibration batches
+    statistics = {k: v.tolist() for k, v in trainer.weights()["generator"].items() if "moving" in k}
+    recalibrated = not any(np.allclose(statistics[k], after[k]) for k in statistics)
     with tempfile.TemporaryDirectory() as tmp:  # the checkpoint round trip: a fresh trainer takes the stepped one's state
         path = Path(tmp) / runtime.checkpoint
         runtime.save({"model": trainer.state(), "history": {"epoch": 1}}, path)
@@ -68,7 +71,7 @@ def steps(framework: str, dtype: str) -> dict:
         batch = next(trainer.batches(2, 1))
         second, second_fresh = trainer.step(batch, [0.0] * 3, 0.0)[0], fresh.step(batch, [0.0] * 3, 0.0)[0]
     shares = module.step_shares(trainer, 1) if framework == "torch" else {}
-    return {"shares": shares, "averaged": averaged, "first": first, "second": second, "second_fresh": second_fresh, "flags": flags, "restored": restored,
+    return {"shares": shares, "averaged": averaged, "statistics": statistics, "recalibrated": recalibrated, "first": first, "second": second, "second_fresh": second_fresh, "flags": flags, "restored": restored,
             "scores": trainer.evaluate(), "generated_sum": float(trainer.generate("val").sum())}
 
 

@@ -38,13 +38,17 @@ def test_torch_and_keras_take_the_same_four_tape_step(stepped):
     assert set(torch_["first"]) == {"loss_d_real", "loss_d_fake", "loss_g_first", "loss_g_second", "loss_g"}
     for name, value in torch_["first"].items():  # the four tapes of step 1, the updates between them included
         assert keras_["first"][name] == pytest.approx(value, rel=1e-5), name
+    # the average's batch-norm statistics after step 1, recomputed over the calibration batches: the same in both
+    assert set(torch_["statistics"]) == set(keras_["statistics"]) and len(torch_["statistics"]) == 10
+    for name, value in torch_["statistics"].items():
+        assert keras_["statistics"][name] == pytest.approx(value, rel=1e-3, abs=1e-6), name  # float32 weights a step apart
     # step 2 starts from weights that RMSprop's first, nearly sign-like update moved: float32 rounding grows to about 1e-3
     for name, value in torch_["second"].items():
         assert keras_["second"][name] == pytest.approx(value, rel=1e-2), name
     assert torch_["second"]["loss_g"] < torch_["first"]["loss_g"]  # the generator learns (its energy sum first)
     for r in stepped.values():
         assert r["restored"] and r["second"] == r["second_fresh"]  # a checkpoint carries both networks, the average and both optimisers
-        assert r["averaged"]  # the generator's moving average after one step (nets.average_decay)
+        assert r["averaged"] and r["recalibrated"]  # the generator's moving average after one step (nets.average_decay); its own statistics
         assert r["flags"] == pytest.approx([0.0, 0.0, 1.5]) and r["generated_sum"] > 0
         assert set(r["scores"]) == {"longitudinal_err", "sampling_fraction_err", "x_err", "y_err", "resolution_err"}
     shares = dict(torch_["shares"])

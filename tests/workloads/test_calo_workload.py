@@ -117,6 +117,9 @@ def test_torch_and_keras_have_the_published_parameter_counts_and_give_the_same_o
         assert small["image_mean"] > 0 and small["image_max_diff"] < 1e-4 and small["round_trip"]
         for t, k in zip(small["heads_torch"], small["heads_keras"]):  # real/fake, energy, angle, sum
             assert t == pytest.approx(k, rel=1e-4)
+        profile = small["profile"]  # the generator's profile term: numpy's formula, in both frameworks, nothing for equal profiles
+        assert profile["numpy"] > 0.01 and profile["same"] == 0.0
+        assert profile["torch"] == pytest.approx(profile["numpy"], rel=1e-5) and profile["keras"] == pytest.approx(profile["numpy"], rel=1e-4)
 
 
 def test_the_coarse_grid_keeps_the_layers_the_energy_and_the_angle():

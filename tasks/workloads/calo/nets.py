@@ -22,6 +22,13 @@ order (x, y, z):
   generator has to learn from one of its latent inputs; with it the last layer's output is multiplied by
   (E / 100 GeV)^POWER (the first latent input to that power: the image holds deposits^POWER), so the network
   learns a 100 GeV shower's shape and its energy dependence beyond the linear one. It adds no weights.
+* ``profile``: the weight of a term of the generator's loss beside the published four (not in the published
+  network): the squared relative difference, per layer, between the generated batch's mean longitudinal
+  profile (each shower's energy per layer over its sum) and that of the real showers of the same conditions
+  in the step's batch, over max(the real fraction, PROFILE_FLOOR), averaged over the layers. The published
+  loss matches the energy sum (the ECAL-sum head); this matches its share per layer. Squared, so that the
+  noise of a small batch's real profile averages out rather than biasing the target (as an absolute error's
+  median would).
 
 Weights in one layout for every framework: conv kernels (kx, ky, kz, in, out), dense kernels (in, out).
 """
@@ -40,6 +47,7 @@ BN_EPSILON, BN_MOMENTUM = 1e-6, 0.99
 POWER = 0.85  # the images enter the discriminator as deposits^0.85; its sum and angle heads undo it
 ENERGY_SCALE = 100.0  # GeV: energy labels and the generator's energy input are E / 100 GeV
 LOSS_WEIGHTS = {"real_fake": 3.0, "energy": 0.1, "angle": 25.0, "ecal_sum": 0.1}  # BCE, MAPE, MAE, MAPE
+PROFILE_FLOOR = 0.01  # the profile term's denominators: a layer's real share, at least 1 % of the shower
 LEARNING_RATE = 1e-3  # RMSprop, both networks (Keras' defaults otherwise: rho 0.9, epsilon 1e-7)
 
 
@@ -50,7 +58,8 @@ class NetConfig:
     energy_scaled: the generator's image multiplied by (E / 100 GeV)^POWER, so that its deposits are a 100 GeV
     shower's scaled by the primary's energy (not in the published network: no weights, see the module);
     average: the decay of a moving average of the generator's weights that generates for validation, test and
-    the saved model (0: none, as published; see average_decay)."""
+    the saved model (0: none, as published; see average_decay); profile: the weight of the longitudinal
+    profile term of the generator's loss (0: none, as published; see the module)."""
 
     latent: int = 256
     width: float = 1.0
@@ -58,10 +67,13 @@ class NetConfig:
     pool: int = 1
     energy_scaled: bool = False
     average: float = 0.0
+    profile: float = 0.0
 
     def __post_init__(self):
         if self.pool not in GRIDS:
             raise ValueError(f"pool {self.pool}: the 3DGAN grids are {', '.join(map(str, GRIDS))} cells merged across")
+        if self.profile < 0:
+            raise ValueError(f"profile weight {self.profile}: choose 0 (none) or more")
 
     def ch(self, c: int) -> int:
         return max(1, int(round(c * self.width)))

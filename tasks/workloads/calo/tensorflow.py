@@ -4,7 +4,7 @@ import math
 
 import numpy as np
 
-from tasks.workloads.calo.nets import (BN_EPSILON, BN_MOMENTUM, LEAKY_SLOPE, LEARNING_RATE, LOSS_WEIGHTS, POWER, average_decay,
+from tasks.workloads.calo.nets import (BN_EPSILON, BN_MOMENTUM, LEAKY_SLOPE, LEARNING_RATE, LOSS_WEIGHTS, POWER, PROFILE_FLOOR, average_decay,
                                        NetConfig, discriminator_convs, generator_convs, initial_weights, seed_channels)
 from tasks.workloads.calo.workload import CaloData, CaloTrainer
 
@@ -159,6 +159,18 @@ def weighted_loss(outputs, label, energy, angle, ecal):
     return w["real_fake"] * bce + w["energy"] * mape(energy, e) + w["angle"] * ops.mean(ops.abs(angle - a)) + w["ecal_sum"] * mape(ecal, s)
 
 
+def profile_loss(fake, real):
+    """The generator's longitudinal-profile term (nets.py, ``profile``; torch.py's formula) in float64."""
+    from keras import ops
+
+    def shares(image):
+        layers = ops.sum(ops.power(ops.maximum(ops.cast(image[..., 0], "float64"), 0.0), 1.0 / POWER), axis=(1, 2))  # (B, nz)
+        return ops.mean(layers / ops.maximum(ops.sum(layers, axis=1, keepdims=True), 1e-30), axis=0)
+
+    generated, data = shares(fake), ops.stop_gradient(shares(real))
+    return ops.cast(ops.mean(((generated - data) / ops.maximum(data, PROFILE_FLOOR)) ** 2), fake.dtype)
+
+
 class CaloKeras(CaloTrainer):
     framework = "tensorflow"
 
@@ -201,8 +213,9 @@ class CaloKeras(CaloTrainer):
             loss_g = []
             for i in (1, 2):  # (3, 4) G twice through the frozen D (inference mode)
                 with tf.GradientTape() as tape:
-                    outputs = d(g(b["latent"][i], training=True), training=False)
-                    loss_g.append(weighted_loss(outputs, tf.ones_like(b["real_label"]), b["energy"], b["angle"], b["ecal_fit"]))
+                    fake = g(b["latent"][i], training=True)
+                    loss = weighted_loss(d(fake, training=False), tf.ones_like(b["real_label"]), b["energy"], b["angle"], b["ecal_fit"])
+                    loss_g.append(loss + self.cfg.profile * profile_loss(fake, b["image"]) if self.cfg.profile else loss)
                 update(tape, loss_g[-1], g, opt_g)
             return {"loss_d_real": loss_real, "loss_d_fake": loss_fake, "loss_g_first": loss_g[0], "loss_g_second": loss_g[1],
                     "loss_g": (loss_g[0] + loss_g[1]) / 2}
@@ -219,6 +232,7 @@ class CaloKeras(CaloTrainer):
 
         self._step = tf.function(step, jit_compile=spec.compile == "on")
         self._generate = tf.function(lambda z: self.generator(z, training=False), reduce_retracing=True)
+        self._probe = None  # set_statistics' copy of the generator, outside the strategy, and its batch norms' inputs
 
     @property
     def generator(self):
@@ -233,7 +247,31 @@ class CaloKeras(CaloTrainer):
     def step(self, batch, flags: list[float], progress: float):
         decay = np.asarray(average_decay(self.cfg, int(self.averaged.numpy())) if self.g_avg is not None else 0.0, self._dtype)
         losses = {k: float(v) for k, v in self._step(batch, decay).items()}  # reading the losses waits for the step
+        self.calibrated = False
         return losses, self.runtime.agree(flags)
+
+    def set_statistics(self, latents: list[np.ndarray]) -> None:
+        """The averaged generator's moving statistics: the mean over the calibration batches of each batch norm's
+        input moments (float64, biased variance, as the layer takes them), from forward passes in training mode of a
+        copy of the average outside the strategy, whose own statistics the passes move, not the average's."""
+        import keras
+
+        if self._probe is None:
+            copy = build_generator(self.cfg)
+            norms = [layer for layer in copy.layers if layer.name.endswith("_bn")]
+            self._probe = copy, keras.Model(copy.inputs, [layer.input for layer in norms]), [layer.name for layer in norms]
+        copy, probe, names = self._probe
+        load_weights(copy, weights_of(self.g_avg))
+        sums = {name: [0.0, 0.0] for name in names}
+        for latent in latents:
+            for name, x in zip(names, probe(latent.astype(self._dtype, copy=False), training=True)):
+                x = np.asarray(x, np.float64)
+                sums[name][0] = sums[name][0] + x.mean(axis=(0, 1, 2, 3))
+                sums[name][1] = sums[name][1] + x.var(axis=(0, 1, 2, 3))
+        variables = _named(self.g_avg)
+        for name, (mean, var) in sums.items():
+            variables[f"{name}/moving_mean"].assign((mean / len(latents)).astype(self._dtype))
+            variables[f"{name}/moving_variance"].assign((var / len(latents)).astype(self._dtype))
 
     def generate_images(self, latent: np.ndarray) -> np.ndarray:
         return self._generate(latent.astype(self._dtype, copy=False)).numpy()
@@ -251,6 +289,7 @@ class CaloKeras(CaloTrainer):
     def load_state(self, state: dict) -> None:
         for key, v in zip(sorted(state), self._all()):
             v.assign(state[key])
+        self.calibrated = False
 
 
 def build(data: CaloData, spec, batch_size: int, runtime) -> CaloKeras:

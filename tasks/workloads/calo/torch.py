@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from tasks.workloads.calo.nets import (BN_EPSILON, BN_MOMENTUM, LEAKY_SLOPE, LEARNING_RATE, LOSS_WEIGHTS, POWER, average_decay,
+from tasks.workloads.calo.nets import (BN_EPSILON, BN_MOMENTUM, LEAKY_SLOPE, LEARNING_RATE, LOSS_WEIGHTS, POWER, PROFILE_FLOOR, average_decay,
                                        NetConfig, discriminator_convs, flat_features, generator_convs, initial_weights, seed_channels)
 from tasks.workloads.calo.workload import CaloData, CaloTrainer
 
@@ -22,10 +22,11 @@ def _pad(conv) -> tuple[int, ...]:
 class BatchNorm(nn.Module):
     """Keras' batch normalisation over (B, C, x, y, z): the batch's mean and biased variance taken in float64
     (torch's own kernel loses about 1e-3 of the normalised activations on the CPU where a channel holds
-    hundreds of thousands of values), moving statistics moved by nets.BN_MOMENTUM with that variance."""
+    hundreds of thousands of values), moving statistics moved by ``momentum`` (nets.BN_MOMENTUM) with that variance."""
 
     def __init__(self, channels: int):
         super().__init__()
+        self.momentum = BN_MOMENTUM
         self.weight, self.bias = nn.Parameter(torch.ones(channels)), nn.Parameter(torch.zeros(channels))
         self.register_buffer("running_mean", torch.zeros(channels))
         self.register_buffer("running_var", torch.ones(channels))
@@ -35,8 +36,8 @@ class BatchNorm(nn.Module):
             wide = x.double()
             mean, var = wide.mean(dim=(0, 2, 3, 4)), wide.var(dim=(0, 2, 3, 4), unbiased=False)
             with torch.no_grad():
-                self.running_mean.mul_(BN_MOMENTUM).add_((1.0 - BN_MOMENTUM) * mean.to(self.running_mean.dtype))
-                self.running_var.mul_(BN_MOMENTUM).add_((1.0 - BN_MOMENTUM) * var.to(self.running_var.dtype))
+                self.running_mean.mul_(self.momentum).add_((1.0 - self.momentum) * mean.to(self.running_mean.dtype))
+                self.running_var.mul_(self.momentum).add_((1.0 - self.momentum) * var.to(self.running_var.dtype))
             mean, var = mean.to(x.dtype), var.to(x.dtype)
         else:
             mean, var = self.running_mean, self.running_var
@@ -204,6 +205,17 @@ def weighted_loss(outputs, label: torch.Tensor, energy: torch.Tensor, angle: tor
     return w["real_fake"] * bce + w["energy"] * mape(energy, e) + w["angle"] * (angle - a).abs().mean() + w["ecal_sum"] * mape(ecal, s)
 
 
+def profile_loss(fake: torch.Tensor, real: torch.Tensor) -> torch.Tensor:
+    """The generator's longitudinal-profile term (nets.py, ``profile``) of generated and real images (B, 51, 51, 25, 1)
+    as deposits^POWER of the same conditions, in float64 like the weightless heads; the real side is data."""
+    def shares(image: torch.Tensor) -> torch.Tensor:
+        layers = image[..., 0].double().clamp(min=0.0).pow(1.0 / POWER).sum(dim=(1, 2))  # (B, nz)
+        return (layers / layers.sum(dim=1, keepdim=True).clamp(min=1e-30)).mean(dim=0)
+
+    generated, data = shares(fake), shares(real).detach()
+    return (((generated - data) / data.clamp(min=PROFILE_FLOOR)) ** 2).mean().to(fake.dtype)
+
+
 class RMSprop:
     """Keras' RMSprop (no momentum, not centred): v = rho v + (1 - rho) g^2; w -= lr g / sqrt(v + epsilon)."""
 
@@ -300,11 +312,14 @@ class CaloTorch(CaloTrainer):
             loss_g = []
             for latent in (b["latent"][1], b["latent"][2]):
                 with ctx.autocast():
-                    loss_g.append(weighted_loss(self.d(self.g(latent)), torch.ones_like(b["real_label"]), b["energy"], b["angle"], b["ecal_fit"]))
+                    fake = self.g(latent)
+                    loss = weighted_loss(self.d(fake), torch.ones_like(b["real_label"]), b["energy"], b["angle"], b["ecal_fit"])
+                    loss_g.append(loss + self.cfg.profile * profile_loss(fake, b["image"]) if self.cfg.profile else loss)
                 self._update(loss_g[-1], self.opt_g)
         finally:
             self.d.requires_grad_(True)
         self._average()
+        self.calibrated = False
         ctx.step_end()
         losses = {"loss_d_real": loss_real.detach(), "loss_d_fake": loss_fake.detach(), "loss_g_first": loss_g[0].detach(),
                   "loss_g_second": loss_g[1].detach(), "loss_g": (loss_g[0].detach() + loss_g[1].detach()) / 2}
@@ -320,6 +335,24 @@ class CaloTorch(CaloTrainer):
             avg.lerp_(p, 1.0 - decay)
         for avg, b in zip(self.g_avg.buffers(), self.g.buffers()):
             avg.copy_(b)
+
+    @torch.no_grad()
+    def set_statistics(self, latents: list[np.ndarray]) -> None:
+        """The averaged generator's moving statistics: the running mean of each calibration batch's moments (momentum
+        n / (n + 1) at batch n), its forward passes in training mode."""
+        g, dtype = self.g_avg, self.d.fake.weight.dtype
+        norms = [m for m in g.modules() if isinstance(m, BatchNorm)]
+        g.train()
+        try:
+            for n, latent in enumerate(latents):
+                for bn in norms:
+                    bn.momentum = n / (n + 1.0)
+                with self.runtime.ctx.autocast():
+                    g(torch.from_numpy(latent).to(self.runtime.ctx.device, dtype))
+        finally:
+            for bn in norms:
+                bn.momentum = BN_MOMENTUM
+            g.eval()
 
     @property
     def generator(self) -> Generator:
@@ -352,6 +385,7 @@ class CaloTorch(CaloTrainer):
         if self.g_avg is not None:
             self.g_avg.load_state_dict(state["g_avg"])
             self.averaged = int(state["averaged"])
+        self.calibrated = False
 
 
 def step_shares(trainer: CaloTorch, steps: int = 3) -> dict[str, float]:
