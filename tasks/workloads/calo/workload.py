@@ -200,7 +200,7 @@ PROFILE_TOLERANCE, SAMPLING_TOLERANCE, LAYER_FLOOR = 0.10, 0.05, 0.01
 TARGET = (f"per energy bin ({', '.join(f'{a:g}-{b:g}' for a, b in zip(physics.ENERGY_EDGES, physics.ENERGY_EDGES[1:]))} GeV, all angles): "
           f"the generated mean longitudinal profile within {PROFILE_TOLERANCE:.0%} of the validation data's in every layer holding "
           f"at least {LAYER_FLOOR:.0%} of the bin's energy, and the sampling fraction within {SAMPLING_TOLERANCE:.0%}")
-CPU = NetConfig(latent=32, width=0.25, pool=3, energy_scaled=True, average=0.999)  # the CPU configuration (2 cores, half an hour): the published layers on a grid 3x coarser across, a quarter of the channels, the output energy-scaled and averaged
+CPU = NetConfig(latent=32, width=0.25, pool=3, energy_scaled=True, average=0.999, profile=100.0)  # the CPU configuration (2 cores, half an hour): the published layers on a grid 3x coarser across, a quarter of the channels, the output energy-scaled and averaged, a profile term
 HEADLINE = {"longitudinal_err": "longitudinal max error", "sampling_fraction_err": "sampling-fraction max error"}
 
 
@@ -211,7 +211,7 @@ def split_of(events: int) -> dict[str, np.ndarray]:
 
 
 def config_of(spec) -> NetConfig:
-    """The networks' configuration of a run: the published one on accelerators, CPU (quarter width, latent 32, coarse grid, energy-scaled and averaged) on cpu."""
+    """The networks' configuration of a run: the published one on accelerators, CPU (quarter width, latent 32, coarse grid, energy-scaled, averaged, with the profile term) on cpu."""
     return CPU if spec.device == "cpu" else PUBLISHED
 
 
