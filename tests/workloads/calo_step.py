@@ -50,6 +50,7 @@ def steps(framework: str, dtype: str) -> dict:
     trainer_class = module.CaloTorch if framework == "torch" else module.CaloKeras
     data, spec, runtime = data_of(), TrainSpec(workload="calo", dataset="calo", framework=framework, seed=0), runtime_of(framework)
     trainer = trainer_class(data, spec, BATCH, runtime, cfg)
+    trainer.calibration_batches = 5  # (a run takes 100: at about 0.2 s a Keras forward pass here, they would take most of the test)
     batches = trainer.batches(1, 1)
     weights_of = (lambda: trainer.g.weights()) if framework == "torch" else (lambda: module.weights_of(trainer.g))  # noqa: E731
     live = lambda: {k: np.array(v) for k, v in weights_of().items()}  # noqa: E731  (copies: torch's arrays share the tensors' memory)

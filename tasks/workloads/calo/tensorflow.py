@@ -255,16 +255,18 @@ class CaloKeras(CaloTrainer):
         input moments (float64, biased variance, as the layer takes them), from forward passes in training mode of a
         copy of the average outside the strategy, whose own statistics the passes move, not the average's."""
         import keras
+        import tensorflow as tf
 
         if self._probe is None:
             copy = build_generator(self.cfg)
             norms = [layer for layer in copy.layers if layer.name.endswith("_bn")]
-            self._probe = copy, keras.Model(copy.inputs, [layer.input for layer in norms]), [layer.name for layer in norms]
+            inputs = keras.Model(copy.inputs, [layer.input for layer in norms])  # each batch norm's input
+            self._probe = copy, tf.function(lambda z: inputs(z, training=True)), [layer.name for layer in norms]
         copy, probe, names = self._probe
         load_weights(copy, weights_of(self.g_avg))
         sums = {name: [0.0, 0.0] for name in names}
         for latent in latents:
-            for name, x in zip(names, probe(latent.astype(self._dtype, copy=False), training=True)):
+            for name, x in zip(names, probe(latent.astype(self._dtype, copy=False))):
                 x = np.asarray(x, np.float64)
                 sums[name][0] = sums[name][0] + x.mean(axis=(0, 1, 2, 3))
                 sums[name][1] = sums[name][1] + x.var(axis=(0, 1, 2, 3))

@@ -328,17 +328,18 @@ class CaloTrainer:
         self.speed = {}
         self._reference: dict[str, dict] = {}
         self.calibrated = False
+        self.calibration_batches = CALIBRATION_BATCHES
         self._calibration: list[np.ndarray] | None = None
 
     def calibration_latents(self) -> list[np.ndarray]:
-        """CALIBRATION_BATCHES generator inputs of this rank's share of a training batch: training events' conditions
+        """``calibration_batches`` generator inputs of this rank's share of a training batch: training events' conditions
         and noise drawn from (seed, 32) only, so every rank and every call takes the same."""
         if self._calibration is None:
             rng = np.random.default_rng([self.spec.seed, 32])
             local = max(1, self.batch_size // self.world)
             energy, angle = self.data.energy["train"].astype(np.float64), np.radians(self.data.angle["train"].astype(np.float64))
             self._calibration = []
-            for _ in range(CALIBRATION_BATCHES):
+            for _ in range(self.calibration_batches):
                 take = rng.integers(0, len(energy), local)
                 self._calibration.append(latent_of(energy[take], angle[take], rng.standard_normal((local, self.cfg.latent - 2))))
         return self._calibration
