@@ -421,8 +421,7 @@ class CaloTrainer:
     def finish(self, run_dir: Path, run, settings) -> dict[str, float]:
         """The generator's weights (npz, nets.py's layout) as the run's model and a figure of the test split's
         profiles, data against generated; returns the test split's scores."""
-        scores, generated = self.score("test")
-        self.calibrate()
+        scores, generated = self.score("test")  # (generating calibrated the average: the saved weights carry its statistics)
         model_dir = run_dir / "model"
         model_dir.mkdir(exist_ok=True)
         np.savez(model_dir / "generator.npz", **{k.replace("/", "__"): v for k, v in self.weights()["generator"].items()})
