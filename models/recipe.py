@@ -27,6 +27,11 @@ A recipe fixes what the network predicts and how it is trained, apart from its w
 - ``damping``: the fraction of the cell-scale (Nyquist) mode taken out of the predicted change by a
   fixed binomial filter (models.damping), in the loss and in every rollout step alike (0: none); only
   for a recipe that predicts the change;
+- ``constrain``: the physical constraints a rollout imposes after every step (u, v and p zero inside the
+  obstacle, u and v of the inlet column held at the start state's) imposed on every prediction of the
+  unrolled training chain as well, so that each later step sees what a rollout would feed it; rollouts
+  of such a model hold the inlet (``infer --hold-inflow``) without being told; whole frames only (a
+  crop's first column is not the inlet);
 - ``lr`` and ``beta1`` of Adam; ``schedule``: ``constant`` or ``cosine`` (the rate falls along half a
   cosine from ``lr`` to a hundredth of it over the run: its time budget, or else its epoch limit);
 - ``ngf`` and ``ndf``: the widths a training run uses unless it asks for others.
@@ -85,6 +90,7 @@ class Recipe:
     curriculum: float = 0.0
     condition: Literal["none", "reynolds"] = "none"
     damping: float = 0.0
+    constrain: bool = False
 
     def __post_init__(self):
         if self.predict not in ("state", "delta"):
@@ -165,13 +171,19 @@ class OptimConfig:
     delta_ratio: tuple[float, ...] | None = None
     damping: float = 0.0  # the predicted change's highest wavenumbers damped by this (models.damping)
     fused: bool = False  # one fused Adam kernel over all parameters (CPU and CUDA; not XLA)
+    # The recipe's constraints: u, v, p = 0 in network units (one value per channel), imposed inside the obstacle
+    # on every state of the unrolled chain, whose inlet column's u and v are held at the start's; None: unconstrained.
+    constrain: tuple[float, ...] | None = None
 
     @classmethod
-    def from_recipe(cls, recipe, delta_ratio=None) -> "OptimConfig":
-        """The optimisation side of a Recipe (delta_ratio when it predicts changes)."""
+    def from_recipe(cls, recipe, delta_ratio=None, zero=None) -> "OptimConfig":
+        """The optimisation side of a Recipe (delta_ratio when it predicts changes; zero, the network units of
+        u = v = p = 0, when it is constrained)."""
         ratio = tuple(float(r) for r in delta_ratio) if recipe.predict == "delta" else None
         if recipe.predict == "delta" and ratio is None:
             raise ValueError(f"recipe {recipe.name!r} predicts changes: its delta_ratio is needed")
+        if recipe.constrain and zero is None:
+            raise ValueError(f"recipe {recipe.name!r} is constrained: the network units of a zero state are needed")
         return cls(lr=recipe.lr, beta1=recipe.beta1, l1_weight=recipe.l1_weight, gan_weight=recipe.gan_weight,
                    noise=recipe.noise, unroll=recipe.unroll, pushforward=recipe.pushforward, delta_ratio=ratio,
-                   damping=recipe.damping)
+                   damping=recipe.damping, constrain=tuple(float(z) for z in zero) if recipe.constrain else None)

@@ -107,6 +107,7 @@ class Pix2Pix(nn.Module):
         targets = target.chunk(o.unroll, dim=1)[:steps]  # steps × (B, 3, H, W)
         through = o.pushforward == "through"
         clock.start()
+        start = cond  # before the noise: the constraints hold the inlet at the clean start's
         if o.noise > 0:  # (B, 3, H, W) noise on u, v, p; the mask stays exact
             state = cond[:, :3] + o.noise * torch.randn_like(cond[:, :3])
             cond = torch.cat([state, cond[:, 3:]], dim=1)
@@ -155,7 +156,7 @@ class Pix2Pix(nn.Module):
         # Pushforward: predict again from the network's own prediction (with the mask), so training
         # sees the inputs a rollout produces; each step is scored against the reference. Detached,
         # each step's loss is back-propagated at once; through, the chain's summed loss at the end.
-        state = fake if through else fake.detach()
+        state = self.constrain(fake if through else fake.detach(), start)
         for n, target_n in enumerate(targets[1:], start=2):
             cond_n = torch.cat([state, cond[:, 3:]], dim=1)  # (B, Cin, H, W)
             with self._gen_no_sync(gen, n < steps):
@@ -170,7 +171,7 @@ class Pix2Pix(nn.Module):
             clock.lap("backward")
             losses[f"loss_l1_step{n}"] = loss_n.detach()
             state = self.next_state(cond_n, out_n)
-            state = state if through else state.detach()
+            state = self.constrain(state if through else state.detach(), start)
         if through:
             loss_g.backward()
             clock.lap("backward")
@@ -188,6 +189,18 @@ class Pix2Pix(nn.Module):
         if self.delta_ratio is None:
             return out
         return cond[:, :3] + out * self.delta_ratio.to(out.dtype)
+
+    def constrain(self, state: torch.Tensor, start: torch.Tensor) -> torch.Tensor:
+        """A predicted state (B, 3, H, W) with the recipe's constraints imposed, as a rollout imposes them: u, v
+        and p zero inside the obstacle (the mask of ``start``, the chain's first input), u and v of the inlet
+        column those of ``start``. Unconstrained recipes: the state as it is."""
+        zero = self.optim_config.constrain
+        if zero is None:
+            return state
+        inlet = torch.zeros((1, 3, 1, state.shape[-1]), dtype=torch.bool, device=state.device)
+        inlet[:, :2, :, 0] = True
+        state = torch.where(inlet, start[:, :3].to(state.dtype), state)
+        return torch.where(start[:, 3:4] > 0, torch.tensor(zero, dtype=state.dtype, device=state.device).view(1, -1, 1, 1), state)
 
     def encode_target(self, cond: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
         """What the network should output for a target state (B, 3, H, W) in network units: the state

@@ -82,6 +82,16 @@ class KerasPix2Pix:
         """The state at t+k (B, H, W, 3) from cond (B, H, W, 4) and the network's output."""
         return out if self.delta_ratio is None else cond[..., :3] + out * self.delta_ratio
 
+    def constrain(self, state, start):
+        """A predicted state (B, H, W, 3) with the recipe's constraints (the torch trainer's constrain, NHWC)."""
+        zero = self.optim.constrain
+        if zero is None:
+            return state
+        inlet = tf.logical_and(tf.reshape(tf.one_hot(0, tf.shape(state)[2], on_value=True, off_value=False), (1, 1, -1, 1)),
+                               tf.constant([True, True, False], shape=(1, 1, 1, 3)))
+        state = tf.where(inlet, start[..., :3], state)
+        return tf.where(start[..., 3:4] > 0, tf.constant(zero, tf.float32, shape=(1, 1, 1, len(zero))), state)
+
     def encode_target(self, cond, target):
         return target if self.delta_ratio is None else (target - cond[..., :3]) / self.delta_ratio
 
@@ -101,6 +111,7 @@ class KerasPix2Pix:
         gen, disc = self.generator, self.discriminator
         targets = tf.split(target, o.unroll, axis=-1)[:steps]
         hold = (lambda x: x) if o.pushforward == "through" else tf.stop_gradient  # gradients through the chain, or not
+        start = cond  # before the noise: the constraints hold the inlet at the clean start's
         if o.noise > 0:  # noise on u, v, p; the mask stays exact; each replica its own draw
             replica = tf.distribute.get_replica_context().replica_id_in_sync_group
             draw = tf.random.stateless_normal(tf.shape(cond[..., :3]), seed=seed + tf.stack([0, 7919 * replica]))
@@ -125,14 +136,14 @@ class KerasPix2Pix:
                 loss_g = loss_g + o.gan_weight * loss_gan
             losses = {"loss_d": loss_d, "loss_g_gan": loss_gan, "loss_l1": loss_l1}
             # Pushforward: predict again from the network's own prediction (with the mask).
-            state = hold(fake)
+            state = self.constrain(hold(fake), start)
             for n, target_n in enumerate(targets[1:], start=2):
                 cond_n = tf.concat([state, cond[..., 3:]], axis=-1)
                 out_n = self.predict(cond_n)
                 loss_n = self._mean(tf.abs(out_n - self.encode_target(cond_n, target_n)))
                 loss_g = loss_g + o.l1_weight * loss_n
                 losses[f"loss_l1_step{n}"] = loss_n
-                state = hold(self.next_state(cond_n, out_n))
+                state = self.constrain(hold(self.next_state(cond_n, out_n)), start)
         g_vars = gen.trainable_variables
         self.opt_g.apply_gradients(zip(g_tape.gradient(loss_g, g_vars), g_vars))
         return losses

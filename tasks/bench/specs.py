@@ -176,7 +176,7 @@ class BenchMatmulSpec(BenchSpec):
 # The training settings bench-quality shares with ``python -m flows train``: the same fields, ranges and
 # defaults as TrainSpec's, declared there once.
 QUALITY_TRAINING = ("dataset", "time_budget", "epochs", "recipe", "predict", "upsample", "schedule", "noise", "unroll", "pushforward",
-                    "curriculum", "condition", "damping", "gan_weight",
+                    "curriculum", "condition", "damping", "constrain", "gan_weight",
                     "l1_weight", "lr", "ngf", "ndf", "seed", "target_vorticity", "target_steps", "validate_every", "validate_steps",
                     "stop_at_target", "threads", "compile")
 

@@ -150,17 +150,26 @@ class StepCodec:
     """How a network output becomes the next state. ``delta_scale`` None: the output is the next state
     in the normaliser's units; otherwise the output is the change x(t+k) - x(t) in units of its
     per-channel RMS ``delta_scale`` (physical units) over the training pairs, its highest wavenumbers
-    damped by ``damping`` (models.damping) before it is added."""
+    damped by ``damping`` (models.damping) before it is added. ``constrain``: the model was trained with
+    the rollout's constraints in its unrolled chain, the inlet's held among them, so its rollouts hold the
+    inlet too."""
 
     norm: Normalizer
     delta_scale: list[float] | None = None
     damping: float = 0.0
+    constrain: bool = False
 
     @classmethod
     def from_meta(cls, meta: dict) -> "StepCodec":
         """From a model's meta.json (models saved before delta prediction predict the state)."""
         delta = meta.get("predict") == "delta"
-        return cls(Normalizer(**meta["normalizer"]), meta.get("delta_scale") if delta else None, meta.get("damping", 0.0) if delta else 0.0)
+        return cls(Normalizer(**meta["normalizer"]), meta.get("delta_scale") if delta else None, meta.get("damping", 0.0) if delta else 0.0,
+                   bool(meta.get("constrain", False)))
+
+    @property
+    def zero(self) -> list[float]:
+        """u = v = p = 0 in network units, per channel (what the constraints impose inside the obstacle)."""
+        return [-c / s for c, s in zip(self.norm.center, self.norm.scale)]
 
     @property
     def delta_ratio(self) -> list[float] | None:

@@ -122,6 +122,7 @@ class TrainSpec(Spec):
     condition: Literal["none", "reynolds"] | None = Field(default=None, description="What the network sees besides u, v, p and the obstacle: none, or reynolds (the simulation's Reynolds number as a constant input channel); None = the recipe's")
     curriculum: float | None = Field(default=None, ge=0, le=1, description="Fraction of the run over which the loss grows from one step to --unroll, in equal parts (0 = full unroll from the start); None = the recipe's")
     damping: float | None = Field(default=None, ge=0, le=1, description="Fraction of the cell-scale mode taken out of the predicted change by a fixed binomial filter, in the loss and every rollout step (0 = none; needs predict delta); None = the recipe's")
+    constrain: bool = Field(default=False, description="Impose the rollout's constraints (u, v, p zero inside the obstacle, the inlet's u and v held) on every prediction of the unrolled training chain; rollouts of the model then hold the inlet too; whole frames only")
     gan_weight: float | None = Field(default=None, ge=0, description="Weight of the adversarial term (0 = no discriminator training); None = the recipe's")
     lr: PositiveFloat | None = Field(default=None, description="Adam learning rate; None = the recipe's")
     schedule: Literal["constant", "cosine"] | None = Field(default=None, description="Learning-rate schedule: constant, or cosine (half a cosine down to a hundredth of the rate over the time budget, else over the epoch limit); None = the recipe's")
@@ -167,6 +168,8 @@ class TrainSpec(Spec):
                 raise ValueError(f"--hosts {self.hosts}: tensorflow spreads over hosts with strategy multiworker (or auto), not {self.strategy}")
             if not self.world_size or self.world_size % self.hosts:
                 raise ValueError(f"--hosts {self.hosts} needs --world-size, a multiple of {self.hosts} (the devices of all hosts)")
+        if self.crop and self.resolved_recipe().constrain:
+            raise ValueError(f"constrain holds the inlet column: it trains on whole frames, not crops of {self.crop} (leave out --crop)")
         if self.target_steps > self.validate_steps:
             raise ValueError(f"target_steps {self.target_steps} exceeds validate_steps {self.validate_steps}: the validation rollout must be at least as long as the target")
         return self
@@ -194,7 +197,7 @@ class TrainSpec(Spec):
             predict=self.predict, upsample=self.upsample, noise=self.noise, unroll=self.unroll,
             gan_weight=self.gan_weight, lr=self.lr, l1_weight=self.l1_weight, ngf=self.ngf, ndf=self.ndf,
             schedule=self.schedule, pushforward=self.pushforward, curriculum=self.curriculum,
-            condition=self.condition, damping=self.damping)
+            condition=self.condition, damping=self.damping, constrain=self.constrain or None)
 
 
 class InferSpec(Spec):
@@ -270,6 +273,7 @@ ABLATIONS: dict[str, dict] = {
     "curriculum": {"curriculum": 0.5},
     "reynolds-input": {"condition": "reynolds"},
     "damped-change": {"damping": 0.5},
+    "constrained": {"constrain": True},
     "noise-0.02": {"noise": 0.02},
     "noise-0.05": {"noise": 0.05},
     "through-6": {"unroll": 6, "pushforward": "through", "curriculum": 0.5},
@@ -279,7 +283,7 @@ ABLATIONS: dict[str, dict] = {
     "width-32": {"ngf": 32, "ndf": 32},
 }
 Ablation = Literal["default", "paper", "next-frame", "transposed-conv", "no-noise", "one-step-loss", "two-step-loss", "constant-lr",
-                   "gradient-through", "curriculum", "reynolds-input", "damped-change", "noise-0.02", "noise-0.05",
+                   "gradient-through", "curriculum", "reynolds-input", "damped-change", "constrained", "noise-0.02", "noise-0.05",
                    "through-6", "stride-2", "stride-4", "with-gan", "width-32"]
 
 

@@ -106,6 +106,30 @@ def test_generator_with_small_map_products_is_the_same_network():
     torch.testing.assert_close(plain, fast, rtol=1e-10, atol=1e-10)
 
 
+def test_the_constraints_zero_the_obstacle_and_hold_the_inlet_velocity_and_touch_nothing_else():
+    from models.recipe import get_recipe
+
+    zero = [-0.5, 0.25, 0.125]  # u = v = p = 0 in network units
+    recipe = get_recipe("default").with_overrides(constrain=True)
+    model = Pix2Pix(NetConfig(size=32, ngf=8, ndf=8), OptimConfig.from_recipe(recipe, [0.1, 0.1, 0.1], zero))
+    start = torch.rand(2, 4, 32, 64)
+    start[:, 3] = -1.0
+    start[:, 3, 10:14, 20:26] = 1.0  # the obstacle (the mask in network units: 1 inside)
+    state = torch.rand(2, 3, 32, 64) + 2.0
+    out = model.constrain(state, start)
+    assert torch.equal(out[:, :, 10:14, 20:26], torch.tensor(zero).view(1, 3, 1, 1).expand(2, 3, 4, 6))
+    assert torch.equal(out[:, :2, :, 0], start[:, :2, :, 0])  # the inlet's u and v
+    assert torch.equal(out[:, 2, :, 0], state[:, 2, :, 0])  # its pressure is the prediction's
+    rest = torch.ones(32, 64, dtype=torch.bool)
+    rest[10:14, 20:26] = False
+    rest[:, 0] = False
+    assert torch.equal(out[..., rest], state[..., rest])
+    unconstrained = Pix2Pix(NetConfig(size=32, ngf=8, ndf=8), OptimConfig.from_recipe(get_recipe("default"), [0.1, 0.1, 0.1]))
+    assert unconstrained.constrain(state, start) is state
+    with pytest.raises(ValueError, match="constrained"):
+        OptimConfig.from_recipe(recipe, [0.1, 0.1, 0.1])
+
+
 def test_discriminator_takes_no_weight_gradient_in_the_generator_step():
     """After a step, D's gradients are exactly those of the D loss: the G step added nothing to them."""
     import copy

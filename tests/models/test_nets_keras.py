@@ -101,13 +101,13 @@ out = []
 for name in ("default", "paper", "through"):
     recipe = get_recipe("paper" if name == "paper" else "default").with_overrides(noise=0.0)  # noise: each framework's own draw
     recipe = recipe.with_overrides(dropout=0.0) if name == "paper" else recipe
-    recipe = recipe.with_overrides(pushforward="through", damping=0.5) if name == "through" else recipe
+    recipe = recipe.with_overrides(pushforward="through", damping=0.5, constrain=True) if name == "through" else recipe
     loss_steps = (2, 3, 1) if name == "through" else (None, None, None)  # a curriculum's shorter losses too
     cfg = NetConfig(size=32, ngf=8, ndf=8, upsample=recipe.upsample, output=recipe.output, dropout=recipe.dropout)
     ratio = [0.05, 0.07, 0.11] if recipe.predict == "delta" else None
     torch.manual_seed(0)
-    tm = Pix2Pix(cfg, OptimConfig.from_recipe(recipe, ratio))
-    km = KerasPix2Pix(cfg, OptimConfig.from_recipe(recipe, ratio), tf.distribute.get_strategy(), 4)
+    tm = Pix2Pix(cfg, OptimConfig.from_recipe(recipe, ratio, [-0.1, 0.2, 0.05]))
+    km = KerasPix2Pix(cfg, OptimConfig.from_recipe(recipe, ratio, [-0.1, 0.2, 0.05]), tf.distribute.get_strategy(), 4)
     kn.copy_from_torch(cfg, km.generator, km.discriminator, {k: v.numpy() for k, v in tm.generator.state_dict().items()},
                        {k: v.numpy() for k, v in tm.discriminator.state_dict().items()})
     rng = np.random.default_rng(2)

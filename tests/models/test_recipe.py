@@ -32,6 +32,18 @@ def test_overrides_rename_the_recipe_only_when_they_change_it():
         base.with_overrides(predict="state", damping=0.5)
 
 
+def test_a_constrained_recipe_trains_on_whole_frames_only():
+    from pydantic import ValidationError
+
+    from tasks.common.specs import TrainSpec
+
+    spec = TrainSpec(constrain=True)
+    assert spec.resolved_recipe().constrain and spec.resolved_recipe().name == "default+constrain=True"
+    assert not TrainSpec().resolved_recipe().constrain
+    with pytest.raises(ValidationError, match="constrain holds the inlet column: it trains on whole frames, not crops of 32"):
+        TrainSpec(constrain=True, crop=32)
+
+
 def test_the_paper_recipe_is_the_studys_pix2pix():
     paper = RECIPES["paper"]
     assert (paper.predict, paper.upsample, paper.output, paper.dropout) == ("state", "transpose", "tanh", 0.5)

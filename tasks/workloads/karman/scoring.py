@@ -92,7 +92,9 @@ def roll(predict: Callable[[np.ndarray, np.ndarray], np.ndarray], codec: StepCod
     conditioned model's Reynolds number a fifth channel) for ``steps`` steps of ``stride`` frames, scoring each against the reference into ``score``.
     ``predict(state, cond)`` maps the physical state (4 or 5, H, W) and its network-unit encoding to the
     next physical state (3, H, W); velocities and pressure inside the obstacle are zeroed after it, and
-    with ``hold_inflow`` u and v of the inlet column (x = 0) are set back to the first frame's."""
+    with ``hold_inflow`` (or a codec of a model trained under these constraints) u and v of the inlet column
+    (x = 0) are set back to the first frame's."""
+    hold_inflow = hold_inflow or codec.constrain
     first = frames[start]  # (4 or 5, H, W)
     mask = first[3] > 0.5
     fluid = ~mask

@@ -35,7 +35,7 @@ class KarmanKeras:
         self.data, self.spec, self.batch_size, self.runtime = data, spec, batch_size, runtime
         ctx = runtime.ctx
         jit = spec.compile == "on"
-        self.model = KerasPix2Pix(data.net, OptimConfig.from_recipe(data.recipe, data.codec.delta_ratio), ctx.strategy, batch_size,
+        self.model = KerasPix2Pix(data.net, OptimConfig.from_recipe(data.recipe, data.codec.delta_ratio, data.codec.zero), ctx.strategy, batch_size,
                                   jit_compile=jit, seed=spec.seed)
         self.samples = len(data.train)
         self.has_validation = data.validation is not None and bool(data.validation.sims)

@@ -26,7 +26,7 @@ class KarmanTorch:
         self.options = speed_options(spec.device, spec.precision, spec.channels_last, spec.compile, spec.winograd) | {
             "keep_freed_memory": runtime.keeps_freed_memory}
         torch.manual_seed(spec.seed)  # the same initial weights on every rank
-        self.model = build_trainer(data.net, OptimConfig.from_recipe(data.recipe, data.codec.delta_ratio), ctx, self.options)
+        self.model = build_trainer(data.net, OptimConfig.from_recipe(data.recipe, data.codec.delta_ratio, data.codec.zero), ctx, self.options)
         self.samples = len(data.train)
         self.has_validation = data.validation is not None and bool(data.validation.sims)
         self.headline = HEADLINE

@@ -82,7 +82,7 @@ def prepare(settings, spec, main: bool = True) -> KarmanData:
     dataset_dir, manifest, split, recipe, train = _pairs(settings, spec)
     if train.nbytes <= IN_MEMORY_BYTES:  # decoded once, not per batch on the cores that train
         train.hold_in_memory()
-    codec = StepCodec(Normalizer.fit(train), train.change_rms().tolist() if recipe.predict == "delta" else None, recipe.damping)
+    codec = StepCodec(Normalizer.fit(train), train.change_rms().tolist() if recipe.predict == "delta" else None, recipe.damping, recipe.constrain)
     net = _net(train, spec, recipe)
     validation = (Validation.of(dataset_dir, manifest, split["val"], codec, net, spec.frame_stride, spec.validate_every,
                                 spec.validate_steps, spec.target_vorticity, spec.target_steps, recipe.condition) if main else None)
@@ -146,7 +146,7 @@ def model_meta(net, codec: StepCodec, spec, manifest: dict, split: dict, framewo
     inputs = model_inputs(spec.resolved_recipe().condition)
     return {"net": dataclasses.asdict(net), "normalizer": dataclasses.asdict(codec.norm), "inputs": inputs, "outputs": OUTPUTS,
             "predict": "delta" if codec.delta_scale is not None else "state", "delta_scale": codec.delta_scale,
-            "damping": codec.damping, "recipe": spec.resolved_recipe().name, "frame_stride": spec.frame_stride, "dataset": spec.dataset, "dataset_digest": manifest["digest"],
+            "damping": codec.damping, "constrain": codec.constrain, "recipe": spec.resolved_recipe().name, "frame_stride": spec.frame_stride, "dataset": spec.dataset, "dataset_digest": manifest["digest"],
             "split": split, "framework": framework, "weights_file": weights.name,
             "train_reynolds": sorted(float(manifest["simulations"][s]["spec"]["reynolds"]) for s in split["train"]),
             # what a rollout checks before it uses the weights: their size (before any work) and checksum (on loading)
