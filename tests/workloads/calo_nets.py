@@ -37,13 +37,22 @@ def main(latent: int, width: float, pool: int = 1) -> dict:
         out["heads_torch"] = [h.numpy().ravel().tolist() for h in t_heads]
         out["heads_keras"] = [np.asarray(h).ravel().tolist() for h in k_heads]
         # the generator's profile term (nets.py) of the generated images against the same images tilted in depth
-        real = t_img.numpy() * np.linspace(0.25, 4.0, t_img.shape[3], dtype=np.float32)[None, None, None, :, None]
-        share = lambda im: (lambda layers: (layers / layers.sum(1, keepdims=True)).mean(0))(  # noqa: E731
+        # (the lower-energy shower tilted towards the back, the higher one towards the front: errors of opposite sign)
+        tilt = np.linspace(0.25, 4.0, t_img.shape[3], dtype=np.float32)
+        real = t_img.numpy() * np.stack([tilt, tilt[::-1] ** 0.5])[:, None, None, :, None]
+        # (per shower: its energy per layer over its sum; level and energy slope of the difference, as nets.py says)
+        share = lambda im: (lambda layers: layers / layers.sum(1, keepdims=True))(  # noqa: E731
             (np.maximum(im[..., 0].astype(np.float64), 0.0) ** (1 / POWER)).sum(axis=(1, 2)))
-        g_share, r_share = share(t_img.numpy()), share(real)
-        out["profile"] = {"numpy": float((((g_share - r_share) / np.maximum(r_share, PROFILE_FLOOR)) ** 2).mean()),
-                          "torch": float(tn.profile_loss(t_img, torch.from_numpy(real))), "keras": float(kn.profile_loss(k_img, real)),
-                          "same": float(tn.profile_loss(t_img, t_img)) + float(kn.profile_loss(k_img, k_img))}
+        g_share, r_share = share(t_img.numpy()), share(real)  # (2, nz)
+        energy = z[:, :1].astype(np.float64)  # the energy labels (E / 100 GeV), (2, 1)
+        offset = energy - energy.mean()
+        level, slope = (g_share - r_share).mean(0), (offset * (g_share - r_share)).mean(0) / np.sqrt((offset ** 2).mean())
+        e_t, e_k = torch.from_numpy(z[:, :1]), z[:, :1]
+        out["profile"] = {"numpy": float(((level ** 2 + slope ** 2) / np.maximum(r_share.mean(0), PROFILE_FLOOR) ** 2).mean()),
+                          "torch": float(tn.profile_loss(t_img, torch.from_numpy(real), e_t)), "keras": float(kn.profile_loss(k_img, real, e_k)),
+                          "level_only": float(tn.profile_loss(t_img, torch.from_numpy(real), torch.ones_like(e_t))),
+                          "numpy_level_only": float((level ** 2 / np.maximum(r_share.mean(0), PROFILE_FLOOR) ** 2).mean()),
+                          "same": float(tn.profile_loss(t_img, t_img, e_t)) + float(kn.profile_loss(k_img, k_img, e_k))}
         back = kn.weights_of(kd)
         out["round_trip"] = all(np.array_equal(back[k], v) for k, v in td.weights().items()) and set(back) == set(td.weights())
     return out

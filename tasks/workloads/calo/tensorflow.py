@@ -159,16 +159,21 @@ def weighted_loss(outputs, label, energy, angle, ecal):
     return w["real_fake"] * bce + w["energy"] * mape(energy, e) + w["angle"] * ops.mean(ops.abs(angle - a)) + w["ecal_sum"] * mape(ecal, s)
 
 
-def profile_loss(fake, real):
+def profile_loss(fake, real, energy):
     """The generator's longitudinal-profile term (nets.py, ``profile``; torch.py's formula) in float64."""
     from keras import ops
 
     def shares(image):
         layers = ops.sum(ops.power(ops.maximum(ops.cast(image[..., 0], "float64"), 0.0), 1.0 / POWER), axis=(1, 2))  # (B, nz)
-        return ops.mean(layers / ops.maximum(ops.sum(layers, axis=1, keepdims=True), 1e-30), axis=0)
+        return layers / ops.maximum(ops.sum(layers, axis=1, keepdims=True), 1e-30)
 
-    generated, data = shares(fake), ops.stop_gradient(shares(real))
-    return ops.cast(ops.mean(((generated - data) / ops.maximum(data, PROFILE_FLOOR)) ** 2), fake.dtype)
+    data = ops.stop_gradient(shares(real))
+    diff = shares(fake) - data
+    c = ops.reshape(ops.cast(energy, "float64"), (-1, 1))
+    c = c - ops.mean(c)
+    level = ops.mean(diff, axis=0)
+    slope = ops.mean(c * diff, axis=0) / ops.maximum(ops.sqrt(ops.mean(c * c)), 1e-12)
+    return ops.cast(ops.mean((level ** 2 + slope ** 2) / ops.maximum(ops.mean(data, axis=0), PROFILE_FLOOR) ** 2), fake.dtype)
 
 
 class CaloKeras(CaloTrainer):
@@ -215,7 +220,7 @@ class CaloKeras(CaloTrainer):
                 with tf.GradientTape() as tape:
                     fake = g(b["latent"][i], training=True)
                     loss = weighted_loss(d(fake, training=False), tf.ones_like(b["real_label"]), b["energy"], b["angle"], b["ecal_fit"])
-                    loss_g.append(loss + self.cfg.profile * profile_loss(fake, b["image"]) if self.cfg.profile else loss)
+                    loss_g.append(loss + self.cfg.profile * profile_loss(fake, b["image"], b["energy"]) if self.cfg.profile else loss)
                 update(tape, loss_g[-1], g, opt_g)
             return {"loss_d_real": loss_real, "loss_d_fake": loss_fake, "loss_g_first": loss_g[0], "loss_g_second": loss_g[1],
                     "loss_g": (loss_g[0] + loss_g[1]) / 2}

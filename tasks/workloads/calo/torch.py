@@ -205,15 +205,19 @@ def weighted_loss(outputs, label: torch.Tensor, energy: torch.Tensor, angle: tor
     return w["real_fake"] * bce + w["energy"] * mape(energy, e) + w["angle"] * (angle - a).abs().mean() + w["ecal_sum"] * mape(ecal, s)
 
 
-def profile_loss(fake: torch.Tensor, real: torch.Tensor) -> torch.Tensor:
+def profile_loss(fake: torch.Tensor, real: torch.Tensor, energy: torch.Tensor) -> torch.Tensor:
     """The generator's longitudinal-profile term (nets.py, ``profile``) of generated and real images (B, 51, 51, 25, 1)
-    as deposits^POWER of the same conditions, in float64 like the weightless heads; the real side is data."""
+    as deposits^POWER of the same conditions, energy labels (B, 1), in float64 like the weightless heads; the real side is data."""
     def shares(image: torch.Tensor) -> torch.Tensor:
         layers = image[..., 0].double().clamp(min=0.0).pow(1.0 / POWER).sum(dim=(1, 2))  # (B, nz)
-        return (layers / layers.sum(dim=1, keepdim=True).clamp(min=1e-30)).mean(dim=0)
+        return layers / layers.sum(dim=1, keepdim=True).clamp(min=1e-30)
 
-    generated, data = shares(fake), shares(real).detach()
-    return (((generated - data) / data.clamp(min=PROFILE_FLOOR)) ** 2).mean().to(fake.dtype)
+    data = shares(real).detach()
+    diff = shares(fake) - data  # (B, nz), each generated shower against the real one of its conditions
+    c = energy.double().reshape(-1, 1)
+    c = c - c.mean()  # the batch's energies about their mean
+    level, slope = diff.mean(dim=0), (c * diff).mean(dim=0) / c.pow(2).mean().sqrt().clamp(min=1e-12)
+    return ((level ** 2 + slope ** 2) / data.mean(dim=0).clamp(min=PROFILE_FLOOR) ** 2).mean().to(fake.dtype)
 
 
 class RMSprop:
@@ -314,7 +318,7 @@ class CaloTorch(CaloTrainer):
                 with ctx.autocast():
                     fake = self.g(latent)
                     loss = weighted_loss(self.d(fake), torch.ones_like(b["real_label"]), b["energy"], b["angle"], b["ecal_fit"])
-                    loss_g.append(loss + self.cfg.profile * profile_loss(fake, b["image"]) if self.cfg.profile else loss)
+                    loss_g.append(loss + self.cfg.profile * profile_loss(fake, b["image"], b["energy"]) if self.cfg.profile else loss)
                 self._update(loss_g[-1], self.opt_g)
         finally:
             self.d.requires_grad_(True)
