@@ -168,8 +168,8 @@ class StepCodec:
 
     @property
     def zero(self) -> list[float]:
-        """u = v = p = 0 in network units, per channel (what the constraints impose inside the obstacle)."""
-        return [-c / s for c, s in zip(self.norm.center, self.norm.scale)]
+        """u = v = p = 0 in network units, per channel (what the constraints impose inside the obstacle): the encoding of a zero state."""
+        return self.norm.encode(np.zeros((3, 1, 1), np.float32)).ravel().tolist()
 
     @property
     def delta_ratio(self) -> list[float] | None:

@@ -366,3 +366,9 @@ def test_a_reynolds_condition_is_a_fifth_constant_channel_mapped_onto_the_traini
     with pytest.raises(ValueError, match="2 Reynolds numbers for 5 simulations"):
         PairSource(root, ids, 1, reynolds=[1.0, 2.0])
     assert model_inputs("reynolds") == ("u", "v", "p", "mask", "reynolds") and model_inputs("none") == ("u", "v", "p", "mask")
+
+
+def test_the_codecs_zero_is_a_zero_state_in_network_units():
+    codec = StepCodec(Normalizer(center=[0.05, 0.0, -0.01], scale=[0.2, 0.1, 0.02]), constrain=True)
+    assert codec.zero == pytest.approx([-0.25, 0.0, 0.5])
+    np.testing.assert_allclose(codec.norm.decode(np.array(codec.zero, np.float32)[:, None, None]), 0.0, atol=1e-7)
