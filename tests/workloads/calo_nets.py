@@ -40,18 +40,25 @@ def main(latent: int, width: float, pool: int = 1) -> dict:
         # (the lower-energy shower tilted towards the back, the higher one towards the front: errors of opposite sign)
         tilt = np.linspace(0.25, 4.0, t_img.shape[3], dtype=np.float32)
         real = t_img.numpy() * np.stack([tilt, tilt[::-1] ** 0.5])[:, None, None, :, None]
-        # (per shower: its energy per layer over its sum; level and energy slope of the difference, as nets.py says)
-        share = lambda im: (lambda layers: layers / layers.sum(1, keepdims=True))(  # noqa: E731
-            (np.maximum(im[..., 0].astype(np.float64), 0.0) ** (1 / POWER)).sum(axis=(1, 2)))
-        g_share, r_share = share(t_img.numpy()), share(real)  # (2, nz)
+        # (per shower: its energy per layer over its sum, and the log of that sum over the real one's; level and energy slope of
+        # the difference, as nets.py says)
+        deposits = lambda im: (np.maximum(im[..., 0].astype(np.float64), 0.0) ** (1 / POWER)).sum(axis=(1, 2))  # noqa: E731
+        g_layers, r_layers = deposits(t_img.numpy()), deposits(real)  # (2, nz)
+        r_share = r_layers / r_layers.sum(1, keepdims=True)
+        diff = np.concatenate([g_layers / g_layers.sum(1, keepdims=True) - r_share, np.log(g_layers.sum(1, keepdims=True) / r_layers.sum(1, keepdims=True))], 1)
+        scale = np.append(np.maximum(r_share.mean(0), PROFILE_FLOOR), 1.0)
         energy = z[:, :1].astype(np.float64)  # the energy labels (E / 100 GeV), (2, 1)
         offset = energy - energy.mean()
-        level, slope = (g_share - r_share).mean(0), (offset * (g_share - r_share)).mean(0) / np.sqrt((offset ** 2).mean())
+        level, slope = diff.mean(0), (offset * diff).mean(0) / np.sqrt((offset ** 2).mean())
         e_t, e_k = torch.from_numpy(z[:, :1]), z[:, :1]
-        out["profile"] = {"numpy": float(((level ** 2 + slope ** 2) / np.maximum(r_share.mean(0), PROFILE_FLOOR) ** 2).mean()),
+        out["profile"] = {"numpy": float(((level ** 2 + slope ** 2) / scale ** 2).mean()),
                           "torch": float(tn.profile_loss(t_img, torch.from_numpy(real), e_t)), "keras": float(kn.profile_loss(k_img, real, e_k)),
                           "level_only": float(tn.profile_loss(t_img, torch.from_numpy(real), torch.ones_like(e_t))),
-                          "numpy_level_only": float((level ** 2 / np.maximum(r_share.mean(0), PROFILE_FLOOR) ** 2).mean()),
+                          "numpy_level_only": float((level ** 2 / scale ** 2).mean()),
+                          # the real showers' deposits 10 % above and below the generated ones': equal shares, the sum alone
+                          "scaled": float(tn.profile_loss(t_img, t_img * torch.tensor([1.1, 0.9]).pow(POWER).reshape(2, 1, 1, 1, 1), e_t)),
+                          "numpy_scaled": float((np.log(1 / np.array([1.1, 0.9])).mean() ** 2 + ((offset[:, 0] * np.log(1 / np.array([1.1, 0.9]))).mean()
+                                                                                           / np.sqrt((offset ** 2).mean())) ** 2) / len(scale)),
                           "same": float(tn.profile_loss(t_img, t_img, e_t)) + float(kn.profile_loss(k_img, k_img, e_k))}
         back = kn.weights_of(kd)
         out["round_trip"] = all(np.array_equal(back[k], v) for k, v in td.weights().items()) and set(back) == set(td.weights())

@@ -122,6 +122,8 @@ def test_torch_and_keras_have_the_published_parameter_counts_and_give_the_same_o
         assert profile["torch"] == pytest.approx(profile["numpy"], rel=1e-5) and profile["keras"] == pytest.approx(profile["numpy"], rel=1e-4)
         # equal energies have no slope: the level alone; the slope adds to it (the two showers' errors differ in sign)
         assert profile["level_only"] == pytest.approx(profile["numpy_level_only"], rel=1e-5) and profile["level_only"] < 0.5 * profile["numpy"]
+        # showers of the right shape but the wrong sum: the sum's own level and slope (the sampling fraction per energy)
+        assert profile["scaled"] == pytest.approx(profile["numpy_scaled"], rel=1e-5) and profile["scaled"] > 1e-4
 
 
 def test_the_coarse_grid_keeps_the_layers_the_energy_and_the_angle():

@@ -160,20 +160,23 @@ def weighted_loss(outputs, label, energy, angle, ecal):
 
 
 def profile_loss(fake, real, energy):
-    """The generator's longitudinal-profile term (nets.py, ``profile``; torch.py's formula) in float64."""
+    """The generator's profile term (nets.py, ``profile``; torch.py's formula) in float64."""
     from keras import ops
 
-    def shares(image):
-        layers = ops.sum(ops.power(ops.maximum(ops.cast(image[..., 0], "float64"), 0.0), 1.0 / POWER), axis=(1, 2))  # (B, nz)
-        return layers / ops.maximum(ops.sum(layers, axis=1, keepdims=True), 1e-30)
+    def layers(image):
+        return ops.sum(ops.power(ops.maximum(ops.cast(image[..., 0], "float64"), 0.0), 1.0 / POWER), axis=(1, 2))  # (B, nz)
 
-    data = ops.stop_gradient(shares(real))
-    diff = shares(fake) - data
+    made, data = layers(fake), ops.stop_gradient(layers(real))
+    made_sum = ops.sum(made, axis=1, keepdims=True)
+    data_sum = ops.maximum(ops.sum(data, axis=1, keepdims=True), 1e-30)
+    data_share = data / data_sum
+    diff = ops.concatenate([made / ops.maximum(made_sum, 1e-30) - data_share, ops.log(ops.maximum(made_sum, 1e-30) / data_sum)], axis=1)
+    scale = ops.concatenate([ops.maximum(ops.mean(data_share, axis=0), PROFILE_FLOOR), ops.ones((1,), "float64")])
     c = ops.reshape(ops.cast(energy, "float64"), (-1, 1))
     c = c - ops.mean(c)
     level = ops.mean(diff, axis=0)
     slope = ops.mean(c * diff, axis=0) / ops.maximum(ops.sqrt(ops.mean(c * c)), 1e-12)
-    return ops.cast(ops.mean((level ** 2 + slope ** 2) / ops.maximum(ops.mean(data, axis=0), PROFILE_FLOOR) ** 2), fake.dtype)
+    return ops.cast(ops.mean((level ** 2 + slope ** 2) / scale ** 2), fake.dtype)
 
 
 class CaloKeras(CaloTrainer):

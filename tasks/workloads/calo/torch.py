@@ -206,18 +206,21 @@ def weighted_loss(outputs, label: torch.Tensor, energy: torch.Tensor, angle: tor
 
 
 def profile_loss(fake: torch.Tensor, real: torch.Tensor, energy: torch.Tensor) -> torch.Tensor:
-    """The generator's longitudinal-profile term (nets.py, ``profile``) of generated and real images (B, 51, 51, 25, 1)
-    as deposits^POWER of the same conditions, energy labels (B, 1), in float64 like the weightless heads; the real side is data."""
-    def shares(image: torch.Tensor) -> torch.Tensor:
-        layers = image[..., 0].double().clamp(min=0.0).pow(1.0 / POWER).sum(dim=(1, 2))  # (B, nz)
-        return layers / layers.sum(dim=1, keepdim=True).clamp(min=1e-30)
+    """The generator's profile term (nets.py, ``profile``) of generated and real images (B, 51, 51, 25, 1) as
+    deposits^POWER of the same conditions, energy labels (B, 1), in float64 like the weightless heads; the real side is data."""
+    def layers(image: torch.Tensor) -> torch.Tensor:
+        return image[..., 0].double().clamp(min=0.0).pow(1.0 / POWER).sum(dim=(1, 2))  # (B, nz)
 
-    data = shares(real).detach()
-    diff = shares(fake) - data  # (B, nz), each generated shower against the real one of its conditions
+    made, data = layers(fake), layers(real).detach()
+    made_sum, data_sum = made.sum(dim=1, keepdim=True), data.sum(dim=1, keepdim=True).clamp(min=1e-30)
+    data_share = data / data_sum
+    # per shower against the real one of its conditions: each layer's share of the sum, then the log of the sums' ratio
+    diff = torch.cat([made / made_sum.clamp(min=1e-30) - data_share, (made_sum.clamp(min=1e-30) / data_sum).log()], dim=1)  # (B, nz + 1)
+    scale = torch.cat([data_share.mean(dim=0).clamp(min=PROFILE_FLOOR), data_share.new_ones(1)])
     c = energy.double().reshape(-1, 1)
     c = c - c.mean()  # the batch's energies about their mean
     level, slope = diff.mean(dim=0), (c * diff).mean(dim=0) / c.pow(2).mean().sqrt().clamp(min=1e-12)
-    return ((level ** 2 + slope ** 2) / data.mean(dim=0).clamp(min=PROFILE_FLOOR) ** 2).mean().to(fake.dtype)
+    return ((level ** 2 + slope ** 2) / scale ** 2).mean().to(fake.dtype)
 
 
 class RMSprop:
