@@ -9,6 +9,10 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 
+# The tests' processes share two cores with each other: an OpenMP thread that waits for work sleeps instead of
+# spinning on a core another test needs (libgomp spins first by default). Tests check results, not speed.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
 # torch_xla on the host CPU, as the XLA tests run it. They check what XLA computes, not how fast: XLA's CPU backend
 # without its LLVM optimisations compiles a training step in about a third of the time, with the same results.
 XLA_CPU_ENV = {"PJRT_DEVICE": "CPU", "XLA_FLAGS": "--xla_backend_optimization_level=0"}
@@ -37,7 +41,28 @@ def pytest_collection_modifyitems(config, items):
     items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: the order within a module stays
 
 
+_store_template: list[Path] = []
+
+
+def _new_store(path: Path) -> None:
+    """A new, empty SQLite tracking store at ``path``: a copy of one whose tables this test process created
+    once. (The first command to open a new store runs MLflow's schema migrations, about 2 s of CPU; every test
+    folder would pay it. tests/flows/test_lifetime.py keeps a test on a store no one has opened.)"""
+    import shutil
+
+    if not _store_template:
+        import tempfile
+
+        from mlflow.store.tracking.sqlalchemy_store import SqlAlchemyStore
+
+        folder = Path(tempfile.mkdtemp(prefix="karman-store-"))
+        SqlAlchemyStore(f"sqlite:///{folder / 'mlflow.db'}", str(folder / "mlartifacts")).engine.dispose()
+        _store_template.append(folder / "mlflow.db")
+    shutil.copyfile(_store_template[0], path)
+
+
 def _isolate(folder: Path, monkeypatch) -> Path:
+    _new_store(folder / "mlflow.db")
     monkeypatch.chdir(folder)
     monkeypatch.setenv("KARMAN_DATA_ROOT", str(folder / "data"))
     monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{folder / 'mlflow.db'}")

@@ -155,12 +155,14 @@ def test_quick_benchmark_deployed_on_real_servers_and_a_worker(tmp_path, monkeyp
 
             # What the UI's "Quick run" does. The worker is killed (with its flow run and every child)
             # once the first training cell has finished; a new worker and a second run finish the job.
-            # (one training cell, batch 4, of one epoch of at most eight steps instead of three epochs of 106: a custom
-            # run of the quick matrix, as the UI's form makes; the cell still validates, checkpoints and logs its model;
-            # the three rollout cells as in the quick matrix)
+            # (a custom run of the quick matrix, as the UI's form makes: a sweep of four simulations with a shorter
+            # warm-up instead of nine; one training cell, batch 4, of one epoch of at most eight steps instead of three
+            # epochs of 106; the cell still validates, checkpoints and logs its model; the three rollout cells as in
+            # the quick matrix)
             quick = BenchmarkSpec.quick()
             short = quick.train.model_copy(update={"epochs": 1, "max_steps": 8})
-            custom = {"spec": json.loads(quick.model_copy(update={"train": short, "batch_sizes": [4]}).model_dump_json())}
+            sweep = quick.generate.model_copy(update={"reynolds": [80.0, 95.0, 110.0, 125.0], "warmup_steps": 4000})
+            custom = {"spec": json.loads(quick.model_copy(update={"generate": sweep, "train": short, "batch_sizes": [4]}).model_dump_json())}
             first = client.create_flow_run_from_deployment(deployment.id, parameters=custom)
             done_cell = wait_for_finished_train_cell(uri, worker, worker_log)
             # its Prefect flow run completed too (it closes its MLflow run first): the kill lands between cells, and
@@ -227,8 +229,8 @@ def test_quick_benchmark_deployed_on_real_servers_and_a_worker(tmp_path, monkeyp
         assert not (tmp_path / "prefect-home" / "prefect.db").exists()
         assert sum(r.data.tags.get("karman.stage") == "generate" and r.info.status == "FINISHED" for r in runs) == 2
         manifest = json.loads((tmp_path / "data" / "datasets" / "karman-demo" / "manifest.json").read_text())
-        assert len(manifest["simulations"]) == 9  # the data written before the kill is intact and was reused
-        assert "9 already complete, 0 to run" in worker_log.read_text()
+        assert len(manifest["simulations"]) == 4  # the data written before the kill is intact and was reused
+        assert "4 already complete, 0 to run" in worker_log.read_text()
         aggregate = next(r for r in runs if r.data.tags.get("karman.stage") == "aggregate")
         artifacts = {a.path for a in mlflow.list_artifacts(aggregate.info.run_id, "report")}
         assert {"report/report.md", "report/report.html"} <= artifacts

@@ -230,6 +230,7 @@ def test_a_damaged_model_is_refused_and_a_child_that_crashes_ends_in_one_verdict
 def test_two_commands_on_a_new_local_tracking_store_both_succeed(workdir):
     """The first use of a SQLite store creates its tables and the experiment; two commands starting
     together take turns and both log their runs."""
+    (workdir / "mlflow.db").unlink()  # no tables yet (the folders of the other tests start from a copy of a new store's)
     procs = [start("generate", "--dataset", f"d{i}", "--reynolds", "8", "--nx", "48", "--ny", "24", "--size", "5",
                    "--warmup-steps", "100", "--frames", "2", "--frame-every", "10", "--workers", "1", cwd=workdir) for i in range(2)]
     for proc in procs:
