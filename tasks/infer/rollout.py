@@ -37,7 +37,7 @@ def run_scored(spec: InferSpec, settings: Settings, run: Run, setup: RolloutPlan
     frames = with_condition(load_frames(settings.dataset_dir(setup.dataset), sim), setup.sim_spec.reynolds if conditioned else None)
     steps = rollout_steps(len(frames), spec.start_frame, stride, spec.steps)
     plan = setup.tiles
-    run.log_params({"rollout_simulation": sim, "rollout_steps": steps, "frame_stride": stride, "device_name": device_name, "hold_inflow": spec.hold_inflow or codec.constrain,
+    run.log_params({"rollout_simulation": sim, "rollout_steps": steps, "frame_stride": stride, "device_name": device_name, "inflow_held": spec.hold_inflow or codec.constrain,
                     "rollout_dataset": setup.dataset, "dataset_digest": meta["dataset_digest"], "model_run_id": setup.model_run_id,
                     "tile_shape": f"{plan.tile[0]}x{plan.tile[1]}", "tiles": plan.count, "tile_overhead": round(plan.overhead, 4),
                     "group_size": predictor.group, "frame": f"{plan.height}x{plan.width}", **setup.regime})

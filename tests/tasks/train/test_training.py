@@ -287,12 +287,12 @@ def test_ablate_trains_a_variant_per_seed_and_scores_its_rollouts_on_the_extra_d
     sim = tiny_spec(nx=64, ny=32, cx=12.0, cy=16.25, size=6.0, reynolds=45.0, frames=12, frame_every=20, backend="numpy")
     manifest.add(sim.sim_id, run_simulation(str(extra), sim))
     consolidate(extra)
-    proc = run_in_process("ablate", "--dataset", "tiny", "--variants", "damped-change", "--seed", "5", "--time-budget", "1",
+    proc = run_in_process("ablate", "--dataset", "tiny", "--variants", "constrained", "--seed", "5", "--time-budget", "1",
                           "--ngf", "8", "--threads", "1", "--steps", "4", "--extra-dataset", "tiny-extra", "--extra-steps", "3",
                           "--name", "abl", "--json", cwd=trainable)
     assert proc.returncode == 0, proc.stderr[-3000:]
     (row,) = json.loads(proc.stdout.strip().splitlines()[-1])["rows"]
-    assert (row["variant"], row["seed"]) == ("damped-change", 5)
+    assert (row["variant"], row["seed"]) == ("constrained", 5)
     text = (trainable / "data" / "reports" / "abl" / "ablation.md").read_text()
     assert f"3 steps on every simulation of dataset `tiny-extra` ({sim.sim_id})" in text and "long_horizon_vorticity" in text
     runs = client().search_runs([client().get_experiment_by_name("test").experiment_id], "tags.`karman.stage` = 'infer'")
@@ -300,7 +300,9 @@ def test_ablate_trains_a_variant_per_seed_and_scores_its_rollouts_on_the_extra_d
     assert long.data.params["rollout_steps"] == "3"
     assert row["long_horizon_vorticity"] == long.data.metrics["horizon_vorticity"]
     trained = client().get_run(long.data.params["model_run_id"])
-    assert trained.data.params["recipe_damping"] == "0.5" and trained.data.params["seed"] == "5"
+    assert trained.data.params["recipe_constrain"] == "True" and trained.data.params["seed"] == "5"
+    # the constrained model's rollouts hold the inlet though the rollout spec did not ask (its own hold_inflow stays False)
+    assert (long.data.params["hold_inflow"], long.data.params["inflow_held"]) == ("False", "True")
 
 
 def test_ablate_refuses_a_missing_extra_dataset_before_it_trains(trainable):
