@@ -46,8 +46,8 @@ _store_template: list[Path] = []
 
 def _new_store(path: Path) -> None:
     """A new, empty SQLite tracking store at ``path``: a copy of one whose tables this test process created
-    once. (The first command to open a new store runs MLflow's schema migrations, about 2 s of CPU; every test
-    folder would pay it. tests/flows/test_lifetime.py keeps a test on a store no one has opened.)"""
+    once. (The first command to open a new store runs MLflow's schema migrations, about 1 s of CPU more than
+    opening an existing one; every test folder would pay it. tests/flows/test_lifetime.py keeps a test on a store no one has opened.)"""
     import shutil
 
     if not _store_template:

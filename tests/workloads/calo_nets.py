@@ -49,16 +49,17 @@ def main(latent: int, width: float, pool: int = 1) -> dict:
         scale = np.append(np.maximum(r_share.mean(0), PROFILE_FLOOR), 1.0)
         energy = z[:, :1].astype(np.float64)  # the energy labels (E / 100 GeV), (2, 1)
         offset = energy - energy.mean()
-        level, slope = diff.mean(0), (offset * diff).mean(0) / np.sqrt((offset ** 2).mean())
+        level_slope = lambda d: (d.mean(0), (offset * d).mean(0) / np.sqrt((offset ** 2).mean()))  # noqa: E731
+        level, slope = level_slope(diff)
+        # the real showers' deposits 10 % above and below the generated ones': equal shares, the sum alone
+        sum_level, sum_slope = level_slope(np.log(1 / np.array([[1.1], [0.9]])))
         e_t, e_k = torch.from_numpy(z[:, :1]), z[:, :1]
         out["profile"] = {"numpy": float(((level ** 2 + slope ** 2) / scale ** 2).mean()),
                           "torch": float(tn.profile_loss(t_img, torch.from_numpy(real), e_t)), "keras": float(kn.profile_loss(k_img, real, e_k)),
                           "level_only": float(tn.profile_loss(t_img, torch.from_numpy(real), torch.ones_like(e_t))),
                           "numpy_level_only": float((level ** 2 / scale ** 2).mean()),
-                          # the real showers' deposits 10 % above and below the generated ones': equal shares, the sum alone
                           "scaled": float(tn.profile_loss(t_img, t_img * torch.tensor([1.1, 0.9]).pow(POWER).reshape(2, 1, 1, 1, 1), e_t)),
-                          "numpy_scaled": float((np.log(1 / np.array([1.1, 0.9])).mean() ** 2 + ((offset[:, 0] * np.log(1 / np.array([1.1, 0.9]))).mean()
-                                                                                           / np.sqrt((offset ** 2).mean())) ** 2) / len(scale)),
+                          "numpy_scaled": float((sum_level[0] ** 2 + sum_slope[0] ** 2) / len(scale)),
                           "same": float(tn.profile_loss(t_img, t_img, e_t)) + float(kn.profile_loss(k_img, k_img, e_k))}
         back = kn.weights_of(kd)
         out["round_trip"] = all(np.array_equal(back[k], v) for k, v in td.weights().items()) and set(back) == set(td.weights())

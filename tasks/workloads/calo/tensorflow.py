@@ -167,10 +167,10 @@ def profile_loss(fake, real, energy):
         return ops.sum(ops.power(ops.maximum(ops.cast(image[..., 0], "float64"), 0.0), 1.0 / POWER), axis=(1, 2))  # (B, nz)
 
     made, data = layers(fake), ops.stop_gradient(layers(real))
-    made_sum = ops.sum(made, axis=1, keepdims=True)
+    made_sum = ops.maximum(ops.sum(made, axis=1, keepdims=True), 1e-30)
     data_sum = ops.maximum(ops.sum(data, axis=1, keepdims=True), 1e-30)
     data_share = data / data_sum
-    diff = ops.concatenate([made / ops.maximum(made_sum, 1e-30) - data_share, ops.log(ops.maximum(made_sum, 1e-30) / data_sum)], axis=1)
+    diff = ops.concatenate([made / made_sum - data_share, ops.log(made_sum / data_sum)], axis=1)
     scale = ops.concatenate([ops.maximum(ops.mean(data_share, axis=0), PROFILE_FLOOR), ops.ones((1,), "float64")])
     c = ops.reshape(ops.cast(energy, "float64"), (-1, 1))
     c = c - ops.mean(c)

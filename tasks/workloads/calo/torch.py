@@ -212,10 +212,10 @@ def profile_loss(fake: torch.Tensor, real: torch.Tensor, energy: torch.Tensor) -
         return image[..., 0].double().clamp(min=0.0).pow(1.0 / POWER).sum(dim=(1, 2))  # (B, nz)
 
     made, data = layers(fake), layers(real).detach()
-    made_sum, data_sum = made.sum(dim=1, keepdim=True), data.sum(dim=1, keepdim=True).clamp(min=1e-30)
+    made_sum, data_sum = made.sum(dim=1, keepdim=True).clamp(min=1e-30), data.sum(dim=1, keepdim=True).clamp(min=1e-30)
     data_share = data / data_sum
     # per shower against the real one of its conditions: each layer's share of the sum, then the log of the sums' ratio
-    diff = torch.cat([made / made_sum.clamp(min=1e-30) - data_share, (made_sum.clamp(min=1e-30) / data_sum).log()], dim=1)  # (B, nz + 1)
+    diff = torch.cat([made / made_sum - data_share, (made_sum / data_sum).log()], dim=1)  # (B, nz + 1)
     scale = torch.cat([data_share.mean(dim=0).clamp(min=PROFILE_FLOOR), data_share.new_ones(1)])
     c = energy.double().reshape(-1, 1)
     c = c - c.mean()  # the batch's energies about their mean
