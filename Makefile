@@ -18,9 +18,10 @@ $(STAMP): requirements.txt
 demo: $(STAMP)
 	$(PY) -m flows demo
 
-# Two test processes (pytest-xdist), each module whole on one of them: its shared fixtures (a dataset,
-# a trained model, the demo run) are built once. The slowest modules start first (tests/conftest.py).
-TEST_JOBS ?= 2
+# Three test processes (pytest-xdist) on a 2-core machine, each module whole on one of them: its shared fixtures (a dataset,
+# a trained model, the demo run) are built once. The slowest modules start first (tests/conftest.py). A third process
+# keeps both cores busy while another waits on a server or a child (docs/testing.md has the timings).
+TEST_JOBS ?= 3
 
 test: $(STAMP)
 	$(PY) -m pytest -n $(TEST_JOBS) --dist loadfile --no-loadscope-reorder

@@ -24,7 +24,7 @@ FULL_TIER_MODULES = {"test_deployed.py", "test_end_to_end.py", "test_benchmark_f
                      "test_digits_flows.py", "test_har_flows.py", "test_calo_training.py"}
 
 
-# The longest modules start first, so that with ``-n 2 --dist loadfile`` (make test) the two workers
+# The longest modules start first, so that with ``-n 3 --dist loadfile`` (make test) the workers
 # end together instead of one still running a long module after the other has finished (longest first,
 # each next module to the worker that frees up first). Ordered by measured length; keep it in step.
 SLOWEST_FIRST = ["test_training.py", "test_rollout.py", "test_tensorflow.py", "test_calo_training.py", "test_lifetime.py", "test_deployed.py", "test_soak.py",
