@@ -58,7 +58,7 @@ def test_periodic_box_conserves_mass_and_momentum_and_equals_the_reference(cases
 
 
 def test_generate_gpu_job_writes_the_cpu_paths_frames_into_the_store(cases):
-    # two sweep members batched in one launch per step, written as zarr groups, read back, against numba's
+    # two sweep members batched in one launch per step, written as zarr groups, read back, against the numpy reference's
     sweep = cases["sweep"]
     assert sweep["records"] == 2 and sweep["same_ids"]
     assert sweep["frames"] == 2
