@@ -32,7 +32,7 @@ def steps(framework: str, dtype: str) -> dict:
     """Two steps of SMALL at half its width on the coarse grid (the same layers, fewer channels and cells across; the
     published grid's outputs are compared in test_calo_workload), its output scaled by the primary's energy, with a
     moving average of its generator and the profile term in its loss, without dropout (the label flips and noise come from numpy), seed 0, in
-    ``dtype`` (float64: the frameworks' rounding out of the way)."""
+    ``dtype`` (float64: the frameworks' rounding out of the way); the cosine schedule, the second step at half the run's progress."""
     if framework == "torch":
         import torch
 
@@ -45,7 +45,7 @@ def steps(framework: str, dtype: str) -> dict:
     from tasks.workloads import framework_module, get_workload
     from tasks.workloads.calo.nets import SMALL, average_decay
 
-    cfg = replace(SMALL, dropout=0.0, width=0.25, pool=3, energy_scaled=True, average=0.9, profile=1.0)
+    cfg = replace(SMALL, dropout=0.0, width=0.25, pool=3, energy_scaled=True, average=0.9, profile=1.0, schedule="cosine")
     module = framework_module(get_workload("calo"), framework)
     trainer_class = module.CaloTorch if framework == "torch" else module.CaloKeras
     data, spec, runtime = data_of(), TrainSpec(workload="calo", dataset="calo", framework=framework, seed=0), runtime_of(framework)
@@ -70,9 +70,11 @@ def steps(framework: str, dtype: str) -> dict:
         restored = all(np.array_equal(a, b) for net in ("generator", "discriminator")
                        for a, b in zip(trainer.weights()[net].values(), fresh.weights()[net].values()))
         batch = next(trainer.batches(2, 1))
-        second, second_fresh = trainer.step(batch, [0.0] * 3, 0.0)[0], fresh.step(batch, [0.0] * 3, 0.0)[0]
+        second, second_fresh = trainer.step(batch, [0.0] * 3, 0.5)[0], fresh.step(batch, [0.0] * 3, 0.5)[0]
+    optimisers = (trainer.opt_g, trainer.opt_d)
+    rates = [trainer.learning_rate()] + [float(o.lr) if framework == "torch" else float(o.learning_rate) for o in optimisers]
     shares = module.step_shares(trainer, 1) if framework == "torch" else {}
-    return {"shares": shares, "averaged": averaged, "statistics": statistics, "recalibrated": recalibrated, "first": first, "second": second, "second_fresh": second_fresh, "flags": flags, "restored": restored,
+    return {"shares": shares, "averaged": averaged, "statistics": statistics, "recalibrated": recalibrated, "first": first, "second": second, "second_fresh": second_fresh, "flags": flags, "restored": restored, "rates": rates,
             "scores": trainer.evaluate(), "generated_sum": float(trainer.generate("val").sum())}
 
 

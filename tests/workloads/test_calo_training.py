@@ -47,6 +47,7 @@ def test_torch_and_keras_take_the_same_four_tape_step(stepped):
         assert keras_["second"][name] == pytest.approx(value, rel=1e-2), name
     assert torch_["second"]["loss_g"] < torch_["first"]["loss_g"]  # the generator learns (its energy sum first)
     for r in stepped.values():
+        assert r["rates"] == pytest.approx([1e-3 * (0.01 + 0.99 * 0.5)] * 3, rel=1e-6)  # halfway along the cosine: both optimisers
         assert r["restored"] and r["second"] == r["second_fresh"]  # a checkpoint carries both networks, the average and both optimisers
         assert r["averaged"] and r["recalibrated"]  # the generator's moving average after one step (nets.average_decay); its own statistics
         assert r["flags"] == pytest.approx([0.0, 0.0, 1.5]) and r["generated_sum"] > 0

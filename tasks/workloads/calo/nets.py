@@ -44,6 +44,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from models.recipe import SCHEDULES
+
 IMAGE = (51, 51, 25)
 SEED_GRID = (9, 9, 8)  # the generator's dense output, before upsampling
 UPSAMPLE = 6
@@ -66,7 +68,9 @@ class NetConfig:
     shower's scaled by the primary's energy (not in the published network: no weights, see the module);
     average: the decay of a moving average of the generator's weights that generates for validation, test and
     the saved model (0: none, as published; see average_decay); profile: the weight of the longitudinal
-    profile term of the generator's loss (0: none, as published; see the module)."""
+    profile term of the generator's loss (0: none, as published; see the module); schedule: both networks'
+    learning rate over the run, ``constant`` (as published) or ``cosine`` (models.recipe.lr_factor: half a
+    cosine down to a hundredth over the time budget, else the epoch limit)."""
 
     latent: int = 256
     width: float = 1.0
@@ -75,12 +79,15 @@ class NetConfig:
     energy_scaled: bool = False
     average: float = 0.0
     profile: float = 0.0
+    schedule: str = "constant"
 
     def __post_init__(self):
         if self.pool not in GRIDS:
             raise ValueError(f"pool {self.pool}: the 3DGAN grids are {', '.join(map(str, GRIDS))} cells merged across")
         if self.profile < 0:
             raise ValueError(f"profile weight {self.profile}: choose 0 (none) or more")
+        if self.schedule not in SCHEDULES:
+            raise ValueError(f"learning-rate schedule {self.schedule!r}: choose {' or '.join(SCHEDULES)}")
 
     def ch(self, c: int) -> int:
         return max(1, int(round(c * self.width)))

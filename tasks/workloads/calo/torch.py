@@ -304,6 +304,7 @@ class CaloTorch(CaloTrainer):
         """The four tapes: D on real images, D on generated ones (G in training mode, no gradient), then two
         generator updates through the frozen D (inference mode: batch norm from its moving statistics, no dropout)."""
         b, ctx = batch, self.runtime.ctx
+        self.opt_g.lr = self.opt_d.lr = self.rate_at(progress)
         self.g.train(), self.d.train()
         with ctx.autocast():
             loss_real = weighted_loss(self.d(b["image"]), b["real_label"], b["energy"], b["angle"], b["ecal"])

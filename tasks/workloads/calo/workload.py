@@ -17,6 +17,7 @@ import zarr
 
 from tasks.common.cluster import dask_task_runner, finished, worth_retrying
 from tasks.common.data import epoch_order
+from models.recipe import lr_factor
 from tasks.common.datasets import write_once
 from tasks.common.errors import UserError
 from tasks.common.names import Tag
@@ -200,7 +201,7 @@ PROFILE_TOLERANCE, SAMPLING_TOLERANCE, LAYER_FLOOR = 0.10, 0.05, 0.01
 TARGET = (f"per energy bin ({', '.join(f'{a:g}-{b:g}' for a, b in zip(physics.ENERGY_EDGES, physics.ENERGY_EDGES[1:]))} GeV, all angles): "
           f"the generated mean longitudinal profile within {PROFILE_TOLERANCE:.0%} of the validation data's in every layer holding "
           f"at least {LAYER_FLOOR:.0%} of the bin's energy, and the sampling fraction within {SAMPLING_TOLERANCE:.0%}")
-CPU = NetConfig(latent=32, width=0.25, pool=3, energy_scaled=True, average=0.999, profile=100.0)  # the CPU configuration (2 cores, half an hour): the published layers on a grid 3x coarser across, a quarter of the channels, the output energy-scaled and averaged, a profile term
+CPU = NetConfig(latent=32, width=0.25, pool=3, energy_scaled=True, average=0.999, profile=100.0, schedule="cosine")  # the CPU configuration (2 cores, half an hour): the published layers on a grid 3x coarser across, a quarter of the channels, the output energy-scaled and averaged, a profile term, the rate falling along a cosine
 HEADLINE = {"longitudinal_err": "longitudinal max error", "sampling_fraction_err": "sampling-fraction max error"}
 
 
@@ -290,7 +291,7 @@ def dataset_info(settings, dataset: str) -> tuple[str, dict]:
 
 def setting(spec) -> str:
     cfg = config_of(spec)
-    return (f"3DGAN (published layers, width {cfg.width:g}, latent {cfg.latent}, {'x'.join(map(str, cfg.image))} cells), RMSprop lr {LEARNING_RATE:g}, "
+    return (f"3DGAN (published layers, width {cfg.width:g}, latent {cfg.latent}, {'x'.join(map(str, cfg.image))} cells), RMSprop lr {LEARNING_RATE:g} {cfg.schedule}, "
             f"loss weights {'/'.join(f'{w:g}' for w in LOSS_WEIGHTS.values())}, two generator updates per step")
 
 
@@ -324,8 +325,9 @@ class CaloTrainer:
                        "learning_rate": LEARNING_RATE, "loss_weights": "/".join(f"{k} {w:g}" for k, w in LOSS_WEIGHTS.items()),
                        "generator_updates_per_step": 2, "label_flip_rate": FLIP_RATE, "target": TARGET, "split": SPLIT_RULE,
                        "flops_per_sample": self.flops_per_sample, "energy_scaled": self.cfg.energy_scaled, "generator_average": self.cfg.average,
-                       "profile_weight": self.cfg.profile}
+                       "profile_weight": self.cfg.profile, "learning_rate_schedule": self.cfg.schedule}
         self.speed = {}
+        self.rate = LEARNING_RATE
         self._reference: dict[str, dict] = {}
         self.calibrated = False
         self.calibration_batches = CALIBRATION_BATCHES
@@ -382,8 +384,13 @@ class CaloTrainer:
         for s in range(steps):
             yield self._device(self.batch_of(order[s * b: (s + 1) * b], np.random.default_rng([self.spec.seed, epoch, s, 30]), mine))
 
+    def rate_at(self, progress: float) -> float:
+        """Both networks' learning rate at ``progress`` (0 to 1) of the run, by the configuration's schedule; also learning_rate's value from then on."""
+        self.rate = LEARNING_RATE * lr_factor(self.cfg.schedule, progress)
+        return self.rate
+
     def learning_rate(self) -> float:
-        return LEARNING_RATE
+        return self.rate
 
     def epoch_metrics(self) -> dict[str, float]:
         return {}
