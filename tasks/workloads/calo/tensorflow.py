@@ -240,7 +240,6 @@ class CaloKeras(CaloTrainer):
 
         self._step = tf.function(step, jit_compile=spec.compile == "on")
         self._generate = tf.function(lambda z: self.generator(z, training=False), reduce_retracing=True)
-        self._rate_set = LEARNING_RATE
         self._probe = None  # set_statistics' copy of the generator, outside the strategy, and its batch norms' inputs
 
     @property
@@ -255,9 +254,7 @@ class CaloKeras(CaloTrainer):
 
     def step(self, batch, flags: list[float], progress: float):
         rate = self.rate_at(progress)
-        if rate != self._rate_set:  # the optimisers' learning-rate variables, assigned outside the traced step
-            self.opt_g.learning_rate, self.opt_d.learning_rate = rate, rate
-            self._rate_set = rate
+        self.opt_g.learning_rate, self.opt_d.learning_rate = rate, rate  # the optimisers' rate variables, assigned outside the traced step
         decay = np.asarray(average_decay(self.cfg, int(self.averaged.numpy())) if self.g_avg is not None else 0.0, self._dtype)
         losses = {k: float(v) for k, v in self._step(batch, decay).items()}  # reading the losses waits for the step
         self.calibrated = False

@@ -15,9 +15,9 @@ from pathlib import Path
 import numpy as np
 import zarr
 
+from models.recipe import lr_factor
 from tasks.common.cluster import dask_task_runner, finished, worth_retrying
 from tasks.common.data import epoch_order
-from models.recipe import lr_factor
 from tasks.common.datasets import write_once
 from tasks.common.errors import UserError
 from tasks.common.names import Tag
