@@ -76,11 +76,12 @@ def _store(ptr, value, mask, w, FP16S: tl.constexpr):
 
 @triton.jit
 def _pull(fa, plane, nx, ny, y, xs, mask, I: tl.constexpr, OP: tl.constexpr, CXI: tl.constexpr, CYI: tl.constexpr,
-          w, uin, drift, uc, anchor, FOLD: tl.constexpr, PERIODIC: tl.constexpr, FP16S: tl.constexpr,
+          w, uin, drift, uc, anchor, first, last, FOLD: tl.constexpr, PERIODIC: tl.constexpr, FP16S: tl.constexpr,
           CDT: tl.constexpr):
     """Population ``I`` streamed into cells (y, xs) from (y - c_y, xs - c_x), with the channel's boundaries
     folded in: half-way bounce-back off the wall rows, the inlet's velocity bounce-back (``uin``: the inflow
-    at the source row) and the outlet's convective filter (``drift``: the outlet column's density deficit)."""
+    at the source row) and the outlet's convective filter (``drift``: the outlet column's density deficit);
+    ``first`` and ``last`` say whether this block holds the inlet's or the outlet's neighbour column."""
     if PERIODIC:  # the outer ring holds copies of the opposite side: wrap the source into the interior
         sy = y - CYI
         sy = tl.where(sy == 0, ny - 2, tl.where(sy == ny - 1, 1, sy))
@@ -88,13 +89,13 @@ def _pull(fa, plane, nx, ny, y, xs, mask, I: tl.constexpr, OP: tl.constexpr, CXI
         sx = tl.where(sx == 0, nx - 2, tl.where(sx == nx - 1, 1, sx))
         v = _load(fa + I * plane + sy * nx + sx, mask, w, FP16S, CDT)
     else:
-        v = _pull_channel(fa, plane, nx, ny, y, xs, mask, I, OP, CXI, CYI, w, uin, drift, uc, anchor, FOLD, FP16S, CDT)
+        v = _pull_channel(fa, plane, nx, ny, y, xs, mask, I, OP, CXI, CYI, w, uin, drift, uc, anchor, first, last, FOLD, FP16S, CDT)
     return v
 
 
 @triton.jit
 def _pull_channel(fa, plane, nx, ny, y, xs, mask, I: tl.constexpr, OP: tl.constexpr, CXI: tl.constexpr,
-                  CYI: tl.constexpr, w, uin, drift, uc, anchor, FOLD: tl.constexpr, FP16S: tl.constexpr,
+                  CYI: tl.constexpr, w, uin, drift, uc, anchor, first, last, FOLD: tl.constexpr, FP16S: tl.constexpr,
                   CDT: tl.constexpr):
     if CYI == 1:
         wall = y == 1
@@ -104,15 +105,17 @@ def _pull_channel(fa, plane, nx, ny, y, xs, mask, I: tl.constexpr, OP: tl.conste
         wall = y < 0  # never
     src = tl.where(wall, OP * plane + y * nx + xs, I * plane + (y - CYI) * nx + xs - CXI)
     v = _load(fa + src, mask, w, FP16S, CDT)
-    if FOLD:
-        if CXI == 1:  # ghost (ys, 0) = f*_opp(ys + c_y, 1) + 6 w c_x u_in(ys): the cell's own f*_opp
-            inlet = (xs == 1) & (wall == 0)
-            own = _load(fa + OP * plane + y * nx + xs, mask & inlet, w, FP16S, CDT)
-            v = tl.where(inlet, own + 6.0 * w * uin, v)
-        if CXI == -1:  # ghost (ys, nx-1) one step behind: advance its filter with f*(ys, nx-2)
-            outlet = (xs == nx - 2) & (wall == 0)
-            beside = _load(fa + src - 1, mask & outlet, w, FP16S, CDT)
-            v = tl.where(outlet, (v + uc * beside) / (1.0 + uc) + w * anchor * drift, v)
+    if FOLD:  # only the blocks at either end hold such a column: the others skip these loads
+        if CXI == 1:
+            if first:  # ghost (ys, 0) = f*_opp(ys + c_y, 1) + 6 w c_x u_in(ys): the cell's own f*_opp
+                inlet = (xs == 1) & (wall == 0)
+                own = _load(fa + OP * plane + y * nx + xs, mask & inlet, w, FP16S, CDT)
+                v = tl.where(inlet, own + 6.0 * w * uin, v)
+        if CXI == -1:
+            if last:  # ghost (ys, nx-1) one step behind: advance its filter with f*(ys, nx-2)
+                outlet = (xs == nx - 2) & (wall == 0)
+                beside = _load(fa + src - 1, mask & outlet, w, FP16S, CDT)
+                v = tl.where(outlet, (v + uc * beside) / (1.0 + uc) + w * anchor * drift, v)
     return v
 
 
@@ -174,8 +177,10 @@ def step_kernel(fa, fb, flags, block_links, link_row, link_kind, link_coef, inle
     px, py, sim = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     nsim = tl.num_programs(2)
     y = py + 1
-    xs = px * BLOCK + 1 + tl.arange(0, BLOCK)
-    mask = xs < nx - 1
+    xs = px * BLOCK + tl.arange(0, BLOCK)  # blocks start at column 0, so that the loads along x and every store are aligned
+    mask = (xs >= 1) & (xs < nx - 1)
+    first = px == 0
+    last = px == tl.num_programs(0) - 1  # the block that holds column nx - 2
     plane = ny * nx
     offset = sim.to(tl.int64) * 9 * plane  # 64-bit: a batch may exceed 2^31 populations
     fa += offset
@@ -193,15 +198,15 @@ def step_kernel(fa, fb, flags, block_links, link_row, link_kind, link_coef, inle
     WD: tl.constexpr = 1.0 / 36.0
     zero = 0.0
     # Direction order: rest, E, N, W, S, NE, NW, SW, SE (models.solver.lattice).
-    f0 = _pull(fa, plane, nx, ny, y, xs, mask, 0, 0, 0, 0, W0, zero, drift, uc, anchor, FOLD, PERIODIC, FP16S, CDT)
-    f1 = _pull(fa, plane, nx, ny, y, xs, mask, 1, 3, 1, 0, WS, u1, drift, uc, anchor, FOLD, PERIODIC, FP16S, CDT)
-    f2 = _pull(fa, plane, nx, ny, y, xs, mask, 2, 4, 0, 1, WS, zero, drift, uc, anchor, FOLD, PERIODIC, FP16S, CDT)
-    f3 = _pull(fa, plane, nx, ny, y, xs, mask, 3, 1, -1, 0, WS, zero, drift, uc, anchor, FOLD, PERIODIC, FP16S, CDT)
-    f4 = _pull(fa, plane, nx, ny, y, xs, mask, 4, 2, 0, -1, WS, zero, drift, uc, anchor, FOLD, PERIODIC, FP16S, CDT)
-    f5 = _pull(fa, plane, nx, ny, y, xs, mask, 5, 7, 1, 1, WD, u5, drift, uc, anchor, FOLD, PERIODIC, FP16S, CDT)
-    f6 = _pull(fa, plane, nx, ny, y, xs, mask, 6, 8, -1, 1, WD, zero, drift, uc, anchor, FOLD, PERIODIC, FP16S, CDT)
-    f7 = _pull(fa, plane, nx, ny, y, xs, mask, 7, 5, -1, -1, WD, zero, drift, uc, anchor, FOLD, PERIODIC, FP16S, CDT)
-    f8 = _pull(fa, plane, nx, ny, y, xs, mask, 8, 6, 1, -1, WD, u8, drift, uc, anchor, FOLD, PERIODIC, FP16S, CDT)
+    f0 = _pull(fa, plane, nx, ny, y, xs, mask, 0, 0, 0, 0, W0, zero, drift, uc, anchor, first, last, FOLD, PERIODIC, FP16S, CDT)
+    f1 = _pull(fa, plane, nx, ny, y, xs, mask, 1, 3, 1, 0, WS, u1, drift, uc, anchor, first, last, FOLD, PERIODIC, FP16S, CDT)
+    f2 = _pull(fa, plane, nx, ny, y, xs, mask, 2, 4, 0, 1, WS, zero, drift, uc, anchor, first, last, FOLD, PERIODIC, FP16S, CDT)
+    f3 = _pull(fa, plane, nx, ny, y, xs, mask, 3, 1, -1, 0, WS, zero, drift, uc, anchor, first, last, FOLD, PERIODIC, FP16S, CDT)
+    f4 = _pull(fa, plane, nx, ny, y, xs, mask, 4, 2, 0, -1, WS, zero, drift, uc, anchor, first, last, FOLD, PERIODIC, FP16S, CDT)
+    f5 = _pull(fa, plane, nx, ny, y, xs, mask, 5, 7, 1, 1, WD, u5, drift, uc, anchor, first, last, FOLD, PERIODIC, FP16S, CDT)
+    f6 = _pull(fa, plane, nx, ny, y, xs, mask, 6, 8, -1, 1, WD, zero, drift, uc, anchor, first, last, FOLD, PERIODIC, FP16S, CDT)
+    f7 = _pull(fa, plane, nx, ny, y, xs, mask, 7, 5, -1, -1, WD, zero, drift, uc, anchor, first, last, FOLD, PERIODIC, FP16S, CDT)
+    f8 = _pull(fa, plane, nx, ny, y, xs, mask, 8, 6, 1, -1, WD, u8, drift, uc, anchor, first, last, FOLD, PERIODIC, FP16S, CDT)
 
     flag = tl.load(flags + sim.to(tl.int64) * plane + cell, mask=mask, other=0)
     lmask = mask & (flag == 2)
@@ -252,7 +257,7 @@ def step_kernel(fa, fb, flags, block_links, link_row, link_kind, link_coef, inle
 
     if PERIODIC == 0:
         # the outlet: this step's column density for the next step's drift, and the ghosts one step behind
-        if px == tl.num_programs(0) - 1:  # the block that holds column nx - 2
+        if last:
             at = mask & (xs == nx - 2) & fluid
             tl.atomic_add(outlet_sum + add_slot * nsim + sim, tl.sum(tl.where(at, rho, 0.0), axis=0).to(outlet_sum.dtype.element_ty))
             _ghost(fa, fb, plane, nx, y, xs, mask, 3, WS, drift, uc, anchor, FOLD, FP16S, CDT)
@@ -331,10 +336,10 @@ class FusedBatch:
         self.fb = self.fa.clone()  # ghost populations no step writes keep their values in both buffers
         flags, rows, kinds, coefs = _links(self.plans, self.ny, self.nx)
         self.flags, self.link_row = on(flags), on(rows)
-        self.block = min(_BLOCK_MAX, triton.next_power_of_2(max(self.nx - 2, 16)))
-        blocks = triton.cdiv(self.nx - 2, self.block)
+        self.block = min(_BLOCK_MAX, triton.next_power_of_2(max(self.nx - 1, 16)))
+        blocks = triton.cdiv(self.nx - 1, self.block)  # columns 0 .. nx - 2, from column 0 (aligned)
         padded = np.zeros((self.batch, self.ny, blocks * self.block), bool)
-        padded[:, :, : self.nx - 2] = flags[:, :, 1:-1] == FLAG_LINK
+        padded[:, :, : self.nx - 1] = flags[:, :, :-1] == FLAG_LINK
         self.block_links = on(padded.reshape(self.batch, self.ny, blocks, self.block).any(axis=3).astype(np.uint8))  # (B, ny, blocks)
         self.link_kind, self.link_coef = on(kinds), on(coefs, self.compute)
         self.rates = on([[0.5 * p.omega_plus, 0.5 * p.omega_minus] for p in plans], self.compute)
@@ -397,13 +402,13 @@ class FusedBatch:
     def _launch(self, forces: torch.Tensor, row: int) -> None:
         n = self.launches
         src, dst = (self.fa, self.fb) if n % 2 == 0 else (self.fb, self.fa)
-        grid = (triton.cdiv(self.nx - 2, self.block), self.ny - 2, self.batch)
+        grid = (triton.cdiv(self.nx - 1, self.block), self.ny - 2, self.batch)
         cdt = tl.float64 if self.compute == torch.float64 else tl.float32
         step_kernel[grid](
             src, dst, self.flags, self.block_links, self.link_row, self.link_kind, self.link_coef, self.inlet_u, self.rates,
             self.u_convect, self.outlet_sum, forces, self.ny, self.nx, n % 3, (n + 1) % 3, (n + 2) % 3, row,
             self.anchor, FOLD=n > 0, PERIODIC=self.periodic, FP16S=self.storage == "float16s", CDT=cdt,
-            BLOCK=self.block, num_warps=4,
+            BLOCK=self.block, num_warps=4,  # measured best on an H100 at 128 and 512 cells a block (1, 2 and 8 slower)
         )
         self.launches += 1
 
@@ -442,7 +447,7 @@ class FusedBatch:
         if self.device.type == "cuda":
             eager(min(steps - done, (-self.launches) % 6))  # a graph starts at buffer 0 and outlet slot 0
             while steps - done >= GRAPH_STEPS:
-                graph, chunk_forces, chunk_rho = self._graph(probes, at)
+                graph, chunk_forces, chunk_rho = self._graph(probes)
                 graph.replay()
                 forces[done : done + GRAPH_STEPS] = chunk_forces
                 rho[done : done + GRAPH_STEPS] = chunk_rho
@@ -451,10 +456,12 @@ class FusedBatch:
         eager(steps - done)
         return forces.cpu().numpy().astype(np.float64), rho.cpu().numpy().astype(np.float64)
 
-    def _graph(self, probes: np.ndarray, at: torch.Tensor):
-        """A CUDA graph of GRAPH_STEPS launches from launch parity 0 (built once per probe set)."""
+    def _graph(self, probes: np.ndarray):
+        """A CUDA graph of GRAPH_STEPS launches from launch parity 0 (built once per probe set). A graph replays
+        the addresses it captured, so every tensor it reads is kept with it: the probe nodes' too."""
         key = tuple(map(tuple, probes.tolist()))
         if key not in self._graphs:
+            at = torch.as_tensor(probes, device=self.device)
             chunk_forces = torch.zeros((GRAPH_STEPS, self.batch, 2), dtype=self.compute, device=self.device)
             chunk_rho = torch.zeros((GRAPH_STEPS, self.batch, len(probes)), dtype=self.compute, device=self.device)
             graph = torch.cuda.CUDAGraph()
@@ -466,5 +473,5 @@ class FusedBatch:
                     if len(probes):
                         chunk_rho[k] = self._probe(at)
             self.launches = launches  # capture runs nothing: the state and the step count are unchanged
-            self._graphs[key] = (graph, chunk_forces, chunk_rho)
-        return self._graphs[key]
+            self._graphs[key] = (graph, chunk_forces, chunk_rho, at)
+        return self._graphs[key][:3]

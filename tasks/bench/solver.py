@@ -64,14 +64,15 @@ def bench_solver(spec: BenchSolverSpec) -> dict:
     }
 
 
+GPU_COPY_BYTES = 1 << 30  # each copy buffer on a GPU at least (an H100's L2 holds 50 MB)
 COPIES = 10  # copies timed before each solver run and after the last (at 4096 x 1024, about a tenth of a second)
 
 
 def _copier(backend: str, device: str, nbytes: int) -> roofline.NumbaCopy | roofline.TorchCopy | None:
     """The copy the solver's run is held against: on a CUDA GPU torch's device-to-device copy, on the CPU
     numba's parallel copy on the solver's threads (the NumPy reference runs on one); none on other devices."""
-    if device.startswith("cuda"):
-        return roofline.TorchCopy(nbytes, device)
+    if device.startswith("cuda"):  # from device memory: buffers far larger than any L2 cache
+        return roofline.TorchCopy(max(nbytes, GPU_COPY_BYTES), device)
     if device != "cpu" or backend == "triton":  # XLA devices; Triton's CPU interpreter is no measure of a CPU
         return None
     return roofline.NumbaCopy(nbytes, threads=1 if backend == "numpy" else None)

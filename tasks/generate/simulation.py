@@ -1,5 +1,6 @@
 """One reference simulation (on a Dask worker), its snapshots stored as an xarray Dataset in the zarr store."""
 
+import itertools
 import logging
 import time
 from pathlib import Path
@@ -10,9 +11,30 @@ import xarray as xr
 from models.solver import SOLVER_VERSION, ChannelSolver
 from tasks.common.simulation import SimulationSpec
 from tasks.common.errors import UserError
+from tasks.common.specs import GenerateSpec
 from tasks.common.store import VARIABLES, content_digest, write_simulation
 
 log = logging.getLogger("karman.simulate")
+
+
+def expand(spec: GenerateSpec) -> list[SimulationSpec]:
+    """One SimulationSpec per (shape, size, x position, y offset, Reynolds number), Reynolds number varying
+    fastest; each validated before any step runs (UserError naming the member and the offending value)."""
+    sims = []
+    for shape, size, x_position, y_offset, re in itertools.product(spec.shapes, spec.size, spec.x_position, spec.y_offset, spec.reynolds):
+        member = f"{shape} at Re {re:g}, size {size:g}, x position {x_position:g}, y offset {y_offset:g}"
+        sim = SimulationSpec(
+            nx=spec.nx, ny=spec.ny, reynolds=re, u_max=spec.u_max, shape=shape, size=size,
+            cx=x_position * spec.ny, cy=0.5 * (spec.ny - 1) + y_offset, aspect=spec.aspect,
+            warmup_steps=spec.warmup_steps, frames=spec.frames, frame_every=spec.frame_every, seed=spec.seed,
+            backend="triton" if spec.device == "cuda" else spec.cpu_backend,
+        )
+        try:
+            sim.flow_config().validate()
+        except ValueError as exc:
+            raise UserError(f"sweep member {member}: {exc}") from None
+        sims.append(sim)
+    return sims
 
 
 def _frames_schedule(spec: SimulationSpec) -> tuple[int, int]:

@@ -1,6 +1,5 @@
 """Prefect tasks (flow process): a workload's dataset — karman's sweep (a GenerateSpec expanded into simulations, the missing ones run on Dask, recorded) or a workload's own generate."""
 
-import itertools
 import logging
 import shutil
 import time
@@ -17,28 +16,8 @@ from tasks.common.simulation import SimulationSpec
 from tasks.common.specs import GenerateSpec
 from tasks.common.store import Manifest, consolidate, remove_stale_groups, verify_simulation, writer_lock
 from tasks.common.tracking import mlflow_run
-from tasks.generate.simulation import run_simulation
+from tasks.generate.simulation import expand, run_simulation
 from tasks.workloads import get_workload
-
-
-def expand(spec: GenerateSpec) -> list[SimulationSpec]:
-    """One SimulationSpec per (shape, size, x position, y offset, Reynolds number), Reynolds number varying
-    fastest; each validated before any step runs (UserError naming the member and the offending value)."""
-    sims = []
-    for shape, size, x_position, y_offset, re in itertools.product(spec.shapes, spec.size, spec.x_position, spec.y_offset, spec.reynolds):
-        member = f"{shape} at Re {re:g}, size {size:g}, x position {x_position:g}, y offset {y_offset:g}"
-        sim = SimulationSpec(
-            nx=spec.nx, ny=spec.ny, reynolds=re, u_max=spec.u_max, shape=shape, size=size,
-            cx=x_position * spec.ny, cy=0.5 * (spec.ny - 1) + y_offset, aspect=spec.aspect,
-            warmup_steps=spec.warmup_steps, frames=spec.frames, frame_every=spec.frame_every, seed=spec.seed,
-            backend="triton" if spec.device == "cuda" else spec.cpu_backend,
-        )
-        try:
-            sim.flow_config().validate()
-        except ValueError as exc:
-            raise UserError(f"sweep member {member}: {exc}") from None
-        sims.append(sim)
-    return sims
 
 
 CALO_FIELDS = ("events", "energy", "angle")  # the calo workload's: not part of a karman sweep

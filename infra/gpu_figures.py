@@ -1,0 +1,132 @@
+"""Measure the GPU solver's figures in one pass on a CUDA host: bench-solver, Schäfer–Turek, a batched demo sweep against numba, bench-infer.
+
+Usage: ``python infra/gpu_figures.py OUT_DIR [STEP ...]``. Each step runs in its own child process under a
+time limit, so a failure or a hang costs that step only; every step's JSON goes to ``OUT_DIR/figures.json``
+and its output to ``OUT_DIR/log.txt``, and a short table is printed last. Needs torch with CUDA, Triton,
+numba, pydantic, xarray and zarr; no Prefect or MLflow (the demo sweep and Schäfer–Turek call the jobs that
+``generate --device cuda`` and ``validate-solver`` run in their child processes).
+"""
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+FLOWS = [sys.executable, "-m", "flows"]
+
+# name -> (command, seconds allowed)
+STEPS: dict[str, tuple[list[str], int]] = {
+    "solver_4096x1024_fp32": (FLOWS + ["bench-solver", "--backend", "triton", "--device", "cuda", "--nx", "4096", "--ny", "1024", "--steps", "500", "--json"], 120),
+    "solver_1024x256_fp32": (FLOWS + ["bench-solver", "--backend", "triton", "--device", "cuda", "--nx", "1024", "--ny", "256", "--steps", "2000", "--json"], 60),
+    "solver_batch16_128x64": (FLOWS + ["bench-solver", "--backend", "triton", "--device", "cuda", "--nx", "128", "--ny", "64", "--batch", "16", "--steps", "2400", "--json"], 60),
+    "solver_4096x1024_fp16s": (FLOWS + ["bench-solver", "--backend", "triton", "--device", "cuda", "--nx", "4096", "--ny", "1024", "--steps", "500", "--dtype", "float16s", "--json"], 60),
+    "validate_2D-1_fp32": ([sys.executable, __file__, "--validate", "2D-1", "float32", "40"], 90),
+    "validate_2D-2_fp32": ([sys.executable, __file__, "--validate", "2D-2", "float32", "60"], 120),
+    "validate_2D-2_fp32_80": ([sys.executable, __file__, "--validate", "2D-2", "float32", "80"], 120),
+    "validate_2D-1_fp16s": ([sys.executable, __file__, "--validate", "2D-1", "float16s", "40"], 90),
+    "validate_2D-2_fp16s": ([sys.executable, __file__, "--validate", "2D-2", "float16s", "60"], 120),
+    "demo_sweep": ([sys.executable, __file__, "--sweep"], 180),
+    "infer_128x64": (FLOWS + ["bench-infer", "--device", "cuda", "--mode", "full", "--size", "64", "--width", "128", "--json"], 90),
+    "infer_1024x256": (FLOWS + ["bench-infer", "--device", "cuda", "--mode", "full", "--size", "256", "--json"], 120),
+    "solver_torch_1024x256": (FLOWS + ["bench-solver", "--backend", "torch", "--device", "cuda", "--nx", "1024", "--ny", "256", "--steps", "200", "--json"], 60),
+}
+
+
+def validate(case: str, dtype: str, cells: str) -> dict:
+    """The Schäfer–Turek case at ``cells`` nodes per diameter on the fused kernel, with the intervals' verdict."""
+    from models.solver.benchmark import REFERENCE, within
+    from tasks.validate.job import validate_job
+
+    out = validate_job({"case": case, "cells_per_diameter": int(cells), "backend": "triton", "dtype": dtype, "max_time": None,
+                        "device": "cuda", "history": f"/tmp/history-{case}-{dtype}.npz"})
+    verdict = {k: within(v, REFERENCE[case][k]) for k, v in out["quantities"].items() if k in REFERENCE[case]}
+    return {**out, "within": verdict, "passes": all(verdict.values())}
+
+
+def sweep(work: Path) -> dict:
+    """The demo sweep batched on the GPU (the job ``generate --device cuda`` runs) and simulated one by one with
+    numba on this host's cores, both written as datasets, then compare-datasets on them."""
+    import shutil
+
+    import numba
+
+    from tasks.common.specs import GenerateSpec
+    from tasks.common.store import Manifest
+    from tasks.generate.simulation import expand, run_simulation, simulate_batch_job
+
+    shutil.rmtree(work, ignore_errors=True)
+    times = {}
+    for name, device in (("gpu", "cuda"), ("cpu", "cpu")):
+        spec = GenerateSpec(dataset=f"demo-{name}", device=device)
+        sims = expand(spec)
+        folder = work / "datasets" / f"demo-{name}"
+        manifest = Manifest(folder, {"sweep": "demo"})
+        t0 = time.perf_counter()
+        if device == "cuda":
+            records = simulate_batch_job({"sims": [s.model_dump() for s in sims], "dataset_dir": str(folder), "device": "cuda"})["records"]
+        else:
+            sims = [s.model_copy(update={"threads": numba.config.NUMBA_NUM_THREADS}) for s in sims]
+            records = [run_simulation(str(folder), s) for s in sims]
+        times[f"{name}_s"] = time.perf_counter() - t0
+        for r in records:
+            manifest.add(r["sim_id"], {k: r[k] for k in ("digest", "frames", "wall_s", "mlups", "steps", "spec")})
+    env = {**os.environ, "KARMAN_DATA_ROOT": str(work)}
+    compare = subprocess.run(FLOWS + ["compare-datasets", "--first", "demo-gpu", "--second", "demo-cpu", "--json"],
+                             cwd=ROOT, env=env, capture_output=True, text=True, check=True)
+    return {**times, "cpu_threads": numba.config.NUMBA_NUM_THREADS, "simulations": len(records),
+            "compare": json.loads(compare.stdout.strip().splitlines()[-1])}
+
+
+def main(argv: list[str]) -> int:
+    if argv[:1] == ["--validate"]:
+        print(json.dumps(validate(*argv[1:4])))
+        return 0
+    if argv[:1] == ["--sweep"]:
+        print(json.dumps(sweep(Path("/tmp/gpu-figures"))))
+        return 0
+    out = Path(argv[0])
+    out.mkdir(parents=True, exist_ok=True)
+    names = argv[1:] or list(STEPS)
+    results: dict[str, dict] = {}
+    log = (out / "log.txt").open("a")
+    for name in names:
+        command, limit = STEPS[name]
+        t0 = time.perf_counter()
+        try:
+            done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=limit)
+            lines = done.stdout.strip().splitlines()
+            try:
+                result = json.loads(lines[-1]) if done.returncode == 0 and lines else {"error": done.stderr.strip()[-2000:], "rc": done.returncode}
+            except json.JSONDecodeError:
+                result = {"error": "no JSON line", "stdout": done.stdout[-2000:]}
+            log.write(f"== {name} rc={done.returncode}\n{done.stdout}\n{done.stderr}\n")
+        except subprocess.TimeoutExpired as exc:
+            result = {"error": f"timed out after {limit} s"}
+            log.write(f"== {name} timed out\n{exc.stdout}\n{exc.stderr}\n")
+        result["step_s"] = round(time.perf_counter() - t0, 1)
+        results[name] = result
+        log.flush()
+        (out / "figures.json").write_text(json.dumps(results, indent=1))
+        print(f"{name}: {summary(result)}", flush=True)
+    return 0
+
+
+def summary(r: dict) -> str:
+    """One line per step for the table printed at the end."""
+    if "error" in r:
+        return f"ERROR {str(r['error'])[-600:]}"
+    keys = ("device_name", "gpu", "mlups", "steps_per_second", "copy_gbs", "roofline_mlups", "roofline_fraction", "datasheet_gbs",
+            "frames_per_s", "solver_frames_per_s", "surrogate_vs_solver", "passes", "within", "quantities", "gpu_s", "cpu_s", "step_s")
+    parts = [f"{k}={r[k]}" for k in keys if k in r]
+    if "compare" in r:
+        parts.append("fields=" + json.dumps(r["compare"]["fields"]))
+    if "stats" in r:
+        parts.append(f"wall_s={r['stats']['wall_s']:.1f} mlups={r['stats']['mlups']:.0f}")
+    return " ".join(parts)
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
