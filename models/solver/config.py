@@ -21,9 +21,7 @@ MACH_MAX = 0.3
 MIN_CELLS = 8
 
 SOLVER_VERSION = "lbm-d2q9-trt-2"
-# Population precisions: float16s stores (f - w_i) x 2^15 in fp16 and computes in fp32 (FluidX3D's FP16S);
-# only the triton backend offers it.
-DTYPES: tuple[str, ...] = ("float32", "float64", "float16s")
+DTYPES: tuple[str, ...] = ("float32", "float64")  # population precisions
 
 
 @dataclass(frozen=True)
@@ -39,7 +37,7 @@ class FlowConfig:
     u_max: float = 0.1
     inflow: Literal["parabolic", "uniform"] = "parabolic"
     obstacle: Obstacle = field(default_factory=Obstacle)
-    dtype: Literal["float32", "float64", "float16s"] = "float32"  # float16s: fp16 storage, fp32 arithmetic (triton only)
+    dtype: Literal["float32", "float64"] = "float32"
     wall: Literal["interpolated", "halfway"] = "interpolated"
     magic: float | None = None  # TRT magic parameter; None = 3/16 with tau- capped (see collision)
 
@@ -47,11 +45,6 @@ class FlowConfig:
     def u_mean(self) -> float:
         """Mean inflow velocity (lattice units), the velocity scale of Re."""
         return (2.0 / 3.0) * self.u_max if self.inflow == "parabolic" else self.u_max
-
-    @property
-    def array_dtype(self) -> str:
-        """The NumPy dtype of the populations as the solver hands them out (fp16 storage computes in fp32)."""
-        return "float32" if self.dtype == "float16s" else self.dtype
 
     @property
     def viscosity(self) -> float:

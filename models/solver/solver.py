@@ -130,10 +130,7 @@ class ChannelSolver:
         self.plan = self._full_inflow = plan_for(config, periodic=periodic, obstacle=obstacle)
         self.at_rest = at_rest
         self.nodes = self.plan.nodes
-        if config.dtype == "float16s" and self.backend is not Backend.TRITON:
-            raise ValueError(f"dtype float16s (fp16 storage) is offered by the triton backend only, not {self.backend.value}; "
-                             "choose float32 or float64")
-        self.dtype = np.dtype(config.array_dtype)
+        self.dtype = np.dtype(config.dtype)
         self.time = 0
         self.u_in = config.inflow_profile()
         self.device = device
@@ -269,7 +266,7 @@ class SolverBatch:
             raise ValueError(f"a batch needs one lattice size; got {sorted({(c.nx, c.ny) for c in configs})} (nx, ny)")
         self.solvers = []
         for config, seed in zip(configs, seeds):
-            solver = ChannelSolver(replace(config, dtype=config.array_dtype), backend=Backend.NUMPY)
+            solver = ChannelSolver(config, backend=Backend.NUMPY)
             if seed is not None:
                 solver.perturb(seed)
             self.solvers.append(solver)

@@ -47,7 +47,7 @@ def bench_solver(spec: BenchSolverSpec) -> dict:
         solver = _Batch(spec)
     else:
         solver = ChannelSolver(bench_config(nx, ny, dtype), backend=backend, device=device)
-    itemsize = 2 if dtype == "float16s" else np.dtype(dtype).itemsize
+    itemsize = np.dtype(dtype).itemsize
     flag_bytes = 1 if backend == "triton" else 0  # the fused kernel reads a one-byte cell flag
     copier = _copier(backend, device, spec.batch * roofline.population_bytes(ny, nx, itemsize))
     copies: list[float] = []

@@ -85,14 +85,12 @@ class BenchSolverSpec(BenchSpec):
     steps: PositiveInt = Field(default=200, description="Steps per timed run")
     repeats: PositiveInt = Field(default=5, description="Timed runs; the median is reported")
     backend: Literal["numba", "numpy", "torch", "triton"] = Field(default="numba", description="Solver backend: numba and numpy on the CPU, torch on any torch device, triton (one fused kernel per step) on cuda")
-    dtype: Literal["float32", "float64", "float16s"] = Field(default="float32", description="Precision of the populations; float16s stores them in fp16 around their rest equilibrium and computes in fp32 (triton only)")
+    dtype: Literal["float32", "float64"] = Field(default="float32", description="Precision of the populations")
     device: str = Field(default="cpu", description="torch device for --backend torch or triton, e.g. cuda")
     batch: PositiveInt = Field(default=1, description="Simulations advanced together in one launch per step, each with its own Reynolds number (triton only)")
 
     @model_validator(mode="after")
     def _backend_offers(self) -> "BenchSolverSpec":
-        if self.dtype == "float16s" and self.backend != "triton":
-            raise ValueError(f"dtype float16s is offered by the triton backend only, not {self.backend}; choose float32 or float64")
         if self.batch > 1 and self.backend != "triton":
             raise ValueError(f"batch {self.batch}: many simulations per launch are offered by the triton backend only; use batch 1 with {self.backend}")
         if self.backend in ("numba", "numpy") and self.device != "cpu":

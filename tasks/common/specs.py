@@ -245,14 +245,12 @@ class ValidateSpec(Spec):
     cells_per_diameter: PositiveInt | None = Field(default=None, description="Lattice nodes across the cylinder, a multiple of 10; None = 40 for 2D-1, 60 for 2D-2")
     convergence: list[PositiveInt] | None = Field(default=None, description="Coarser resolutions for the convergence table; None = N/4 and N/2 (multiples of 10, at least 10)")
     backend: Literal["numba", "numpy", "torch", "triton"] = Field(default="numba", description="Solver backend: numba or numpy on the CPU, torch on any torch device, triton (one fused kernel per step) on cuda")
-    dtype: Literal["float32", "float64", "float16s"] = Field(default="float64", description="Precision of the populations; float16s stores them in fp16 around their rest equilibrium and computes in fp32 (triton only)")
+    dtype: Literal["float32", "float64"] = Field(default="float64", description="Precision of the populations")
     device: str = Field(default="cpu", description="torch device for the torch and triton backends, e.g. cuda")
     max_time: PositiveFloat | None = Field(default=None, description="Seconds of flow at most; None = 60 (2D-1) or 20 (2D-2)")
 
     @model_validator(mode="after")
     def _backend_offers(self) -> "ValidateSpec":
-        if self.dtype == "float16s" and self.backend != "triton":
-            raise ValueError(f"dtype float16s is offered by the triton backend only, not {self.backend}; choose float32 or float64")
         if self.backend in ("numba", "numpy") and self.device != "cpu":
             raise ValueError(f"device {self.device!r}: the {self.backend} backend runs on the cpu; use backend triton or torch for {self.device}")
         return self

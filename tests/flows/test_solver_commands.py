@@ -68,7 +68,7 @@ def test_bench_solver_bad_input(workdir):
     assert_refused(run_cli("bench-solver", "--backend", "triton", cwd=workdir), "device 'cpu' is not offered by the triton backend")
     assert_refused(run_cli("bench-solver", "--backend", "triton", "--device", "cuda", cwd=workdir), "no CUDA GPU is visible")
     assert_refused(run_cli("bench-solver", "--batch", "16", cwd=workdir), "batch 16", "triton backend only")
-    assert_refused(run_cli("bench-solver", "--dtype", "float16s", cwd=workdir), "float16s is offered by the triton backend only")
+    assert_refused(run_cli("bench-solver", "--dtype", "float16s", cwd=workdir), "--dtype", "'float16s'", "'float32', 'float64'")
     assert_refused(run_cli("bench-solver", "--device", "cuda", cwd=workdir), "the numba backend runs on the cpu")
 
 

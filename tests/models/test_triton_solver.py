@@ -40,14 +40,6 @@ def test_float32_through_the_channel_solver_equals_the_reference(cases):
     assert result["state"] < 3e-6 and result["forces"] < 1e-5 and result["probes"] < 3e-6
 
 
-def test_fp16_storage_stays_within_its_rounding_of_the_fp32_reference(cases):
-    # (f - w) x 2^15 in fp16 keeps 11 bits: about 3e-5 absolute on the populations of this flow
-    result = cases["float16s"]
-    assert result["dtype"] == "float32"
-    assert 1e-7 < result["state"] < 2e-4  # rounded, but only by fp16's last bit
-    assert result["forces"] < 5e-4 and result["probes"] < 1e-4
-
-
 def test_periodic_box_conserves_mass_and_momentum_and_equals_the_reference(cases):
     box = cases["periodic"]
     before, after = box["before"], box["after"]
@@ -84,10 +76,11 @@ def test_cuda_without_a_gpu_is_refused():
         ChannelSolver(small(), backend="triton", device="cuda")
 
 
-@pytest.mark.parametrize("backend", ["numpy", "numba", "torch"])
-def test_fp16_storage_is_the_triton_backends_only(backend):
-    with pytest.raises(ValueError, match=rf"dtype float16s \(fp16 storage\) is offered by the triton backend only, not {backend}"):
-        ChannelSolver(small("float16s"), backend=backend)
+@pytest.mark.parametrize("backend", ["numpy", "numba", "torch", "triton"])
+def test_fp16_storage_is_not_offered(backend):
+    # fp16 storage missed Schäfer–Turek on a GPU (c_L,max 0.65 against 0.99-1.01) and was dropped
+    with pytest.raises(ValueError, match=r"unknown dtype 'float16s'; choose one of float32, float64"):
+        ChannelSolver(small("float16s"), backend=backend, device="cpu")
 
 
 def test_probes_must_be_interior_nodes():
@@ -98,8 +91,7 @@ def test_probes_must_be_interior_nodes():
     assert interior_probes(np.array([[1, 1], [22, 30]]), 24, 32).shape == (2, 2)
 
 
-@pytest.mark.parametrize("storage,fold,periodic", [("float32", True, False), ("float32", False, True), ("float16s", True, False),
-                                                   ("float64", True, False)])
+@pytest.mark.parametrize("storage,fold,periodic", [("float32", True, False), ("float32", False, True), ("float64", True, False)])
 def test_the_kernel_compiles_for_an_h100(storage, fold, periodic):
     # Triton's compiler and ptxas need no GPU: the compiled (not interpreted) kernel is built for sm_90 here
     import triton
@@ -109,13 +101,13 @@ def test_the_kernel_compiles_for_an_h100(storage, fold, periodic):
 
     from models.solver.triton_backend import step_kernel
 
-    store, compute = {"float32": ("fp32", "fp32"), "float16s": ("fp16", "fp32"), "float64": ("fp64", "fp64")}[storage]
+    store = compute = {"float32": "fp32", "float64": "fp64"}[storage]
     pointers = {"fa": store, "fb": store, "flags": "u8", "block_links": "u8", "link_row": "i32", "link_kind": "u8", "link_coef": compute,
                 "inlet_u": compute, "rates": compute, "u_convect": compute, "outlet_sum": compute, "forces": compute}
     signature = {**{k: f"*{v}" for k, v in pointers.items()}, **dict.fromkeys(("ny", "nx", "read_slot", "add_slot", "zero_slot", "force_row"), "i32"),
-                 "anchor": "fp32", **dict.fromkeys(("FOLD", "PERIODIC", "FP16S", "CDT", "BLOCK"), "constexpr")}
+                 "anchor": "fp32", **dict.fromkeys(("FOLD", "PERIODIC", "CDT", "BLOCK"), "constexpr")}
     source = ASTSource(fn=step_kernel, signature=signature, constexprs={
-        "FOLD": fold, "PERIODIC": periodic, "FP16S": storage == "float16s", "CDT": tl.float64 if compute == "fp64" else tl.float32, "BLOCK": 512})
+        "FOLD": fold, "PERIODIC": periodic, "CDT": tl.float64 if compute == "fp64" else tl.float32, "BLOCK": 512})
     kernel = triton.compile(source, target=GPUTarget("cuda", 90, 32))
     ptx = kernel.asm["ptx"]
     assert ".target sm_90" in ptx

@@ -112,7 +112,6 @@ def main() -> int:
     results = {
         "batch": batch_of_two(),
         "float32": through_the_solver("float32", "float32"),
-        "float16s": through_the_solver("float16s", "float32"),
         "periodic": periodic_box(),
         "sweep": batched_sweep(sys.argv[1]),
     }
