@@ -10,6 +10,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from models.damping import passes
+
 
 def damp(x: torch.Tensor, strength: float) -> torch.Tensor:
     """x (B, C, H, W) with its highest wavenumbers damped by ``strength``: models.damping.damp in torch."""
@@ -19,9 +21,11 @@ def damp(x: torch.Tensor, strength: float) -> torch.Tensor:
     kernel = torch.tensor([0.25, 0.5, 0.25], dtype=x.dtype, device=x.device)
     rows = kernel.view(1, 1, 3, 1).expand(c, 1, 3, 1)  # depthwise, along H
     cols = kernel.view(1, 1, 1, 3).expand(c, 1, 1, 3)  # depthwise, along W
-    blurred = F.conv2d(F.pad(x, (0, 0, 1, 1), mode="replicate"), rows, groups=c)
-    blurred = F.conv2d(F.pad(blurred, (1, 1, 0, 0), mode="replicate"), cols, groups=c)
-    return x - strength * (x - blurred)
+    for weight in passes(strength):
+        blurred = F.conv2d(F.pad(x, (0, 0, 1, 1), mode="replicate"), rows, groups=c)
+        blurred = F.conv2d(F.pad(blurred, (1, 1, 0, 0), mode="replicate"), cols, groups=c)
+        x = x - weight * (x - blurred)
+    return x
 
 
 class Surrogate(nn.Module):

@@ -13,6 +13,7 @@ import tensorflow as tf
 import keras
 from keras import ops
 
+from models.damping import passes
 from models.nets.config import NetConfig
 from models.nets.pix2pix_keras import build_discriminator, build_generator
 from models.recipe import OptimConfig
@@ -24,15 +25,15 @@ AGREED = "agreed"  # the key of train_step's reduced flags
 
 def damp(x, strength: float):
     """x (B, H, W, C) with its highest wavenumbers damped by ``strength``: models.damping.damp in TensorFlow."""
-    if strength == 0:
-        return x
-    blurred = x
-    for axis in (1, 2):  # H, then W, edges repeated
-        n = tf.shape(blurred)[axis]
-        padded = tf.concat([tf.gather(blurred, [0], axis=axis), blurred, tf.gather(blurred, [n - 1], axis=axis)], axis=axis)
-        lo, mid, hi = (tf.gather(padded, tf.range(i, i + n), axis=axis) for i in range(3))
-        blurred = 0.25 * lo + 0.5 * mid + 0.25 * hi
-    return x - strength * (x - blurred)
+    for weight in passes(strength):
+        blurred = x
+        for axis in (1, 2):  # H, then W, edges repeated
+            n = tf.shape(blurred)[axis]
+            padded = tf.concat([tf.gather(blurred, [0], axis=axis), blurred, tf.gather(blurred, [n - 1], axis=axis)], axis=axis)
+            lo, mid, hi = (tf.gather(padded, tf.range(i, i + n), axis=axis) for i in range(3))
+            blurred = 0.25 * lo + 0.5 * mid + 0.25 * hi
+        x = x - weight * (x - blurred)
+    return x
 
 
 class TorchAdam(keras.optimizers.Adam):

@@ -37,16 +37,31 @@ def test_a_constant_and_a_ramp_along_an_axis_pass_unchanged_edges_included():
     np.testing.assert_allclose(out[:, 0], 0.25, atol=1e-6)
 
 
-def test_zero_strength_is_the_identity_and_strengths_outside_zero_to_one_are_refused():
+@pytest.mark.parametrize("strength", [1.5, 2.0, 2.5])
+@pytest.mark.parametrize("kx, ky", [(np.pi / 2, 0.0), (np.pi / 3, np.pi / 6), (np.pi / 4, np.pi / 4)])
+def test_above_one_whole_passes_then_the_fraction_multiply_their_transfer_functions(strength, kx, ky):
+    """d = 2 is the [1, 4, 6, 4, 1]/16 filter, T_1²; d = 1.5 is T_1·T_0.5. Each pass reaches one more cell
+    in from the edges, so the comparison leaves out as many."""
+    x = mode(kx, ky)
+    t1 = np.cos(kx / 2) ** 2 * np.cos(ky / 2) ** 2
+    whole = int(strength)
+    gain = t1**whole * (1 - (strength - whole) * (1 - t1))
+    edge = int(np.ceil(strength))
+    np.testing.assert_allclose(damp(x, strength)[edge:-edge, edge:-edge], gain * x[edge:-edge, edge:-edge], atol=1e-5)
+
+
+def test_zero_strength_is_the_identity_and_strengths_outside_zero_to_three_are_refused():
     x = np.random.default_rng(0).normal(size=(3, H, W)).astype(np.float32)
     assert damp(x, 0.0) is x
-    with pytest.raises(ValueError, match=r"damping 1.5 .* choose 0 \(none\) to 1"):
-        check_strength(1.5)
+    assert check_strength(2.5) == 2.5
+    with pytest.raises(ValueError, match=r"damping 3.5 is the passes of the binomial filter .* choose 0 \(none\) to 3"):
+        check_strength(3.5)
 
 
-def test_torch_computes_what_numpy_computes_per_channel_and_sample():
+@pytest.mark.parametrize("strength", [0.6, 1.7])
+def test_torch_computes_what_numpy_computes_per_channel_and_sample(strength):
     x = np.random.default_rng(1).normal(size=(2, 3, H, W)).astype(np.float32)
-    np.testing.assert_allclose(damp_torch(torch.from_numpy(x), 0.6).numpy(), damp(x, 0.6), atol=1e-6)
+    np.testing.assert_allclose(damp_torch(torch.from_numpy(x), strength).numpy(), damp(x, strength), atol=1e-6)
     np.testing.assert_allclose(blur(x[0, 0]), blur(x[:, :, :, :])[0, 0], atol=0)
 
 
