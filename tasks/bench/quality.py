@@ -4,13 +4,15 @@ It trains through the same loop, runtime, workload trainer, split, normaliser, r
 and target as ``python -m flows train`` (tasks.common.training.loop), in this process, with a recorder that
 keeps the validations in memory and sends nothing anywhere: no MLflow run, checkpoint or child
 process. It imports no Prefect or MLflow, so it runs on a machine that has only the compute and data
-stack (numpy, numba, torch, zarr, pydantic). Then it scores the test rollout and times the surrogate's
-step against the solver's on the same device.
+stack (numpy, numba, torch, zarr, pydantic). Then, for karman, it scores the test rollout and times the
+surrogate's step against the solver's on the same device; for another workload it scores the test split as
+``train`` does (the workload trainer's ``finish``, its files kept in a temporary folder only).
 """
 
 import logging
 import math
 import statistics
+import tempfile
 import time
 from pathlib import Path
 
@@ -48,21 +50,34 @@ class Validations:
         pass
 
     def epoch(self, epoch: int, metrics: dict[str, float]) -> None:
-        if "val_horizon_vorticity" in metrics:
-            self.rows.append({"train_s": round(metrics["train_time_s"], 2), "epoch": epoch,
-                              "horizon_vorticity": metrics["val_horizon_vorticity"], "horizon_u": metrics.get("val_horizon_u"),
-                              "one_step_rel_l2_vorticity": round(metrics.get("val_one_step_rel_l2_vorticity", math.nan), 4)})
+        scores = {k.removeprefix("val_"): round(v, 4) for k, v in metrics.items() if k.startswith("val_")}
+        if scores:
+            self.rows.append({"train_s": round(metrics["train_time_s"], 2), "epoch": epoch, **scores})
+
+
+class KeptArtifacts:
+    """What a workload trainer's ``finish`` logs, kept where it was written (a temporary folder here): the paths only."""
+
+    def __init__(self):
+        self.paths: list[str] = []
+
+    def log_artifact(self, path, artifact_path: str | None = None) -> None:
+        self.paths.append(str(path))
 
 
 def bench_quality(bench: BenchQualitySpec) -> dict:
     """Train ``bench``'s spec once per seed (seed, seed + 1, ...) and report time to the quality target
     and the final rollouts; every simulation of each extra dataset is rolled out too (same geometry)."""
     settings = Settings.from_env()
+    spec, repeats, test_steps = bench.train_spec(), bench.repeats, bench.test_steps
+    if spec.workload != "karman" and bench.extra_dataset:
+        raise ValueError(f"--extra-dataset rolls out flows of the karman workload; the {spec.workload} workload has none")
     folders = [settings.dataset_dir(name) for name in [bench.dataset, *bench.extra_dataset]]
     for folder in folders:
         if not (folder / "manifest.json").is_file():
             raise ValueError(f"no dataset at {folder} (no manifest.json); make one with python -m flows generate --dataset {folder.name}")
-    spec, repeats, test_steps = bench.train_spec(), bench.repeats, bench.test_steps
+    if spec.workload != "karman":
+        return _bench_workload(settings, spec, repeats)
     extra = tuple((folder, bench.extra_steps) for folder in folders[1:])
     if spec.time_budget is None and spec.epochs is None:
         raise ValueError("give a time budget or an epoch limit: without either the run has no end")
@@ -85,6 +100,33 @@ def bench_quality(bench: BenchQualitySpec) -> dict:
         "test_horizon_u_median": statistics.median(r["test"]["horizon_u"] for r in runs),
         "runs": runs,
     }
+
+
+def _bench_workload(settings, spec: TrainSpec, repeats: int) -> dict:
+    """A workload other than karman: train once per seed until its target or budget, then its test split's scores."""
+    workload = get_workload(spec.workload)
+    workload.check(settings, spec, spec.batch_sizes, 1)
+    runtime = TorchRuntime(spec.device, spec.precision, spec.threads, data_parallel=False)
+    runs = []
+    for i in range(repeats):
+        run_spec = spec.model_copy(update={"seed": spec.seed + i})
+        data = workload.prepare(settings, run_spec)
+        trainer = framework_module(workload, "torch").build(data, run_spec, run_spec.batch_sizes[0], runtime)
+        validations = Validations()
+        t0 = time.perf_counter()
+        summary = loop.train(trainer, runtime, validations, run_spec, run_spec.batch_sizes[0], None, log, announce=False)
+        train_s = time.perf_counter() - t0
+        with tempfile.TemporaryDirectory() as folder:
+            test = trainer.finish(Path(folder), KeptArtifacts(), settings)
+        runs.append({"seed": run_spec.seed, "epochs": summary.epochs, "steps": summary.steps, "train_s": train_s, "stopped_by": summary.ended_by,
+                     "samples_per_s": summary.samples_seen / train_s, "s_per_epoch": train_s / max(summary.epochs, 1),
+                     "final_losses": summary.final_losses, "time_to_target_s": summary.time_to_target_s,
+                     "epochs_to_target": summary.epochs_to_target, "validations": validations.rows, "test": test})
+    reached = [r["time_to_target_s"] for r in runs if r["time_to_target_s"] is not None]
+    return {"workload": spec.workload, "synthetic": workload.synthetic, "device": runtime.description, "batch_size": spec.batch_sizes[0],
+            "time_budget_s": spec.time_budget, "epoch_limit": spec.epochs, "seeds": [r["seed"] for r in runs],
+            "runs_reaching_target": len(reached), "time_to_target_median_s": statistics.median(reached) if reached else None,
+            "samples_per_s_median": statistics.median(r["samples_per_s"] for r in runs), "runs": runs}
 
 
 def _train_once(settings, spec: TrainSpec, runtime: TorchRuntime, test_steps: int, extra_sims: list) -> dict:

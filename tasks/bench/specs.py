@@ -173,10 +173,10 @@ class BenchMatmulSpec(BenchSpec):
 
 # The training settings bench-quality shares with ``python -m flows train``: the same fields, ranges and
 # defaults as TrainSpec's, declared there once.
-QUALITY_TRAINING = ("dataset", "time_budget", "epochs", "recipe", "predict", "upsample", "schedule", "noise", "unroll", "pushforward",
+QUALITY_TRAINING = ("workload", "dataset", "time_budget", "epochs", "recipe", "predict", "upsample", "schedule", "noise", "unroll", "pushforward",
                     "curriculum", "condition", "damping", "constrain", "gan_weight",
                     "l1_weight", "lr", "ngf", "ndf", "seed", "target_vorticity", "target_steps", "validate_every", "validate_steps",
-                    "stop_at_target", "threads", "compile")
+                    "stop_at_target", "target_accuracy", "threads", "compile")
 
 
 class _BenchQualityOwn(BenchSpec):
@@ -185,9 +185,9 @@ class _BenchQualityOwn(BenchSpec):
     device: Literal["cpu", "cuda"] = Field(default="cpu", description="Device kind")
     batch_size: PositiveInt = Field(default=8, description="Batch size")
     repeats: PositiveInt = Field(default=1, description="Runs, with seeds seed, seed+1, ...")
-    test_steps: PositiveInt = Field(default=60, description="Steps of the final rollout on the test simulation")
-    extra_dataset: list[str] = Field(default=[], description="Also roll out on every simulation of this dataset (repeatable)")
-    extra_steps: PositiveInt = Field(default=600, description="Steps of those rollouts")
+    test_steps: PositiveInt = Field(default=60, description="karman: steps of the final rollout on the test simulation")
+    extra_dataset: list[str] = Field(default=[], description="karman: also roll out on every simulation of this dataset (repeatable)")
+    extra_steps: PositiveInt = Field(default=600, description="karman: steps of those rollouts")
 
     def train_spec(self):
         """The training spec the first run trains with (``python -m flows train`` takes the same); ValidationError

@@ -69,6 +69,22 @@ def test_a_short_run_trains_and_scores_the_test_split(generated, framework):
     _energy_and_cost_are_logged_and_reported(workdir, run)
 
 
+def test_bench_quality_trains_another_workload_and_scores_its_test_split(generated):
+    """bench-quality for a workload other than karman: the same loop, its validations against training time and the
+    test split's scores as train reports them; no rollouts, and karman's extra rollouts refused."""
+    workdir, _ = generated
+    proc = run_cli("bench-quality", "--workload", "digits", "--dataset", "mnist", "--epochs", "2", "--batch-size", "32", "--threads", "1",
+                   "--validate-every", "1", "--json", cwd=workdir)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    (run,) = out["runs"]
+    assert (out["workload"], out["synthetic"], out["seeds"], run["epochs"], run["stopped_by"]) == ("digits", False, [0], 2, "epoch limit") or run["time_to_target_s"]
+    assert [v["epoch"] for v in run["validations"]] == list(range(1, run["epochs"] + 1)) and 0.5 < run["validations"][-1]["accuracy"] <= 1
+    assert 0.5 < run["test"]["accuracy"] <= 1 and run["samples_per_s"] > 0 and "horizon_vorticity" not in json.dumps(out)
+    assert_refused(run_cli("bench-quality", "--workload", "digits", "--dataset", "mnist", "--epochs", "1", "--extra-dataset", "karman-long",
+                           cwd=workdir), "--extra-dataset rolls out flows of the karman workload")
+
+
 def _energy_and_cost_are_logged_and_reported(workdir, run):
     """The run's energy (or why there is none), device-hours at one thread of the host's cores, its cost at the default
     price, in MLflow and in the report's training tables."""
