@@ -76,11 +76,11 @@ def bench_quality(bench: BenchQualitySpec) -> dict:
     for folder in folders:
         if not (folder / "manifest.json").is_file():
             raise ValueError(f"no dataset at {folder} (no manifest.json); make one with python -m flows generate --dataset {folder.name}")
+    if spec.time_budget is None and spec.epochs is None:
+        raise ValueError("give a time budget or an epoch limit: without either the run has no end")
     if spec.workload != "karman":
         return _bench_workload(settings, spec, repeats)
     extra = tuple((folder, bench.extra_steps) for folder in folders[1:])
-    if spec.time_budget is None and spec.epochs is None:
-        raise ValueError("give a time budget or an epoch limit: without either the run has no end")
     extra_sims = []  # (label, steps, frames, spec) of every extra simulation, read once for all seeds
     for extra_dir, extra_steps in extra:
         extra_manifest = load_manifest(extra_dir)
