@@ -110,12 +110,7 @@ def _bench_workload(settings, spec: TrainSpec, repeats: int) -> dict:
     runs = []
     for i in range(repeats):
         run_spec = spec.model_copy(update={"seed": spec.seed + i})
-        data = workload.prepare(settings, run_spec)
-        trainer = framework_module(workload, "torch").build(data, run_spec, run_spec.batch_sizes[0], runtime)
-        validations = Validations()
-        t0 = time.perf_counter()
-        summary = loop.train(trainer, runtime, validations, run_spec, run_spec.batch_sizes[0], None, log, announce=False)
-        train_s = time.perf_counter() - t0
+        _, trainer, summary, validations, train_s = _trained(settings, run_spec, runtime)
         with tempfile.TemporaryDirectory() as folder:
             test = trainer.finish(Path(folder), KeptArtifacts(), settings)
         runs.append({"seed": run_spec.seed, "epochs": summary.epochs, "steps": summary.steps, "train_s": train_s, "stopped_by": summary.ended_by,
@@ -129,14 +124,20 @@ def _bench_workload(settings, spec: TrainSpec, repeats: int) -> dict:
             "samples_per_s_median": statistics.median(r["samples_per_s"] for r in runs), "runs": runs}
 
 
-def _train_once(settings, spec: TrainSpec, runtime: TorchRuntime, test_steps: int, extra_sims: list) -> dict:
+def _trained(settings, spec: TrainSpec, runtime: TorchRuntime) -> tuple:
+    """The workload's torch trainer for ``spec``, trained through the one loop: (data, trainer, loop summary,
+    validations, seconds)."""
     workload = get_workload(spec.workload)
     data = workload.prepare(settings, spec)
     trainer = framework_module(workload, "torch").build(data, spec, spec.batch_sizes[0], runtime)
     validations = Validations()
     t0 = time.perf_counter()
     summary = loop.train(trainer, runtime, validations, spec, spec.batch_sizes[0], None, log, announce=False)
-    train_s = time.perf_counter() - t0
+    return data, trainer, summary, validations, time.perf_counter() - t0
+
+
+def _train_once(settings, spec: TrainSpec, runtime: TorchRuntime, test_steps: int, extra_sims: list) -> dict:
+    data, trainer, summary, validations, train_s = _trained(settings, spec, runtime)
     generator, ctx, codec = trainer.generator.eval(), runtime.ctx, data.codec
     test_sim_id = data.split["test"][0]
     test_frames, test_sim = load_simulation(data.dataset_dir, data.manifest, test_sim_id, data.recipe.condition)
