@@ -11,6 +11,7 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -37,24 +38,22 @@ def validate(case: str, dtype: str, cells: str) -> dict:
     from models.solver.benchmark import REFERENCE, within
     from tasks.validate.job import validate_job
 
-    out = validate_job({"case": case, "cells_per_diameter": int(cells), "backend": "triton", "dtype": dtype, "max_time": None,
-                        "device": "cuda", "history": f"/tmp/history-{case}-{dtype}.npz"})
+    with tempfile.TemporaryDirectory() as folder:
+        out = validate_job({"case": case, "cells_per_diameter": int(cells), "backend": "triton", "dtype": dtype, "max_time": None,
+                            "device": "cuda", "history": str(Path(folder) / "history.npz")})
     verdict = {k: within(v, REFERENCE[case][k]) for k, v in out["quantities"].items() if k in REFERENCE[case]}
     return {**out, "within": verdict, "passes": all(verdict.values())}
 
 
 def sweep(work: Path) -> dict:
     """The demo sweep batched on the GPU (the job ``generate --device cuda`` runs) and simulated one by one with
-    numba on this host's cores, both written as datasets, then compare-datasets on them."""
-    import shutil
-
+    numba on this host's cores, both written as datasets under ``work`` (empty), then compare-datasets on them."""
     import numba
 
     from tasks.common.specs import GenerateSpec
     from tasks.common.store import Manifest
     from tasks.generate.simulation import expand, run_simulation, simulate_batch_job
 
-    shutil.rmtree(work, ignore_errors=True)
     times = {}
     for name, device in (("gpu", "cuda"), ("cpu", "cpu")):
         spec = GenerateSpec(dataset=f"demo-{name}", device=device)
@@ -82,7 +81,8 @@ def main(argv: list[str]) -> int:
         print(json.dumps(validate(*argv[1:4])))
         return 0
     if argv[:1] == ["--sweep"]:
-        print(json.dumps(sweep(Path("/tmp/gpu-figures"))))
+        with tempfile.TemporaryDirectory() as work:
+            print(json.dumps(sweep(Path(work))))
         return 0
     out = Path(argv[0])
     out.mkdir(parents=True, exist_ok=True)
