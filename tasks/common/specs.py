@@ -248,6 +248,7 @@ class ValidateSpec(Spec):
     dtype: Literal["float32", "float64"] = Field(default="float64", description="Precision of the populations")
     device: str = Field(default="cpu", description="torch device for the torch and triton backends, e.g. cuda")
     max_time: PositiveFloat | None = Field(default=None, description="Seconds of flow at most; None = 60 (2D-1) or 20 (2D-2)")
+    lattice_velocity: PositiveFloat | None = Field(default=None, description="Mean inflow in lattice units, at most 0.1 (the Mach number's control: the peak's is 2.6 times it); None = the case's own (0.02 for 2D-1, 0.05 for 2D-2)")
 
     @model_validator(mode="after")
     def _backend_offers(self) -> "ValidateSpec":

@@ -39,7 +39,7 @@ def resolutions(spec: ValidateSpec) -> list[int]:
 def setups(spec: ValidateSpec) -> list[Setup]:
     """One Setup per resolution; UserError naming a bad resolution."""
     try:
-        return [Setup(spec.case, n) for n in resolutions(spec)]
+        return [Setup(spec.case, n, spec.lattice_velocity) for n in resolutions(spec)]
     except ValueError as exc:
         raise UserError(str(exc)) from None
 
@@ -69,7 +69,8 @@ def convergence_markdown(case: str, rows: list[dict]) -> str:
 def _run_setup(spec: ValidateSpec, setup: Setup, history: Path, logger) -> tuple[dict, dict]:
     """One resolution in a child process (this one imports no solver framework); its history is written to ``history``."""
     job = {"case": spec.case, "cells_per_diameter": setup.cells_per_diameter, "backend": spec.backend, "dtype": spec.dtype,
-           "max_time": spec.max_time, "device": spec.device, "history": str(history)}
+           "max_time": spec.max_time, "device": spec.device, "history": str(history),
+           "lattice_velocity": setup.lattice_u_mean}
     result = run_child("validate", BODY, job, logger)
     return result["quantities"], result["stats"]
 
@@ -86,7 +87,8 @@ def validate_solver(settings: Settings, spec: ValidateSpec) -> dict:
         out_dir = settings.run_dir(mlrun.run_id)
         out_dir.mkdir(parents=True, exist_ok=True)
         for setup in ladder:
-            logger.info("%s at %d cells per diameter (tau %.4f)", spec.case, setup.cells_per_diameter, setup.config().tau)
+            logger.info("%s at %d cells per diameter (lattice velocity %g, tau %.4f)", spec.case, setup.cells_per_diameter,
+                        setup.lattice_u_mean, setup.config().tau)
             quantities, stats = _run_setup(spec, setup, out_dir / "history.npz", logger)
             row = {**quantities, **stats}
             rows.append(row)

@@ -24,6 +24,7 @@ def test_validate_solver_prints_the_figures_and_logs_the_convergence_table(workd
     run = client.search_runs([client.get_experiment_by_name("test").experiment_id], "tags.`karman.stage` = 'validate'")[0]
     assert run.info.status == "FINISHED"
     assert [m.step for m in client.get_metric_history(run.info.run_id, "cd")] == [10, 20]
+    assert [m.value for m in client.get_metric_history(run.info.run_id, "lattice_u_mean")] == [0.02, 0.02]  # 2D-1's own
     artifacts = {a.path for a in client.list_artifacts(run.info.run_id)}
     assert {"convergence.md", "convergence.json", "drag_lift.png", "history.npz", "reference_check.json"} <= artifacts
     table = (workdir / "data" / "runs" / run.info.run_id / "convergence.md").read_text()
@@ -33,6 +34,7 @@ def test_validate_solver_prints_the_figures_and_logs_the_convergence_table(workd
 def test_validate_solver_refuses_a_resolution_off_the_benchmark_grid(workdir):
     assert_refused(run_cli("validate-solver", "--cells-per-diameter", "25", cwd=workdir), "cells per diameter 25", "multiple of 10")
     assert_refused(run_cli("validate-solver", "--case", "3D-1", cwd=workdir), "--case", "3D-1")
+    assert_refused(run_cli("validate-solver", "--lattice-velocity", "0.2", cwd=workdir), "lattice velocity 0.2 must be above 0 and at most 0.1")
 
 
 def test_bench_solver_reports_throughput(workdir):

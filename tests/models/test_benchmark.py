@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from models.solver.benchmark import REFERENCE, Setup, periods, run, within
+from models.solver.benchmark import LATTICE_U_MEAN, REFERENCE, Setup, periods, run, within
 
 
 def test_setup_reproduces_the_benchmark_geometry():
@@ -14,6 +14,17 @@ def test_setup_reproduces_the_benchmark_geometry():
     assert cfg.reynolds == 100 and cfg.u_mean == pytest.approx(setup.lattice_u_mean)
     # one lattice step in seconds: dx / (U_phys / U_lattice)
     assert setup.dt == pytest.approx(0.005 * setup.lattice_u_mean / 1.0)
+
+
+def test_each_case_has_its_own_lattice_velocity_and_a_given_one_is_bounded():
+    assert Setup("2D-1", 40).lattice_u_mean == LATTICE_U_MEAN["2D-1"] == 0.02  # Mach 0.05 at the peak: 2D-1's pressure difference
+    assert Setup("2D-2", 60).lattice_u_mean == LATTICE_U_MEAN["2D-2"] == 0.05
+    slow, fast = Setup("2D-1", 40, 0.01), Setup("2D-1", 40)
+    assert slow.config().u_max == pytest.approx(0.015) and slow.dt == pytest.approx(fast.dt / 2)
+    assert slow.config().tau < fast.config().tau  # the same Reynolds number at a lower velocity: a lower viscosity
+    for u in (0.0, -0.01, 0.11):
+        with pytest.raises(ValueError, match=f"lattice velocity {u} must be above 0 and at most 0.1"):
+            Setup("2D-2", 20, u)
 
 
 @pytest.mark.parametrize("n", [0, 5, 25])
