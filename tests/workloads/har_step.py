@@ -40,7 +40,7 @@ def one_step(framework: str, batch: int = 24) -> dict:
         restored = all(np.array_equal(weights[k], v) for k, v in fresh.weights().items())
         second = [trainer.step(next(trainer.batches(2, 1)), [0.0] * 3, 0.0)[0]["loss_ce"],
                   fresh.step(next(fresh.batches(2, 1)), [0.0] * 3, 0.0)[0]["loss_ce"]]  # Adam's moments came along too
-    trained = trainer.net.parameters() if framework == "torch" else trainer.net.trainable_variables
+    trained = trainer.net.parameters() if framework == "torch" else trainer.w.values() if framework == "jax" else trainer.net.trainable_variables
     counted = sum(int(np.prod(tuple(p.shape))) for p in trained if getattr(p, "requires_grad", True))
     return {"restored": restored, "second_steps": second, "parameters": int(sum(v.size for v in weights.values())), "trainable": counted,
             "params": trainer.params["parameters"], "before": before, "step_loss": step_losses["loss_ce"], "after": trainer.score("train")["loss"],

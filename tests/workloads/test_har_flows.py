@@ -1,4 +1,4 @@
-"""The har workload through the CLI: generate writes the synthetic windows, their subject split and a manifest (stable digest, a no-op again), a short torch run over two hosts of a (simulated) SLURM job trains a small BiLSTM and scores the held-out subjects, tensorflow over the same two hosts takes the same steps, and bad sizes are refused in one line."""
+"""The har workload through the CLI: generate writes the synthetic windows, their subject split and a manifest (stable digest, a no-op again), a short torch run over two hosts of a (simulated) SLURM job trains a small BiLSTM and scores the held-out subjects, tensorflow over the same two hosts and JAX in one process take the same steps, and bad sizes are refused in one line."""
 
 import json
 import os
@@ -93,6 +93,18 @@ def test_tensorflow_over_the_same_two_hosts_takes_the_same_steps(generated, torc
     assert (out["world_size"], out["strategy"], out["steps"]) == (2, "multiworker", 6) and "2 workers" in out["device"]
     assert out["final_ce"] == pytest.approx(torch_on_two_hosts["final_ce"], rel=1e-5)
     assert out["test_f1"] == pytest.approx(torch_on_two_hosts["test_f1"], abs=0.01)
+
+
+def test_jax_in_one_process_takes_the_same_steps_as_torch_over_two_hosts(generated, torch_on_two_hosts):
+    """The JAX BiLSTM (a scan over time per direction) on the whole batch: the same six steps as torch's two halves."""
+    proc = run_in_process("train", "--framework", "jax", *SMALL_RUN, cwd=generated[0])
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert (out["world_size"], out["steps"]) == (1, 6)
+    assert out["final_ce"] == pytest.approx(torch_on_two_hosts["final_ce"], rel=1e-5)
+    assert out["test_f1"] == pytest.approx(torch_on_two_hosts["test_f1"], abs=0.01)
+    run = MlflowClient(tracking_uri=os.environ["MLFLOW_TRACKING_URI"]).get_run(out["run_id"])
+    assert run.data.params["framework"] == "jax" and run.data.params["parameters"] == str(2 * (4 * 8 * (9 + 8) + 32) + 16 * 6 + 6)
 
 
 def test_a_network_without_layers_or_a_batch_that_does_not_split_over_the_workers_is_refused_in_one_line_and_nothing_is_written(generated):

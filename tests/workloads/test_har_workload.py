@@ -1,11 +1,11 @@
-"""The har workload: the synthetic generator (deterministic, balanced, split by subject), the macro scores, the BiLSTM's FLOPs against torch's counter, torch and Keras from the same weights (parameters, one Adam step, checkpoint), and what a spec refuses."""
+"""The har workload: the synthetic generator (deterministic, balanced, split by subject), the macro scores, the BiLSTM's FLOPs against torch's counter, torch, Keras and JAX from the same weights (parameters, one Adam step, checkpoint), and what a spec refuses."""
 
 import numpy as np
 import pytest
 
 from tests.workloads.digits_step import stepped_in_children
 
-FRAMEWORKS = ("torch", "tensorflow")
+FRAMEWORKS = ("torch", "tensorflow", "jax")
 
 
 @pytest.fixture(scope="module")
@@ -14,7 +14,7 @@ def stepped() -> dict[str, dict]:
     return stepped_in_children("tests.workloads.har_step", FRAMEWORKS)
 
 
-def test_torch_and_keras_train_the_same_parameters_take_the_same_first_step_and_restore_from_a_checkpoint(stepped):
+def test_torch_keras_and_jax_train_the_same_parameters_take_the_same_first_step_and_restore_from_a_checkpoint(stepped):
     from tasks.workloads.har.workload import Network
     from tests.workloads.har_step import NETWORK
 
@@ -22,11 +22,12 @@ def test_torch_and_keras_train_the_same_parameters_take_the_same_first_step_and_
     # per layer and direction 4H(in + H) + 4H (one bias: torch's second is frozen at zero), then the dense layer
     assert expected == 2 * (4 * 8 * (9 + 8) + 32) + 2 * (4 * 8 * (16 + 8) + 32) + 16 * 6 + 6 == 2854
     assert {f: (r["parameters"], r["trainable"], r["params"]) for f, r in stepped.items()} == {f: (expected,) * 3 for f in FRAMEWORKS}
-    torch_, keras = stepped["torch"], stepped["tensorflow"]
+    torch_ = stepped["torch"]
     assert torch_["after"] < torch_["before"] - 0.02  # the step learned something
-    assert keras["before"] == pytest.approx(torch_["before"], abs=1e-5)  # the same initial weights, gates and pooling
-    assert keras["step_loss"] == pytest.approx(torch_["step_loss"], abs=1e-5)
-    assert keras["after"] == pytest.approx(torch_["after"], abs=1e-5)  # the same Adam step
+    for other in (stepped["tensorflow"], stepped["jax"]):
+        assert other["before"] == pytest.approx(torch_["before"], abs=1e-5)  # the same initial weights, gates and pooling
+        assert other["step_loss"] == pytest.approx(torch_["step_loss"], abs=1e-5)
+        assert other["after"] == pytest.approx(torch_["after"], abs=1e-5)  # the same Adam step
     for framework, r in stepped.items():
         assert r["flags"] == pytest.approx([0.0, 0.0, 1.5]), framework
         assert r["restored"] and r["second_steps"][0] == pytest.approx(r["second_steps"][1], abs=1e-6), framework  # moments too

@@ -1,0 +1,69 @@
+"""The har workload in JAX (one device, jit): the stacked bidirectional LSTM of workload.py as a pure function of its weights, optax Adam, logits for scoring."""
+
+import jax
+import jax.numpy as jnp
+import optax
+
+from tasks.workloads.digits.jax import DigitsJax
+from tasks.workloads.har.workload import DIRECTIONS, EPSILON, LEARNING_RATE, HarData, HarTrainer, Network
+
+
+def _direction(x: jax.Array, kernel: jax.Array, recurrent: jax.Array, bias: jax.Array, reverse: bool) -> jax.Array:
+    """One LSTM direction over windows (B, T, in) -> (B, T, H), gates i, f, c, o (workload.py's order), the
+    input projection for every step at once, then a scan over time; ``reverse`` runs from the last step back
+    and keeps each output at its own step, as torch's and Keras' backward halves do."""
+    batch, units = x.shape[0], recurrent.shape[0]
+    projected = jnp.swapaxes(x @ kernel + bias, 0, 1)  # (T, B, 4H)
+
+    def cell(carry, z):
+        h, c = carry
+        i, f, g, o = jnp.split(z + h @ recurrent, 4, axis=-1)
+        c = jax.nn.sigmoid(f) * c + jax.nn.sigmoid(i) * jnp.tanh(g)
+        h = jax.nn.sigmoid(o) * jnp.tanh(c)
+        return (h, c), h
+
+    zeros = jnp.zeros((batch, units), x.dtype)
+    _, hs = jax.lax.scan(cell, (zeros, zeros), projected, reverse=reverse)
+    return jnp.swapaxes(hs, 0, 1)
+
+
+def forward(w: dict, x: jax.Array, layers: int) -> jax.Array:
+    """Windows (B, 128, 9) -> logits (B, classes): the layers' forward and backward halves concatenated, the
+    last layer's outputs averaged over time, the dense layer."""
+    for layer in range(layers):
+        x = jnp.concatenate([_direction(x, w[f"lstm{layer}/{d}/kernel"], w[f"lstm{layer}/{d}/recurrent"], w[f"lstm{layer}/{d}/bias"], d == "bw")
+                             for d in DIRECTIONS], axis=-1)  # (B, T, 2H)
+    return x.mean(axis=1) @ w["dense/kernel"] + w["dense/bias"]
+
+
+class HarJax(HarTrainer, DigitsJax):
+    """The har trainer in JAX: the digits trainer's jitted step, logits, weights and checkpoint state, on the
+    BiLSTM with Adam; scores, target and artifacts are HarTrainer's."""
+
+    framework = "jax"
+
+    def __init__(self, data: HarData, spec, batch_size: int, runtime):
+        HarTrainer.__init__(self, data, spec, batch_size)
+        network: Network = self.network
+        self.runtime = runtime
+        self.device = runtime.ctx.device
+        self.w = jax.device_put({k: jnp.asarray(v) for k, v in network.initial_weights(spec.seed).items()}, self.device)
+        # optax adds epsilon to sqrt(v) after the bias correction, as torch does: the same step
+        self.opt = optax.adam(LEARNING_RATE, eps=EPSILON)
+        self.opt_state = self.opt.init(self.w)
+        self.speed = {"threads": runtime.threads, "jit": True}
+
+        def loss_fn(w, x, y):
+            return optax.softmax_cross_entropy_with_integer_labels(forward(w, x, network.layers), y).mean()
+
+        def step(w, opt_state, x, y):
+            loss, grads = jax.value_and_grad(loss_fn)(w, x, y)
+            updates, opt_state = self.opt.update(grads, opt_state, w)
+            return optax.apply_updates(w, updates), opt_state, loss
+
+        self._step = jax.jit(step, donate_argnums=(0, 1))
+        self._logits = jax.jit(lambda w, x: forward(w, x, network.layers))
+
+
+def build(data: HarData, spec, batch_size: int, runtime) -> HarJax:
+    return HarJax(data, spec, batch_size, runtime)
