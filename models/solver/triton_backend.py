@@ -18,7 +18,8 @@ other buffer (x contiguous), collides them (TRT) and writes them back; nothing e
   (2D-2 c_L,max 0.65 against 0.99-1.01; 2D-1 c_L 20 % high), because at this lattice velocity (0.05) the
   pressure differences that make the lift are below fp16's resolution of the populations.
 * **CUDA graphs**: on a GPU, runs of steps are captured once and replayed, so small grids are not bound by
-  launch latency.
+  launch latency. Graphs come in several lengths (``GRAPH_LENGTHS``), so that an advance of any length
+  (a frame of 50 steps, say) replays graphs for all but at most 10 of its steps (``graph_plan``).
 
 On a CPU the kernel runs only under Triton's interpreter (``TRITON_INTERPRET=1`` set before this module is
 imported), which is how the tests check it against the NumPy reference without a GPU.
@@ -36,8 +37,25 @@ from models.solver.operators import INLET_DIRS, OUTLET_DIRS, StepPlan
 
 STORAGES = ("float32", "float64")
 FLAG_FLUID, FLAG_SOLID, FLAG_LINK = 0, 1, 2
-GRAPH_STEPS = 120  # steps per captured CUDA graph: a multiple of 6 (buffer parity 2 x outlet slot cycle 3)
+# Steps per captured CUDA graph, longest first: each a multiple of 6 (buffer parity 2 x outlet slot cycle 3), so
+# that a graph ends where it started. Halving from 96 covers every multiple of 6 with few graphs.
+GRAPH_LENGTHS = (120, 96, 48, 24, 12, 6)
 _BLOCK_MAX = 512
+
+
+def graph_plan(steps: int, launches: int) -> tuple[int, list[int]]:
+    """How a GPU advances ``steps`` steps after ``launches`` launches: (eager launches first, until the launch
+    count is a multiple of 6, where every graph starts; the graphs' lengths, longest first). The steps left
+    after them, fewer than 6, run eagerly too."""
+    if steps < 0 or launches < 0:
+        raise ValueError(f"steps {steps} and launches {launches} must not be negative")
+    align = min(steps, -launches % 6)
+    rest, lengths = steps - align, []
+    for length in GRAPH_LENGTHS:
+        while rest >= length:
+            lengths.append(length)
+            rest -= length
+    return align, lengths
 
 
 def interpreting() -> bool:
@@ -431,30 +449,31 @@ class FusedBatch:
 
         eager(min(steps, 1 if self._pending is not None or self.launches == 0 else 0))
         if self.device.type == "cuda":
-            eager(min(steps - done, (-self.launches) % 6))  # a graph starts at buffer 0 and outlet slot 0
-            while steps - done >= GRAPH_STEPS:
-                graph, chunk_forces, chunk_rho = self._graph(probes)
+            align, lengths = graph_plan(steps - done, self.launches)
+            eager(align)  # a graph starts at buffer 0 and outlet slot 0
+            for length in lengths:
+                graph, chunk_forces, chunk_rho = self._graph(probes, length)
                 graph.replay()
-                forces[done : done + GRAPH_STEPS] = chunk_forces
-                rho[done : done + GRAPH_STEPS] = chunk_rho
-                done += GRAPH_STEPS
-                self.launches += GRAPH_STEPS
+                forces[done : done + length] = chunk_forces
+                rho[done : done + length] = chunk_rho
+                done += length
+                self.launches += length
         eager(steps - done)
         return forces.cpu().numpy().astype(np.float64), rho.cpu().numpy().astype(np.float64)
 
-    def _graph(self, probes: np.ndarray):
-        """A CUDA graph of GRAPH_STEPS launches from launch parity 0 (built once per probe set). A graph replays
-        the addresses it captured, so every tensor it reads is kept with it: the probe nodes' too."""
-        key = tuple(map(tuple, probes.tolist()))
+    def _graph(self, probes: np.ndarray, length: int):
+        """A CUDA graph of ``length`` launches from launch parity 0 (built once per length and probe set). A graph
+        replays the addresses it captured, so every tensor it reads is kept with it: the probe nodes' too."""
+        key = (length, tuple(map(tuple, probes.tolist())))
         if key not in self._graphs:
             at = torch.as_tensor(probes, device=self.device)
-            chunk_forces = torch.zeros((GRAPH_STEPS, self.batch, 2), dtype=self.compute, device=self.device)
-            chunk_rho = torch.zeros((GRAPH_STEPS, self.batch, len(probes)), dtype=self.compute, device=self.device)
+            chunk_forces = torch.zeros((length, self.batch, 2), dtype=self.compute, device=self.device)
+            chunk_rho = torch.zeros((length, self.batch, len(probes)), dtype=self.compute, device=self.device)
             graph = torch.cuda.CUDAGraph()
             launches = self.launches
             with torch.cuda.graph(graph):
                 chunk_forces.zero_()
-                for k in range(GRAPH_STEPS):
+                for k in range(length):
                     self._launch(chunk_forces, k)
                     if len(probes):
                         chunk_rho[k] = self._probe(at)

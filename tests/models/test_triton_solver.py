@@ -91,6 +91,22 @@ def test_probes_must_be_interior_nodes():
     assert interior_probes(np.array([[1, 1], [22, 30]]), 24, 32).shape == (2, 2)
 
 
+def test_a_gpu_advance_of_any_length_runs_all_but_a_few_steps_in_graphs_that_end_where_they_start():
+    from models.solver.triton_backend import GRAPH_LENGTHS, graph_plan
+
+    assert all(length % 6 == 0 for length in GRAPH_LENGTHS)  # buffer parity 2 x the outlet's slot cycle 3
+    assert graph_plan(50, 1) == (5, [24, 12, 6])  # a 50-step frame after the first step: 8 steps eager
+    assert graph_plan(200, 1) == (5, [120, 48, 24]) and graph_plan(120, 0) == (0, [120]) and graph_plan(4, 3) == (3, [])
+    for launches in range(7):
+        for steps in range(400):
+            align, lengths = graph_plan(steps, launches)
+            assert (launches + align) % 6 == 0 or align == steps  # every graph starts at parity 0
+            assert steps - align - sum(lengths) < 6 and align + sum(lengths) <= steps
+            assert align < 6 and len(lengths) <= steps // 120 + 5 and lengths == sorted(lengths, reverse=True)
+    with pytest.raises(ValueError, match="steps -1 and launches 0 must not be negative"):
+        graph_plan(-1, 0)
+
+
 @pytest.mark.parametrize("storage,fold,periodic", [("float32", True, False), ("float32", False, True), ("float64", True, False)])
 def test_the_kernel_compiles_for_an_h100(storage, fold, periodic):
     # Triton's compiler and ptxas need no GPU: the compiled (not interpreted) kernel is built for sm_90 here
