@@ -76,6 +76,26 @@ def test_cuda_without_a_gpu_is_refused():
         ChannelSolver(small(), backend="triton", device="cuda")
 
 
+def test_on_a_gpu_advances_of_every_length_in_graphs_equal_the_reference():
+    # needs CUDA hardware (skipped elsewhere): advances of 1, 50, 7, 200 and 13 steps replay graphs of every
+    # length from different launch counts; fp64, so the graphs' steps must equal the reference's to rounding
+    import torch
+
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA GPU visible")
+    config = FlowConfig(nx=64, ny=32, reynolds=60.0, u_max=0.1, dtype="float64", obstacle=Obstacle(shape="circle", cx=16.3, cy=16.2, size=8.0))
+    fused = ChannelSolver(config, backend="triton", device="cuda")
+    ref = ChannelSolver(config, backend="numpy")
+    fused.perturb(seed=5)
+    ref.perturb(seed=5)
+    probes = np.array([[8, 30], [20, 50]])
+    for steps in (1, 50, 7, 200, 13):
+        forces, rho = fused.advance(steps, probes)
+        expected_forces, expected_rho = ref.advance(steps, probes)
+        assert np.abs(forces - expected_forces).max() < 1e-10 and np.abs(rho - expected_rho).max() < 1e-10, steps
+    assert np.abs(fused.f - ref.f).max() < 1e-10
+
+
 @pytest.mark.parametrize("backend", ["numpy", "numba", "torch", "triton"])
 def test_fp16_storage_is_not_offered(backend):
     # fp16 storage missed Schäfer–Turek on a GPU (c_L,max 0.65 against 0.99-1.01) and was dropped
