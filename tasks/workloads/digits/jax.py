@@ -32,29 +32,33 @@ def forward(w: dict, x: jax.Array) -> jax.Array:
     return x @ w["dense2/kernel"] + w["dense2/bias"]
 
 
-def loss_fn(w: dict, x: jax.Array, y: jax.Array) -> jax.Array:
-    return optax.softmax_cross_entropy_with_integer_labels(forward(w, x), y).mean()
-
-
 class DigitsJax(DigitsTrainer):
     framework = "jax"
 
     def __init__(self, data: DigitsData, spec, batch_size: int, runtime):
         super().__init__(data, spec, batch_size)
+        self._jit(runtime, initial_weights(spec.seed), optax.sgd(LEARNING_RATE, momentum=MOMENTUM), forward)
+
+    def _jit(self, runtime, weights: dict[str, np.ndarray], opt, logits_of) -> None:
+        """The weights on the runtime's device, the optimiser's state, and the jitted training step (mean
+        cross-entropy of ``logits_of(w, x)``, one ``opt`` update) and logits; shared with the other workloads' JAX trainers."""
         self.runtime = runtime
         self.device = runtime.ctx.device
-        self.w = jax.device_put({k: jnp.asarray(v) for k, v in initial_weights(spec.seed).items()}, self.device)
-        self.opt = optax.sgd(LEARNING_RATE, momentum=MOMENTUM)
-        self.opt_state = self.opt.init(self.w)
+        self.w = jax.device_put({k: jnp.asarray(v) for k, v in weights.items()}, self.device)
+        self.opt = opt
+        self.opt_state = opt.init(self.w)
         self.speed = {"threads": runtime.threads, "jit": True}
 
+        def loss(w, x, y):
+            return optax.softmax_cross_entropy_with_integer_labels(logits_of(w, x), y).mean()
+
         def step(w, opt_state, x, y):
-            loss, grads = jax.value_and_grad(loss_fn)(w, x, y)
-            updates, opt_state = self.opt.update(grads, opt_state, w)
-            return optax.apply_updates(w, updates), opt_state, loss
+            value, grads = jax.value_and_grad(loss)(w, x, y)
+            updates, opt_state = opt.update(grads, opt_state, w)
+            return optax.apply_updates(w, updates), opt_state, value
 
         self._step = jax.jit(step, donate_argnums=(0, 1))
-        self._logits = jax.jit(forward)
+        self._logits = jax.jit(logits_of)
 
     def _device(self, x: np.ndarray, y: np.ndarray):
         return jax.device_put(x, self.device), jax.device_put(y.astype(np.int32), self.device)  # (b, 28, 28, 1), (b,)

@@ -5,7 +5,7 @@ import jax.numpy as jnp
 import optax
 
 from tasks.workloads.digits.jax import DigitsJax
-from tasks.workloads.har.workload import DIRECTIONS, EPSILON, LEARNING_RATE, HarData, HarTrainer, Network
+from tasks.workloads.har.workload import DIRECTIONS, EPSILON, LEARNING_RATE, HarData, HarTrainer
 
 
 def _direction(x: jax.Array, kernel: jax.Array, recurrent: jax.Array, bias: jax.Array, reverse: bool) -> jax.Array:
@@ -44,25 +44,10 @@ class HarJax(HarTrainer, DigitsJax):
 
     def __init__(self, data: HarData, spec, batch_size: int, runtime):
         HarTrainer.__init__(self, data, spec, batch_size)
-        network: Network = self.network
-        self.runtime = runtime
-        self.device = runtime.ctx.device
-        self.w = jax.device_put({k: jnp.asarray(v) for k, v in network.initial_weights(spec.seed).items()}, self.device)
+        layers = self.network.layers
         # optax adds epsilon to sqrt(v) after the bias correction, as torch does: the same step
-        self.opt = optax.adam(LEARNING_RATE, eps=EPSILON)
-        self.opt_state = self.opt.init(self.w)
-        self.speed = {"threads": runtime.threads, "jit": True}
-
-        def loss_fn(w, x, y):
-            return optax.softmax_cross_entropy_with_integer_labels(forward(w, x, network.layers), y).mean()
-
-        def step(w, opt_state, x, y):
-            loss, grads = jax.value_and_grad(loss_fn)(w, x, y)
-            updates, opt_state = self.opt.update(grads, opt_state, w)
-            return optax.apply_updates(w, updates), opt_state, loss
-
-        self._step = jax.jit(step, donate_argnums=(0, 1))
-        self._logits = jax.jit(lambda w, x: forward(w, x, network.layers))
+        self._jit(runtime, self.network.initial_weights(spec.seed), optax.adam(LEARNING_RATE, eps=EPSILON),
+                  lambda w, x: forward(w, x, layers))
 
 
 def build(data: HarData, spec, batch_size: int, runtime) -> HarJax:
