@@ -20,26 +20,32 @@ FLOWS = [sys.executable, "-m", "flows"]
 
 # name -> (command, seconds allowed)
 STEPS: dict[str, tuple[list[str], int]] = {
-    "solver_4096x1024_fp32": (FLOWS + ["bench-solver", "--backend", "triton", "--device", "cuda", "--nx", "4096", "--ny", "1024", "--steps", "500", "--json"], 120),
-    "solver_1024x256_fp32": (FLOWS + ["bench-solver", "--backend", "triton", "--device", "cuda", "--nx", "1024", "--ny", "256", "--steps", "2000", "--json"], 60),
     "solver_batch16_128x64": (FLOWS + ["bench-solver", "--backend", "triton", "--device", "cuda", "--nx", "128", "--ny", "64", "--batch", "16", "--steps", "2400", "--json"], 60),
     "validate_2D-1_fp32": ([sys.executable, __file__, "--validate", "2D-1", "float32", "40"], 90),
     "validate_2D-2_fp32": ([sys.executable, __file__, "--validate", "2D-2", "float32", "60"], 120),
+    "validate_2D-2_fp32_70": ([sys.executable, __file__, "--validate", "2D-2", "float32", "70"], 120),
     "validate_2D-2_fp32_80": ([sys.executable, __file__, "--validate", "2D-2", "float32", "80"], 120),
+    "validate_2D-2_fp32_90": ([sys.executable, __file__, "--validate", "2D-2", "float32", "90"], 120),
+    "solver_4096x1024_fp32": (FLOWS + ["bench-solver", "--backend", "triton", "--device", "cuda", "--nx", "4096", "--ny", "1024", "--steps", "500", "--json"], 120),
+    "solver_1024x256_fp32": (FLOWS + ["bench-solver", "--backend", "triton", "--device", "cuda", "--nx", "1024", "--ny", "256", "--steps", "2000", "--json"], 60),
     "demo_sweep": ([sys.executable, __file__, "--sweep"], 180),
     "infer_128x64": (FLOWS + ["bench-infer", "--device", "cuda", "--mode", "full", "--size", "64", "--width", "128", "--json"], 90),
     "infer_1024x256": (FLOWS + ["bench-infer", "--device", "cuda", "--mode", "full", "--size", "256", "--json"], 120),
+    "validate_2D-1_fp32_80": ([sys.executable, __file__, "--validate", "2D-1", "float32", "80"], 90),
+    "validate_2D-2_fp32_80_u0.07": ([sys.executable, __file__, "--validate", "2D-2", "float32", "80", "0.07"], 120),
     "solver_torch_1024x256": (FLOWS + ["bench-solver", "--backend", "torch", "--device", "cuda", "--nx", "1024", "--ny", "256", "--steps", "200", "--json"], 60),
 }
 
 
-def validate(case: str, dtype: str, cells: str) -> dict:
-    """The Schäfer–Turek case at ``cells`` nodes per diameter on the fused kernel, with the intervals' verdict."""
+def validate(case: str, dtype: str, cells: str, velocity: str | None = None) -> dict:
+    """The Schäfer–Turek case at ``cells`` nodes per diameter (and lattice velocity, None: the case's own) on the
+    fused kernel, with the intervals' verdict."""
     from models.solver.benchmark import REFERENCE, within
     from tasks.validate.job import validate_job
 
     with tempfile.TemporaryDirectory() as folder:
         out = validate_job({"case": case, "cells_per_diameter": int(cells), "backend": "triton", "dtype": dtype, "max_time": None,
+                            "lattice_velocity": float(velocity) if velocity else None,
                             "device": "cuda", "history": str(Path(folder) / "history.npz")})
     verdict = {k: within(v, REFERENCE[case][k]) for k, v in out["quantities"].items() if k in REFERENCE[case]}
     return {**out, "within": verdict, "passes": all(verdict.values())}
@@ -78,7 +84,7 @@ def sweep(work: Path) -> dict:
 
 def main(argv: list[str]) -> int:
     if argv[:1] == ["--validate"]:
-        print(json.dumps(validate(*argv[1:4])))
+        print(json.dumps(validate(*argv[1:5])))
         return 0
     if argv[:1] == ["--sweep"]:
         with tempfile.TemporaryDirectory() as work:

@@ -40,7 +40,16 @@ FLAG_FLUID, FLAG_SOLID, FLAG_LINK = 0, 1, 2
 # Steps per captured CUDA graph, longest first: each a multiple of 6 (buffer parity 2 x outlet slot cycle 3), so
 # that a graph ends where it started. Halving from 96 covers every multiple of 6 with few graphs.
 GRAPH_LENGTHS = (120, 96, 48, 24, 12, 6)
-_BLOCK_MAX = 512
+
+
+def launch_shape(nx: int) -> tuple[int, int]:
+    """Cells per program along x and warps per program for rows of ``nx`` nodes: blocks of half a row (a power
+    of two) up to 256 cells, one cell a thread up to 4 warps, two beyond. Measured on an H100, each size in one
+    process (docs/gpu-solver.md): within 5 % of the fastest of five shapes tried at 16 x 128x64 (blocks of 64
+    cells, 2 warps: 192,000 steps/s; 32 and 1: 202,000), 1024x256 (256 and 4: 36,700 MLUPS; 128 and 4:
+    38,100) and 4096x1024 (256 and 4: 37,000; 128 and 2: 37,800)."""
+    block = min(256, max(16, triton.next_power_of_2(-(-(nx - 1) // 2))))
+    return block, max(1, min(4, block // 32))
 
 
 def graph_plan(steps: int, launches: int) -> tuple[int, list[int]]:
@@ -148,7 +157,7 @@ def _ghost(fa, fb, plane, nx, y, xs, mask, I: tl.constexpr, w, drift, uc, anchor
 def _link(fa, plane, nx, cell, lmask, kind_row, coef_row, I: tl.constexpr, OP: tl.constexpr, CXI: tl.constexpr,
           CYI: tl.constexpr, f, CDT: tl.constexpr):
     """Interpolated bounce-back of population ``I`` off the obstacle where the link table says so:
-    f_i = a f*_opp(x) + b f*_opp(x + c_i) + c f*_i(x). Returns the new f_i and the exchanged momentum."""
+    f_i = a f*_opp(x) + b f*_opp(x + c_i) + c f*_i(x). Returns the new f_i and each cell's exchanged momentum."""
     hit = lmask & (tl.load(kind_row + I, mask=lmask, other=0) == 2)
     a = tl.load(coef_row + I * 3, mask=hit, other=0.0).to(CDT)
     b = tl.load(coef_row + I * 3 + 1, mask=hit, other=0.0).to(CDT)
@@ -158,7 +167,7 @@ def _link(fa, plane, nx, cell, lmask, kind_row, coef_row, I: tl.constexpr, OP: t
     own = _load(fa + I * plane + cell, hit, CDT)
     new = a * here + b * behind + c * own
     exchanged = tl.where(hit, here + new, 0.0)
-    return tl.where(hit, new, f), tl.sum(exchanged, axis=0)
+    return tl.where(hit, new, f), exchanged
 
 
 @triton.jit
@@ -234,12 +243,14 @@ def step_kernel(fa, fb, flags, block_links, link_row, link_kind, link_coef, inle
         f6, e6 = _link(fa, plane, nx, cell, lmask, kind_row, coef_row, 6, 8, -1, 1, f6, CDT)
         f7, e7 = _link(fa, plane, nx, cell, lmask, kind_row, coef_row, 7, 5, -1, -1, f7, CDT)
         f8, e8 = _link(fa, plane, nx, cell, lmask, kind_row, coef_row, 8, 6, 1, -1, f8, CDT)
-        # momentum exchange: the obstacle receives -c_i (f*_opp + f_i) per link
-        fx = -(e1 - e3 + e5 - e6 - e7 + e8)
-        fy = -(e2 - e4 + e5 + e6 - e7 - e8)
+        # momentum exchange: the obstacle receives -c_i (f*_opp + f_i) per link, summed over the block's cells
+        # first (two block reductions, not one per direction). Relaxed atomics: the launch's end orders them
+        # before any reader, and an acquire-release one would hold the block until its earlier loads and stores are done.
+        fx = tl.sum(-(e1 - e3 + e5 - e6 - e7 + e8), axis=0)
+        fy = tl.sum(-(e2 - e4 + e5 + e6 - e7 - e8), axis=0)
         out = forces + (force_row * nsim + sim) * 2
-        tl.atomic_add(out, fx.to(out.dtype.element_ty))
-        tl.atomic_add(out + 1, fy.to(out.dtype.element_ty))
+        tl.atomic_add(out, fx.to(out.dtype.element_ty), sem="relaxed")
+        tl.atomic_add(out + 1, fy.to(out.dtype.element_ty), sem="relaxed")
 
     # TRT collision (the formulas of numba_backend._collide)
     rho = f0 + f1 + f2 + f3 + f4 + f5 + f6 + f7 + f8
@@ -271,10 +282,10 @@ def step_kernel(fa, fb, flags, block_links, link_row, link_kind, link_coef, inle
         # the outlet: this step's column density for the next step's drift, and the ghosts one step behind
         if last:
             at = mask & (xs == nx - 2) & fluid
-            tl.atomic_add(outlet_sum + add_slot * nsim + sim, tl.sum(tl.where(at, rho, 0.0), axis=0).to(outlet_sum.dtype.element_ty))
             _ghost(fa, fb, plane, nx, y, xs, mask, 3, WS, drift, uc, anchor, FOLD, CDT)
             _ghost(fa, fb, plane, nx, y, xs, mask, 6, WD, drift, uc, anchor, FOLD, CDT)
             _ghost(fa, fb, plane, nx, y, xs, mask, 7, WD, drift, uc, anchor, FOLD, CDT)
+            tl.atomic_add(outlet_sum + add_slot * nsim + sim, tl.sum(tl.where(at, rho, 0.0), axis=0).to(outlet_sum.dtype.element_ty), sem="relaxed")
         if (px == 0) & (py == 0):
             tl.store(outlet_sum + zero_slot * nsim + sim, 0.0)
 
@@ -346,7 +357,7 @@ class FusedBatch:
         self.fb = self.fa.clone()  # ghost populations no step writes keep their values in both buffers
         flags, rows, kinds, coefs = _links(self.plans, self.ny, self.nx)
         self.flags, self.link_row = on(flags), on(rows)
-        self.block = min(_BLOCK_MAX, triton.next_power_of_2(max(self.nx - 1, 16)))
+        self.block, self.warps = launch_shape(self.nx)
         blocks = triton.cdiv(self.nx - 1, self.block)  # columns 0 .. nx - 2, from column 0 (aligned)
         padded = np.zeros((self.batch, self.ny, blocks * self.block), bool)
         padded[:, :, : self.nx - 1] = flags[:, :, :-1] == FLAG_LINK
@@ -412,7 +423,7 @@ class FusedBatch:
             src, dst, self.flags, self.block_links, self.link_row, self.link_kind, self.link_coef, self.inlet_u, self.rates,
             self.u_convect, self.outlet_sum, forces, self.ny, self.nx, n % 3, (n + 1) % 3, (n + 2) % 3, row,
             self.anchor, FOLD=n > 0, PERIODIC=self.periodic, CDT=cdt,
-            BLOCK=self.block, num_warps=4,  # measured best on an H100 at 128 and 512 cells a block (1, 2 and 8 slower)
+            BLOCK=self.block, num_warps=self.warps,
         )
         self.launches += 1
 

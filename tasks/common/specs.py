@@ -242,7 +242,7 @@ class ValidateSpec(Spec):
     """The solver against the Schäfer-Turek cylinder benchmark (2D-1 steady Re 20, 2D-2 periodic Re 100)."""
 
     case: Literal["2D-1", "2D-2"] = Field(default="2D-2", description="Benchmark case: 2D-1 (steady, Re 20) or 2D-2 (periodic, Re 100)")
-    cells_per_diameter: PositiveInt | None = Field(default=None, description="Lattice nodes across the cylinder, a multiple of 10; None = 40 for 2D-1, 60 for 2D-2")
+    cells_per_diameter: PositiveInt | None = Field(default=None, description="Lattice nodes across the cylinder, a multiple of 10; None = 40 for 2D-1, 60 for 2D-2 (90 with the triton backend)")
     convergence: list[PositiveInt] | None = Field(default=None, description="Coarser resolutions for the convergence table; None = N/4 and N/2 (multiples of 10, at least 10)")
     backend: Literal["numba", "numpy", "torch", "triton"] = Field(default="numba", description="Solver backend: numba or numpy on the CPU, torch on any torch device, triton (one fused kernel per step) on cuda")
     dtype: Literal["float32", "float64"] = Field(default="float64", description="Precision of the populations")

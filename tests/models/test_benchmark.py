@@ -70,3 +70,14 @@ def test_periodic_case_2d2_at_coarse_resolution():
     assert within(quantities["cl_max"], REFERENCE["2D-2"]["cl_max"], 0.06)
     assert within(quantities["dp"], REFERENCE["2D-2"]["dp"], 0.03)
     assert history.cl.min() < -0.8 < 0.8 < history.cl.max()  # the lift swings both ways: vortex shedding
+
+
+def test_the_ladder_ends_at_the_case_and_backend_default_or_the_resolution_asked_for():
+    # the fused GPU kernel's 2D-2 default is 90 nodes, where fp32 on an H100 lies inside every interval
+    from tasks.common.specs import ValidateSpec
+    from tasks.validate.task import resolutions
+
+    assert resolutions(ValidateSpec(case="2D-1")) == [10, 20, 40]
+    assert resolutions(ValidateSpec(case="2D-2")) == [10, 30, 60]
+    assert resolutions(ValidateSpec(case="2D-2", backend="triton", device="cuda")) == [20, 40, 90]
+    assert resolutions(ValidateSpec(case="2D-2", backend="triton", device="cuda", cells_per_diameter=60, convergence=[30])) == [30, 60]

@@ -78,7 +78,9 @@ def test_cuda_without_a_gpu_is_refused():
 
 def test_on_a_gpu_advances_of_every_length_in_graphs_equal_the_reference():
     # needs CUDA hardware (skipped elsewhere): advances of 1, 50, 7, 200 and 13 steps replay graphs of every
-    # length from different launch counts; fp64, so the graphs' steps must equal the reference's to rounding
+    # length from different launch counts; fp64, so the graphs' steps must equal the reference's to rounding. The
+    # GPU's fused multiply-adds round differently from NumPy, and the difference grows with the steps (on an H100
+    # 5e-10 in the forces after 258 steps); a step replayed wrong or skipped would move them by 1e-4 or more
     import torch
 
     if not torch.cuda.is_available():
@@ -92,8 +94,8 @@ def test_on_a_gpu_advances_of_every_length_in_graphs_equal_the_reference():
     for steps in (1, 50, 7, 200, 13):
         forces, rho = fused.advance(steps, probes)
         expected_forces, expected_rho = ref.advance(steps, probes)
-        assert np.abs(forces - expected_forces).max() < 1e-10 and np.abs(rho - expected_rho).max() < 1e-10, steps
-    assert np.abs(fused.f - ref.f).max() < 1e-10
+        assert np.abs(forces - expected_forces).max() < 1e-8 and np.abs(rho - expected_rho).max() < 1e-8, steps
+    assert np.abs(fused.f - ref.f).max() < 1e-8
 
 
 @pytest.mark.parametrize("backend", ["numpy", "numba", "torch", "triton"])
@@ -149,3 +151,14 @@ def test_the_kernel_compiles_for_an_h100(storage, fold, periodic):
     assert ".target sm_90" in ptx
     assert ptx.count("ld.global") >= 9 and ptx.count("st.global") >= 9  # nine populations pulled and written
     assert "cubin" in kernel.asm  # ptxas assembled it
+
+
+def test_launch_shapes_cover_each_row_with_aligned_blocks_of_one_or_two_cells_a_thread():
+    from models.solver.triton_backend import launch_shape
+
+    assert [launch_shape(nx) for nx in (64, 128, 1024, 4096)] == [(32, 1), (64, 2), (256, 4), (256, 4)]  # as measured on an H100
+    for nx in range(4, 5000, 7):
+        block, warps = launch_shape(nx)
+        assert block & (block - 1) == 0 and 16 <= block <= 256 and 1 <= warps <= 4
+        assert 2 * block >= nx - 1 or block == 256  # at most two blocks a row below 512 columns
+        assert block // (32 * warps) in (0, 1, 2)  # one cell a thread, or two in the largest blocks
