@@ -51,17 +51,18 @@ def build(module, nx: int, ny: int, batch: int, shape: tuple[int, int] | None = 
 
 
 def main(argv: list[str]) -> int:
+    if argv and not (argv[0] == "--against" and len(argv) == 2 and Path(argv[1]).is_file()):
+        print(f"gpu_kernel_ab: arguments {' '.join(argv)!r} not understood; usage: python infra/gpu_kernel_ab.py [--against FILE] "
+              "(FILE: an existing triton_backend.py)", file=sys.stderr)
+        return 2
     if not torch.cuda.is_available():
         print("gpu_kernel_ab: no CUDA GPU visible; this script times the kernel on one", file=sys.stderr)
         return 2
     other = None
-    if argv[:1] == ["--against"] and len(argv) == 2:
+    if argv:
         spec = importlib.util.spec_from_file_location("triton_backend_other", argv[1])
         other = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(other)
-    elif argv:
-        print(f"gpu_kernel_ab: unknown arguments {argv}; usage: python infra/gpu_kernel_ab.py [--against FILE]", file=sys.stderr)
-        return 2
     for nx, ny, batch, steps, shapes in SIZES:
         variants = {f"rule {triton_backend.launch_shape(nx)}": build(triton_backend, nx, ny, batch)}
         if other is not None:

@@ -1,0 +1,44 @@
+"""The GPU scripts' command lines, checked on the CPU: a GPU session is rare, so a typo in a step must not waste one."""
+
+import subprocess
+import sys
+
+import pytest
+
+from flows.bench import BENCH_COMMANDS
+from flows.options import OneLineParser, spec_from_args
+from models.solver.benchmark import Setup
+from tests.conftest import ROOT
+
+sys.path.insert(0, str(ROOT / "infra"))
+import gpu_figures  # noqa: E402
+
+
+@pytest.mark.parametrize("name", sorted(gpu_figures.STEPS))
+def test_every_gpu_figures_step_is_a_valid_command(name):
+    command, limit = gpu_figures.STEPS[name]
+    assert 0 < limit <= 600
+    if command[1:3] == ["-m", "flows"]:  # a bench command: its options build its spec
+        from flows.bench import add_bench_commands
+
+        parser = OneLineParser(prog="python -m flows")
+        add_bench_commands(parser.add_subparsers(dest="command"))
+        args = parser.parse_args(command[3:])
+        spec = spec_from_args(BENCH_COMMANDS[args.command].spec, args)
+        assert spec.device == "cuda" and args.json
+    elif command[2] == "--validate":  # case, dtype, nodes per diameter and lattice velocity: a benchmark Setup
+        case, dtype, cells, *velocity = command[3:]
+        setup = Setup(case, int(cells), float(velocity[0]) if velocity else None)
+        assert dtype in ("float32", "float64") and setup.config(dtype).dtype == dtype
+    else:
+        assert command[2:] == ["--sweep"]
+
+
+def test_the_kernel_ab_script_refuses_bad_arguments_and_a_host_without_a_gpu_in_one_line():
+    script = [sys.executable, str(ROOT / "infra" / "gpu_kernel_ab.py")]
+    bad = subprocess.run(script + ["--against", "missing.py"], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert bad.returncode == 2 and bad.stdout == ""
+    assert bad.stderr.strip().splitlines() == ["gpu_kernel_ab: arguments '--against missing.py' not understood; usage: python "
+                                               "infra/gpu_kernel_ab.py [--against FILE] (FILE: an existing triton_backend.py)"]
+    none = subprocess.run(script, cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert none.returncode == 2 and none.stderr.strip() == "gpu_kernel_ab: no CUDA GPU visible; this script times the kernel on one"
