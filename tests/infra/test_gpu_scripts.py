@@ -1,4 +1,4 @@
-"""The GPU scripts' command lines, checked on the CPU: a GPU session is rare, so a typo in a step must not waste one."""
+"""The GPU scripts' command lines, checked on the CPU, so that a typo in a step is caught without a GPU."""
 
 import subprocess
 import sys

@@ -129,8 +129,9 @@ def test_a_gpu_advance_of_any_length_runs_all_but_a_few_steps_in_graphs_that_end
         graph_plan(-1, 0)
 
 
-@pytest.mark.parametrize("storage,fold,periodic", [("float32", True, False), ("float32", False, True), ("float64", True, False)])
-def test_the_kernel_compiles_for_an_h100(storage, fold, periodic):
+@pytest.mark.parametrize("storage,fold,periodic,shape", [("float32", True, False, (256, 4)), ("float32", False, True, (16, 1)),
+                                                          ("float64", True, False, (64, 2))])
+def test_the_kernel_compiles_for_an_h100(storage, fold, periodic, shape):
     # Triton's compiler and ptxas need no GPU: the compiled (not interpreted) kernel is built for sm_90 here
     import triton
     import triton.language as tl
@@ -145,8 +146,8 @@ def test_the_kernel_compiles_for_an_h100(storage, fold, periodic):
     signature = {**{k: f"*{v}" for k, v in pointers.items()}, **dict.fromkeys(("ny", "nx", "read_slot", "add_slot", "zero_slot", "force_row"), "i32"),
                  "anchor": "fp32", **dict.fromkeys(("FOLD", "PERIODIC", "CDT", "BLOCK"), "constexpr")}
     source = ASTSource(fn=step_kernel, signature=signature, constexprs={
-        "FOLD": fold, "PERIODIC": periodic, "CDT": tl.float64 if compute == "fp64" else tl.float32, "BLOCK": 512})
-    kernel = triton.compile(source, target=GPUTarget("cuda", 90, 32))
+        "FOLD": fold, "PERIODIC": periodic, "CDT": tl.float64 if compute == "fp64" else tl.float32, "BLOCK": shape[0]})
+    kernel = triton.compile(source, target=GPUTarget("cuda", 90, 32), options={"num_warps": shape[1]})  # shapes launch_shape gives
     ptx = kernel.asm["ptx"]
     assert ".target sm_90" in ptx
     assert ptx.count("ld.global") >= 9 and ptx.count("st.global") >= 9  # nine populations pulled and written
