@@ -91,7 +91,7 @@ class TrainSpec(Spec):
 
     workload: str = Field(default="karman", pattern=WORKLOAD_NAME, description="Workload, by name from the workload table: karman (the Pix2Pix surrogate of a vortex street), digits (a CNN on 5,000 real MNIST digits) or har (bidirectional LSTMs on synthetic activity-sensor windows); the recipe, rollout-validation and simulation-split fields are karman's")
     dataset: str = DatasetName
-    framework: Literal["torch", "tensorflow", "jax"] = Field(default="torch", description="torch (PyTorch), tensorflow (Keras 3 under a tf.distribute strategy) or jax (one device): the same networks, recipe, data and metrics; a workload runs in the frameworks it has")
+    framework: Literal["torch", "tensorflow", "jax"] = Field(default="torch", description="torch (PyTorch), tensorflow (Keras 3 under a tf.distribute strategy) or jax (one process, data-parallel over its devices): the same networks, recipe, data and metrics; a workload runs in the frameworks it has")
     device: Device = Field(default="cpu", description="cpu, cuda (all visible GPUs) or xla (TPU cores: torch_xla, or TPUStrategy for tensorflow)")
     strategy: Literal["auto", "default", "mirrored", "multiworker", "tpu"] = Field(default="auto", description="tensorflow's distribution strategy: default (one device), mirrored (the world's devices in one process; on cpu, logical CPUs), multiworker (one process per device on 127.0.0.1), tpu (a TPU host); auto = default for one device, mirrored for more, tpu for xla. torch takes auto: DDP processes on cpu and cuda, SPMD on xla")
     batch_sizes: list[PositiveInt] = Field(default=[8], min_length=1, description="Global batch sizes; several make a sweep: one run each, children of one parent run")
@@ -151,7 +151,7 @@ class TrainSpec(Spec):
             raise ValueError(f"strategy {self.strategy} is tensorflow's; torch takes auto (DDP on cpu and cuda, SPMD on xla)")
         if self.framework == "jax":
             if self.strategy != "auto":
-                raise ValueError(f"strategy {self.strategy} is tensorflow's; jax takes auto (one device)")
+                raise ValueError(f"strategy {self.strategy} is tensorflow's; jax takes auto (its devices in one process, the batch split over them)")
             if self.precision != "fp32":
                 raise ValueError(f"precision {self.precision}: the jax version trains in fp32 only")
         if self.framework == "tensorflow":
@@ -356,7 +356,7 @@ class BenchmarkSpec(Spec):
     that finished."""
 
     workloads: list[Annotated[str, StringConstraints(pattern=WORKLOAD_NAME)]] = Field(default=["karman"], min_length=1, description="Workloads, by name from the workload table: karman (the Pix2Pix surrogate, with rollouts), digits (the MNIST CNN of seed 004), har (the BiLSTM of seed 002, synthetic data); each trains in the frameworks it has")
-    frameworks: list[Literal["torch", "tensorflow", "jax"]] = Field(default=["torch"], min_length=1, description="Training frameworks: torch, tensorflow (Keras 3 under tf.distribute), jax (one device); the report puts them side by side, cell by cell; a workload's cells run in those it has (karman: torch, tensorflow)")
+    frameworks: list[Literal["torch", "tensorflow", "jax"]] = Field(default=["torch"], min_length=1, description="Training frameworks: torch, tensorflow (Keras 3 under tf.distribute), jax (one process over its devices); the report puts them side by side, cell by cell; a workload's cells run in those it has (karman: torch, tensorflow)")
     devices: list[Device] = Field(default=["cpu"], min_length=1, description="Training devices: cpu, cuda (a GPU pool), xla (a TPU pool)")
     batch_sizes: list[PositiveInt] | None = Field(default=None, min_length=1, description="Global batch sizes of the training matrix; None = each workload's (karman 8, 16, 32, 64)")
     repeats: PositiveInt = Field(default=1, le=100, description="Training runs per cell, with seeds train.seed, train.seed + 1, ...: the report's time to quality is their mean, the fastest and slowest dropped from three on")

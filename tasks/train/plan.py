@@ -69,15 +69,13 @@ def plan_world(spec: TrainSpec, probed: dict | None) -> tuple[int, int]:
         per_host = spec.model_copy(update={"hosts": 1, "world_size": spec.world_size // spec.hosts,
                                            "strategy": tensorflow_strategy(spec, spec.world_size) if spec.framework == "tensorflow" else "auto"})
         return spec.world_size, plan_world(per_host, probed)[1]
-    if spec.framework == "jax":  # one process on one device: data parallelism over several is not built yet
-        if (spec.world_size or 1) != 1:
-            raise UserError(f"jax trains on one device; leave out --world-size or set it to 1 (asked for {spec.world_size})")
-        return 1, 1
     if spec.device == "cpu":
         world = spec.world_size or 1
         cores = cpu_cores()
         if world > cores:
             raise UserError(f"world size {world} exceeds the {cores} CPU cores of this host")
+        if spec.framework == "jax":  # one process: its CPU devices (jax_num_cpu_devices) share the cores
+            return world, 1
         if spec.framework == "tensorflow":  # one process, unless each device has its own worker
             return world, (world if tensorflow_strategy(spec, world) == "multiworker" else 1)
         return world, world
@@ -89,6 +87,8 @@ def plan_world(spec: TrainSpec, probed: dict | None) -> tuple[int, int]:
         raise UserError(f"xla trains over all {available} devices of the host with SPMD; leave out --world-size or set it to {available}")
     if spec.framework == "tensorflow":
         return world, (world if tensorflow_strategy(spec, world) == "multiworker" else 1)
+    if spec.framework == "jax":  # one process drives all its devices
+        return world, 1
     return world, (world if spec.device == "cuda" else 1)
 
 

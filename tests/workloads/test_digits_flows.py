@@ -54,19 +54,39 @@ def test_a_damaged_store_is_refused_and_overwrite_writes_it_afresh(generated):
     assert (again["written"], again["digest"]) == (True, first["digest"])
 
 
-@pytest.mark.parametrize("framework", ["jax"])  # the other two share its scoring; their steps are checked in test_digits_workload.py
-def test_a_short_run_trains_and_scores_the_test_split(generated, framework):
-    workdir, first = generated
-    proc = run_in_process("train", "--workload", "digits", "--dataset", "mnist", "--framework", framework, "--batch-sizes", "32",
-                   "--max-steps", "8", "--threads", "1", "--json", cwd=workdir)
+SHORT_JAX = ("train", "--workload", "digits", "--dataset", "mnist", "--framework", "jax", "--batch-sizes", "32", "--max-steps", "8", "--threads", "1", "--json")
+
+
+@pytest.fixture(scope="module")
+def jax_one_device(generated) -> dict:
+    proc = run_in_process(*SHORT_JAX, cwd=generated[0])
     assert proc.returncode == 0, proc.stderr[-3000:]
-    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.parametrize("framework", ["jax"])  # the other two share its scoring; their steps are checked in test_digits_workload.py
+def test_a_short_run_trains_and_scores_the_test_split(generated, framework, jax_one_device):
+    workdir, first = generated
+    out = jax_one_device
+    assert (out["world_size"], out["strategy"]) == (1, "single")
     run = MlflowClient(tracking_uri=os.environ["MLFLOW_TRACKING_URI"]).get_run(out["run_id"])
     metrics, params = run.data.metrics, run.data.params
     assert run.info.status == "FINISHED" and out["steps"] == 8 and params["framework"] == framework
     assert 0.1 < metrics["test_accuracy"] <= 1.0 and metrics["test_loss"] > 0 and "val_accuracy" in metrics
     assert params["workload"] == "digits" and params["parameters"] == "225034" and run.data.tags["karman.dataset_digest"] == first["digest"]
     _energy_and_cost_are_logged_and_reported(workdir, run)
+
+
+def test_jax_over_two_devices_of_one_process_takes_the_one_devices_steps(generated, jax_one_device):
+    # each batch of 32 split 16/16 over two CPU devices, the weights replicated: the same eight steps
+    proc = run_in_process(*SHORT_JAX, "--world-size", "2", cwd=generated[0])
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert (out["world_size"], out["strategy"], out["steps"]) == (2, "spmd", 8) and "x2" in out["device"]
+    assert out["final_ce"] == pytest.approx(jax_one_device["final_ce"], rel=1e-5)
+    assert out["test_accuracy"] == pytest.approx(jax_one_device["test_accuracy"], abs=0.005)
+    refused = run_cli(*SHORT_JAX[:-1], "--world-size", "2", "--batch-sizes", "33", cwd=generated[0])
+    assert_refused(refused, "batch size 33 does not split evenly over 2 devices")
 
 
 def test_bench_quality_trains_another_workload_and_scores_its_test_split(generated):

@@ -73,11 +73,16 @@ def test_a_spec_refuses_what_jax_and_the_target_cannot_take(fields, message):
         TrainSpec(workload="digits", dataset="digits", **fields)
 
 
-def test_jax_plans_one_device():
+def test_jax_plans_one_process_over_its_devices():
     from tasks.common.errors import UserError
     from tasks.common.specs import TrainSpec
     from tasks.train.plan import plan_world
 
     assert plan_world(TrainSpec(workload="digits", framework="jax"), None) == (1, 1)
-    with pytest.raises(UserError, match=r"^jax trains on one device; leave out --world-size or set it to 1 \(asked for 2\)$"):
-        plan_world(TrainSpec(workload="digits", framework="jax", world_size=2), None)
+    assert plan_world(TrainSpec(workload="digits", framework="jax", world_size=2), None) == (2, 1)  # two CPU devices, one process
+    cuda = {"world_size": 4, "device": "4 x H100"}
+    assert plan_world(TrainSpec(workload="digits", framework="jax", device="cuda"), cuda) == (4, 1)
+    with pytest.raises(UserError, match=r"^world size 4096 exceeds the \d+ CPU cores of this host$"):
+        plan_world(TrainSpec(workload="digits", framework="jax", world_size=4096), None)
+    with pytest.raises(UserError, match=r"^world size 8 exceeds the 4 cuda devices of this host \(4 x H100\)$"):
+        plan_world(TrainSpec(workload="digits", framework="jax", device="cuda", world_size=8), cuda)

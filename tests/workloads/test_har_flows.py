@@ -95,12 +95,13 @@ def test_tensorflow_over_the_same_two_hosts_takes_the_same_steps(generated, torc
     assert out["test_f1"] == pytest.approx(torch_on_two_hosts["test_f1"], abs=0.01)
 
 
-def test_jax_in_one_process_takes_the_same_steps_as_torch_over_two_hosts(generated, torch_on_two_hosts):
-    """The JAX BiLSTM (a scan over time per direction) on the whole batch: the same six steps as torch's two halves."""
-    proc = run_in_process("train", "--framework", "jax", *SMALL_RUN, cwd=generated[0])
+def test_jax_over_two_devices_of_one_process_takes_the_same_steps_as_torch_over_two_hosts(generated, torch_on_two_hosts):
+    """The JAX BiLSTM (a scan over time per direction), each batch split over two CPU devices of one process and
+    the weights replicated (jit's partitioner sums the halves' gradients): the same six steps as torch's two halves."""
+    proc = run_in_process("train", "--framework", "jax", "--world-size", "2", *SMALL_RUN, cwd=generated[0])
     assert proc.returncode == 0, proc.stderr[-3000:]
     out = json.loads(proc.stdout.strip().splitlines()[-1])
-    assert (out["world_size"], out["steps"]) == (1, 6)
+    assert (out["world_size"], out["strategy"], out["steps"]) == (2, "spmd", 6) and "x2" in out["device"]
     assert out["final_ce"] == pytest.approx(torch_on_two_hosts["final_ce"], rel=1e-5)
     assert out["test_f1"] == pytest.approx(torch_on_two_hosts["test_f1"], abs=0.01)
     run = MlflowClient(tracking_uri=os.environ["MLFLOW_TRACKING_URI"]).get_run(out["run_id"])

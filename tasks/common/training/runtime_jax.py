@@ -1,4 +1,4 @@
-"""JAX as the training loop's runtime: one process on one device kind (cpu, cuda, or xla = a TPU host's jax), the mean over its devices, seeding, npz checkpoints, memory."""
+"""JAX as the training loop's runtime: one process on one device kind (cpu, cuda, or xla = a TPU host's jax) and its devices (data-parallel: the batch sharded over them, the weights replicated), the mean over them, npz checkpoints, memory."""
 
 import os
 
@@ -16,7 +16,8 @@ PLATFORMS = {"cpu": "cpu", "cuda": "gpu", "xla": "tpu"}  # the run's device kind
 
 @dataclass
 class JaxContext:
-    """The devices one jax process trains on (one here; data-parallel over several would shard the batch over them)."""
+    """The devices one jax process trains on: with several, each step's batch is sharded over them along its
+    first axis and the weights are replicated, so jit's partitioner averages the gradients across them."""
 
     kind: str
     devices: list
@@ -31,6 +32,14 @@ class JaxContext:
     @property
     def device(self):
         return self.devices[0]
+
+    def shardings(self):
+        """(replicated on every device, split along the first axis over them): jax.sharding.NamedSharding pair."""
+        import numpy as np
+        from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+        mesh = Mesh(np.array(self.devices), ("batch",))
+        return NamedSharding(mesh, PartitionSpec()), NamedSharding(mesh, PartitionSpec("batch"))
 
 
 def resolve_jax(device: str, world: int = 1) -> JaxContext:
@@ -54,7 +63,6 @@ class JaxRuntime(NpzRuntime):
 
     framework = "jax"
     checkpoint = FRAMEWORKS["jax"].checkpoint
-    strategy = "auto"
 
     def __init__(self, device: str, world: int = 1, threads: int | None = None):
         single = device == "cpu" and threads == 1
@@ -62,6 +70,8 @@ class JaxRuntime(NpzRuntime):
             os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} --xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1".strip()
         import jax
 
+        if device == "cpu" and world > 1:  # before jax's CPU backend starts: that many host devices, sharing the cores
+            jax.config.update("jax_num_cpu_devices", world)
         self.version = jax.__version__
         self.ctx = resolve_jax(device, world)
         # XLA's CPU client sizes its own thread pool: one thread per core the process may use (the count
@@ -69,6 +79,11 @@ class JaxRuntime(NpzRuntime):
         self.threads = (1 if single else len(os.sched_getaffinity(0))) if device == "cpu" else None
         # values each device contributes (devices, n) -> their mean on every device; one device: the values themselves
         self._mean = jax.pmap(lambda v: jax.lax.pmean(v, "devices"), axis_name="devices", devices=self.ctx.devices)
+
+    @property
+    def strategy(self) -> str:
+        """single (one device) or spmd (the batch sharded over several; jit's partitioner all-reduces the gradients), as torch names them."""
+        return "single" if self.ctx.world_size == 1 else "spmd"
 
     def agree(self, values: list[float]) -> list[float]:
         """The mean over this process's devices of values each contributes (here every device contributes the process's)."""
@@ -87,5 +102,5 @@ class JaxRuntime(NpzRuntime):
 
 
 def open_runtime(plan) -> JaxRuntime:
-    """The plan's device kind; one device (the plan refuses more)."""
+    """The plan's device kind and its world of devices, in this one process."""
     return JaxRuntime(plan.spec.device, plan.world, plan.threads)

@@ -1,4 +1,4 @@
-"""The digits workload in JAX (one device, jit): the CNN of workload.py as a pure function of its weights, optax SGD with momentum, logits for scoring."""
+"""The digits workload in JAX (jit; data-parallel over the runtime's devices): the CNN of workload.py as a pure function of its weights, optax SGD with momentum, logits for scoring."""
 
 import jax
 import jax.numpy as jnp
@@ -43,10 +43,11 @@ class DigitsJax(DigitsTrainer):
         """The weights on the runtime's device, the optimiser's state, and the jitted training step (mean
         cross-entropy of ``logits_of(w, x)``, one ``opt`` update) and logits; shared with the other workloads' JAX trainers."""
         self.runtime = runtime
-        self.device = runtime.ctx.device
-        self.w = jax.device_put({k: jnp.asarray(v) for k, v in weights.items()}, self.device)
+        # the weights and the optimiser's state on every device, each batch split over them (one device: plain placement)
+        self.replicated, self.split = runtime.ctx.shardings()
+        self.w = jax.device_put({k: jnp.asarray(v) for k, v in weights.items()}, self.replicated)
         self.opt = opt
-        self.opt_state = opt.init(self.w)
+        self.opt_state = jax.device_put(opt.init(self.w), self.replicated)
         self.speed = {"threads": runtime.threads, "jit": True}
 
         def loss(w, x, y):
@@ -61,14 +62,14 @@ class DigitsJax(DigitsTrainer):
         self._logits = jax.jit(logits_of)
 
     def _device(self, x: np.ndarray, y: np.ndarray):
-        return jax.device_put(x, self.device), jax.device_put(y.astype(np.int32), self.device)  # (b, 28, 28, 1), (b,)
+        return jax.device_put(x, self.split), jax.device_put(y.astype(np.int32), self.split)  # (b, ...), (b,): b/devices on each
 
     def step(self, batch, flags: list[float], progress: float):
         self.w, self.opt_state, loss = self._step(self.w, self.opt_state, *batch)
         return {"loss_ce": float(loss)}, self.runtime.agree(flags)  # reading the loss waits for the step
 
     def logits(self, x: np.ndarray) -> np.ndarray:
-        return np.asarray(self._logits(self.w, jax.device_put(x, self.device)))
+        return np.asarray(self._logits(self.w, jax.device_put(x, self.replicated)))  # any count of samples
 
     def weights(self) -> dict[str, np.ndarray]:
         return {k: np.asarray(v) for k, v in self.w.items()}
@@ -80,7 +81,7 @@ class DigitsJax(DigitsTrainer):
     def load_state(self, state: dict) -> None:
         treedef = jax.tree_util.tree_structure((self.w, self.opt_state))
         leaves = [jnp.asarray(state[k]) for k in sorted(state)]
-        self.w, self.opt_state = jax.device_put(jax.tree_util.tree_unflatten(treedef, leaves), self.device)
+        self.w, self.opt_state = jax.device_put(jax.tree_util.tree_unflatten(treedef, leaves), self.replicated)
 
 
 def build(data: DigitsData, spec, batch_size: int, runtime) -> DigitsJax:

@@ -1,4 +1,4 @@
-"""The har workload in JAX (one device, jit): the stacked bidirectional LSTM of workload.py as a pure function of its weights, optax Adam, logits for scoring."""
+"""The har workload in JAX (jit; data-parallel over the runtime's devices): the stacked bidirectional LSTM of workload.py as a pure function of its weights, optax Adam, logits for scoring."""
 
 import jax
 import jax.numpy as jnp
