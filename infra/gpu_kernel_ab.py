@@ -15,7 +15,6 @@ import json
 import statistics
 import sys
 import time
-from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -25,7 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from models.solver import ChannelSolver  # noqa: E402
 from models.solver import triton_backend  # noqa: E402
-from tasks.bench.solver import bench_config  # noqa: E402
+from tasks.bench.solver import bench_batch_configs  # noqa: E402
 
 NO_PROBES = np.zeros((0, 2), np.int64)
 # (nx, ny, simulations, steps a timed run, shapes tried beside the rule's)
@@ -35,11 +34,9 @@ SIZES = [(128, 64, 16, 2400, [(128, 4), (32, 1), (64, 1), (128, 2)]),
 
 
 def build(module, nx: int, ny: int, batch: int, shape: tuple[int, int] | None = None):
-    """A FusedBatch of ``module`` over the bench-solver flow, Reynolds numbers spread ±20 %, at ``shape``
+    """A FusedBatch of ``module`` over bench-solver's flows (tasks.bench.solver.bench_batch_configs), at ``shape``
     (None: the module's own choice)."""
-    base = bench_config(nx, ny, "float32")
-    spread = np.linspace(0.8, 1.2, batch) if batch > 1 else np.ones(1)
-    solvers = [ChannelSolver(replace(base, reynolds=base.reynolds * s), backend="numpy") for s in spread]
+    solvers = [ChannelSolver(config, backend="numpy") for config in bench_batch_configs(nx, ny, "float32", batch)]
     own = getattr(module, "launch_shape", None)
     if shape and own is not None:
         module.launch_shape = lambda _nx: shape

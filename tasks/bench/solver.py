@@ -25,14 +25,19 @@ def bench_config(nx: int, ny: int, dtype: str) -> FlowConfig:
                       obstacle=Obstacle(shape="circle", cx=min(ny / 2, nx / 4), cy=ny / 2 + 0.25, size=size))
 
 
+def bench_batch_configs(nx: int, ny: int, dtype: str, batch: int) -> list[FlowConfig]:
+    """``batch`` bench flows, their Reynolds numbers spread over ±20 % around bench_config's (one: it alone)."""
+    base = bench_config(nx, ny, dtype)
+    spread = np.linspace(0.8, 1.2, batch) if batch > 1 else np.ones(1)
+    return [replace(base, reynolds=base.reynolds * s) for s in spread]
+
+
 class _Batch:
-    """``spec.batch`` simulations in one fused launch per step, Reynolds numbers spread over ±20 % around the
-    bench flow's, behind the ``advance`` that timed_advances calls."""
+    """``spec.batch`` simulations in one fused launch per step (bench_batch_configs), behind the ``advance``
+    that timed_advances calls."""
 
     def __init__(self, spec: BenchSolverSpec):
-        base = bench_config(spec.nx, spec.ny, spec.dtype)
-        spread = np.linspace(0.8, 1.2, spec.batch) if spec.batch > 1 else np.ones(1)
-        configs = [replace(base, reynolds=base.reynolds * s) for s in spread]
+        configs = bench_batch_configs(spec.nx, spec.ny, spec.dtype, spec.batch)
         self.batch = SolverBatch(configs, [None] * len(configs), device=spec.device, storage=spec.dtype)
 
     def advance(self, steps: int) -> None:
