@@ -102,7 +102,8 @@ def test_a_sweep_and_a_resumed_run_say_so():
     spec = TrainSpec(framework="tensorflow", batch_sizes=[4, 8])
     assert sweep_run_name(spec) == "train-sweep-tensorflow-cpu-b4,8"
     assert train_label(spec, [8]) == "train tensorflow cpu b8"
-    assert train_label(TrainSpec(resume="0" * 32)) == "train cpu b8 (resume)"
+    # a resume request knows only the run: not the framework, device and batch that TrainSpec's defaults would name
+    assert train_label(TrainSpec(resume="0123abcd" * 4)) == "train resume 0123abcd"
 
 
 def test_a_rollout_has_one_name_in_mlflow_and_prefect():

@@ -57,11 +57,14 @@ def infer_run_name(spec) -> str:
 
 
 def train_label(spec, batch_sizes: list[int] | None = None) -> str:
-    """A training run's name in Prefect: ``train cpu b8``, ``train tensorflow cuda b8,16 seed 1 (resume)``;
-    ``batch_sizes`` (default: the spec's) names one run of a sweep."""
+    """A training run's name in Prefect: ``train cpu b8``, ``train tensorflow cuda b8,16 seed 1``; ``batch_sizes``
+    (default: the spec's) names one run of a sweep. A request to resume names the run it resumes (``train resume
+    0123abcd``): its framework, device and batch are the stored run's, not the request's defaults."""
+    if spec.resume:
+        return f"train resume {spec.resume[:8]}"
     sizes = ",".join(map(str, batch_sizes or spec.batch_sizes))
     return (" ".join(filter(None, ["train", _framework(spec), spec.device, f"b{sizes}"]))
-            + (f" seed {spec.seed}" if spec.seed else "") + (" (resume)" if spec.resume else ""))
+            + (f" seed {spec.seed}" if spec.seed else ""))
 
 
 def infer_label(spec) -> str:

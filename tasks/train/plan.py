@@ -1,7 +1,6 @@
 """A training request turned into one checked TrainPlan, in the flow process (no framework imported); the training job receives it as JSON."""
 
 import os
-import zipfile
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
@@ -13,6 +12,7 @@ from tasks.common.settings import Settings
 from tasks.common.specs import TrainSpec
 from tasks.common.store import writer_lock
 from tasks.common.tracking import training_run
+from tasks.common.training.checkpoint import check_checkpoint
 from tasks.common.training.frameworks import framework
 from tasks.workloads import check_framework, get_workload
 
@@ -115,21 +115,6 @@ def device_memory(spec: TrainSpec, probed: dict | None, procs: int) -> int | Non
     return int(probed["memory_bytes"]) if probed and probed.get("memory_bytes") else None
 
 
-def check_checkpoint(path) -> None:
-    """UserError naming the file if the checkpoint is missing or truncated (its zip directory is read,
-    not its tensors; the job loads them). torch's is a zip holding data.pkl, TensorFlow's an npz of arrays."""
-    if not path.is_file():
-        raise UserError(f"no checkpoint at {path}: the run stopped before its first epoch ended; start it afresh")
-    try:
-        with zipfile.ZipFile(path) as archive:
-            names = archive.namelist()
-            whole = any(n.endswith("/data.pkl") for n in names) if path.suffix == ".pt" else "history.npy" in names
-            if not whole:
-                raise zipfile.BadZipFile("not a checkpoint")
-    except (zipfile.BadZipFile, OSError) as exc:
-        raise UserError(f"checkpoint {path} is corrupt or truncated ({type(exc).__name__}); start the run afresh") from None
-
-
 def resume_plan(settings: Settings, spec: TrainSpec) -> tuple[TrainSpec, int]:
     """The stored configuration and batch size of the run ``spec.resume``; UserError if it cannot be
     resumed (unknown, finished, not a training run, no job file, no sound checkpoint) or the spec
@@ -149,7 +134,8 @@ def resume_plan(settings: Settings, spec: TrainSpec) -> tuple[TrainSpec, int]:
         raise UserError(f"run {run_id} was started by an earlier version ({job_file} is not a training job of this one); "
                         "its checkpoint cannot be resumed: start the run afresh") from None
     stored_spec = stored.plan.spec
-    check_checkpoint(settings.run_dir(run_id) / framework(stored_spec.framework).checkpoint)
+    kind = framework(stored_spec.framework)
+    check_checkpoint(settings.run_dir(run_id) / kind.checkpoint, kind.checkpoint_format)
     for name in sorted(spec.model_fields_set - {"resume"}):
         mine, theirs = getattr(spec, name), getattr(stored_spec, name)
         if mine != theirs:

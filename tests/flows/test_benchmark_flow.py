@@ -119,18 +119,20 @@ def test_a_gpu_sweep_is_the_gpu_pools_dataset_cell(monkeypatch):
         check_deployments(spec)
 
 
-def test_a_training_cell_killed_mid_run_is_resumed_by_the_next_benchmark(workdir, prefect_harness):
+def test_a_training_cell_killed_after_a_validated_epoch_is_resumed_by_the_next_benchmark(workdir, prefect_harness):
+    import signal
+
     from flows import pipeline
     from tasks.common.cells import cell_key
-    from tests.tasks.train.test_training import kill_after_first_checkpoint
+    from tests.tasks.train.interrupt import stop_after_epoch
 
-    spec = TINY.model_copy(update={"train": TINY.train.model_copy(update={"epochs": 3}), "batch_sizes": [4],
+    spec = TINY.model_copy(update={"train": TINY.train.model_copy(update={"epochs": 3, "validate_every": 1}), "batch_sizes": [4],
                                    "modes": ["full"], "workers": [1]})
     digest = pipeline.generate(spec.generate)["digest"]
     cell = spec.train_cell("cpu", 4, spec.train.seed)
     key = cell_key("train/torch", cell, digest)
-    killed = kill_after_first_checkpoint(workdir, "--ngf", "8", "--ndf", "8", "--epochs", "3", "--threads", "1",
-                                         "--batch-sizes", "4", "--cell", key)
+    killed = stop_after_epoch(workdir, ("--dataset", spec.generate.dataset, "--ngf", "8", "--ndf", "8", "--epochs", "3", "--threads", "1",
+                                        "--batch-sizes", "4", "--validate-every", "1", "--cell", key), 1, signal.SIGKILL)
     assert MlflowClient().get_run(killed).info.status == "RUNNING"  # SIGKILL left it open
 
     result = pipeline.benchmark(spec)

@@ -10,6 +10,7 @@ from mlflow.tracking import MlflowClient
 
 from tests.conftest import run_cli, run_in_process
 from tests.flows.test_cli import assert_refused
+from tests.tasks.train.interrupt import resumes_to_the_uninterrupted_result
 
 
 def _generate(workdir, *args) -> dict:
@@ -136,3 +137,9 @@ def test_jax_on_a_device_it_has_no_backend_for_is_refused_in_one_line(generated)
     workdir, _ = generated
     proc = run_cli("train", "--workload", "digits", "--dataset", "mnist", "--framework", "jax", "--device", "cuda", cwd=workdir)
     assert_refused(proc, "device cuda requested but jax", "has no gpu backend here")
+
+
+@pytest.mark.parametrize("framework", ["torch", "tensorflow", "jax"])
+def test_a_run_stopped_by_sigterm_after_a_validated_epoch_resumes_to_the_uninterrupted_result(generated, framework):
+    resumes_to_the_uninterrupted_result(generated[0], ("--workload", "digits", "--dataset", "mnist", "--framework", framework,
+                                                       "--batch-sizes", "500", "--threads", "1"), epochs=3)

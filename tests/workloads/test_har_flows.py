@@ -12,6 +12,7 @@ from mlflow.tracking import MlflowClient
 
 from tests.conftest import ROOT, run_cli, run_in_process, shared_prefect_api
 from tests.flows.test_cli import assert_refused
+from tests.tasks.train.interrupt import resumes_to_the_uninterrupted_result
 
 
 def _generate(workdir, *args) -> dict:
@@ -118,3 +119,9 @@ def test_a_network_without_layers_or_a_batch_that_does_not_split_over_the_worker
                    "--batch-sizes", "63", cwd=workdir)
     assert_refused(proc, "batch size 63 does not split evenly over 2 devices; use a multiple of 2")
     assert sorted((workdir / "data").rglob("*")) == runs
+
+
+@pytest.mark.parametrize("framework", ["torch", "tensorflow", "jax"])
+def test_a_run_stopped_by_sigterm_after_a_validated_epoch_resumes_to_the_uninterrupted_result(generated, framework):
+    resumes_to_the_uninterrupted_result(generated[0], ("--workload", "har", "--dataset", "har", "--framework", framework, "--batch-sizes", "504",
+                                                       "--layers", "1", "--units", "8", "--threads", "1"), epochs=5)

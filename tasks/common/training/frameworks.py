@@ -1,4 +1,4 @@
-"""The training stage's framework table: each framework's runtime module and checkpoint file, named without importing any framework."""
+"""The training stage's framework table: each framework's runtime module and checkpoint file and format, named without importing any framework."""
 
 import importlib
 from dataclasses import dataclass
@@ -10,12 +10,13 @@ from tasks.common.errors import UserError
 class Framework:
     runtime: str  # module with open_runtime(plan) -> the loop's Runtime, imported only in its own child
     checkpoint: str  # the file the runtime writes after every epoch, beside the run's job file
+    checkpoint_format: str  # how that file is written: 'torch' (torch.save's zip) or 'npz' (arrays, the history as JSON)
 
 
 FRAMEWORKS = {
-    "torch": Framework("tasks.common.training.runtime_torch", "checkpoint.pt"),
-    "tensorflow": Framework("tasks.common.training.runtime_keras", "checkpoint.npz"),
-    "jax": Framework("tasks.common.training.runtime_jax", "checkpoint.npz"),
+    "torch": Framework("tasks.common.training.runtime_torch", "checkpoint.pt", "torch"),
+    "tensorflow": Framework("tasks.common.training.runtime_keras", "checkpoint.npz", "npz"),
+    "jax": Framework("tasks.common.training.runtime_jax", "checkpoint.npz", "npz"),
 }
 
 

@@ -29,6 +29,7 @@ from tasks.common.lifetime import stop_requested
 from tasks.common.progress import time_left
 from tasks.common.records import TrainSummary
 from tasks.common.specs import TrainSpec
+from tasks.common.training.checkpoint import plain
 
 WARMUP_STEPS = 2  # steps of each process timed apart: tracing, compilation, allocator and cache warm-up
 PROGRESS_EVERY_S = float(os.environ.get("KARMAN_PROGRESS_EVERY_S", "10"))  # within an epoch, a progress line at most this often
@@ -98,6 +99,11 @@ class History:
     target: dict[str, float] | None = None
     last_losses: dict[str, float] = field(default_factory=dict)
     validation: dict[str, float] = field(default_factory=dict)
+
+    def __setattr__(self, name: str, value) -> None:
+        # Plain Python on the way in: a trainer's scores and losses may come as numpy or framework scalars,
+        # and a checkpoint carries this record to a loader that reads plain numbers only.
+        super().__setattr__(name, plain(value, where=f"history.{name}"))
 
     def as_dict(self) -> dict:
         return dict(self.__dict__)

@@ -1,6 +1,5 @@
 """PyTorch as the training loop's runtime: the device (cpu, cuda under DDP, xla under SPMD), the collective that agrees, seeding, checkpoint files, memory."""
 
-import os
 from pathlib import Path
 
 import torch
@@ -8,6 +7,7 @@ import torch
 from models.device import DeviceContext, keep_freed_memory, resolve_device, to_cpu
 from models.host import host_peak_memory_mb
 from tasks.common.errors import UserError
+from tasks.common.training.checkpoint import load_torch, save_torch
 from tasks.common.training.frameworks import FRAMEWORKS, DeviceRuntime
 
 
@@ -56,16 +56,11 @@ class TorchRuntime(DeviceRuntime):
 
     def save(self, state: dict, path: Path) -> None:
         """Write atomically: a crash mid-write leaves the previous checkpoint in place."""
-        tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")  # one per process: two writers never share one
-        torch.save(to_cpu(state), tmp)
-        os.replace(tmp, path)
+        save_torch(to_cpu(state), path)
 
     def load(self, path: Path) -> dict:
-        """The checkpoint's contents; UserError naming the file if its tensors do not load or it is not ours."""
-        try:
-            state = torch.load(path, map_location="cpu", weights_only=True)
-        except Exception as exc:  # torch raises many kinds for a damaged file
-            raise UserError(f"checkpoint {path} is corrupt or truncated ({type(exc).__name__}); start the run afresh") from None
+        """The checkpoint's contents; UserError naming the file and what is wrong if it does not load or is not ours."""
+        state = load_torch(path)
         missing = {"model", "history"} - set(state) if isinstance(state, dict) else {"everything"}
         if missing:
             raise UserError(f"checkpoint {path} is not a training checkpoint (missing {', '.join(sorted(missing))})")

@@ -2,7 +2,7 @@
 
 The TensorFlow version through the CLI, as a user runs it: Keras Pix2Pix under the default strategy, MirroredStrategy
 over two logical CPUs and MultiWorkerMirroredStrategy over two local processes; the same MLflow names as a torch
-run; a logged Keras model; resume after SIGKILL; rollouts of the model full-frame and map-reduce. Real zarr data,
+run; a logged Keras model; resume after SIGTERM and SIGKILL past validated epochs; rollouts of the model full-frame and map-reduce. Real zarr data,
 a real MLflow store, real child processes (TensorFlow never enters the test process)."""
 
 import json
@@ -17,10 +17,11 @@ import pytest
 from tasks.common.names import Tag
 from tests.conftest import ROOT, run_cli, run_in_process
 from tests.flows.test_cli import assert_refused
-from tests.tasks.train.test_training import NET, client, dataset_root, kill_after_first_checkpoint, train, trainable  # noqa: F401
+from tests.tasks.train.interrupt import assert_same_result, stopped_and_resumed
+from tests.tasks.train.test_training import NET, client, dataset_root, train, trainable  # noqa: F401
 
 TF = ("--framework", "tensorflow")
-WHOLE = (*NET, "--epochs", "6", "--batch-sizes", "4")
+WHOLE = (*NET, "--epochs", "6", "--batch-sizes", "4", "--validate-every", "1")  # every checkpoint holds a validation
 PHASES = {"forward_s", "backward_s", "optimizer_s"}  # torch's step split; a tf.function is one call
 
 
@@ -99,13 +100,13 @@ def test_mirrored_over_two_logical_cpus_and_multiworker_over_two_processes_compl
     assert (trainable / "data" / "runs" / workers["run_id"] / "model" / "generator.keras").is_file()
 
 
-def test_a_tensorflow_run_killed_mid_training_resumes_to_the_uninterrupted_result(trained):
+def test_a_tensorflow_run_stopped_and_killed_after_validated_epochs_resumes_to_the_uninterrupted_result(trained):
     trainable, _, whole = trained
-    killed = kill_after_first_checkpoint(trainable, *TF, *WHOLE, checkpoint="checkpoint.npz")
-    resumed = train(trainable, "--resume", killed)
-    assert resumed["run_id"] == killed and resumed["epochs"] == 6
-    for a, b in zip(*keras_weights(trainable, whole["run_id"], killed), strict=True):
+    resumed = stopped_and_resumed(trainable, ("--dataset", "tiny", *TF, *WHOLE), 6, kill_after=4)
+    assert client().get_run(resumed["run_id"]).info.status == "FINISHED"
+    for a, b in zip(*keras_weights(trainable, whole["run_id"], resumed["run_id"]), strict=True):
         np.testing.assert_allclose(a, b, rtol=0, atol=1e-5)
+    assert_same_result(resumed["run_id"], whole["run_id"], rel=1e-5)
 
 
 @pytest.mark.parametrize("args, fragments", [

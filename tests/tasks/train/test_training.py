@@ -1,7 +1,7 @@
 """Training end to end through the CLI: CPU, DDP, SPMD, sweeps, resume and failures.
 
 Training end to end through the CLI, as a user runs it: CPU, DDP over two CPU processes, SPMD over
-two virtual XLA CPU devices, a sweep with its study table, resume after SIGKILL, and a NaN stop.
+two virtual XLA CPU devices, a sweep with its study table, resume after SIGTERM and SIGKILL past validated epochs, and a NaN stop.
 Real zarr datasets (written by the simulation task), a real MLflow store, real child processes."""
 
 import json
@@ -26,6 +26,7 @@ from tasks.common.store import STORE, Manifest, consolidate
 from tasks.generate.simulation import run_simulation
 from tests.conftest import ROOT, XLA_CPU_ENV, run_cli, run_in_process
 from tests.flows.test_cli import assert_refused
+from tests.tasks.train.interrupt import assert_same_result, stop_after_epoch, trained
 from tests.tasks.common.test_store import tiny_spec
 
 NET = ("--ngf", "8", "--ndf", "8", "--threads", "1")
@@ -95,18 +96,37 @@ def assert_same_weights(a: dict, b: dict, atol: float = 0.0) -> None:
         torch.testing.assert_close(a[k], b[k], rtol=0, atol=atol, msg=lambda m, k=k: f"{k}: {m}")
 
 
-def test_cpu_run_killed_mid_training_resumes_to_the_uninterrupted_result(trainable):
+def as_the_previous_version_wrote_it(path: Path) -> None:
+    """Rewrite a checkpoint's history with numpy's scalars where the previous version's loop kept them as they came
+    (its validation scores: a shedding validation simulation's Strouhal error and correlation periods are numpy.float64),
+    which the weights-only loader of that version refused."""
+    state = torch.load(path, weights_only=True)
+    history = state["history"]
+    assert history["validation"], "the checkpoint holds no validation"
+    history["validation"] = {k: np.float64(v) for k, v in history["validation"].items()}
+    history["samples"] = np.int64(history["samples"])
+    torch.save(state, path)
+    with pytest.raises(Exception, match="numpy"):
+        torch.load(path, weights_only=True)
+
+
+def test_cpu_run_stopped_and_killed_after_validated_epochs_resumes_to_the_uninterrupted_result(trainable):
     # The paper's recipe trains D; ndf 16 makes D's stride-1 layer 64 -> 128 channels, wide enough for its
-    # Winograd path on CPU
-    args = ("--recipe", "paper", "--ngf", "8", "--ndf", "16", "--threads", "1", "--epochs", "12", "--batch-sizes", "4")
-    whole = train(trainable, *args)
-    killed = kill_after_first_checkpoint(trainable, *args)
-    assert client().get_run(killed).info.status == "RUNNING"  # SIGKILL left no chance to close it
+    # Winograd path on CPU. Every epoch validates, so every checkpoint holds validation scores.
+    args = ("--dataset", "tiny", "--recipe", "paper", "--ngf", "8", "--ndf", "16", "--threads", "1", "--epochs", "12", "--batch-sizes", "4",
+            "--validate-every", "1")
+    whole = trained(trainable, *args)
+    killed = stop_after_epoch(trainable, args, 2, signal.SIGTERM)
+    assert client().get_run(killed).info.status == "KILLED"
     # a resume is refused if its options contradict the run (checked before anything is touched)
     assert_refused(run_cli("train", "--resume", killed, "--epochs", "3", cwd=trainable), "--epochs 3 differs from the run being resumed (12)")
+    stop_after_epoch(trainable, ("--resume", killed), 4, signal.SIGKILL)
+    assert client().get_run(killed).info.status == "RUNNING"  # SIGKILL left no chance to close it
+    as_the_previous_version_wrote_it(trainable / "data" / "runs" / killed / "checkpoint.pt")
     resumed = train(trainable, "--resume", killed)
     assert resumed["run_id"] == killed and resumed["epochs"] == 12
     assert_same_weights(generator_state(trainable, whole["run_id"]), generator_state(trainable, killed))
+    assert_same_result(killed, whole["run_id"])
     run = client().get_run(killed)
     assert run.info.status == "FINISHED"
     assert sorted({m.step for m in client().get_metric_history(killed, "epoch_time_s")}) == list(range(1, 13))
@@ -177,7 +197,7 @@ def test_a_loss_turning_nan_stops_the_run_and_keeps_the_last_good_checkpoint(tra
     assert run.info.status == "FAILED" and "non-finite" in run.data.tags["karman.error"]
     # a corrupt checkpoint is refused on resume, and left as it was
     (run_dir / "checkpoint.pt").write_bytes(b"not a checkpoint")
-    assert_refused(run_cli("train", "--resume", run_dir.name, cwd=trainable), "is corrupt or truncated")
+    assert_refused(run_cli("train", "--resume", run_dir.name, cwd=trainable), "is damaged", "start the run afresh")
     assert (run_dir / "checkpoint.pt").read_bytes() == b"not a checkpoint"
 
 
