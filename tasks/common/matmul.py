@@ -56,12 +56,15 @@ def check(framework: str, device: str, dtype: str) -> None:
 
 
 class _Backend:
-    """One framework on one device at one dtype: ``operands(n)``, ``matmul(a, b)``, ``sync(out)``, ``name``."""
+    """One framework on one device at one dtype: ``operands(n)``, ``matmul(a, b)``, ``sync(out)``, ``name``, and
+    ``precision()``: the process-wide switches this dtype needs (TF32 on or off), set before each of its products,
+    since timers of several dtypes open in one process before any of them measures."""
 
     name: str
     operands: Callable
     matmul: Callable
     sync: Callable
+    precision: Callable = staticmethod(lambda: None)
 
 
 def _no_tf32(name: str, major: int, minor: int, framework: str) -> UserError:
@@ -97,7 +100,8 @@ def _torch(device: str, dtype: str) -> _Backend:
         major, minor = torch.cuda.get_device_capability(dev)
         if dtype == "tf32" and major < 8:
             raise _no_tf32(b.name, major, minor, "torch")
-        torch.backends.cuda.matmul.allow_tf32 = dtype == "tf32"
+        # one switch for the process (torch's TF32 setting; allow_tf32 is its deprecated spelling)
+        b.precision = lambda: setattr(torch.backends.cuda.matmul, "fp32_precision", "tf32" if dtype == "tf32" else "ieee")
         b.sync = lambda out: torch.cuda.synchronize()
     else:
         from tasks.common.ceiling import cpu_name
@@ -133,7 +137,8 @@ def _tensorflow(device: str, dtype: str) -> _Backend:
         from tasks.common.ceiling import cpu_name
 
         b.name, place = cpu_name(), "/CPU:0"
-    tf.config.experimental.enable_tensor_float_32_execution(dtype == "tf32")  # on by default: fp32 must turn it off
+    # on by default (fp32 must turn it off), and one switch for the process
+    b.precision = lambda: tf.config.experimental.enable_tensor_float_32_execution(dtype == "tf32")
     kind = {"fp32": tf.float32, "tf32": tf.float32, "bf16": tf.bfloat16, "fp16": tf.float16}[dtype]
     product = tf.function(tf.linalg.matmul)  # traced at the first call of each shape
 
@@ -204,6 +209,7 @@ class Timer:
 
     def _timed(self, a, b) -> tuple[float, float]:
         """(wall seconds, this process's CPU seconds over all its threads) of one synchronised product."""
+        self.backend.precision()  # this timer's TF32 switch, whatever another timer of this process set since
         t, cpu = time.perf_counter(), time.process_time()
         self.backend.sync(self.backend.matmul(a, b))
         return time.perf_counter() - t, time.process_time() - cpu

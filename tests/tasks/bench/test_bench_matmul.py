@@ -83,3 +83,34 @@ def test_bad_input_is_refused_in_one_line_and_writes_nothing(workdir, args, frag
     before = {p.name: p.read_bytes() for p in workdir.iterdir()}  # the folder's new, empty tracking store
     assert_refused(bench(*args, cwd=workdir), *fragments)
     assert {p.name: p.read_bytes() for p in workdir.iterdir()} == before
+
+
+def test_each_torch_timer_multiplies_under_its_own_tf32_switch_whichever_opened_last(monkeypatch):
+    """TF32 is one switch for a whole torch process, and bench-matmul opens every dtype's timer before any measures:
+    each product must run under its own dtype's setting (tf32 on, fp32 off), not the last opened timer's. The GPU
+    is stood in for (CUDA hardware cannot run here); the products run on the CPU."""
+    import torch
+
+    from tasks.common import matmul
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda dev=None: "NVIDIA H100 80GB HBM3")
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda dev=None: (9, 0))
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda dev=None: None)
+    before = torch.backends.cuda.matmul.fp32_precision
+    try:
+        timers = {}
+        for dtype in ("tf32", "fp32", "bf16"):  # all open first, as the bench opens them
+            timer = object.__new__(matmul.Timer)  # the Timer without its first product on the (absent) GPU
+            timer.backend = matmul._torch("cuda", dtype)
+            timers[dtype] = timer
+        seen = []
+        for dtype in ("tf32", "fp32", "tf32"):
+            backend = timers[dtype].backend
+            product = backend.matmul
+            backend.matmul = lambda x, y, product=product: (seen.append(torch.backends.cuda.matmul.fp32_precision), product(x, y))[1]
+            timers[dtype]._timed(torch.ones(4, 4), torch.ones(4, 4))
+            backend.matmul = product
+        assert seen == ["tf32", "ieee", "tf32"]
+    finally:
+        torch.backends.cuda.matmul.fp32_precision = before
