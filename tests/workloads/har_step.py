@@ -38,8 +38,9 @@ def one_step(framework: str, batch: int = 24) -> dict:
         fresh = module.build(data, spec.model_copy(update={"seed": 1}), batch, runtime)
         fresh.load_state(runtime.load(path)["model"])
         restored = all(np.array_equal(weights[k], v) for k, v in fresh.weights().items())
-        second = [trainer.step(next(trainer.batches(2, 1)), [0.0] * 3, 0.0)[0]["loss_ce"],
-                  fresh.step(next(fresh.batches(2, 1)), [0.0] * 3, 0.0)[0]["loss_ce"]]  # Adam's moments came along too
+        batch2 = next(trainer.batches(2, 1))  # one batch for both: the other seed would order it otherwise (and round otherwise)
+        second = [trainer.step(batch2, [0.0] * 3, 0.0)[0]["loss_ce"],
+                  fresh.step(batch2, [0.0] * 3, 0.0)[0]["loss_ce"]]  # Adam's moments came along too
     trained = trainer.net.parameters() if framework == "torch" else trainer.w.values() if framework == "jax" else trainer.net.trainable_variables
     counted = sum(int(np.prod(tuple(p.shape))) for p in trained if getattr(p, "requires_grad", True))
     return {"restored": restored, "second_steps": second, "parameters": int(sum(v.size for v in weights.values())), "trainable": counted,

@@ -10,7 +10,7 @@ from mlflow.tracking import MlflowClient
 
 from tests.conftest import run_cli, run_in_process
 from tests.flows.test_cli import assert_refused
-from tests.tasks.train.interrupt import resumes_to_the_uninterrupted_result
+from tests.tasks.train.interrupt import resumes_to_its_end
 
 
 def _generate(workdir, *args) -> dict:
@@ -139,7 +139,9 @@ def test_jax_on_a_device_it_has_no_backend_for_is_refused_in_one_line(generated)
     assert_refused(proc, "device cuda requested but jax", "has no gpu backend here")
 
 
+# Each framework's trainer restores its state exactly from a checkpoint file (the step tests beside this module); the
+# loop's resume, the same for every workload, is compared with an uninterrupted run in tests/tasks/train/.
 @pytest.mark.parametrize("framework", ["torch", "tensorflow", "jax"])
-def test_a_run_stopped_by_sigterm_after_a_validated_epoch_resumes_to_the_uninterrupted_result(generated, framework):
-    resumes_to_the_uninterrupted_result(generated[0], ("--workload", "digits", "--dataset", "mnist", "--framework", framework,
-                                                       "--batch-sizes", "500", "--threads", "1"), epochs=3)
+def test_a_run_stopped_by_sigterm_after_a_validated_epoch_resumes_to_its_end(generated, framework):
+    resumes_to_its_end(generated[0], ("--workload", "digits", "--dataset", "mnist", "--framework", framework,
+                       "--batch-sizes", "500", "--threads", "1"), epochs=3)

@@ -12,7 +12,7 @@ from mlflow.tracking import MlflowClient
 
 from tests.conftest import ROOT, run_cli, run_in_process, shared_prefect_api
 from tests.flows.test_cli import assert_refused
-from tests.tasks.train.interrupt import resumes_to_the_uninterrupted_result
+from tests.tasks.train.interrupt import resumes_to_its_end
 
 
 def _generate(workdir, *args) -> dict:
@@ -121,7 +121,9 @@ def test_a_network_without_layers_or_a_batch_that_does_not_split_over_the_worker
     assert sorted((workdir / "data").rglob("*")) == runs
 
 
+# Each framework's trainer restores its state exactly from a checkpoint file (the step tests beside this module); the
+# loop's resume, the same for every workload, is compared with an uninterrupted run in tests/tasks/train/.
 @pytest.mark.parametrize("framework", ["torch", "tensorflow", "jax"])
-def test_a_run_stopped_by_sigterm_after_a_validated_epoch_resumes_to_the_uninterrupted_result(generated, framework):
-    resumes_to_the_uninterrupted_result(generated[0], ("--workload", "har", "--dataset", "har", "--framework", framework, "--batch-sizes", "504",
-                                                       "--layers", "1", "--units", "8", "--threads", "1"), epochs=5)
+def test_a_run_stopped_by_sigterm_after_a_validated_epoch_resumes_to_its_end(generated, framework):
+    resumes_to_its_end(generated[0], ("--workload", "har", "--dataset", "har", "--framework", framework, "--batch-sizes", "504",
+                       "--layers", "1", "--units", "8", "--threads", "1"), epochs=5)

@@ -1,10 +1,11 @@
-"""Checkpoint files at their boundary, for every framework: what goes in is plain (Python numbers, strings, tensors or
-arrays), what comes out is read by a loader that admits nothing else, and a file that does not load is named for what
-is wrong with it: damaged (truncated, not an archive) or whole but holding a type no loader here admits.
+"""Checkpoint files at their boundary, for every framework: plain on the way in, a loader that admits nothing else, damaged or foreign files named.
 
-torch's files are read with ``weights_only=True``; the npz files of TensorFlow and JAX without pickles. Files written
-before the loop's history was kept plain hold numpy scalars (validation scores as ``numpy.float64``): exactly those
-scalar types are admitted on loading, and turned into Python numbers, so that such runs still resume."""
+What goes in is plain (Python numbers, strings, tensors or arrays), what comes out is read by a loader that admits
+nothing else, and a file that does not load is named for what is wrong with it: damaged (truncated, not an archive) or
+whole but holding a type no loader here admits. torch's files are read with ``weights_only=True``; the npz files of
+TensorFlow and JAX without pickles. Files written before the loop's history was kept plain hold numpy scalars
+(validation scores as ``numpy.float64``): exactly those scalar types are admitted on loading, and turned into Python
+numbers, so that such runs still resume."""
 
 import json
 import os

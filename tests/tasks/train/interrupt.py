@@ -1,7 +1,8 @@
-"""A training stopped the ways users' trainings stop, after a validated epoch, and resumed: SIGTERM to the command (a
-scheduler's or a user's stop: the run stops at the next step, keeps the epoch's checkpoint, ends KILLED and says how to
-resume) or SIGKILL to its whole process group (a pre-empted node: nothing runs on, the run stays open). Helpers for the
-resume tests of every workload and framework; the checkpoints they resume from hold that epoch's validation scores."""
+"""Helpers for the resume tests of every workload and framework: a training stopped after a validated epoch, and resumed.
+
+A run stops the ways users' trainings stop: SIGTERM to the command (a scheduler's or a user's stop: the run stops at the
+next step, keeps the epoch's checkpoint, ends KILLED and says how to resume) or SIGKILL to its whole process group (a
+pre-empted node: nothing runs on, the run stays open). The checkpoints they resume from hold that epoch's validation."""
 
 import json
 import os
@@ -111,11 +112,11 @@ def assert_same_result(resumed_id: str, whole_id: str, rel: float = 0.0) -> None
             assert values == pytest.approx([whole[step]] * len(values), rel=rel, abs=0 if rel == 0 else 1e-12, nan_ok=True), f"{name} at step {step}"
 
 
-def resumes_to_the_uninterrupted_result(workdir: Path, args: tuple[str, ...], epochs: int, rel: float = 0.0, kill_after: int | None = None,
-                                        env: dict | None = None, compare: bool = True) -> dict:
-    """The whole check for one workload and framework: the run ``args`` of ``epochs`` epochs, each validated, stopped
-    (``stopped_and_resumed``) and resumed, ends FINISHED with every epoch logged once and validated, and (``compare``)
-    with the results of the same run uninterrupted. The resumed run's summary."""
+def resumes_to_its_end(workdir: Path, args: tuple[str, ...], epochs: int, compare: bool = False, rel: float = 0.0,
+                       kill_after: int | None = None, env: dict | None = None) -> dict:
+    """The run ``args`` of ``epochs`` epochs, each validated, stopped (``stopped_and_resumed``) and resumed, ends
+    FINISHED with every epoch logged and validated; with ``compare``, also with the results of the same run
+    uninterrupted (``assert_same_result``, within ``rel``). The resumed run's summary."""
     from mlflow.tracking import MlflowClient
 
     full = (*args, "--epochs", str(epochs), "--validate-every", "1")

@@ -1,6 +1,8 @@
-"""Checkpoint files at their boundary: what goes in is made plain or refused by name, files an earlier version wrote
+"""Checkpoint files at their boundary, with real torch and npz files: plain on the way in or refused by name, earlier files still load, bad files named.
+
+What goes in is made plain or refused by name, files an earlier version wrote
 with numpy scalars still load (as Python numbers), and a file that does not load is called damaged or named for the
-type it holds, with real torch and npz files."""
+type it holds."""
 
 import fractions
 import json
