@@ -510,7 +510,7 @@ def benchmark(spec: BenchmarkSpec = BenchmarkSpec()) -> dict:
         for path in (report["report"], report["html"], *report["figures"]):
             bench.log_artifact(Path(path), "report")
         # the best karman model into the Model Registry; the alias 'champion' moves only to a better one
-        registered = register_surrogate(settings, [c["run_id"] for c in cells if c["kind"] == "train" and c.get("workload") == "karman"
+        registered = register_surrogate(settings, "karman", [c["run_id"] for c in cells if c["kind"] == "train" and c.get("workload") == "karman"
                                                    and c["status"] in ("FINISHED", "SKIPPED") and c.get("run_id")]) if rollouts else None
         if registered and registered["version"] is not None:
             bench.set_tags({Tag.CHAMPION: f"{registered['name']} version {registered['version']}: "

@@ -70,15 +70,16 @@ def bench_quality(bench: BenchQualitySpec) -> dict:
     and the final rollouts; every simulation of each extra dataset is rolled out too (same geometry)."""
     settings = Settings.from_env()
     spec, repeats, test_steps = bench.train_spec(), bench.repeats, bench.test_steps
-    if spec.workload != "karman" and bench.extra_dataset:
-        raise ValueError(f"--extra-dataset rolls out flows of the karman workload; the {spec.workload} workload has none")
+    workload = get_workload(spec.workload)
+    if not workload.rollouts and bench.extra_dataset:
+        raise ValueError(f"--extra-dataset rolls out trained models on more datasets; the {spec.workload} workload has no rollouts")
     folders = [settings.dataset_dir(name) for name in [bench.dataset, *bench.extra_dataset]]
     for folder in folders:
         if not (folder / "manifest.json").is_file():
             raise ValueError(f"no dataset at {folder} (no manifest.json); make one with python -m flows generate --dataset {folder.name}")
     if spec.time_budget is None and spec.epochs is None:
         raise ValueError("give a time budget or an epoch limit: without either the run has no end")
-    if spec.workload != "karman":
+    if not workload.rollouts:
         return _bench_workload(settings, spec, repeats)
     extra = tuple((folder, bench.extra_steps) for folder in folders[1:])
     extra_sims = []  # (label, steps, frames, spec) of every extra simulation, read once for all seeds
@@ -86,7 +87,7 @@ def bench_quality(bench: BenchQualitySpec) -> dict:
         extra_manifest = load_manifest(extra_dir)
         extra_sims += [(f"{extra_dir.name}/{sim_id}", extra_steps, *load_simulation(extra_dir, extra_manifest, sim_id, spec.resolved_recipe().condition))
                        for sim_id in sorted(extra_manifest["simulations"])]
-    get_workload(spec.workload).check(settings, spec, spec.batch_sizes, 1)
+    workload.check(settings, spec, spec.batch_sizes, 1)
     runtime = TorchRuntime(spec.device, spec.precision, spec.threads, data_parallel=False)
     runs = [_train_once(settings, spec.model_copy(update={"seed": spec.seed + i}), runtime, test_steps, extra_sims) for i in range(repeats)]
     reached = [r["time_to_target_s"] for r in runs if r["time_to_target_s"] is not None]

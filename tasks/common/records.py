@@ -13,7 +13,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from tasks.common.specs import InferSpec, TrainSpec
+from tasks.common.specs import DEFAULT_WORKLOAD, InferSpec, TrainSpec
 
 RECORD_FILE = "record.json"  # the run's record, an artifact at the root of its MLflow run
 Scalar = str | int | float | bool | None
@@ -132,12 +132,6 @@ class TrainRecord(Record):
     energy: Energy | None = None
     test: dict[str, float | None] = Field(default_factory=dict, description="Scores on the test split after training (workloads that score one, e.g. digits' accuracy)")
 
-    @property
-    def quality_target(self) -> str | None:
-        """Karman's quality target in words (its spec's); None for other workloads, whose target is their table's."""
-        spec = self.config.spec
-        return f"vorticity <= {spec.target_vorticity:g} for {spec.target_steps} steps" if self.config.workload == "karman" else None
-
     def mlflow_params(self) -> dict[str, str]:
         """Flat MLflow params, under the names runs have always had (strings, as MLflow keeps them)."""
         c = self.config
@@ -180,7 +174,7 @@ class TrainRecord(Record):
                                                 "world_size", "strategy", "cpu_threads", "batch_size", "per_device_batch", "dataset_digest",
                                                 "train_pairs", "data_in_memory", "split", "host", "code_version", "speed"}
         config = TrainConfig(
-            workload=value("workload", "karman"), framework=framework, framework_version=value("framework_version", value(f"{framework}_version", "?")),
+            workload=value("workload", DEFAULT_WORKLOAD), framework=framework, framework_version=value("framework_version", value(f"{framework}_version", "?")),
             device=spec.device, device_name=value("device_name", "?"), world_size=int(value("world_size", 1)), strategy=value("strategy", "?"),
             threads=int(value("cpu_threads")) if value("cpu_threads") else _threads_in(value("device_name", "")), batch_size=int(value("batch_size", 0)), dataset=spec.dataset,
             dataset_digest=value("dataset_digest", ""), train_samples=int(value("train_pairs", 0)),
@@ -231,7 +225,7 @@ def _threads_in(device_name: str) -> int | None:
 class RolloutConfig(Record):
     """What a rollout was, resolved: the request, the model, the reference and the tiling."""
 
-    workload: str = "karman"
+    workload: str = DEFAULT_WORKLOAD
     framework: str
     model_run: str
     spec: InferSpec

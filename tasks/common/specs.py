@@ -33,6 +33,7 @@ def once_each(values: list, what: str) -> list:
 
 
 WORKLOAD_NAME = r"^[a-z][a-z0-9_-]{0,31}$"  # a workload's name in the workload table
+DEFAULT_WORKLOAD = "karman"  # the workload table's default: a request's when it names none, and a record's logged before runs named theirs
 
 # A benchmark cell's key: the benchmark flow sets it for its cells; it is not a user's choice.
 CellKey = Annotated[str, StringConstraints(pattern=r"^[0-9a-f]{16}$")]
@@ -53,7 +54,7 @@ class Spec(BaseModel):
 class GenerateSpec(Spec):
     """A workload's dataset: for karman, a parameter sweep of channel flows past obstacles (lattice units)."""
 
-    workload: str = Field(default="karman", pattern=r"^[a-z][a-z0-9_-]{0,31}$", description="Workload whose dataset to write: karman (the solver sweep below), digits (5,000 real MNIST digits), har (2,880 synthetic activity-sensor windows) or calo (synthetic calorimeter showers); the fields from reynolds to verify are karman's, events, energy and angle calo's")
+    workload: str = Field(default=DEFAULT_WORKLOAD, pattern=WORKLOAD_NAME, description="Workload whose dataset to write, by name from the workload table: karman (the solver sweep below), digits (5,000 real MNIST digits), har (2,880 synthetic activity-sensor windows) or calo (synthetic calorimeter showers); the fields from reynolds to verify are karman's, events, energy and angle calo's")
     dataset: str = DatasetName
     reynolds: list[PositiveFloat] = Field(default=[70.0, 80.0, 90.0, 100.0, 110.0, 120.0, 130.0, 140.0, 150.0], min_length=1, description="Reynolds numbers (mean inflow velocity, obstacle size)")
     shapes: list[Literal["circle", "square", "rectangle", "ellipse"]] = Field(default=["circle"], min_length=1, description="Obstacle shapes")
@@ -89,7 +90,7 @@ class TrainSpec(Spec):
 
     model_config = CELL_IN_SCHEMA
 
-    workload: str = Field(default="karman", pattern=WORKLOAD_NAME, description="Workload, by name from the workload table: karman (the Pix2Pix surrogate of a vortex street), digits (a CNN on 5,000 real MNIST digits) or har (bidirectional LSTMs on synthetic activity-sensor windows); the recipe, rollout-validation and simulation-split fields are karman's")
+    workload: str = Field(default=DEFAULT_WORKLOAD, pattern=WORKLOAD_NAME, description="Workload, by name from the workload table: karman (the Pix2Pix surrogate of a vortex street), digits (a CNN on 5,000 real MNIST digits), har (bidirectional LSTMs on activity-sensor windows) or calo (a 3-D GAN of calorimeter showers, synthetic data); the recipe, rollout-validation and simulation-split fields are karman's")
     dataset: str = DatasetName
     framework: Literal["torch", "tensorflow", "jax"] = Field(default="torch", description="torch (PyTorch), tensorflow (Keras 3 under a tf.distribute strategy) or jax (one process, data-parallel over its devices): the same networks, recipe, data and metrics; a workload runs in the frameworks it has")
     device: Device = Field(default="cpu", description="cpu, cuda (all visible GPUs) or xla (TPU cores: torch_xla, or TPUStrategy for tensorflow)")
@@ -355,7 +356,7 @@ class BenchmarkSpec(Spec):
     run, tagged in MLflow with a key of its inputs and the dataset digest, so a rerun skips the cells
     that finished."""
 
-    workloads: list[Annotated[str, StringConstraints(pattern=WORKLOAD_NAME)]] = Field(default=["karman"], min_length=1, description="Workloads, by name from the workload table: karman (the Pix2Pix surrogate, with rollouts), digits (the MNIST CNN of seed 004), har (the BiLSTM of seed 002, synthetic data); each trains in the frameworks it has")
+    workloads: list[Annotated[str, StringConstraints(pattern=WORKLOAD_NAME)]] = Field(default=[DEFAULT_WORKLOAD], min_length=1, description="Workloads, by name from the workload table: karman (the Pix2Pix surrogate, with rollouts), digits (the MNIST CNN of seed 004), har (the BiLSTM of seed 002, synthetic data); each trains in the frameworks it has")
     frameworks: list[Literal["torch", "tensorflow", "jax"]] = Field(default=["torch"], min_length=1, description="Training frameworks: torch, tensorflow (Keras 3 under tf.distribute), jax (one process over its devices); the report puts them side by side, cell by cell; a workload's cells run in those it has (karman: torch, tensorflow)")
     devices: list[Device] = Field(default=["cpu"], min_length=1, description="Training devices: cpu, cuda (a GPU pool), xla (a TPU pool)")
     batch_sizes: list[PositiveInt] | None = Field(default=None, min_length=1, description="Global batch sizes of the training matrix; None = each workload's (karman 8, 16, 32, 64)")
@@ -402,7 +403,7 @@ class BenchmarkSpec(Spec):
             raise ValueError(f"train: {err.get('ctx', {}).get('error', err['msg'])}") from None
         return self
 
-    def train_cell(self, device: str, batch_size: int, seed: int, framework: str = "torch", workload: str = "karman",
+    def train_cell(self, device: str, batch_size: int, seed: int, framework: str = "torch", workload: str = DEFAULT_WORKLOAD,
                    dataset: str | None = None, epochs: int | None = None) -> TrainSpec:
         """The training spec of the cell (device, batch size, seed, framework, workload and its dataset; the
         strategy is tensorflow's only); ``epochs``: the workload's own epoch limit where the benchmark gives

@@ -54,8 +54,14 @@ def quality_table(entries: list["Entry"]) -> list[dict]:
 
 
 def target_words(record: TrainRecord) -> str:
-    """A training run's quality target in words: karman's is its own spec's, another workload's its table's."""
-    return record.quality_target or _workload_words(record.config.workload, "target")
+    """A training run's quality target in words: its spec's where its workload takes one from the spec, else its table's."""
+    from tasks.common.errors import UserError
+    from tasks.workloads import get_workload
+
+    try:
+        return get_workload(record.config.workload).target_of(record.config.spec)
+    except UserError:
+        return record.config.workload
 
 
 def _energy(energy) -> dict:

@@ -126,12 +126,11 @@ def sweep_run(settings: Settings, spec: TrainSpec, parent_run_id: str | None = N
 
 
 @task(name="register-champion", task_run_name="register champion", retries=2, retry_delay_seconds=[2, 5])
-def register_surrogate(settings: Settings, run_ids: list[str]) -> dict:
-    """The best of a benchmark's karman training runs registered as a version of the settings' registered model, the alias
-    ``champion`` moved to it where it beats the current one on the same dataset digest and target (tasks.common.registry)."""
-    from tasks.common.registry import register_champion
-
-    result = register_champion(settings, run_ids)
+def register_surrogate(settings: Settings, workload: str, run_ids: list[str]) -> dict:
+    """The best of a benchmark's training runs of ``workload`` registered as a version of the settings' registered model, the alias
+    ``champion`` moved to it where it beats the current one (the workload's ``register``: karman's compares runs on the same
+    dataset digest and target)."""
+    result = get_workload(workload).register(settings, run_ids)
     if result["version"] is None:
         get_run_logger().info("no model registered: %s", result["reason"])
     else:

@@ -50,10 +50,26 @@ class Workload:
     # GenerateSpec fields of the benchmark's generate section that shape this workload's dataset (calo: events, energy, angle);
     # a benchmark that sets any of them away from its default trains on a dataset named after them (benchmark_dataset)
     generate_fields: tuple[str, ...] = ()
+    # Capabilities: what some workloads have (karman today) and the shared stages ask for by these names, never by a workload's name.
+    rollouts: bool = False  # its trained models are rolled out by the infer stage: a benchmark adds rollout cells, bench-quality extra datasets
+    spec_target: Callable | None = None  # (TrainSpec) -> the run's quality target in words where its spec sets one; None: ``target``
+    # (settings, training run ids) -> what was registered (tasks.workloads.karman.registry.register_champion's dictionary): a benchmark
+    # registers its best trained model in the Model Registry and moves the alias 'champion' to it where it beats the holder; None: none
+    register: Callable | None = None
 
     @property
     def synthetic(self) -> bool:
         return "synthetic" in self.data
+
+    @property
+    def swept(self) -> bool:
+        """Its dataset is the benchmark's own generate section (a solver sweep, which may run on a GPU pool's deployment)
+        rather than one the workload writes itself (``generate``)."""
+        return self.generate is None
+
+    def target_of(self, spec) -> str:
+        """The quality target of a run of ``spec`` (TrainSpec), in words."""
+        return self.spec_target(spec) if self.spec_target else self.target
 
 
 def benchmark_dataset(workload: Workload, generate) -> tuple[str, dict]:

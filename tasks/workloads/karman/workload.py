@@ -18,6 +18,7 @@ from tasks.common.errors import UserError
 from tasks.common.plots import vorticity_panels
 from tasks.common.store import file_sha256, load_manifest
 from tasks.workloads import Workload
+from tasks.workloads.karman.registry import register_champion, spec_target
 
 
 HEADLINE = {"horizon_vorticity": "vorticity horizon", "horizon_u": "u horizon"}  # the validation scores an epoch's line shows, in words
@@ -170,4 +171,7 @@ WORKLOAD = Workload(
     check=check,
     dataset_info=dataset_info,
     setting=setting,
+    rollouts=True,
+    spec_target=spec_target,
+    register=register_champion,
 )

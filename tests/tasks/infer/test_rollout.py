@@ -267,7 +267,7 @@ def _offered(trained, digest: str | None, reached: bool, time_to_target: float |
 
 
 def test_the_champion_alias_moves_only_to_a_better_model_on_the_same_data_and_target_and_infer_rolls_it_out(trained, monkeypatch):
-    from tasks.common.registry import register_champion
+    from tasks.workloads.karman.registry import register_champion
     from tasks.common.settings import Settings
 
     root, env, run_id = trained
