@@ -29,7 +29,7 @@ def matmul_job(job: dict) -> dict:
         os.sched_setaffinity(0, sorted(os.sched_getaffinity(0))[: job["threads"]])
     framework, device = job["framework"], job["device"]
     timers = [Timer(framework, device, dtype) for dtype in job["dtypes"]]
-    free = _free_bytes(framework, device)
+    free = timers[0].backend.free_bytes() if timers else None  # the GPU's, where its framework says (cpu is checked by the parent)
     for timer in timers:
         need = _bytes_needed(max(job["sizes"]), timer.dtype)
         if free is not None and need > free:
@@ -44,22 +44,6 @@ def _version(framework: str) -> str:
     import importlib
 
     return importlib.import_module(framework).__version__
-
-
-def _free_bytes(framework: str, device: str) -> int | None:
-    """Free memory of the GPU this child multiplies on, where its framework says; None elsewhere (cpu is checked by the parent)."""
-    if device != "cuda":
-        return None
-    if framework == "torch":
-        import torch
-
-        return torch.cuda.mem_get_info()[0]
-    if framework == "jax":
-        import jax
-
-        stats = jax.devices("gpu")[0].memory_stats() or {}
-        return stats["bytes_limit"] - stats.get("bytes_in_use", 0) if "bytes_limit" in stats else None
-    return None
 
 
 def _bytes_needed(n: int, dtype: str) -> int:

@@ -162,11 +162,7 @@ def _plain_process(size: int, batch_size: int, seed: int) -> StepProcess:
 
 def bench_train(spec: BenchTrainSpec, seed: int = 0) -> dict:
     """Training samples/s of the spec's framework (torch: ours, below; tensorflow: ``bench_train_keras``)."""
-    if spec.framework == "tensorflow":
-        return bench_train_keras(spec, seed)
-    if spec.jit_compile:
-        raise ValueError("--jit-compile is tensorflow's; torch compiles with the trainer's speed options")
-    return bench_train_torch(spec, seed)
+    return {"torch": bench_train_torch, "tensorflow": bench_train_keras}[spec.framework](spec, seed)
 
 
 def bench_train_torch(spec: BenchTrainSpec, seed: int = 0) -> dict:
@@ -181,6 +177,8 @@ def bench_train_torch(spec: BenchTrainSpec, seed: int = 0) -> dict:
     steps alternate between the sides (``repeats`` each) so drifts of the machine hit all alike;
     each side reports its median block. ``compile_s`` is the trainer's first step (warm-up,
     compilation)."""
+    if spec.jit_compile:
+        raise ValueError("--jit-compile is tensorflow's; torch compiles with the trainer's speed options")
     device, size, batch_size, steps, repeats = spec.device, spec.size, spec.batch_size, spec.steps, spec.repeats
     precision, baseline, peak_tflops = spec.precision, spec.baseline, spec.peak_tflops
     net, ctx, options, model, run_fast, compile_s = _trainer_side(device, size, batch_size, precision, seed)

@@ -3,10 +3,12 @@
 srun starts this module as every task of the job step; it reads SLURM's environment and starts the
 training command of its task:
 
-- torch: one task per host, each running torchrun with PER_HOST processes; the hosts meet at a c10d
+How a framework spreads over hosts is its entry's ``hosts`` in the framework table:
+
+- rendezvous (torch): one task per host, each running torchrun with PER_HOST processes; the hosts meet at a c10d
   rendezvous on the step's first host at PORT, its id the SLURM job id (the rendezvous numbers the
   ranks: global rank 0 need not be on the first host);
-- tensorflow: one task per MultiWorkerMirrored worker (PER_HOST tasks per host); TF_CONFIG names every
+- workers (tensorflow): one task per MultiWorkerMirrored worker (PER_HOST tasks per host); TF_CONFIG names every
   task's host and port (PORT + the task's number, so that tasks on one host never share a port) and
   this task's index, SLURM_PROCID; LOCAL_RANK (SLURM_LOCALID) picks a worker's GPU on its host.
 
@@ -20,7 +22,9 @@ import re
 import sys
 from dataclasses import dataclass
 
-FRAMEWORKS = ("torch", "tensorflow")
+from tasks.common.training.frameworks import FRAMEWORKS as TABLE
+
+FRAMEWORKS = tuple(name for name, fw in TABLE.items() if fw.hosts)  # those that spread over hosts
 
 
 def expand_nodelist(text: str) -> list[str]:
@@ -112,7 +116,7 @@ def main(argv: list[str]) -> int:
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    if framework == "torch":
+    if TABLE[framework].hosts == "rendezvous":
         cmd, env = torchrun_command(step, per_host, port, args), dict(os.environ)
     else:
         workers = len(step.task_hosts)

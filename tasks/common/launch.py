@@ -16,6 +16,7 @@ from tasks.common import events
 from tasks.common.errors import RunFailed, RunStopped, UserError, signal_name
 from tasks.common.lifetime import JOB_DIR_PREFIX, PARENT_ENV, defer, raise_pending, signal_of, stop_child
 from tasks.common.flowrun import flow_run_env
+from tasks.common.training.frameworks import DEFAULT, FRAMEWORKS
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -72,47 +73,21 @@ def _raise_verdict(kind: str, rc: int, tail: deque, verdicts: list, result_path:
     raise cls(error["message"])
 
 
-def device_env(device: DeviceKind, world_size: int | None = None, framework: str = "torch") -> dict[str, str]:
-    """Environment a child needs for its device, set before any framework import. On the XLA CPU
-    runtime (PJRT_DEVICE=CPU, for tests) ``world_size`` sets the number of virtual devices."""
-    env: dict[str, str] = {}
-    if framework == "jax":
-        # jax's platform fixed before it starts (cpu runs do not open a GPU); no grab of most of a GPU's memory at start
-        env["JAX_PLATFORMS"] = {"cpu": "cpu", "cuda": "cuda", "xla": "tpu"}[device]
-        env["XLA_PYTHON_CLIENT_PREALLOCATE"] = "false"
-        return env
-    if framework == "tensorflow":
-        env["TF_CPP_MIN_LOG_LEVEL"] = os.environ.get("TF_CPP_MIN_LOG_LEVEL", "2")  # TensorFlow's C++ notices stay out of the run's log
-        if device == "cpu":
-            env["CUDA_VISIBLE_DEVICES"] = ""  # a cpu run does not open a GPU (nor complain that there is none)
-        return env
-    if device == "xla":
-        env["PJRT_DEVICE"] = os.environ.get("PJRT_DEVICE", "TPU")
-        if env["PJRT_DEVICE"] == "CPU" and world_size:
-            env["CPU_NUM_DEVICES"] = str(world_size)
-    return env
+def device_env(device: DeviceKind, world_size: int | None = None, framework: str = DEFAULT) -> dict[str, str]:
+    """Environment a child needs for its device, set before any framework import (the framework table's ``env``).
+    On the XLA CPU runtime (PJRT_DEVICE=CPU, for tests) ``world_size`` sets the number of virtual devices."""
+    return FRAMEWORKS[framework].env(device, world_size)
 
 
 def launcher(framework: str, procs: int, hosts: int = 1) -> list[str]:
-    """The command that starts a job's processes before ``-m MODULE ARGS``: python itself for one process on one
-    host; torchrun (torch) or tasks.common.workers (tensorflow, a TF_CONFIG cluster on 127.0.0.1) for ``procs``
-    on this host; srun over ``hosts`` hosts of a SLURM allocation, each task starting its share through
-    tasks.common.hosts (torch: one task per host running torchrun; tensorflow: one task per worker)."""
-    if hosts > 1:
-        from tasks.common.workers import free_ports
-
-        tasks_per_host = procs if framework == "tensorflow" else 1
-        return ["srun", f"--nodes={hosts}", f"--ntasks={hosts * tasks_per_host}", f"--ntasks-per-node={tasks_per_host}", "--kill-on-bad-exit=1",
-                sys.executable, "-m", "tasks.common.hosts", framework, str(procs), str(free_ports(1)[0])]
-    if procs == 1:
-        return [sys.executable]
-    if framework == "tensorflow":
-        return [sys.executable, "-m", "tasks.common.workers", str(procs), sys.executable]
-    return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={procs}"]
+    """The command that starts a job's processes before ``-m MODULE ARGS`` (the framework table's ``launcher``): python
+    itself, torchrun (torch) or tasks.common.workers (tensorflow, a TF_CONFIG cluster on 127.0.0.1) on this host, or
+    srun over the hosts of a SLURM allocation (torch: one task per host running torchrun; tensorflow: one per worker)."""
+    return FRAMEWORKS[framework].launcher(procs, hosts)
 
 
 def run_child(kind: str, body: str, job: dict, log, env: dict[str, str] | None = None, procs: int = 1, on_event=None,
-              framework: str = "torch", hosts: int = 1) -> dict:
+              framework: str = DEFAULT, hosts: int = 1) -> dict:
     """Run the job body ``body`` (``module:function``, registered by its stage) as a ``kind`` job on ``job``
     in a fresh interpreter (``procs`` > 1: that many, one per device, under torchrun for torch or a
     TF_CONFIG cluster for tensorflow; ``hosts`` > 1: that many per host on the hosts of the SLURM

@@ -65,6 +65,7 @@ class _Backend:
     matmul: Callable
     sync: Callable
     precision: Callable = staticmethod(lambda: None)
+    free_bytes: Callable = staticmethod(lambda: None)  # free memory of the GPU it multiplies on, where its framework says; None elsewhere
 
 
 def _no_tf32(name: str, major: int, minor: int, framework: str) -> UserError:
@@ -103,6 +104,7 @@ def _torch(device: str, dtype: str) -> _Backend:
         # one switch for the process (torch's TF32 setting; allow_tf32 is its deprecated spelling)
         b.precision = lambda: setattr(torch.backends.cuda.matmul, "fp32_precision", "tf32" if dtype == "tf32" else "ieee")
         b.sync = lambda out: torch.cuda.synchronize()
+        b.free_bytes = lambda: torch.cuda.mem_get_info()[0]
     else:
         from tasks.common.ceiling import cpu_name
 
@@ -177,6 +179,12 @@ def _jax(device: str, dtype: str) -> _Backend:
             major, minor = (int(p) for p in str(getattr(dev, "compute_capability", "0.0")).split(".")[:2])
             if major < 8:
                 raise _no_tf32(b.name, major, minor, "jax")
+        if device == "cuda":
+            def free_bytes() -> int | None:
+                stats = dev.memory_stats() or {}
+                return stats["bytes_limit"] - stats.get("bytes_in_use", 0) if "bytes_limit" in stats else None
+
+            b.free_bytes = free_bytes
     kind = {"fp32": jnp.float32, "tf32": jnp.float32, "bf16": jnp.bfloat16, "fp16": jnp.float16}[dtype]
     # fp32 asks for full precision (jax's default on GPUs and TPUs multiplies fp32 in fewer bits)
     precision = {"fp32": "highest", "tf32": "tensorfloat32"}.get(dtype, "default")

@@ -1,5 +1,7 @@
 """The names users filter and find runs by, each made once: MLflow tag names and the runs' names in MLflow and Prefect (no MLflow import, so any process may use them)."""
 
+from tasks.common.training.frameworks import DEFAULT
+
 
 class Tag:
     """``karman.*`` run tags; experiment-level ones are in tasks.common.tracking."""
@@ -37,8 +39,8 @@ class Tag:
 # process may import this module without pydantic models).
 
 def _framework(spec) -> str:
-    """'' for torch (the default), the framework otherwise: names say the framework when it is not the default."""
-    return "" if spec.framework == "torch" else spec.framework
+    """'' for the default framework (torch), the framework otherwise: names say the framework when it is not the default."""
+    return "" if spec.framework == DEFAULT else spec.framework
 
 
 def train_run_name(spec, batch_size: int) -> str:

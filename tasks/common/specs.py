@@ -11,6 +11,7 @@ from pydantic.json_schema import SkipJsonSchema
 
 from models.host import DeviceKind as Device
 from models.tiling import DEFAULT_HALO
+from tasks.common.training.frameworks import FRAMEWORKS
 
 DEFAULT_EPOCHS = 3  # a training run's epoch limit when it gives neither epochs nor a time budget
 
@@ -148,25 +149,8 @@ class TrainSpec(Spec):
     @model_validator(mode="after")
     def _recipe_holds(self) -> "TrainSpec":
         self.resolved_recipe()  # ValueError naming the element that does not fit
-        if self.framework == "torch" and self.strategy != "auto":
-            raise ValueError(f"strategy {self.strategy} is tensorflow's; torch takes auto (DDP on cpu and cuda, SPMD on xla)")
-        if self.framework == "jax":
-            if self.strategy != "auto":
-                raise ValueError(f"strategy {self.strategy} is tensorflow's; jax takes auto (its devices in one process, the batch split over them)")
-            if self.precision != "fp32":
-                raise ValueError(f"precision {self.precision}: the jax version trains in fp32 only")
-        if self.framework == "tensorflow":
-            if (self.strategy == "tpu") != (self.device == "xla") and self.strategy != "auto":
-                raise ValueError(f"strategy {self.strategy} does not run on device {self.device}: tpu is for xla (a TPU host), the others for cpu and cuda")
-            if self.precision != "fp32":
-                raise ValueError(f"precision {self.precision}: the tensorflow version trains in fp32 only")
-            if self.strategy == "mirrored" and self.device == "cpu" and (self.world_size or 1) < 2:
-                raise ValueError("strategy mirrored on cpu needs --world-size 2 or more (logical CPU devices)")
+        FRAMEWORKS[self.framework].check(self)  # its strategies, precisions and hosts
         if self.hosts > 1:
-            if self.framework == "jax" or self.device == "xla":
-                raise ValueError(f"--hosts {self.hosts}: several hosts train torch or tensorflow on cpu or cuda")
-            if self.framework == "tensorflow" and self.strategy not in ("auto", "multiworker"):
-                raise ValueError(f"--hosts {self.hosts}: tensorflow spreads over hosts with strategy multiworker (or auto), not {self.strategy}")
             if not self.world_size or self.world_size % self.hosts:
                 raise ValueError(f"--hosts {self.hosts} needs --world-size, a multiple of {self.hosts} (the devices of all hosts)")
         if self.crop and self.resolved_recipe().constrain:
@@ -408,7 +392,7 @@ class BenchmarkSpec(Spec):
         """The training spec of the cell (device, batch size, seed, framework, workload and its dataset; the
         strategy is tensorflow's only); ``epochs``: the workload's own epoch limit where the benchmark gives
         neither epochs nor a time budget."""
-        strategy = self.train.strategy if framework == "tensorflow" else "auto"
+        strategy = self.train.strategy if self.train.strategy in FRAMEWORKS[framework].strategies else "auto"
         values = {"device": device, "batch_sizes": [batch_size], "seed": seed, "framework": framework, "strategy": strategy,
                   "workload": workload, "dataset": dataset or self.train.dataset}
         if epochs is not None and self.train.epochs is None and self.train.time_budget is None:

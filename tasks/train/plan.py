@@ -53,43 +53,32 @@ class TrainJob(BaseModel):
     batch_size: int = Field(gt=0)
 
 
-def tensorflow_strategy(spec: TrainSpec, world: int) -> str:
-    """The strategy a tensorflow run uses: the spec's, or for auto: tpu on xla, default for one device, mirrored for more."""
-    if spec.strategy != "auto":
-        return spec.strategy
-    if spec.hosts > 1:
-        return "multiworker"
-    return "tpu" if spec.device == "xla" else "default" if world == 1 else "mirrored"
+def run_strategy(spec: TrainSpec, world: int) -> str:
+    """The strategy a run of ``world`` devices uses (the framework table's: tensorflow's auto is tpu on xla, default
+    for one device, mirrored for more, multiworker over hosts; auto for the frameworks that have none to choose)."""
+    return framework(spec.framework).resolve_strategy(spec, world)
 
 
 def plan_world(spec: TrainSpec, probed: dict | None) -> tuple[int, int]:
     """(world size, processes to launch on each host) for the spec; UserError if a host lacks them (the hosts
     of a multi-host run are taken to be alike: this one stands for each). ``probed`` is the device probe's answer (None for cpu)."""
+    fw = framework(spec.framework)
     if spec.hosts > 1:
-        per_host = spec.model_copy(update={"hosts": 1, "world_size": spec.world_size // spec.hosts,
-                                           "strategy": tensorflow_strategy(spec, spec.world_size) if spec.framework == "tensorflow" else "auto"})
+        per_host = spec.model_copy(update={"hosts": 1, "world_size": spec.world_size // spec.hosts, "strategy": run_strategy(spec, spec.world_size)})
         return spec.world_size, plan_world(per_host, probed)[1]
     if spec.device == "cpu":
         world = spec.world_size or 1
         cores = cpu_cores()
         if world > cores:
             raise UserError(f"world size {world} exceeds the {cores} CPU cores of this host")
-        if spec.framework == "jax":  # one process: its CPU devices (jax_num_cpu_devices) share the cores
-            return world, 1
-        if spec.framework == "tensorflow":  # one process, unless each device has its own worker
-            return world, (world if tensorflow_strategy(spec, world) == "multiworker" else 1)
-        return world, world
+        return world, fw.procs(spec.device, world, run_strategy(spec, world))
     available = int(probed["world_size"]) if probed else 1
     world = spec.world_size or available
     if world > available:
         raise UserError(f"world size {world} exceeds the {available} {spec.device} devices of this host ({probed['device']})")
     if spec.device == "xla" and world != available:
         raise UserError(f"xla trains over all {available} devices of the host with SPMD; leave out --world-size or set it to {available}")
-    if spec.framework == "tensorflow":
-        return world, (world if tensorflow_strategy(spec, world) == "multiworker" else 1)
-    if spec.framework == "jax":  # one process drives all its devices
-        return world, 1
-    return world, (world if spec.device == "cuda" else 1)
+    return world, fw.procs(spec.device, world, run_strategy(spec, world))
 
 
 def check_allocation(hosts: int, env: dict[str, str]) -> None:
@@ -104,7 +93,10 @@ def check_allocation(hosts: int, env: dict[str, str]) -> None:
 def check_training_input(settings: Settings, spec: TrainSpec, batch_sizes: list[int], world: int, memory: int | None = None) -> None:
     """What the workload can refuse before any run starts (it reads the dataset's metadata only): the
     batches against the devices and the data, and the estimated memory of a step against ``memory``."""
-    get_workload(spec.workload).check(settings, spec, batch_sizes, world, memory)
+    workload = get_workload(spec.workload)
+    if world > 1 and spec.framework in workload.one_device:
+        raise UserError(f"the {workload.name} workload trains {spec.framework} on one device; leave out --world-size (asked for {world})")
+    workload.check(settings, spec, batch_sizes, world, memory)
 
 
 def device_memory(spec: TrainSpec, probed: dict | None, procs: int) -> int | None:
@@ -168,6 +160,6 @@ def plan_training(settings: Settings, spec: TrainSpec, log) -> TrainPlan:
     world, procs = plan_world(spec, probed)
     check_training_input(settings, spec, batch_sizes, world, device_memory(spec, probed, procs))
     threads = (spec.threads or max(1, cpu_cores() // procs)) if spec.device == "cpu" else spec.threads
-    strategy = tensorflow_strategy(spec, world) if spec.framework == "tensorflow" else "auto"
+    strategy = run_strategy(spec, world)
     return TrainPlan(spec=spec, batch_sizes=batch_sizes, world=world, procs=procs, hosts=spec.hosts, threads=threads, resume=resume,
                      framework=spec.framework, strategy=strategy)

@@ -50,12 +50,16 @@ class Workload:
     # GenerateSpec fields of the benchmark's generate section that shape this workload's dataset (calo: events, energy, angle);
     # a benchmark that sets any of them away from its default trains on a dataset named after them (benchmark_dataset)
     generate_fields: tuple[str, ...] = ()
+    one_device: tuple[str, ...] = ()  # frameworks of its own whose version trains on one device only (no data-parallel world)
     # Capabilities: what some workloads have (karman today) and the shared stages ask for by these names, never by a workload's name.
     rollouts: bool = False  # its trained models are rolled out by the infer stage: a benchmark adds rollout cells, bench-quality extra datasets
     spec_target: Callable | None = None  # (TrainSpec) -> the run's quality target in words where its spec sets one; None: ``target``
     # (settings, training run ids) -> what was registered (tasks.workloads.karman.registry.register_champion's dictionary): a benchmark
     # registers its best trained model in the Model Registry and moves the alias 'champion' to it where it beats the holder; None: none
     register: Callable | None = None
+    # (its training rows, its rollout runs' entries, run id -> Markdown link, the report's folder) -> its own sections of the
+    # report (tasks.common.reporting.Sections: its frameworks compared, its rollouts' tables and figures); None: none
+    report: Callable | None = None
 
     @property
     def synthetic(self) -> bool:

@@ -11,6 +11,7 @@ import logging
 
 from tasks.common.errors import UserError
 from tasks.common.records import TrainSummary, Utilisation
+from tasks.common.training.frameworks import framework
 
 log = logging.getLogger("karman.train")
 
@@ -61,7 +62,8 @@ def devices_used(runtime, device: str, world: int) -> tuple[float, int]:
 
     if device == "cpu":
         cores = ceiling.this_cpu().cores
-        used = min(cores, (runtime.threads or cores) * (world if runtime.framework == "torch" else 1))
+        procs = framework(runtime.framework).procs(device, world, getattr(runtime, "strategy", "auto"))
+        used = min(cores, (runtime.threads or cores) * procs)
         return used / cores, used
     return float(world), 0
 
