@@ -32,7 +32,7 @@ def test_the_default_epochs_are_the_specs():
     assert TrainSpec(time_budget=10).epoch_limit > 10**6
     assert f"None = {DEFAULT_EPOCHS}," in TrainSpec.model_fields["epochs"].description
     from tasks.common.records import TrainRecord
-    from tasks.report.task import setting_label
+    from tasks.report.capabilities import setting_label
 
     older = {"epochs": "None", "time_budget": "None", "max_steps": "None"}  # a run logged before records, params only
     assert f"budget {DEFAULT_EPOCHS} epochs" in setting_label(TrainRecord.from_mlflow(older, {}, finished=False))

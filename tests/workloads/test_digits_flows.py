@@ -112,7 +112,7 @@ def _energy_and_cost_are_logged_and_reported(workdir, run):
     from tasks.common.ceiling import this_cpu
     from tasks.common.settings import Settings
     from tasks.common.training.energy import POWERCAP
-    from tasks.report.task import build_report
+    from tasks.report.render import build_report
 
     metrics, params = run.data.metrics, run.data.params
     assert (params["price_per_device_hour"], params["currency"]) == ("0.1", "USD")

@@ -19,6 +19,7 @@ from tasks.common.plots import vorticity_panels
 from tasks.common.store import file_sha256, load_manifest
 from tasks.workloads import Workload
 from tasks.workloads.karman.registry import register_champion, spec_target
+from tasks.workloads.karman.report import sections as report_sections
 
 
 HEADLINE = {"horizon_vorticity": "vorticity horizon", "horizon_u": "u horizon"}  # the validation scores an epoch's line shows, in words
@@ -174,4 +175,5 @@ WORKLOAD = Workload(
     rollouts=True,
     spec_target=spec_target,
     register=register_champion,
+    report=report_sections,
 )

@@ -2,7 +2,7 @@
 
 import math
 
-from tasks.report.task import ablation_medians, ablation_row
+from tasks.workloads.karman.report import ablation_medians, ablation_row
 
 
 def rollout(**scores) -> dict:
@@ -48,7 +48,7 @@ def test_medians_are_per_variant_over_the_runs_that_finished():
 
 def test_the_written_ablation_has_the_long_columns_only_with_long_rollouts_and_medians_only_over_seeds(workdir):
     from tasks.common.settings import Settings
-    from tasks.report.task import write_ablation
+    from tasks.report.ablation import write_ablation
 
     settings = Settings.from_env()
     params = {"time_budget": 300.0, "dataset": "demo", "ngf": 16, "batch_size": 8, "steps": 60, "extra_dataset": "long", "extra_steps": 600}

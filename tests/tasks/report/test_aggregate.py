@@ -5,7 +5,8 @@ import math
 import pytest
 from mlflow.tracking import MlflowClient
 
-from tasks.report.task import quality_table, training_records
+from tasks.report.reading import training_records
+from tasks.report.tables import quality_table
 
 
 def _run(client, exp, batch: int, seed: int, reached: bool, time_to_target: float, status: str = "FINISHED"):
@@ -75,7 +76,8 @@ def test_rows_are_compared_only_within_one_setting(workdir):
     """The demo's batch-8 run (10 epochs, 1 thread) and a benchmark's (3 epochs, 2 threads) are two
     settings: never one table, never a speedup between them; devices within a setting are compared
     at the same batch size over the median of their seeds."""
-    from tasks.report.task import comparison, fmt, table_markdown, train_rows
+    from tasks.common.reporting import fmt, table_markdown
+    from tasks.report.tables import comparison, train_rows
 
     client = MlflowClient(tracking_uri=f"sqlite:///{workdir / 'q.db'}")
     exp = client.create_experiment("q", artifact_location=str(workdir / "art"))
@@ -103,7 +105,7 @@ def test_a_runs_samples_per_s_is_its_epochs_samples_over_its_s_per_epoch(workdir
     """Runs logged before each epoch's value moved to epoch_samples_per_s hold it under samples_per_s
     too (MLflow shows the last one): the table takes an epoch's samples over the median epoch time, so
     its two columns agree for old and new runs alike."""
-    from tasks.report.task import train_rows
+    from tasks.report.tables import train_rows
 
     client = MlflowClient()
     exp = client.create_experiment("samples")
@@ -119,7 +121,8 @@ def test_a_recorded_run_deleted_since_is_left_out_and_the_report_says_which_and_
 
     from tasks.common.settings import Settings
     from tasks.common.tracking import client_for, experiment_id
-    from tasks.report.task import build_report, covered_runs
+    from tasks.report.reading import covered_runs
+    from tasks.report.render import build_report
 
     settings = Settings.from_env()
     client = client_for(settings)
@@ -145,7 +148,8 @@ def test_a_rollout_logged_before_records_reads_back_into_its_row(workdir):
     """A rollout of the version before run records (params, metrics and tags only) becomes a typed record and a
     report row, and is marked as older."""
     from tasks.common.records import RolloutRecord
-    from tasks.report.task import infer_rows, read_records
+    from tasks.report.reading import read_records
+    from tasks.workloads.karman.report import infer_rows
 
     client = MlflowClient(tracking_uri=f"sqlite:///{workdir / 'q.db'}")
     exp = client.create_experiment("q", artifact_location=str(workdir / "art"))
@@ -170,7 +174,7 @@ def test_a_rollout_logged_before_records_reads_back_into_its_row(workdir):
 def _priced(device: str, world: int, reached: float | None, price: float, joules: float | None, run_id: str):
     """A finished run's entry (read back as the report reads it) with its energy and price."""
     from tasks.common.records import Energy, TrainRecord
-    from tasks.report.task import Entry
+    from tasks.report.reading import Entry
 
     metrics = {"time_per_epoch_s": 5.0, "train_time_s": 600.0, "target_reached": float(reached is not None),
                **({"time_to_target_s": reached} if reached is not None else {})}
@@ -181,7 +185,9 @@ def _priced(device: str, world: int, reached: float | None, price: float, joules
 
 
 def test_energy_cost_and_the_cheapest_device_to_the_target_are_shown_or_said_to_be_missing():
-    from tasks.report.task import TRAIN_RESULT_COLUMNS, cheapest_to_target, energy_notes, quality_table, table_markdown, train_rows
+    from tasks.common.reporting import table_markdown
+    from tasks.report.energy import cheapest_to_target, energy_notes
+    from tasks.report.tables import TRAIN_RESULT_COLUMNS, quality_table, train_rows
 
     cpu = _priced("cpu", 1, 720.0, 0.10, None, "c" * 32)       # 0.10 x 1 x 0.2 h = 0.02
     gpu = _priced("cuda", 2, 36.0, 3.00, 5000.0, "g" * 32)     # 3.00 x 2 x 0.01 h = 0.06
@@ -199,7 +205,7 @@ def test_energy_cost_and_the_cheapest_device_to_the_target_are_shown_or_said_to_
 
 
 def test_the_verdict_names_the_smallest_stride_at_which_the_surrogate_is_cheaper_or_says_none_is():
-    from tasks.report.task import stride_verdicts
+    from tasks.workloads.karman.report import stride_verdicts
 
     def row(device, stride, ratio, horizon):
         return {"device": device, "stride": stride, "surrogate_vs_solver": ratio, "horizon_vorticity": horizon, "steps": 60,

@@ -1,0 +1,25 @@
+"""Prefect task (flow process): the training recipe ablation's table, written under the report folder and logged to MLflow.
+
+The ablate flow varies karman's training recipe, so its rows and text are karman's own (tasks/workloads/karman/report.py);
+this writes and logs them."""
+
+import json
+
+from prefect import task
+
+from tasks.common.settings import Settings
+from tasks.common.tracking import mlflow_run
+from tasks.workloads.karman.report import ablation_markdown, ablation_row  # noqa: F401  (the ablate flow's rows: task.py passes them on)
+
+
+@task(name="write-ablation")
+def write_ablation(settings: Settings, name: str, params: dict, rows: list[dict], simulation: str, extra: list[str] = ()) -> dict:
+    """``ablation.md`` and ``ablation.json`` under the report folder, logged to an MLflow run of stage ablation."""
+    out = settings.report_dir(name)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "ablation.md").write_text(ablation_markdown(name, params, rows, simulation, extra))
+    (out / "ablation.json").write_text(json.dumps(rows, indent=2))
+    with mlflow_run(settings, "ablation", f"ablation-{name}", params=params) as run:
+        for path in (out / "ablation.md", out / "ablation.json"):
+            run.log_artifact(path, "ablation")
+        return {"report": str(out / "ablation.md"), "rows": rows, "run_id": run.run_id}
