@@ -66,10 +66,10 @@ def _check_infer(settings, spec: InferSpec) -> None:
 
 
 def _check_benchmark(settings, spec: BenchmarkSpec) -> None:
-    from flows.pipeline import benchmark_matrix, check_deployments, deployment_for
+    from flows.matrix import benchmark_matrix, check_deployments, deployment_for
 
     matrix = benchmark_matrix(spec)
-    if any(m.workload.name == "karman" for m in matrix):
+    if any(m.workload.swept for m in matrix):
         remote = deployment_for("generate", spec.generate.device, spec.pools) is not None  # its GPU is the pool's, not this host's
         _check_generate(settings, spec.generate.model_copy(update={"device": "cpu"}) if remote else spec.generate)
     check_deployments(spec)

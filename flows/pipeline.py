@@ -11,7 +11,6 @@ import os
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
@@ -19,6 +18,7 @@ from prefect import flow, get_run_logger
 from pydantic import ValidationError
 from pydantic.json_schema import SkipJsonSchema
 
+from flows.matrix import WorkloadCells, benchmark_description, benchmark_matrix, check_deployments, deployment_for, generate_spec
 from tasks.common.cells import cell_error, cell_key, finished_cell, interrupted_cell, record_failed_cell
 from tasks.common.names import Tag, infer_label, infer_run_name, train_label, train_run_name
 from tasks.common.progress import Progress
@@ -265,40 +265,6 @@ def demo(spec: DemoSpec = DemoSpec()) -> dict:
     }
 
 
-def deployment_for(kind: str, device: str, pools: dict[str, str]) -> str | None:
-    """'<flow>/<pool>' of the deployment that runs ``kind`` cells on ``device``; None to run them here."""
-    pool = pools.get(device)
-    return None if pool in (None, "local") else f"{kind}/{pool}"
-
-
-def check_deployments(spec: BenchmarkSpec) -> None:
-    """UserError naming every deployment the matrix needs that the Prefect API does not have."""
-    from prefect.client.orchestration import get_client
-    from prefect.exceptions import ObjectNotFound
-
-    from tasks.common.errors import UserError
-
-    kinds = (("train", spec.devices), ("infer", spec.infer_devices), ("generate", [spec.generate.device] if "karman" in spec.workloads else []))
-    needed = sorted({d for kind, devices in kinds for device in devices if (d := deployment_for(kind, device, spec.pools))})
-    if not needed:
-        return
-    from prefect.settings import PREFECT_API_URL
-
-    if not PREFECT_API_URL.value():  # the temporary local API has no deployments
-        raise UserError(f"deployment(s) {', '.join(needed)} not found: no Prefect server is configured (PREFECT_API_URL); "
-                        "start one and deploy (infra/start-prefect-server.sh, prefect deploy --all), or map the device to 'local' in pools")
-    missing = []
-    with get_client(sync_client=True) as client:
-        for name in needed:
-            try:
-                client.read_deployment_by_name(name)
-            except ObjectNotFound:
-                missing.append(name)
-    if missing:
-        raise UserError(f"deployment(s) {', '.join(missing)} not found on the Prefect API; deploy them (prefect deploy --all) "
-                        "or map the device to 'local' in pools")
-
-
 def _cell_label(kind: str, spec) -> str:
     return train_label(spec) if kind == "train" else infer_label(spec)
 
@@ -348,77 +314,11 @@ def _run_cell(kind: str, spec, settings: Settings, deployment: str | None, paren
     return {"cell": spec.cell, "kind": kind, "label": label, "status": "FINISHED", "run_id": done}
 
 
-def _benchmark_description(spec: BenchmarkSpec, matrix: list["WorkloadCells"]) -> str:
-    budget = f"{spec.train.time_budget:g} s" if spec.train.time_budget else None
-    parts = []
-    for m in matrix:
-        epochs = budget or f"{m.epochs} epochs"
-        parts.append(f"{m.workload.title} ({'/'.join(m.frameworks)}) trained on {', '.join(spec.devices)} at global batch sizes "
-                     f"{', '.join(map(str, m.batch_sizes))} ({spec.repeats} seed(s) each, {epochs}) on dataset `{m.dataset}`"
-                     + (f", data {m.workload.data}" if m.workload.synthetic else ""))
-    rollouts = (f" Each framework's first trained Kármán model is rolled out {spec.infer.steps} steps "
-                f"({', '.join(f'{m} x{w}' for _, m, w in spec.infer_cells())}) on {', '.join(spec.infer_devices)}."
-                if any(m.workload.name == "karman" for m in matrix) else "")
-    return (f"Benchmark `{spec.aggregate.name}`: " + "; ".join(parts) + "." + rollouts +
-            " New cells are child runs; cells that finished in an earlier benchmark are reused (runs.json lists every run the report covers). "
-            "The report compares rows only within one setting.")
-
-
-@dataclass
-class WorkloadCells:
-    """One workload's part of the benchmark matrix: the frameworks it has of those asked for, its batch sizes, dataset and epochs."""
-
-    workload: object  # tasks.workloads.Workload
-    frameworks: list[str]
-    batch_sizes: list[int]
-    dataset: str
-    epochs: int
-    sizes: list[dict]  # the network sizes swept (e.g. {"layers": 2, "units": 64}); [{}]: the workload's own
-
-    def train_cells(self, spec: BenchmarkSpec) -> int:
-        return len(self.frameworks) * len(spec.devices) * len(self.batch_sizes) * len(self.sizes) * spec.repeats
-
-
-def _sizes(spec: BenchmarkSpec, workload) -> list[dict]:
-    """Every combination of the network sizes the benchmark sweeps that ``workload`` takes (its ``sizes``:
-    layers x units for har); [{}] for a workload that takes none, or when the benchmark sweeps none."""
-    axes = {name: getattr(spec, name) for name in workload.sizes if getattr(spec, name) is not None}
-    return [dict(zip(axes, values)) for values in itertools.product(*axes.values())] if axes else [{}]
-
-
-def benchmark_matrix(spec: BenchmarkSpec) -> list[WorkloadCells]:
-    """Each workload's cells; UserError for an unknown workload, or a framework no workload of the matrix has."""
-    from tasks.common.errors import UserError
-    from tasks.workloads import benchmark_dataset, get_workload
-
-    matrix = []
-    for name in spec.workloads:
-        workload = get_workload(name)
-        dataset = spec.generate.dataset if name == "karman" else benchmark_dataset(workload, spec.generate)[0]
-        matrix.append(WorkloadCells(workload, [f for f in spec.frameworks if f in workload.frameworks],
-                                    list(spec.batch_sizes or workload.batch_sizes), dataset, workload.epochs, _sizes(spec, workload)))
-    unused = [f for f in spec.frameworks if not any(f in m.frameworks for m in matrix)]
-    if unused:
-        raise UserError(f"framework(s) {', '.join(unused)}: no workload of the benchmark ({', '.join(spec.workloads)}) has a version in them; "
-                        + "; ".join(f"{m.workload.name} runs in {', '.join(m.workload.frameworks)}" for m in matrix))
-    return matrix
-
-
-def _generate_spec(spec: BenchmarkSpec, cells: WorkloadCells) -> GenerateSpec:
-    """The dataset a workload's cells train on: the benchmark's sweep for karman, the workload's own dataset for the others
-    (made with the generate section's fields of that workload)."""
-    from tasks.workloads import benchmark_dataset
-
-    if cells.workload.name == "karman":
-        return spec.generate
-    return GenerateSpec(workload=cells.workload.name, dataset=cells.dataset, **benchmark_dataset(cells.workload, spec.generate)[1])
-
-
 def _dataset_cell(spec: BenchmarkSpec, cells: WorkloadCells, settings: Settings, parent_run: str) -> dict:
-    """A workload's dataset, generated here, or for a karman sweep on a GPU (``generate.device`` cuda) on the
+    """A workload's dataset, generated here, or for a swept workload's sweep on a GPU (``generate.device`` cuda) on the
     pool ``pools`` maps cuda to (the ``generate/<pool>`` deployment, into the shared data root)."""
-    gen = _generate_spec(spec, cells)
-    deployment = deployment_for("generate", gen.device, spec.pools) if cells.workload.name == "karman" else None
+    gen = generate_spec(spec, cells)
+    deployment = deployment_for("generate", gen.device, spec.pools) if cells.workload.swept else None
     if deployment is None:
         return generate(gen, parent_run=parent_run)
     from prefect.deployments import run_deployment
@@ -437,9 +337,10 @@ def _dataset_cell(spec: BenchmarkSpec, cells: WorkloadCells, settings: Settings,
 @flow(name="benchmark", flow_run_name=_named(BenchmarkSpec, lambda s: f"benchmark {s.aggregate.name}"))
 def benchmark(spec: BenchmarkSpec = BenchmarkSpec()) -> dict:
     """The benchmark matrix: per workload, generate its data and train every (framework, device, batch
-    size, seed) cell; roll the first trained Kármán model out in every (device, mode, workers) cell;
-    aggregate. Finished cells are skipped. One MLflow run holds it all: the cells are its children,
-    the report its artifacts."""
+    size, seed) cell; roll each framework's first trained model of a workload with rollouts out in every
+    (device, mode, workers) cell; aggregate; register the best trained model of each workload that
+    registers. Finished cells are skipped. One MLflow run holds it all: the cells are its children, the
+    report its artifacts."""
     name = spec.aggregate.name
     _tag_run("stage:benchmark", f"benchmark:{name}", *(f"device:{d}" for d in spec.devices), *(f"workload:{w}" for w in spec.workloads))
     settings = _settings()
@@ -451,9 +352,9 @@ def benchmark(spec: BenchmarkSpec = BenchmarkSpec()) -> dict:
         skipped = [f for f in spec.frameworks if f not in m.frameworks]
         if skipped:
             logger.info("workload %s has no %s version: those cells are not part of the matrix", m.workload.name, ", ".join(skipped))
-    rollouts = [m for m in matrix if m.workload.name == "karman"]
+    rollouts = [m for m in matrix if m.workload.rollouts]
     total = sum(m.train_cells(spec) for m in matrix) + sum(len(m.frameworks) * len(spec.infer_cells()) for m in rollouts)
-    with mlflow_run(settings, "benchmark", f"benchmark-{name}", params=spec.model_dump(), description=_benchmark_description(spec, matrix),
+    with mlflow_run(settings, "benchmark", f"benchmark-{name}", params=spec.model_dump(), description=benchmark_description(spec, matrix),
                     tags={Tag.BENCHMARK: name, Tag.DEVICES: ",".join(spec.devices)}) as bench:
         logger.info("benchmark %s: %d cells; MLflow: %s", name, total, run_url(settings, bench.run_id))
         progress = Progress(f"cells of benchmark {name} done")
@@ -493,14 +394,14 @@ def benchmark(spec: BenchmarkSpec = BenchmarkSpec()) -> dict:
         infer_jobs = []
         for m in rollouts:
             for framework in m.frameworks:  # each framework's first trained model is rolled out in every rollout cell
-                model = next((c["run_id"] for c in cells if c.get("workload") == "karman" and c.get("framework") == framework
+                model = next((c["run_id"] for c in cells if c.get("workload") == m.workload.name and c.get("framework") == framework
                               and c["status"] != "FAILED"), None)
                 if model is None:
                     logger.error("no %s training cell finished; its rollout cells are skipped", framework)
                     continue
                 for device, mode, workers in spec.infer_cells():
                     cell = spec.infer_cell(model, device, mode, workers)
-                    cell = cell.model_copy(update={"cell": cell_key("infer", cell, datasets["karman"]["digest"])})
+                    cell = cell.model_copy(update={"cell": cell_key("infer", cell, datasets[m.workload.name]["digest"])})
                     infer_jobs.append(("infer", cell, {"framework": framework, "device": device, "mode": mode, "workers": workers}))
         cells += run_lanes(infer_jobs, lane, run)
         bench.client.log_dict(bench.run_id, {"runs": [c["run_id"] for c in cells if c.get("run_id")], "cells": cells}, "runs.json")
@@ -509,12 +410,15 @@ def benchmark(spec: BenchmarkSpec = BenchmarkSpec()) -> dict:
         publish_artifacts(report)
         for path in (report["report"], report["html"], *report["figures"]):
             bench.log_artifact(Path(path), "report")
-        # the best karman model into the Model Registry; the alias 'champion' moves only to a better one
-        registered = register_surrogate(settings, "karman", [c["run_id"] for c in cells if c["kind"] == "train" and c.get("workload") == "karman"
-                                                   and c["status"] in ("FINISHED", "SKIPPED") and c.get("run_id")]) if rollouts else None
-        if registered and registered["version"] is not None:
-            bench.set_tags({Tag.CHAMPION: f"{registered['name']} version {registered['version']}: "
-                                          f"{'champion' if registered['champion'] else 'not champion'} ({registered['reason']})"})
+        # each registering workload's best model into the Model Registry; the alias 'champion' moves only to a better one
+        registrations = [register_surrogate(settings, m.workload.name, [c["run_id"] for c in cells if c["kind"] == "train"
+                                                                        and c.get("workload") == m.workload.name
+                                                                        and c["status"] in ("FINISHED", "SKIPPED") and c.get("run_id")])
+                         for m in matrix if m.workload.register]
+        versions = [r for r in registrations if r["version"] is not None]
+        if versions:
+            bench.set_tags({Tag.CHAMPION: "; ".join(f"{r['name']} version {r['version']}: "
+                                                    f"{'champion' if r['champion'] else 'not champion'} ({r['reason']})" for r in versions)})
         failed = [c for c in cells if c["status"] == "FAILED"]
         counts = {s: sum(c["status"] == s for c in cells) for s in ("FINISHED", "SKIPPED", "FAILED")}
         bench.set_tags({Tag.CELLS: f"{len(cells)}: {counts['FINISHED']} run, {counts['SKIPPED']} reused, {counts['FAILED']} failed"})
@@ -523,4 +427,6 @@ def benchmark(spec: BenchmarkSpec = BenchmarkSpec()) -> dict:
     first = datasets[matrix[0].workload.name]
     return {"dataset": {"name": first["dataset"], "digest": first["digest"]},
             "datasets": {w: {"name": d["dataset"], "digest": d["digest"]} for w, d in datasets.items()}, "cells": cells, "report": report["report"],
-            "benchmark_run_id": bench.run_id, "aggregate_run_id": report["run_id"], "failed": len(failed), "registered": registered}
+            "benchmark_run_id": bench.run_id, "aggregate_run_id": report["run_id"], "failed": len(failed),
+            # what the first registering workload registered (the settings name one registered model), or None
+            "registered": registrations[0] if registrations else None}

@@ -17,20 +17,19 @@ def ensure_pools(pools: tuple[str, ...] = POOLS) -> list[str]:
     """Create the missing work pools and limits; what was created, by name."""
     from prefect.client.orchestration import get_client
     from prefect.client.schemas.actions import GlobalConcurrencyLimitCreate, WorkPoolCreate
-    from prefect.exceptions import ObjectNotFound
     from prefect.workers.process import ProcessWorker
 
+    from tasks.common.prefect_api import missing
+
+    new_pools = missing(pools, lambda client, pool: client.read_work_pool(pool))
+    new_limits = missing([f"pool-{pool}" for pool in pools], lambda client, limit: client.read_global_concurrency_limit_by_name(limit))
     created = []
     with get_client(sync_client=True) as client:
         for pool in pools:
-            try:
-                client.read_work_pool(pool)
-            except ObjectNotFound:
+            if pool in new_pools:
                 client.create_work_pool(WorkPoolCreate(name=pool, type="process", base_job_template=ProcessWorker.get_default_base_job_template()))
                 created.append(f"work pool {pool}")
-            try:
-                client.read_global_concurrency_limit_by_name(f"pool-{pool}")
-            except ObjectNotFound:
+            if f"pool-{pool}" in new_limits:
                 client.create_global_concurrency_limit(GlobalConcurrencyLimitCreate(name=f"pool-{pool}", limit=1))
                 created.append(f"concurrency limit pool-{pool}")
     return created

@@ -108,7 +108,7 @@ def test_bad_benchmark_requests_are_refused_with_one_line(workdir, args, fragmen
 
 
 def test_a_gpu_sweep_is_the_gpu_pools_dataset_cell(monkeypatch):
-    from flows.pipeline import check_deployments, deployment_for
+    from flows.matrix import check_deployments, deployment_for
     from tasks.common.errors import UserError
 
     spec = BenchmarkSpec.quick().model_copy(update={"generate": GenerateSpec(device="cuda"), "pools": {"cuda": "gpu"}})
@@ -167,7 +167,7 @@ def test_both_frameworks_are_compared_cell_by_cell_and_a_rerun_skips_the_tensorf
 
 
 def test_a_har_sweep_of_layers_by_units_is_one_matrix_and_other_workloads_ignore_it():
-    from flows.pipeline import benchmark_matrix
+    from flows.matrix import benchmark_matrix
 
     spec = BenchmarkSpec.quick().model_copy(update={"workloads": ["har", "digits"], "frameworks": ["torch", "tensorflow"],
                                                     "layers": [1, 2], "units": [16, 32, 64]})

@@ -1,0 +1,102 @@
+"""The benchmark's plan: each workload's cells, the dataset each trains on, the deployments its cells run
+on, and the benchmark run's description. The benchmark flow (flows.pipeline) runs what this plans."""
+
+import itertools
+from dataclasses import dataclass
+
+from tasks.common.specs import BenchmarkSpec, GenerateSpec
+
+
+@dataclass
+class WorkloadCells:
+    """One workload's part of the benchmark matrix: the frameworks it has of those asked for, its batch sizes, dataset and epochs."""
+
+    workload: object  # tasks.workloads.Workload
+    frameworks: list[str]
+    batch_sizes: list[int]
+    dataset: str
+    epochs: int
+    sizes: list[dict]  # the network sizes swept (e.g. {"layers": 2, "units": 64}); [{}]: the workload's own
+
+    def train_cells(self, spec: BenchmarkSpec) -> int:
+        return len(self.frameworks) * len(spec.devices) * len(self.batch_sizes) * len(self.sizes) * spec.repeats
+
+
+def _sizes(spec: BenchmarkSpec, workload) -> list[dict]:
+    """Every combination of the network sizes the benchmark sweeps that ``workload`` takes (its ``sizes``:
+    layers x units for har); [{}] for a workload that takes none, or when the benchmark sweeps none."""
+    axes = {name: getattr(spec, name) for name in workload.sizes if getattr(spec, name) is not None}
+    return [dict(zip(axes, values)) for values in itertools.product(*axes.values())] if axes else [{}]
+
+
+def benchmark_matrix(spec: BenchmarkSpec) -> list[WorkloadCells]:
+    """Each workload's cells; UserError for an unknown workload, or a framework no workload of the matrix has."""
+    from tasks.common.errors import UserError
+    from tasks.workloads import benchmark_dataset, get_workload
+
+    matrix = []
+    for name in spec.workloads:
+        workload = get_workload(name)
+        dataset = spec.generate.dataset if workload.swept else benchmark_dataset(workload, spec.generate)[0]
+        matrix.append(WorkloadCells(workload, [f for f in spec.frameworks if f in workload.frameworks],
+                                    list(spec.batch_sizes or workload.batch_sizes), dataset, workload.epochs, _sizes(spec, workload)))
+    unused = [f for f in spec.frameworks if not any(f in m.frameworks for m in matrix)]
+    if unused:
+        raise UserError(f"framework(s) {', '.join(unused)}: no workload of the benchmark ({', '.join(spec.workloads)}) has a version in them; "
+                        + "; ".join(f"{m.workload.name} runs in {', '.join(m.workload.frameworks)}" for m in matrix))
+    return matrix
+
+
+def generate_spec(spec: BenchmarkSpec, cells: WorkloadCells) -> GenerateSpec:
+    """The dataset a workload's cells train on: the benchmark's own sweep for a swept workload, the workload's own
+    dataset for the others (made with the generate section's fields of that workload)."""
+    from tasks.workloads import benchmark_dataset
+
+    if cells.workload.swept:
+        return spec.generate
+    return GenerateSpec(workload=cells.workload.name, dataset=cells.dataset, **benchmark_dataset(cells.workload, spec.generate)[1])
+
+
+def deployment_for(kind: str, device: str, pools: dict[str, str]) -> str | None:
+    """'<flow>/<pool>' of the deployment that runs ``kind`` cells on ``device``; None to run them here."""
+    pool = pools.get(device)
+    return None if pool in (None, "local") else f"{kind}/{pool}"
+
+
+def check_deployments(spec: BenchmarkSpec) -> None:
+    """UserError naming every deployment the matrix needs that the Prefect API does not have."""
+    from tasks.common.errors import UserError
+    from tasks.common.prefect_api import missing
+    from tasks.workloads import get_workload
+
+    swept = any(get_workload(name).swept for name in spec.workloads)  # only a solver sweep runs on a generate deployment
+    kinds = (("train", spec.devices), ("infer", spec.infer_devices), ("generate", [spec.generate.device] if swept else []))
+    needed = sorted({d for kind, devices in kinds for device in devices if (d := deployment_for(kind, device, spec.pools))})
+    if not needed:
+        return
+    from prefect.settings import PREFECT_API_URL
+
+    if not PREFECT_API_URL.value():  # the temporary local API has no deployments
+        raise UserError(f"deployment(s) {', '.join(needed)} not found: no Prefect server is configured (PREFECT_API_URL); "
+                        "start one and deploy (infra/start-prefect-server.sh, prefect deploy --all), or map the device to 'local' in pools")
+    absent = missing(needed, lambda client, name: client.read_deployment_by_name(name))
+    if absent:
+        raise UserError(f"deployment(s) {', '.join(absent)} not found on the Prefect API; deploy them (prefect deploy --all) "
+                        "or map the device to 'local' in pools")
+
+
+def benchmark_description(spec: BenchmarkSpec, matrix: list[WorkloadCells]) -> str:
+    """The benchmark run's description: what each workload trains where, what is rolled out, and how cells are reused."""
+    budget = f"{spec.train.time_budget:g} s" if spec.train.time_budget else None
+    parts = []
+    for m in matrix:
+        epochs = budget or f"{m.epochs} epochs"
+        parts.append(f"{m.workload.title} ({'/'.join(m.frameworks)}) trained on {', '.join(spec.devices)} at global batch sizes "
+                     f"{', '.join(map(str, m.batch_sizes))} ({spec.repeats} seed(s) each, {epochs}) on dataset `{m.dataset}`"
+                     + (f", data {m.workload.data}" if m.workload.synthetic else ""))
+    rollouts = "".join(f" Each framework's first trained {m.workload.title} is rolled out {spec.infer.steps} steps "
+                       f"({', '.join(f'{mode} x{w}' for _, mode, w in spec.infer_cells())}) on {', '.join(spec.infer_devices)}."
+                       for m in matrix if m.workload.rollouts)
+    return (f"Benchmark `{spec.aggregate.name}`: " + "; ".join(parts) + "." + rollouts +
+            " New cells are child runs; cells that finished in an earlier benchmark are reused (runs.json lists every run the report covers). "
+            "The report compares rows only within one setting.")
