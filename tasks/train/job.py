@@ -50,6 +50,8 @@ def run_training(job: dict) -> dict | None:
         workload = get_workload(spec.workload)
         data = workload.prepare(settings, spec, main=runtime.is_main)
         trainer = framework_module(workload, plan.framework).build(data, spec, batch_size, runtime)
+        if lacking := loop.missing_members(trainer, loop.Trainer):
+            raise TypeError(f"the {workload.name} trainer in {plan.framework} ({type(trainer).__name__}) lacks {', '.join(lacking)} of the loop's Trainer")
         record = TrainRecord(config=TrainConfig(
             workload=workload.name, framework=runtime.framework, framework_version=runtime.version, device=spec.device,
             device_name=runtime.description, world_size=runtime.world_size, strategy=runtime.strategy, threads=runtime.threads,

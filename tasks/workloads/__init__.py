@@ -8,8 +8,9 @@ through ``KARMAN_WORKLOADS=name=package.module,...`` (child processes inherit it
 """
 
 import importlib
+import inspect
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Callable
 
 from tasks.common.errors import UserError
@@ -61,6 +62,18 @@ class Workload:
     # report (tasks.common.reporting.Sections: its frameworks compared, its rollouts' tables and figures); None: none
     report: Callable | None = None
 
+    def __post_init__(self):
+        """TypeError naming the field of a workload whose part cannot be called as the stages call it (CALLS)."""
+        from tasks.common.training.frameworks import FRAMEWORKS
+
+        unknown = [f for f in self.frameworks if f not in FRAMEWORKS]
+        if unknown:
+            raise TypeError(f"workload {self.name}: frameworks {', '.join(unknown)} are not in the framework table ({', '.join(FRAMEWORKS)})")
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if f.name in CALLS and value is not None:
+                callable_as(value, CALLS[f.name], f"workload {self.name}: {f.name}")
+
     @property
     def synthetic(self) -> bool:
         return "synthetic" in self.data
@@ -74,6 +87,31 @@ class Workload:
     def target_of(self, spec) -> str:
         """The quality target of a run of ``spec`` (TrainSpec), in words."""
         return self.spec_target(spec) if self.spec_target else self.target
+
+
+# How the stages call each part of a workload: its arguments, by name (a part may take more, with defaults).
+CALLS = {
+    "prepare": ("settings", "spec"),
+    "check": ("settings", "spec", "batch_sizes", "world", "memory"),
+    "dataset_info": ("settings", "dataset"),
+    "setting": ("spec",),
+    "generate": ("settings", "spec", "parent_run_id"),
+    "check_generate": ("settings", "spec"),
+    "spec_target": ("spec",),
+    "register": ("settings", "run_ids"),
+    "report": ("trains", "rollouts", "link", "out"),
+}
+BUILD = ("data", "spec", "batch_size", "runtime")  # a framework module's build(...) -> the loop's Trainer
+
+
+def callable_as(part, arguments: tuple[str, ...], what: str) -> None:
+    """TypeError naming ``what`` unless ``part`` is callable with ``arguments`` given by position."""
+    if not callable(part):
+        raise TypeError(f"{what} is {type(part).__name__}, not a function taking ({', '.join(arguments)})")
+    try:
+        inspect.signature(part).bind(*arguments)
+    except TypeError as exc:
+        raise TypeError(f"{what} cannot be called with ({', '.join(arguments)}): {exc}") from None
 
 
 def benchmark_dataset(workload: Workload, generate) -> tuple[str, dict]:
@@ -115,4 +153,6 @@ def check_framework(workload: Workload, framework: str) -> None:
 def framework_module(workload: Workload, framework: str):
     """The module that builds ``workload``'s trainer in ``framework`` (imported here: its framework loads with it)."""
     check_framework(workload, framework)
-    return importlib.import_module(f"{table()[workload.name]}.{framework}")
+    module = importlib.import_module(f"{table()[workload.name]}.{framework}")
+    callable_as(getattr(module, "build", None), BUILD, f"{module.__name__}.build")
+    return module

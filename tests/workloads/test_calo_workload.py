@@ -60,7 +60,7 @@ def test_the_dataset_is_synthetic_chunked_and_the_same_whatever_the_workers(work
     from tasks.common.settings import Settings
     from tasks.common.specs import GenerateSpec
     from tasks.workloads import get_workload
-    from tasks.workloads.calo import workload as calo
+    from tasks.workloads.calo import dataset as calo
     from tasks.workloads.calo.showers import shower_events
 
     from prefect.client.orchestration import get_client

@@ -144,10 +144,9 @@ def framework(name: str) -> Framework:
     return FRAMEWORKS[name]
 
 
-def order(name: str) -> tuple[int, str]:
-    """A sort key putting frameworks in the table's order (the default first), names it does not know after them."""
-    names = list(FRAMEWORKS)
-    return (names.index(name), name) if name in names else (len(names), name)
+def order(name: str) -> tuple[bool, str]:
+    """A sort key for frameworks: the default (the base others are compared with) first, then by name."""
+    return name != DEFAULT, name
 
 
 def open_runtime(plan):

@@ -19,7 +19,7 @@ import signal
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterator, Protocol
+from typing import Any, Iterator, Protocol, runtime_checkable
 
 import numpy as np
 
@@ -35,13 +35,17 @@ WARMUP_STEPS = 2  # steps of each process timed apart: tracing, compilation, all
 PROGRESS_EVERY_S = float(os.environ.get("KARMAN_PROGRESS_EVERY_S", "10"))  # within an epoch, a progress line at most this often
 
 
+@runtime_checkable
 class Trainer(Protocol):
-    """A workload's training in one framework (tasks/workloads/NAME/FRAMEWORK.py builds one)."""
+    """A workload's training in one framework (tasks/workloads/NAME/FRAMEWORK.py builds one); the training job
+    checks every trainer it builds against it (``missing_members``)."""
 
     samples: int  # training samples of an epoch
     has_validation: bool
     headline: dict[str, str]  # the validation scores an epoch's log line shows, with their words (all are in the metrics)
     flops_per_sample: float  # training FLOPs of one sample, from the network's layer shapes (for MFU)
+    params: dict  # the workload's own parameters of the run's record (MLflow params)
+    speed: dict  # the speed options it trains with (threads, precision, compilation), for the record
 
     def batches(self, epoch: int, steps: int) -> Iterator[Any]: ...  # this rank's share of each global batch, in order
     def step(self, batch: Any, flags: list[float], progress: float) -> tuple[dict[str, float], list[float]]: ...
@@ -52,6 +56,19 @@ class Trainer(Protocol):
     def evaluate(self) -> dict[str, float]: ...  # validation scores (rank 0)
     def reached(self, scores: dict[str, float]) -> bool: ...  # the quality target holds
     def epoch_metrics(self) -> dict[str, float]: ...  # the trainer's own per-epoch measurements
+    def finish(self, run_dir: Path, run, settings) -> dict[str, float] | None: ...
+    # after the last epoch, rank 0: its artifacts logged to ``run`` (tasks.common.tracking.Run); the test split's scores, if it scores one
+
+
+def protocol_members(protocol: type) -> list[str]:
+    """The attributes and methods a Protocol class declares (its annotations and its functions), in order."""
+    names = list(protocol.__dict__.get("__annotations__", {}))
+    return names + [k for k, v in protocol.__dict__.items() if callable(v) and not k.startswith("_") and k not in names]
+
+
+def missing_members(obj, protocol: type) -> list[str]:
+    """The members of ``protocol`` that ``obj`` (an instance, or a class for its methods) lacks."""
+    return [name for name in protocol_members(protocol) if not hasattr(obj, name)]
 
 
 class Runtime(Protocol):

@@ -5,6 +5,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from tasks.common.training.classifier_torch import TorchClassifier
 from tasks.workloads.digits.workload import LEARNING_RATE, MOMENTUM, DigitsData, DigitsTrainer, initial_weights
 
 
@@ -41,48 +42,13 @@ class DigitsCNN(nn.Module):
         return out
 
 
-class DigitsTorch(DigitsTrainer):
-    framework = "torch"
-
+class DigitsTorch(DigitsTrainer, TorchClassifier):
     def __init__(self, data: DigitsData, spec, batch_size: int, runtime):
-        ctx = runtime.ctx
-        super().__init__(data, spec, batch_size, ctx.rank, ctx.world_size if ctx.strategy == "ddp" else 1)
-        self.runtime = runtime
-        self.net = DigitsCNN()
-        self.net.load_weights(initial_weights(spec.seed))  # the same on every rank and in every framework
-        self.net.to(ctx.device)
-        self.run_net = ctx.wrap(self.net) if ctx.wrap else self.net
+        super().__init__(data, spec, batch_size, *self.share(runtime))
+        net = DigitsCNN()
+        net.load_weights(initial_weights(spec.seed))  # the same on every rank and in every framework
+        self._place(runtime, net)
         self.opt = torch.optim.SGD(self.net.parameters(), lr=LEARNING_RATE, momentum=MOMENTUM)
-        self.speed = {"threads": runtime.threads, "precision": spec.precision}
-
-    def _device(self, x: np.ndarray, y: np.ndarray):
-        ctx = self.runtime.ctx
-        return ctx.shard(torch.from_numpy(x).to(ctx.device)), ctx.shard(torch.from_numpy(y).to(ctx.device))  # (b, 28, 28, 1), (b,)
-
-    def step(self, batch, flags: list[float], progress: float):
-        x, y = batch
-        self.opt.zero_grad(set_to_none=True)
-        with self.runtime.ctx.autocast():
-            loss = F.cross_entropy(self.run_net(x).float(), y)
-        loss.backward()
-        self.opt.step()
-        self.runtime.ctx.step_end()
-        return self.runtime.reduce({"loss_ce": loss.detach()}, flags)
-
-    @torch.no_grad()
-    def logits(self, x: np.ndarray) -> np.ndarray:
-        with self.runtime.ctx.autocast():
-            return self.net(torch.from_numpy(x).to(self.runtime.ctx.device)).float().cpu().numpy()
-
-    def weights(self) -> dict[str, np.ndarray]:
-        return self.net.weights()
-
-    def state(self) -> dict:
-        return {"net": self.net.state_dict(), "opt": self.opt.state_dict()}
-
-    def load_state(self, state: dict) -> None:
-        self.net.load_state_dict(state["net"])
-        self.opt.load_state_dict(state["opt"])
 
 
 def build(data: DigitsData, spec, batch_size: int, runtime) -> DigitsTorch:

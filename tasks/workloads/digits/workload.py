@@ -14,16 +14,15 @@ import gzip
 import hashlib
 import importlib.util
 import logging
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import zarr
 
-from tasks.common.data import epoch_order
 from tasks.common.datasets import record_generate, write_once
 from tasks.common.errors import UserError
 from tasks.common.store import MANIFEST, STORE, workload_manifest, write_json_atomic
+from tasks.common.training.classifier import Classifier, ClassifierData
 from tasks.workloads import Workload
 
 log = logging.getLogger("karman.digits")
@@ -207,16 +206,8 @@ def generate(settings, spec, parent_run_id: str | None = None) -> dict:
 # ---- what the trainers train on ---------------------------------------------------------------------------------
 
 
-@dataclass
-class DigitsData:
+class DigitsData(ClassifierData):
     """The three roles' images (n, 28, 28, 1) float32 in [0, 1] and labels (n,) int64, held in memory."""
-
-    x: dict[str, np.ndarray]
-    y: dict[str, np.ndarray]
-    split: dict[str, list[str]]  # the record's account of the split, in words
-    dataset_digest: str
-    target: float
-    in_memory: bool = True
 
 
 def prepare(settings, spec, main: bool = True) -> DigitsData:
@@ -250,54 +241,21 @@ def setting(spec) -> str:
     return f"{NETWORK}, SGD momentum {MOMENTUM} lr {LEARNING_RATE}, target accuracy {target_of(spec):g}"
 
 
-class DigitsTrainer:
-    """What the three frameworks' trainers share: batches in the loop's order, validation and test
-    scores from the framework's logits, the target, the record's parameters and the final artifacts.
-    A framework module supplies ``_device`` (numpy batch -> its arrays), ``step``, ``logits`` (numpy
-    images -> numpy logits), ``weights`` (numpy, the layout above), ``state`` and ``load_state``."""
+class DigitsTrainer(Classifier):
+    """What the three frameworks' digits trainers share (tasks.common.training.classifier: batches in the loop's order,
+    scoring from the framework's logits) with the CNN's size, scores, target, record and artifact."""
 
-    framework = "?"
+    scores_of = staticmethod(scores)
 
     def __init__(self, data: DigitsData, spec, batch_size: int, rank: int = 0, world: int = 1):
-        self.data, self.spec, self.batch_size, self.rank, self.world = data, spec, batch_size, rank, world
-        self.samples = len(data.y["train"])
-        self.has_validation = True
+        super().__init__(data, spec, batch_size, rank, world)
         self.headline = HEADLINE
         self.flops_per_sample = train_flops_per_sample()
         self.params = {"network": NETWORK, "parameters": parameter_count(), "optimizer": f"SGD momentum {MOMENTUM}",
                        "learning_rate": LEARNING_RATE, "accuracy_target": data.target, "flops_per_sample": self.flops_per_sample}
-        self.speed = {}
-
-    def _device(self, x: np.ndarray, y: np.ndarray):
-        return x, y
-
-    def batches(self, epoch: int, steps: int):
-        """This rank's (images (b, 28, 28, 1), labels (b,)) of each global batch, in the epoch's order."""
-        b, local = self.batch_size, self.batch_size // self.world
-        order = epoch_order(self.samples, self.spec.seed, epoch)
-        for s in range(steps):
-            take = order[s * b: (s + 1) * b][self.rank * local: (self.rank + 1) * local]
-            yield self._device(self.data.x["train"][take], self.data.y["train"][take])
 
     def learning_rate(self) -> float:
         return LEARNING_RATE
-
-    def epoch_metrics(self) -> dict[str, float]:
-        return {}
-
-    def logits(self, x: np.ndarray) -> np.ndarray:
-        raise NotImplementedError
-
-    def weights(self) -> dict[str, np.ndarray]:
-        raise NotImplementedError
-
-    def score(self, role: str) -> dict[str, float]:
-        x = self.data.x[role]
-        logits = np.concatenate([self.logits(x[i: i + 500]) for i in range(0, len(x), 500)])
-        return scores(logits, self.data.y[role])
-
-    def evaluate(self) -> dict[str, float]:
-        return self.score("val")
 
     def reached(self, scores: dict[str, float]) -> bool:
         return scores["accuracy"] >= self.data.target
@@ -306,10 +264,7 @@ class DigitsTrainer:
         """The trained weights (npz, the layout above) as the run's model; returns the test split's accuracy
         and loss, which the run's record keeps (and MLflow shows as test_accuracy, test_loss)."""
         test = self.score("test")
-        model_dir = run_dir / "model"
-        model_dir.mkdir(exist_ok=True)
-        np.savez(model_dir / "cnn.npz", **{k.replace("/", "__"): v for k, v in self.weights().items()})
-        run.log_artifact(model_dir, "model")
+        self.save_weights(run_dir, run, "cnn.npz")
         log.info("test split: accuracy %.4f, loss %.4f", test["accuracy"], test["loss"])
         return {"accuracy": test["accuracy"], "loss": test["loss"]}
 

@@ -4,7 +4,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from tasks.workloads.digits.jax import DigitsJax
+from tasks.common.training.classifier_jax import JaxClassifier
 from tasks.workloads.har.workload import DIRECTIONS, EPSILON, LEARNING_RATE, HarData, HarTrainer
 
 
@@ -36,14 +36,11 @@ def forward(w: dict, x: jax.Array, layers: int) -> jax.Array:
     return x.mean(axis=1) @ w["dense/kernel"] + w["dense/bias"]
 
 
-class HarJax(HarTrainer, DigitsJax):
-    """The har trainer in JAX: the digits trainer's jitted step, logits, weights and checkpoint state, on the
-    BiLSTM with Adam; scores, target and artifacts are HarTrainer's."""
-
-    framework = "jax"
+class HarJax(HarTrainer, JaxClassifier):
+    """The har trainer in JAX: the BiLSTM with Adam; the jitted step, logits, weights and state are JaxClassifier's."""
 
     def __init__(self, data: HarData, spec, batch_size: int, runtime):
-        HarTrainer.__init__(self, data, spec, batch_size)
+        super().__init__(data, spec, batch_size)
         layers = self.network.layers
         # optax adds epsilon to sqrt(v) after the bias correction, as torch does: the same step
         self._jit(runtime, self.network.initial_weights(spec.seed), optax.adam(LEARNING_RATE, eps=EPSILON),

@@ -1,8 +1,6 @@
 """The har workload in TensorFlow (Keras 3 under the run's tf.distribute strategy: default, mirrored or multiworker): the stacked bidirectional LSTM of workload.py from its numpy initial weights, one Adam step per batch, logits for scoring."""
 
-import numpy as np
-
-from tasks.workloads.digits.tensorflow import DigitsKeras
+from tasks.common.training.classifier_keras import KerasClassifier
 from tasks.workloads.har.workload import DIRECTIONS, EPSILON, LEARNING_RATE, STEPS, HarData, HarTrainer, Network
 
 
@@ -31,16 +29,13 @@ def variables_of(net, network: Network) -> dict:
     return out | {"dense/kernel": dense.kernel, "dense/bias": dense.bias}
 
 
-class HarKeras(HarTrainer, DigitsKeras):
-    """The har trainer in Keras: the digits trainer's step, logits, weights and checkpoint state (through
-    ``_variables``), on the BiLSTM with Adam; scores, target and artifacts are HarTrainer's."""
-
-    framework = "tensorflow"
+class HarKeras(HarTrainer, KerasClassifier):
+    """The har trainer in Keras: the BiLSTM with Adam; the step, logits, weights and state (through ``_variables``) are KerasClassifier's."""
 
     def __init__(self, data: HarData, spec, batch_size: int, runtime):
         import keras
 
-        HarTrainer.__init__(self, data, spec, batch_size, runtime.ctx.rank, runtime.ctx.workers)  # this worker's share of each batch
+        super().__init__(data, spec, batch_size, runtime.ctx.rank, runtime.ctx.workers)  # this worker's share of each batch
         self.runtime = runtime
         with runtime.ctx.strategy.scope():
             self.net = build_bilstm(self.network)
@@ -48,7 +43,6 @@ class HarKeras(HarTrainer, DigitsKeras):
             self.opt.build(self.net.trainable_variables)
         self._variables = variables_of(self.net, self.network)
         self.load_weights(self.network.initial_weights(spec.seed))
-        self.speed = {"threads": runtime.threads, "jit_compile": spec.compile == "on"}
         self._compile(spec)
 
 

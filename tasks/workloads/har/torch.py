@@ -4,7 +4,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from tasks.workloads.digits.torch import DigitsTorch
+from tasks.common.training.classifier_torch import TorchClassifier
 from tasks.workloads.har.workload import DIRECTIONS, EPSILON, LEARNING_RATE, HarData, HarTrainer, Network
 
 
@@ -54,22 +54,15 @@ class HarBiLSTM(nn.Module):
         return out
 
 
-class HarTorch(HarTrainer, DigitsTorch):
-    """The har trainer in torch: the digits trainer's step (mean cross-entropy, one optimiser step), logits,
-    weights and checkpoint state, on the BiLSTM with Adam; scores, target and artifacts are HarTrainer's."""
-
-    framework = "torch"
+class HarTorch(HarTrainer, TorchClassifier):
+    """The har trainer in torch: the BiLSTM with Adam; the step, logits, weights and state are TorchClassifier's."""
 
     def __init__(self, data: HarData, spec, batch_size: int, runtime):
-        ctx = runtime.ctx
-        HarTrainer.__init__(self, data, spec, batch_size, ctx.rank, ctx.world_size if ctx.strategy == "ddp" else 1)  # this rank's share of each batch
-        self.runtime = runtime
-        self.net = HarBiLSTM(self.network)
-        self.net.load_weights(self.network.initial_weights(spec.seed))  # the same on every rank and in every framework
-        self.net.to(ctx.device)
-        self.run_net = ctx.wrap(self.net) if ctx.wrap else self.net  # DDP: the ranks' gradients averaged in the backward pass
+        super().__init__(data, spec, batch_size, *self.share(runtime))  # this rank's share of each batch
+        net = HarBiLSTM(self.network)
+        net.load_weights(self.network.initial_weights(spec.seed))  # the same on every rank and in every framework
+        self._place(runtime, net)
         self.opt = torch.optim.Adam([p for p in self.net.parameters() if p.requires_grad], lr=LEARNING_RATE, eps=EPSILON)
-        self.speed = {"threads": runtime.threads, "precision": spec.precision}
 
 
 def build(data: HarData, spec, batch_size: int, runtime) -> HarTorch:

@@ -34,8 +34,8 @@ import zarr
 from tasks.common.datasets import record_generate, write_once
 from tasks.common.errors import UserError
 from tasks.common.store import MANIFEST, STORE, write_json_atomic
+from tasks.common.training.classifier import Classifier, ClassifierData
 from tasks.workloads import Workload
-from tasks.workloads.digits.workload import DigitsData, DigitsTrainer
 
 log = logging.getLogger("karman.har")
 
@@ -347,9 +347,8 @@ def generate(settings, spec, parent_run_id: str | None = None) -> dict:
 # ---- what the trainers train on -----------------------------------------------------------------------------------
 
 
-class HarData(DigitsData):
-    """The three roles' windows (n, 128, 9) float32 and activities (n,) int64, held in memory (the digits'
-    fields: x, y, the split in words, the dataset digest, the target)."""
+class HarData(ClassifierData):
+    """The three roles' windows (n, 128, 9) float32 and activities (n,) int64, held in memory."""
 
 
 def prepare(settings, spec, main: bool = True) -> HarData:
@@ -380,31 +379,24 @@ def setting(spec) -> str:
     return f"{network_of(spec).words}, Adam lr {LEARNING_RATE:g}, target validation macro-F1 {TARGET_F1:g} (synthetic data)"
 
 
-class HarTrainer(DigitsTrainer):
-    """What the frameworks' trainers share (the digits trainer's batches in the loop's order, scoring from the
-    framework's logits), with the har network's size, scores, target and artifacts. A framework module supplies
-    ``_device``, ``step``, ``logits`` (numpy windows -> numpy logits), ``weights`` (numpy, the layout above),
-    ``state`` and ``load_state``."""
+class HarTrainer(Classifier):
+    """What the frameworks' har trainers share (tasks.common.training.classifier: batches in the loop's order, scoring
+    from the framework's logits) with the har network's size, scores, target, record and artifact."""
+
+    scores_of = staticmethod(scores)
+    score_chunk = 512
 
     def __init__(self, data: HarData, spec, batch_size: int, rank: int = 0, world: int = 1):
-        self.data, self.spec, self.batch_size, self.rank, self.world = data, spec, batch_size, rank, world
+        super().__init__(data, spec, batch_size, rank, world)
         self.network = network_of(spec)
-        self.samples = len(data.y["train"])
-        self.has_validation = True
         self.headline = HEADLINE
         self.flops_per_sample = self.network.train_flops_per_sample()
         self.params = {"network": self.network.words, "network_layers": self.network.layers, "network_units": self.network.units,
                        "parameters": self.network.parameter_count(), "optimizer": f"Adam eps {EPSILON:g}", "learning_rate": LEARNING_RATE,
                        "f1_target": data.target, "flops_per_sample": self.flops_per_sample, "synthetic_data": True}
-        self.speed = {}
 
     def learning_rate(self) -> float:
         return LEARNING_RATE
-
-    def score(self, role: str) -> dict[str, float]:
-        x = self.data.x[role]
-        logits = np.concatenate([self.logits(x[i: i + 512]) for i in range(0, len(x), 512)])
-        return scores(logits, self.data.y[role])
 
     def reached(self, scores: dict[str, float]) -> bool:
         return scores["f1"] >= self.data.target
@@ -413,10 +405,7 @@ class HarTrainer(DigitsTrainer):
         """The trained weights (npz, the layout above) as the run's model; returns the test subjects' scores
         (accuracy, macro precision, recall, F1, loss), which the run's record keeps (MLflow: test_f1, ...)."""
         test = self.score("test")
-        model_dir = run_dir / "model"
-        model_dir.mkdir(exist_ok=True)
-        np.savez(model_dir / "bilstm.npz", **{k.replace("/", "__"): v for k, v in self.weights().items()})
-        run.log_artifact(model_dir, "model")
+        self.save_weights(run_dir, run, "bilstm.npz")
         log.info("test subjects: accuracy %.4f, macro-F1 %.4f", test["accuracy"], test["f1"])
         return test
 

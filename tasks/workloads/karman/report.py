@@ -8,6 +8,7 @@ from typing import Callable
 from tasks.common.plots import bar_chart
 from tasks.common.reporting import Sections, fmt, table_markdown
 from tasks.common.tables import markdown_table
+from tasks.common.training.frameworks import DEFAULT, order
 
 ABLATION_COLUMNS = ("one_step_rel_l2_u", "one_step_rel_l2_vorticity", "one_step_skill_u", "one_step_skill_vorticity", "horizon_u", "horizon_vorticity",
                     "strouhal_rel_error", "correlation_periods", "energy_ratio_final", "horizon_vorticity_lagged", "frequency_rel_error_phase")
@@ -101,7 +102,7 @@ def framework_comparison(rows: list[dict]) -> dict[str, list[dict]]:
         if len(by_framework) < 2:
             continue
         cell = []
-        for framework, members in sorted(by_framework.items(), key=lambda item: (item[0] != "torch", item[0])):
+        for framework, members in sorted(by_framework.items(), key=lambda item: order(item[0])):
             median = lambda key: statistics.median(m[key] for m in members)  # noqa: E731
             reached = [m["time_to_target_s"] for m in members if m["time_to_target_s"] == m["time_to_target_s"]]
             cell.append({"device": device, "batch_size": batch, "framework": framework,
@@ -111,7 +112,7 @@ def framework_comparison(rows: list[dict]) -> dict[str, list[dict]]:
                          "val_horizon_vorticity": median("val_horizon_vorticity"),
                          "horizon_spread": spread([m["val_horizon_vorticity"] for m in members]),
                          "time_to_target_s": statistics.median(reached) if reached else float("nan")})
-        base = next((c["samples_per_s"] for c in cell if c["framework"] == "torch"), None)
+        base = next((c["samples_per_s"] for c in cell if c["framework"] == DEFAULT), None)  # the default framework (torch) is the base
         for c in cell:
             c["vs_torch"] = c["samples_per_s"] / base if base else float("nan")
         out.setdefault(setting, []).extend(cell)
@@ -145,7 +146,7 @@ def infer_rows(entries: list) -> list[dict]:
     for r in rows:  # frames/s over the full-frame rollout on the same device, model and setting
         full = [f["frames_per_s"] for f in rows if f["setting"] == r["setting"] and f["device"] == r["device"] and f["mode"] == "full"]
         r["vs_full"] = r["frames_per_s"] / full[0] if full else nan
-    rows.sort(key=lambda row: (row["framework"] != "torch", row["framework"], row["device"], row["mode"], row["workers"]))
+    rows.sort(key=lambda row: (order(row["framework"]), row["device"], row["mode"], row["workers"]))
     return rows
 
 

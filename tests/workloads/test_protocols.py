@@ -1,0 +1,83 @@
+"""Every registered workload, the toy one included, keeps the contracts the stages rely on: its parts callable as
+they are called, its frameworks in the framework table, each framework module's ``build`` and the trainer class it
+returns with every member of the loop's Trainer; and no workload's trainer is another workload's."""
+
+import dataclasses
+import importlib
+import inspect
+import typing
+
+import pytest
+
+from tasks.common.training import loop
+from tasks.workloads import BUILD, CALLS, Workload, callable_as, framework_module, get_workload, table
+
+TOY = "toy=tests.workloads.toy"
+
+
+@pytest.fixture
+def every_workload(monkeypatch) -> list[str]:
+    monkeypatch.setenv("KARMAN_WORKLOADS", TOY)
+    return sorted(table())
+
+
+def trainer_class(module) -> type:
+    return typing.get_type_hints(module.build)["return"]
+
+
+def test_every_workload_and_framework_module_keeps_its_contract(every_workload):
+    assert {"karman", "digits", "har", "calo", "toy"} <= set(every_workload)
+    for name in every_workload:
+        workload = get_workload(name)  # its parts' signatures checked as it is made
+        assert isinstance(workload, Workload) and workload.name == name
+        for part, arguments in CALLS.items():
+            if getattr(workload, part) is not None:
+                callable_as(getattr(workload, part), arguments, f"{name}.{part}")
+        for framework in workload.frameworks:
+            module = framework_module(workload, framework)
+            cls = trainer_class(module)
+            methods = [m for m in loop.protocol_members(loop.Trainer) if callable(getattr(loop.Trainer, m, None))]
+            assert not [m for m in methods if not callable(getattr(cls, m, None))], (name, framework, cls)
+            # a trainer builds on a shared base of its own framework or the workload's own, never on another workload's trainer
+            foreign = [base.__module__ for base in inspect.getmro(cls)
+                       if base.__module__.startswith(("tasks.workloads.", "tests.workloads."))
+                       and not base.__module__.startswith(module.__name__.rpartition(".")[0] + ".")]
+            assert not foreign, (name, framework, foreign)
+
+
+def test_trainer_protocol_names_what_a_trainer_lacks():
+    members = loop.protocol_members(loop.Trainer)
+    assert {"samples", "params", "speed", "batches", "step", "evaluate", "finish", "state", "load_state"} <= set(members)
+
+    class Partial:
+        samples, has_validation, headline, flops_per_sample, params, speed = 8, True, {}, 1.0, {}, {}
+
+        def batches(self, epoch, steps): ...
+        def step(self, batch, flags, progress): ...
+
+    lacking = loop.missing_members(Partial(), loop.Trainer)
+    assert "finish" in lacking and "evaluate" in lacking and "samples" not in lacking and "step" not in lacking
+    assert not isinstance(Partial(), loop.Trainer)
+
+
+def test_a_workload_whose_part_does_not_fit_is_refused_when_made():
+    digits = get_workload("digits")
+    with pytest.raises(TypeError, match=r"workload digits: check cannot be called with \(settings, spec, batch_sizes, world, memory\)"):
+        dataclasses.replace(digits, check=lambda settings, spec: None)
+    with pytest.raises(TypeError, match="workload digits: frameworks mxnet are not in the framework table"):
+        dataclasses.replace(digits, frameworks=("torch", "mxnet"))
+    with pytest.raises(TypeError, match="workload digits: setting is str"):
+        dataclasses.replace(digits, setting="widths")
+
+
+def test_a_framework_module_without_build_is_refused(monkeypatch, tmp_path):
+    package = tmp_path / "brokenload"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    (package / "torch.py").write_text("def build(data, spec):\n    return None\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setenv("KARMAN_WORKLOADS", "brokenload=brokenload")
+    broken = dataclasses.replace(get_workload("digits"), name="brokenload", frameworks=("torch",))
+    with pytest.raises(TypeError, match=r"brokenload.torch.build cannot be called with \(" + ", ".join(BUILD)):
+        framework_module(broken, "torch")
+    importlib.invalidate_caches()
