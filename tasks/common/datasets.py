@@ -2,10 +2,49 @@
 
 import shutil
 import time
-from typing import Callable
+from pathlib import Path
+from typing import Callable, TypeVar
 
+from tasks.common.errors import UserError
 from tasks.common.names import Tag
 from tasks.common.store import MANIFEST, writer_lock
+
+T = TypeVar("T")
+
+
+def read_checked(dataset_dir: Path, workload: str, read: Callable[[], tuple[T, bool]]) -> T:
+    """What ``read()`` reads of ``workload``'s dataset in ``dataset_dir``, where it says (its second value) that the content
+    matches the manifest's digests; UserError naming the dataset and how to write it again where it does not, or where
+    the store does not read at all."""
+    try:
+        content, matches = read()
+        problem = None if matches else "its content does not match its digest"
+    except Exception as exc:  # zarr and numpy raise many kinds for missing or truncated chunks
+        problem = f"its store does not read ({type(exc).__name__})"
+    if problem:
+        raise UserError(f"dataset {dataset_dir.name!r} is damaged: {problem}; write it again with "
+                        f"'python -m flows generate --workload {workload} --dataset {dataset_dir.name} --overwrite'")
+    return content
+
+
+def refuse_damaged(load_checked: Callable[[Path], object]) -> Callable:
+    """A workload's ``check_generate`` (settings, spec) for a dataset it writes whole: UserError where one of that name
+    exists, is not to be overwritten, and ``load_checked`` (dataset folder) refuses it (damaged, or another workload's)."""
+    def check_generate(settings, spec) -> None:
+        dataset_dir = settings.dataset_dir(spec.dataset)
+        if not spec.overwrite and (dataset_dir / MANIFEST).is_file():
+            load_checked(dataset_dir)
+    return check_generate
+
+
+def check_batches(batch_sizes: list[int], world: int, train: int, what: str, dataset: str) -> None:
+    """UserError for a global batch size that does not split evenly over ``world`` devices or exceeds the ``train``
+    training samples (``what``: 'images', 'showers', ...) of ``dataset``."""
+    for b in batch_sizes:
+        if b % world:
+            raise UserError(f"batch size {b} does not split evenly over {world} devices; use a multiple of {world}")
+        if b > train:
+            raise UserError(f"batch size {b} exceeds the {train} training {what} of dataset {dataset!r}; use at most {train}")
 
 
 def write_once(settings, spec, check_generate: Callable, write: Callable, load: Callable) -> tuple[dict, bool, float]:

@@ -14,7 +14,7 @@ import numpy as np
 import zarr
 
 from tasks.common.cluster import dask_task_runner, finished, worth_retrying
-from tasks.common.datasets import write_once
+from tasks.common.datasets import read_checked, write_once
 from tasks.common.errors import UserError
 from tasks.common.names import Tag
 from tasks.common.store import MANIFEST, STORE, workload_manifest, write_json_atomic
@@ -133,19 +133,16 @@ def read_dataset(dataset_dir: Path, start: int = 0, stop: int | None = None) -> 
 def load_checked(dataset_dir: Path) -> dict:
     """The manifest of a calo dataset whose chunks match their digests; UserError naming what to do if damaged."""
     manifest = manifest_of(dataset_dir)
-    try:
+
+    def read():
         root = zarr.open_group(dataset_dir / STORE, mode="r", zarr_format=3)
         found = []
         for k in range(manifest["chunks"]):
             s = slice(k * CHUNK_EVENTS, (k + 1) * CHUNK_EVENTS)
             found.append(chunk_digest(root["cells"][s], root["energy"][s], root["angle"][s]))
-        problem = None if found == manifest["chunk_digests"] else "its content does not match its digest"
-    except Exception as exc:  # zarr and numpy raise many kinds for missing or truncated chunks
-        problem = f"its store does not read ({type(exc).__name__})"
-    if problem:
-        raise UserError(f"dataset {dataset_dir.name!r} is damaged: {problem}; write it again with "
-                        f"'python -m flows generate --workload calo --dataset {dataset_dir.name} --overwrite'")
-    return manifest
+        return manifest, found == manifest["chunk_digests"]
+
+    return read_checked(dataset_dir, "calo", read)
 
 
 def check_generate(settings, spec) -> None:

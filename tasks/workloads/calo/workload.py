@@ -11,7 +11,7 @@ import numpy as np
 
 from models.recipe import lr_factor
 from tasks.common.data import epoch_order
-from tasks.common.errors import UserError
+from tasks.common.datasets import check_batches
 from tasks.workloads import Workload
 from tasks.workloads.calo import physics
 from tasks.workloads.calo.dataset import DATA, manifest_of, check_generate, generate, load_checked, read_dataset
@@ -106,11 +106,7 @@ def check(settings, spec, batch_sizes: list[int], world: int, memory: int | None
     the training events."""
     events = manifest_of(settings.dataset_dir(spec.dataset))["events"]
     train = len(split_of(events)["train"])
-    for b in batch_sizes:
-        if b % world:
-            raise UserError(f"batch size {b} does not split evenly over {world} devices; use a multiple of {world}")
-        if b > train:
-            raise UserError(f"batch size {b} exceeds the {train} training showers of dataset {spec.dataset!r}; use at most {train}")
+    check_batches(batch_sizes, world, train, "showers", spec.dataset)
 
 
 def dataset_info(settings, dataset: str) -> tuple[str, dict]:

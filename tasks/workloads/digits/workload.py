@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 import zarr
 
-from tasks.common.datasets import record_generate, write_once
+from tasks.common.datasets import check_batches, read_checked, record_generate, refuse_damaged, write_once
 from tasks.common.errors import UserError
 from tasks.common.store import MANIFEST, STORE, workload_manifest, write_json_atomic
 from tasks.common.training.classifier import Classifier, ClassifierData
@@ -154,15 +154,12 @@ def load_checked(dataset_dir: Path) -> tuple[dict, np.ndarray, np.ndarray, dict[
     """The manifest, images, labels and split of a digits dataset whose content matches its digest;
     UserError naming the dataset and what to do if it is damaged."""
     manifest = _manifest(dataset_dir)
-    try:
+
+    def read():
         images, labels, split = _read_store(dataset_dir)
-        problem = None if content_digest(images, labels, split) == manifest["digest"] else "its content does not match its digest"
-    except Exception as exc:  # zarr and numpy raise many kinds for missing or truncated chunks
-        problem = f"its store does not read ({type(exc).__name__})"
-    if problem:
-        raise UserError(f"dataset {dataset_dir.name!r} is damaged: {problem}; write it again with "
-                        f"'python -m flows generate --workload digits --dataset {dataset_dir.name} --overwrite'")
-    return manifest, images, labels, split
+        return (images, labels, split), content_digest(images, labels, split) == manifest["digest"]
+
+    return manifest, *read_checked(dataset_dir, "digits", read)
 
 
 def write_dataset(dataset_dir: Path) -> dict:
@@ -183,12 +180,7 @@ def write_dataset(dataset_dir: Path) -> dict:
     return manifest
 
 
-def check_generate(settings, spec) -> None:
-    """UserError if generate would refuse ``spec``: an existing dataset of that name that is damaged or
-    another workload's, unless it is to be overwritten."""
-    dataset_dir = settings.dataset_dir(spec.dataset)
-    if not spec.overwrite and (dataset_dir / MANIFEST).is_file():
-        load_checked(dataset_dir)
+check_generate = refuse_damaged(load_checked)  # generate refuses a damaged dataset of that name, or another workload's
 
 
 def generate(settings, spec, parent_run_id: str | None = None) -> dict:
@@ -224,11 +216,7 @@ def target_of(spec) -> float:
 
 def check(settings, spec, batch_sizes: list[int], world: int, memory: int | None = None) -> None:
     train = _manifest(settings.dataset_dir(spec.dataset))["split"]["train"]
-    for b in batch_sizes:
-        if b % world:
-            raise UserError(f"batch size {b} does not split evenly over {world} devices; use a multiple of {world}")
-        if b > train:
-            raise UserError(f"batch size {b} exceeds the {train} training images of dataset {spec.dataset!r}")
+    check_batches(batch_sizes, world, train, "images", spec.dataset)
 
 
 def dataset_info(settings, dataset: str) -> tuple[str, dict]:

@@ -23,7 +23,6 @@ initial weights (drawn once in numpy from the run's seed), with the same optimis
 """
 
 import hashlib
-import json
 import logging
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,9 +30,9 @@ from pathlib import Path
 import numpy as np
 import zarr
 
-from tasks.common.datasets import record_generate, write_once
+from tasks.common.datasets import check_batches, read_checked, record_generate, refuse_damaged, write_once
 from tasks.common.errors import UserError
-from tasks.common.store import MANIFEST, STORE, write_json_atomic
+from tasks.common.store import MANIFEST, STORE, workload_manifest, write_json_atomic
 from tasks.common.training.classifier import Classifier, ClassifierData
 from tasks.workloads import Workload
 
@@ -269,36 +268,18 @@ def content_digest(windows: np.ndarray, activities: np.ndarray, subjects: np.nda
 # ---- the dataset in the store -------------------------------------------------------------------------------------
 
 
-def _again(name: str) -> str:
-    return f"'python -m flows generate --workload har --dataset {name}'"
-
-
-def _manifest(dataset_dir: Path) -> dict:
-    """The har manifest of ``dataset_dir``; UserError if it is missing or another workload's."""
-    path = dataset_dir / MANIFEST
-    if not path.is_file():
-        raise UserError(f"dataset {dataset_dir.name!r} not found under {dataset_dir.parent} (run {_again(dataset_dir.name)} first)")
-    manifest = json.loads(path.read_text())
-    if manifest.get("workload") != "har":
-        raise UserError(f"dataset {dataset_dir.name!r} is not a har dataset (it holds {manifest.get('workload', 'karman')} data); "
-                        "name a har dataset (python -m flows generate --workload har)")
-    return manifest
-
-
 def load_checked(dataset_dir: Path) -> tuple[dict, np.ndarray, np.ndarray, np.ndarray, dict[str, np.ndarray]]:
     """The manifest, windows, activities, subjects and subject split of a har dataset whose content matches
     its digest; UserError naming the dataset and what to do if it is damaged."""
-    manifest = _manifest(dataset_dir)
-    try:
+    manifest = workload_manifest(dataset_dir, "har")
+
+    def read():
         root = zarr.open_group(dataset_dir / STORE, mode="r", zarr_format=3)
         windows, activities, subjects = (np.asarray(root[k]) for k in ("windows", "activities", "subjects"))
         split = {role: np.asarray(root[f"subjects_{role}"]) for role in ROLES}
-        problem = None if content_digest(windows, activities, subjects, split) == manifest["digest"] else "its content does not match its digest"
-    except Exception as exc:  # zarr and numpy raise many kinds for missing or truncated chunks
-        problem = f"its store does not read ({type(exc).__name__})"
-    if problem:
-        raise UserError(f"dataset {dataset_dir.name!r} is damaged: {problem}; write it again with {_again(dataset_dir.name)[:-1]} --overwrite'")
-    return manifest, windows, activities, subjects, split
+        return (windows, activities, subjects, split), content_digest(windows, activities, subjects, split) == manifest["digest"]
+
+    return manifest, *read_checked(dataset_dir, "har", read)
 
 
 def write_dataset(dataset_dir: Path) -> dict:
@@ -323,12 +304,7 @@ def write_dataset(dataset_dir: Path) -> dict:
     return manifest
 
 
-def check_generate(settings, spec) -> None:
-    """UserError if generate would refuse ``spec``: an existing dataset of that name that is damaged or
-    another workload's, unless it is to be overwritten."""
-    dataset_dir = settings.dataset_dir(spec.dataset)
-    if not spec.overwrite and (dataset_dir / MANIFEST).is_file():
-        load_checked(dataset_dir)
+check_generate = refuse_damaged(load_checked)  # generate refuses a damaged dataset of that name, or another workload's
 
 
 def generate(settings, spec, parent_run_id: str | None = None) -> dict:
@@ -361,12 +337,8 @@ def prepare(settings, spec, main: bool = True) -> HarData:
 
 def check(settings, spec, batch_sizes: list[int], world: int, memory: int | None = None) -> None:
     network_of(spec)  # UserError for a size the network cannot take
-    train = _manifest(settings.dataset_dir(spec.dataset))["split"]["train"]
-    for b in batch_sizes:
-        if b % world:
-            raise UserError(f"batch size {b} does not split evenly over {world} devices; use a multiple of {world}")
-        if b > train:
-            raise UserError(f"batch size {b} exceeds the {train} training windows of dataset {spec.dataset!r}")
+    train = workload_manifest(settings.dataset_dir(spec.dataset), "har")["split"]["train"]
+    check_batches(batch_sizes, world, train, "windows", spec.dataset)
 
 
 def dataset_info(settings, dataset: str) -> tuple[str, dict]:
