@@ -66,12 +66,14 @@ def _check_infer(settings, spec: InferSpec) -> None:
 
 
 def _check_benchmark(settings, spec: BenchmarkSpec) -> None:
-    from flows.matrix import benchmark_matrix, check_deployments, deployment_for
+    from flows.matrix import benchmark_matrix, check_deployments, deployment_for, generate_spec
 
     matrix = benchmark_matrix(spec)
-    if any(m.workload.swept for m in matrix):
-        remote = deployment_for("generate", spec.generate.device, spec.pools) is not None  # its GPU is the pool's, not this host's
-        _check_generate(settings, spec.generate.model_copy(update={"device": "cpu"}) if remote else spec.generate)
+    for m in matrix:
+        if m.workload.swept:
+            gen = generate_spec(spec, m)
+            remote = deployment_for("generate", gen.device, spec.pools) is not None  # its GPU is the pool's, not this host's
+            _check_generate(settings, gen.model_copy(update={"device": "cpu"}) if remote else gen)
     check_deployments(spec)
 
 
@@ -127,8 +129,10 @@ class Command:
 
 COMMANDS: dict[str, Command] = {
     "demo": Command(DemoSpec, "Run the quick CPU pipeline: simulate, train, roll out, report", _flow("demo"), _check_demo),
-    "generate": Command(GenerateSpec, "Write a workload's dataset into the store: karman's parameter sweep, or the digits' MNIST images", _flow("generate"), _check_generate),
-    "train": Command(TrainSpec, "Train a workload on a dataset (karman's Pix2Pix, the digits CNN)", _flow("train"), _check_train),
+    "generate": Command(GenerateSpec, "Write a workload's dataset into the store (karman's solver sweep, or another workload's own data); "
+                        "with --workload NAME, --help shows that workload's options", _flow("generate"), _check_generate),
+    "train": Command(TrainSpec, "Train a workload on a dataset, in one framework, on one kind of device; with --workload NAME, --help shows "
+                     "that workload's options", _flow("train"), _check_train),
     # the per-step errors stay (u, v, p, vorticity), the other per-step lists are in MLflow
     "infer": Command(InferSpec, "Roll a trained model out against the reference solver", _flow("infer"), _check_infer,
                      _without("seam_errors", "vorticity_correlation", "energy_ratio")),
@@ -181,7 +185,35 @@ def spec_file(model: type[BaseModel], path: str) -> BaseModel:
         raise UserError(f"--spec {path!r}: {where + ': ' if where else ''}{err['msg'].removeprefix('Value error, ').rstrip('.')}{got}") from None
 
 
-def build_parser() -> argparse.ArgumentParser:
+OPTION_KINDS = {TrainSpec: "options", GenerateSpec: "generate_options"}  # the specs whose fields a workload may own
+
+
+def help_workload(argv: list[str]) -> str | None:
+    """The workload named by ``--workload`` where the command line asks for help, so that the help shows its options."""
+    if not {"-h", "--help"} & set(argv):
+        return None
+    for i, arg in enumerate(argv):
+        if arg == "--workload" and i + 1 < len(argv):
+            return argv[i + 1]
+        if arg.startswith("--workload="):
+            return arg.partition("=")[2]
+    return None
+
+
+def _shown(spec: type[BaseModel], workload: str | None) -> set[str] | None:
+    """The fields of ``spec`` whose options the help shows: for a named workload, those no workload owns and its own."""
+    if workload is None or spec not in OPTION_KINDS:
+        return None
+    from tasks.workloads import get_workload, own_fields
+
+    try:
+        return set(own_fields(get_workload(workload), OPTION_KINDS[spec], spec))
+    except UserError:  # an unknown name: every option, and the command refuses the name when it runs
+        return None
+
+
+def build_parser(workload: str | None = None) -> argparse.ArgumentParser:
+    """The command line; ``workload``: the train and generate commands offer only the options it takes (their help)."""
     parser = OneLineParser(prog="python -m flows", description="Kármán Bench: neural surrogates of a vortex street, benchmarked across devices.")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=OneLineParser)
     sub.required = True
@@ -192,7 +224,7 @@ def build_parser() -> argparse.ArgumentParser:
             p.add_argument("--time-budget", dest="time_budget", default=None,
                            help=f"Wall-clock seconds of training (default: {DemoSpec().train.time_budget:g})")
         else:
-            add_spec_options(p, command.spec)
+            add_spec_options(p, command.spec, _shown(command.spec, workload))
             p.add_argument("--spec", dest="spec_file", default=None, metavar="FILE",
                            help="A JSON or YAML file holding the whole spec, as the Prefect form's 'spec' parameter (nested fields "
                                 "included); the options given beside it override its values")
@@ -215,7 +247,8 @@ def _demo_spec(args: argparse.Namespace) -> DemoSpec:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    argv = sys.argv[1:] if argv is None else argv
+    args = build_parser(help_workload(argv)).parse_args(argv)
     command = args.command
     from tasks.common.quiet import VERBOSE_ENV, quiet_libraries, quiet_prefect_console
 

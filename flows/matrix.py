@@ -50,10 +50,10 @@ def benchmark_matrix(spec: BenchmarkSpec) -> list[WorkloadCells]:
 def generate_spec(spec: BenchmarkSpec, cells: WorkloadCells) -> GenerateSpec:
     """The dataset a workload's cells train on: the benchmark's own sweep for a swept workload, the workload's own
     dataset for the others (made with the generate section's fields of that workload)."""
-    from tasks.workloads import benchmark_dataset
+    from tasks.workloads import benchmark_dataset, reset_foreign
 
-    if cells.workload.swept:
-        return spec.generate
+    if cells.workload.swept:  # the section holds the other workloads' generate options too: at their defaults here
+        return reset_foreign(cells.workload, spec.generate.model_copy(update={"workload": cells.workload.name}), "generate_options")
     return GenerateSpec(workload=cells.workload.name, dataset=cells.dataset, **benchmark_dataset(cells.workload, spec.generate)[1])
 
 

@@ -64,9 +64,12 @@ def _help(model: type[BaseModel], field, is_list: bool) -> str | None:
     return text + (" — comma-separated" if is_list and not as_written else "")
 
 
-def add_spec_options(parser: argparse.ArgumentParser, model: type[BaseModel]) -> None:
-    """One option per command-line field of ``model``; each left None when not given, so the spec's default holds."""
+def add_spec_options(parser: argparse.ArgumentParser, model: type[BaseModel], only: set[str] | None = None) -> None:
+    """One option per command-line field of ``model`` (of those in ``only``, where given); each left None when not given,
+    so the spec's default holds."""
     for name, field in cli_fields(model).items():
+        if only is not None and name not in only:
+            continue
         flag, annotation = _flag(name), field.annotation
         if annotation is bool:
             if field.default is True:  # on by default: the option turns it off

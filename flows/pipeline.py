@@ -32,6 +32,7 @@ from tasks.report.task import ablation_row, aggregate_runs, publish_artifacts, w
 from tasks.train.plan import plan_training, resume_plan
 from tasks.train.task import log_study_table, register_surrogate, sweep_run, train_model
 from tasks.validate.task import validate_solver as run_validation
+from tasks.workloads import reset_foreign
 
 # The MLflow run id to file a flow's run under as a child. The benchmark and the demo set it; run forms
 # leave it out (no JSON schema), and the flow still takes it.
@@ -386,7 +387,8 @@ def benchmark(spec: BenchmarkSpec = BenchmarkSpec()) -> dict:
             for framework in m.frameworks:
                 for device, batch, size in itertools.product(spec.devices, m.batch_sizes, m.sizes):
                     for seed in range(spec.train.seed, spec.train.seed + spec.repeats):
-                        cell = spec.train_cell(device, batch, seed, framework, m.workload.name, m.dataset, m.epochs).model_copy(update=size)
+                        cell = spec.train_cell(device, batch, seed, framework, m.workload.name, m.dataset, m.epochs)
+                        cell = reset_foreign(m.workload, cell).model_copy(update=size)  # the train section's other workloads' options at their defaults
                         cell = cell.model_copy(update={"cell": cell_key(f"train/{framework}", cell, data["digest"])})
                         train_jobs.append(("train", cell, {"workload": m.workload.name, "framework": framework, "device": device,
                                                            "batch_size": batch, "seed": seed}))

@@ -27,7 +27,7 @@ from tasks.common.store import load_manifest
 from tasks.workloads.karman.scoring import load_simulation, score_generator
 from tasks.common.training import loop
 from tasks.common.training.runtime_torch import TorchRuntime
-from tasks.workloads import framework_module, get_workload
+from tasks.workloads import check_options, framework_module, get_workload
 
 log = logging.getLogger("karman.bench")
 
@@ -71,6 +71,7 @@ def bench_quality(bench: BenchQualitySpec) -> dict:
     settings = Settings.from_env()
     spec, repeats, test_steps = bench.train_spec(), bench.repeats, bench.test_steps
     workload = get_workload(spec.workload)
+    check_options(spec)
     if not workload.rollouts and bench.extra_dataset:
         raise ValueError(f"--extra-dataset rolls out trained models on more datasets; the {spec.workload} workload has no rollouts")
     folders = [settings.dataset_dir(name) for name in [bench.dataset, *bench.extra_dataset]]

@@ -17,7 +17,7 @@ from tasks.common.specs import GenerateSpec
 from tasks.common.store import Manifest, consolidate, remove_stale_groups, verify_simulation, writer_lock
 from tasks.common.tracking import mlflow_run
 from tasks.generate.simulation import expand, run_simulation
-from tasks.workloads import get_workload
+from tasks.workloads import check_options, get_workload
 
 
 CALO_FIELDS = ("events", "energy", "angle")  # the calo workload's: not part of a karman sweep
@@ -40,6 +40,7 @@ def check_generate(settings: Settings, spec: GenerateSpec) -> None:
     """What a generate request can have refused before anything runs: an unknown workload, what the
     workload's own generate refuses (a damaged dataset), or (karman) a sweep member that does not validate."""
     workload = get_workload(spec.workload)
+    check_options(spec, "generate_options")  # another workload's field set: refused, naming whose it is
     if workload.generate is None:
         expand(spec)
         if spec.device == "cuda":

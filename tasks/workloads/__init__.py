@@ -52,6 +52,11 @@ class Workload:
     # a benchmark that sets any of them away from its default trains on a dataset named after them (benchmark_dataset)
     generate_fields: tuple[str, ...] = ()
     one_device: tuple[str, ...] = ()  # frameworks of its own whose version trains on one device only (no data-parallel world)
+    # Its own options: the TrainSpec and GenerateSpec fields only it takes (karman's recipe and widths, har's layers and units,
+    # calo's events, energy and angle). A request of another workload that sets one away from its default is refused
+    # (check_options); the command line's help for a workload shows the fields no workload owns and its own.
+    options: tuple[str, ...] = ()
+    generate_options: tuple[str, ...] = ()
     # Capabilities: what some workloads have (karman today) and the shared stages ask for by these names, never by a workload's name.
     rollouts: bool = False  # its trained models are rolled out by the infer stage: a benchmark adds rollout cells, bench-quality extra datasets
     spec_target: Callable | None = None  # (TrainSpec) -> the run's quality target in words where its spec sets one; None: ``target``
@@ -134,6 +139,43 @@ def table() -> dict[str, str]:
             raise UserError(f"{EXTRA_ENV}: {item!r} is not name=package.module")
         extra[name.strip()] = module.strip()
     return WORKLOADS | extra
+
+
+def owners(kind: str) -> dict[str, list[str]]:
+    """field -> the workloads of this process's table that own it, for ``kind`` 'options' (TrainSpec) or 'generate_options'."""
+    found: dict[str, list[str]] = {}
+    for name in table():
+        for field in getattr(get_workload(name), kind):
+            found.setdefault(field, []).append(name)
+    return found
+
+
+def own_fields(workload: Workload, kind: str, model) -> list[str]:
+    """The fields of ``model`` (TrainSpec or GenerateSpec) a request of ``workload`` takes: those no workload owns, and its own."""
+    owned = owners(kind)
+    return [f for f in model.model_fields if f not in owned or f in getattr(workload, kind)]
+
+
+def check_options(spec, kind: str = "options") -> None:
+    """UserError, in one line, where ``spec`` (a TrainSpec, or a GenerateSpec with ``kind`` 'generate_options') sets an
+    option of another workload away from its default, naming whose it is and the workload's own options."""
+    workload = get_workload(spec.workload)
+    model = type(spec)
+    flag = lambda field: "--" + field.replace("_", "-")  # noqa: E731
+    for field, whose in owners(kind).items():
+        if workload.name in whose or field not in model.model_fields or getattr(spec, field) == model.model_fields[field].default:
+            continue
+        mine = getattr(workload, kind)
+        raise UserError(f"workload {workload.name} takes no {flag(field)} ({' and '.join(whose)}'s option); "
+                        + (f"its own options are {', '.join(map(flag, mine))}" if mine else "it has no options of its own"))
+
+
+def reset_foreign(workload: Workload, spec, kind: str = "options"):
+    """``spec`` with every option of another workload at its default (a benchmark's sections hold every workload's options)."""
+    model = type(spec)
+    foreign = {f: model.model_fields[f].get_default(call_default_factory=True) for f, whose in owners(kind).items()
+               if workload.name not in whose and f in model.model_fields}
+    return spec.model_copy(update=foreign)
 
 
 def get_workload(name: str) -> Workload:

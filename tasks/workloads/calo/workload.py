@@ -292,4 +292,5 @@ WORKLOAD = Workload(
     generate=generate,
     check_generate=check_generate,
     generate_fields=("events", "energy", "angle"),
+    generate_options=("events", "energy", "angle"),
 )

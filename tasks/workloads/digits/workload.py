@@ -274,4 +274,5 @@ WORKLOAD = Workload(
     generate=generate,
     check_generate=check_generate,
     one_device=("tensorflow",),
+    options=("target_accuracy",),
 )

@@ -399,4 +399,5 @@ WORKLOAD = Workload(
     generate=generate,
     check_generate=check_generate,
     sizes=("layers", "units"),  # seed 002's axes: a benchmark's --layers x --units
+    options=("layers", "units"),
 )

@@ -172,6 +172,12 @@ WORKLOAD = Workload(
     check=check,
     dataset_info=dataset_info,
     setting=setting,
+    # the recipe, networks' widths, rollout validation and target, and the simulation split; the sweep's fields of generate
+    options=("validate_steps", "target_vorticity", "target_steps", "frame_stride", "ngf", "ndf", "depth", "crop", "norm", "recipe", "predict",
+             "upsample", "noise", "unroll", "pushforward", "condition", "curriculum", "damping", "constrain", "gan_weight", "lr", "schedule",
+             "l1_weight", "winograd", "channels_last", "val_simulations", "test_simulations"),
+    generate_options=("reynolds", "shapes", "nx", "ny", "size", "x_position", "y_offset", "aspect", "u_max", "warmup_steps", "frames",
+                      "frame_every", "cpu_backend", "verify"),
     rollouts=True,
     spec_target=spec_target,
     register=register_champion,

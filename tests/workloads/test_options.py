@@ -1,0 +1,72 @@
+"""Each workload owns its options: a request of another workload that sets one is refused in one line naming whose it
+is and the workload's own; the command line's help for a workload shows its options and none of another's; a
+benchmark's sections, which hold every workload's options, give each workload's cells its own only."""
+
+import pytest
+
+from tasks.common.errors import UserError
+from tasks.common.specs import BenchmarkSpec, GenerateSpec, TrainSpec
+from tasks.workloads import check_options, get_workload, own_fields, owners, reset_foreign
+from tests.conftest import run_cli
+from tests.flows.test_cli import assert_refused
+
+
+def test_every_owned_field_is_a_spec_field_and_each_workload_owns_its_own():
+    train, generate = owners("options"), owners("generate_options")
+    assert set(train) <= set(TrainSpec.model_fields) and set(generate) <= set(GenerateSpec.model_fields)
+    assert train["recipe"] == ["karman"] and train["layers"] == ["har"] and train["target_accuracy"] == ["digits"]
+    assert generate["events"] == ["calo"] and generate["reynolds"] == ["karman"]
+    har = own_fields(get_workload("har"), "options", TrainSpec)
+    assert {"layers", "units", "framework", "batch_sizes", "epochs", "seed"} <= set(har) and not {"recipe", "crop", "target_vorticity"} & set(har)
+
+
+@pytest.mark.parametrize(("spec", "kind", "words"), [
+    (TrainSpec(workload="har", recipe="paper"), "options", "workload har takes no --recipe (karman's option); its own options are --layers, --units"),
+    (TrainSpec(workload="digits", layers=3), "options", "workload digits takes no --layers (har's option); its own options are --target-accuracy"),
+    (TrainSpec(workload="calo", target_accuracy=0.9), "options", "workload calo takes no --target-accuracy (digits's option); it has no options of its own"),
+    (TrainSpec(workload="karman", units=8), "options", "workload karman takes no --units (har's option); its own options are --validate-steps"),
+    (GenerateSpec(workload="calo", nx=300), "generate_options", "workload calo takes no --nx (karman's option); its own options are --events, --energy, --angle"),
+    (GenerateSpec(workload="karman", events=300), "generate_options", "workload karman takes no --events (calo's option)"),
+])
+def test_another_workloads_option_is_refused_naming_whose_it_is(spec, kind, words):
+    with pytest.raises(UserError) as caught:
+        check_options(spec, kind)
+    assert str(caught.value).startswith(words) and "\n" not in str(caught.value)
+
+
+def test_own_options_and_defaults_pass():
+    check_options(TrainSpec(workload="har", layers=3, units=16, epochs=2))
+    check_options(TrainSpec(workload="karman", recipe="paper", crop=64))
+    check_options(TrainSpec(workload="digits", target_accuracy=0.9))
+    check_options(GenerateSpec(workload="calo", events=300), "generate_options")
+    check_options(GenerateSpec(workload="karman", reynolds=[100.0]), "generate_options")
+
+
+def test_a_benchmark_gives_each_workloads_cells_their_own_options():
+    from flows.matrix import benchmark_matrix, generate_spec
+
+    bench = BenchmarkSpec(workloads=["karman", "calo"], generate={"events": 300}, train={"recipe": "paper", "layers": 3})
+    cells = {m.workload.name: m for m in benchmark_matrix(bench)}
+    karman_data, calo_data = generate_spec(bench, cells["karman"]), generate_spec(bench, cells["calo"])
+    assert karman_data.events == GenerateSpec().events and calo_data.events == 300
+    check_options(karman_data, "generate_options")
+    check_options(calo_data, "generate_options")
+    calo_cell = reset_foreign(get_workload("calo"), bench.train_cell("cpu", 8, 0, "torch", "calo", "calo"))
+    karman_cell = reset_foreign(get_workload("karman"), bench.train_cell("cpu", 8, 0, "torch", "karman"))
+    assert (calo_cell.recipe, calo_cell.layers) == ("default", None) and (karman_cell.recipe, karman_cell.layers) == ("paper", None)
+    check_options(calo_cell)
+    check_options(karman_cell)
+
+
+def test_the_command_line_shows_and_refuses_by_workload(workdir):
+    shown = run_cli("train", "--workload", "har", "--help", cwd=workdir)
+    assert shown.returncode == 0 and "--layers" in shown.stdout and "--units" in shown.stdout
+    assert not {"--recipe", "--crop", "--target-vorticity", "--val-simulations", "--target-accuracy"} & set(shown.stdout.split())
+    every = run_cli("train", "--help", cwd=workdir)
+    assert "--recipe" in every.stdout and "--layers" in every.stdout
+    calo = run_cli("generate", "--workload=calo", "--help", cwd=workdir)
+    assert "--events" in calo.stdout and "--reynolds" not in calo.stdout
+    assert_refused(run_cli("train", "--workload", "har", "--dataset", "har", "--recipe", "paper", cwd=workdir),
+                   "workload har takes no --recipe (karman's option)", "--layers, --units")
+    assert_refused(run_cli("generate", "--workload", "calo", "--dataset", "showers", "--nx", "300", cwd=workdir),
+                   "workload calo takes no --nx (karman's option)")
