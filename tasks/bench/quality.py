@@ -19,15 +19,15 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from tasks.common.data import StepCodec
 from tasks.bench.specs import BenchQualitySpec
 from tasks.common.settings import Settings
 from tasks.common.specs import TrainSpec
 from tasks.common.store import load_manifest
-from tasks.workloads.karman.scoring import load_simulation, score_generator
 from tasks.common.training import loop
 from tasks.common.training.runtime_torch import TorchRuntime
 from tasks.workloads import check_options, framework_module, get_workload
+from tasks.workloads.karman.data import StepCodec
+from tasks.workloads.karman.scoring import load_simulation, score_generator
 
 log = logging.getLogger("karman.bench")
 

@@ -9,10 +9,10 @@ import numpy as np
 import xarray as xr
 
 from models.solver import SOLVER_VERSION, ChannelSolver
-from tasks.common.simulation import SimulationSpec
 from tasks.common.errors import UserError
 from tasks.common.specs import GenerateSpec
 from tasks.common.store import VARIABLES, content_digest, write_simulation
+from tasks.workloads.karman.simulation import SimulationSpec
 
 log = logging.getLogger("karman.simulate")
 

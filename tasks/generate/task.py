@@ -12,12 +12,12 @@ from tasks.common.errors import UserError
 from tasks.common.names import Tag
 from tasks.common.progress import Progress
 from tasks.common.settings import Settings
-from tasks.common.simulation import SimulationSpec
 from tasks.common.specs import GenerateSpec
 from tasks.common.store import Manifest, consolidate, remove_stale_groups, verify_simulation, writer_lock
 from tasks.common.tracking import mlflow_run
 from tasks.generate.simulation import expand, run_simulation
 from tasks.workloads import check_options, get_workload
+from tasks.workloads.karman.simulation import SimulationSpec
 
 
 CALO_FIELDS = ("events", "energy", "angle")  # the calo workload's: not part of a karman sweep

@@ -9,18 +9,18 @@ from models.host import cpu_cores
 from models.nets.config import NetConfig
 from models.tiling import TilePlan, TilingError
 from tasks.common import plans
-from tasks.common.data import CONDITIONS, OUTPUTS, model_inputs
-from tasks.common.errors import UserError
 from tasks.common import probe
+from tasks.common.errors import UserError
 from tasks.common.launch import device_env, run_child
 from tasks.common.names import Tag
 from tasks.common.registry import resolve_model_uri
 from tasks.common.settings import Settings
-from tasks.common.simulation import SimulationSpec
 from tasks.common.specs import InferSpec
 from tasks.common.store import file_sha256, load_manifest
 from tasks.common.tracking import client_for, experiment_id, missing, training_run
+from tasks.workloads.karman.data import CONDITIONS, OUTPUTS, model_inputs
 from tasks.workloads.karman.scoring import rollout_steps
+from tasks.workloads.karman.simulation import SimulationSpec
 
 # MlflowException is imported in the functions that catch it: Dask workers import the flows' modules and need no MLflow.
 

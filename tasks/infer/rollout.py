@@ -12,15 +12,15 @@ import numpy as np
 
 from models.flow_metrics import RolloutScore, relative_l2
 from models.inference import Predictor, StepTimes
-from tasks.common.data import OUTPUTS, StepCodec, load_frames, with_condition
 from tasks.common.plots import error_curves, rollout_animation, vorticity_panels
-from tasks.common.settings import Settings
-from tasks.common.simulation import SimulationSpec
-from tasks.common.specs import InferSpec
 from tasks.common.records import RECORD_FILE, RolloutConfig, RolloutRecord, RolloutSummary
+from tasks.common.settings import Settings
+from tasks.common.specs import InferSpec
 from tasks.common.tracking import Run
 from tasks.infer.plan import RolloutPlan
+from tasks.workloads.karman.data import OUTPUTS, StepCodec, load_frames, with_condition
 from tasks.workloads.karman.scoring import roll, rollout_steps, step_time
+from tasks.workloads.karman.simulation import SimulationSpec
 
 log = logging.getLogger("karman.infer")
 PHASES = ("split", "transfer", "compute", "merge")

@@ -89,7 +89,7 @@ def test_rollout_feeds_predictions_back(demo_result, workdir):
     reference frames (what a rollout that did not feed back would score) do not."""
     import torch
 
-    from tasks.common.data import StepCodec, load_frames
+    from tasks.workloads.karman.data import StepCodec, load_frames
     from models.flow_metrics import relative_l2
     from tasks.infer.job import load_model
     from tasks.common.settings import Settings

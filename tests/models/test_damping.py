@@ -7,7 +7,7 @@ import torch
 from models.damping import blur, check_strength, damp
 from models.nets.surrogate import Surrogate
 from models.nets.surrogate import damp as damp_torch
-from tasks.common.data import Normalizer, StepCodec
+from tasks.workloads.karman.data import Normalizer, StepCodec
 
 H, W = 16, 24
 

@@ -87,7 +87,7 @@ def periodic_box() -> dict:
 def batched_sweep(folder: str) -> dict:
     """Two sweep members (Re 40 circle, Re 30 square) through generate's GPU job body on the interpreter,
     written into a zarr store, against the reference (numpy) simulation of each (the CPU path's numba kernel equals it: tests/models/test_solver.py)."""
-    from tasks.common.simulation import SimulationSpec
+    from tasks.workloads.karman.simulation import SimulationSpec
     from pathlib import Path
 
     from tasks.common.store import VARIABLES, open_simulation

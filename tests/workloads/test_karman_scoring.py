@@ -4,9 +4,9 @@ import numpy as np
 import pytest
 
 from models.flow_metrics import RolloutScore
-from tasks.common.data import Normalizer, StepCodec
-from tasks.common.simulation import SimulationSpec
+from tasks.workloads.karman.data import Normalizer, StepCodec
 from tasks.workloads.karman.scoring import reference_period, roll, wake_box, wake_probes
+from tasks.workloads.karman.simulation import SimulationSpec
 
 PERIOD = 15  # stored frames per shedding period
 SIM = SimulationSpec(nx=64, ny=32, reynolds=100.0, u_max=0.1, size=6.0, cx=12.0, cy=16.0, warmup_steps=0, frames=80, frame_every=10)

@@ -9,8 +9,8 @@ import numpy as np
 from models.flow_metrics import RolloutScore
 from models.rollout_diagnostics import LagWindow, phase_frequency
 from models.solver import vorticity
-from tasks.common.data import StepCodec, load_frames, with_condition
-from tasks.common.simulation import SimulationSpec
+from tasks.workloads.karman.data import StepCodec, load_frames, with_condition
+from tasks.workloads.karman.simulation import SimulationSpec
 
 
 def wake_probes(sim: SimulationSpec) -> list[tuple[int, int]]:

@@ -13,11 +13,11 @@ import numpy as np
 
 from models.solver import vorticity
 
-from tasks.common.data import IN_MEMORY_BYTES, OUTPUTS, Normalizer, PairSource, StepCodec, model_inputs, split_of, training_net
 from tasks.common.errors import UserError
 from tasks.common.plots import vorticity_panels
 from tasks.common.store import file_sha256, load_manifest
 from tasks.workloads import Workload
+from tasks.workloads.karman.data import IN_MEMORY_BYTES, OUTPUTS, Normalizer, PairSource, StepCodec, model_inputs, split_of, training_net
 from tasks.workloads.karman.registry import register_champion, spec_target
 from tasks.workloads.karman.report import sections as report_sections
 

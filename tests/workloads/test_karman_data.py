@@ -9,10 +9,10 @@ import pytest
 from zarr.abc.store import RangeByteRequest
 from zarr.storage import LocalStore, WrapperStore
 
-from tasks.common.data import OUTPUTS, Normalizer, PairSource, StepCodec, load_frames, model_inputs, split_simulations, with_condition
 from tasks.common.errors import UserError
 from tasks.common.store import STORE
 from tasks.generate.simulation import run_simulation
+from tasks.workloads.karman.data import OUTPUTS, Normalizer, PairSource, StepCodec, load_frames, model_inputs, split_simulations, with_condition
 from tests.tasks.common.test_store import tiny_spec
 
 # Uneven frame counts, so that pair numbering across simulations is exercised.
@@ -240,7 +240,7 @@ def test_bad_sources_are_clear_errors(dataset):
 
 
 def test_crops_are_the_slices_at_their_corners():
-    from tasks.common.data import crop_pairs
+    from tasks.workloads.karman.data import crop_pairs
 
     rng = np.random.default_rng(0)
     cond, target = rng.normal(size=(3, 4, 10, 14)).astype(np.float32), rng.normal(size=(3, 3, 10, 14)).astype(np.float32)
@@ -253,7 +253,7 @@ def test_crops_are_the_slices_at_their_corners():
 
 
 def test_crop_corners_depend_on_seed_epoch_and_step_only_and_cover_the_frame():
-    from tasks.common.data import crop_offsets
+    from tasks.workloads.karman.data import crop_offsets
 
     a = crop_offsets(8, 32, 64, 16, seed=3, epoch=2, step=5)
     np.testing.assert_array_equal(a, crop_offsets(8, 32, 64, 16, seed=3, epoch=2, step=5))
@@ -264,7 +264,7 @@ def test_crop_corners_depend_on_seed_epoch_and_step_only_and_cover_the_frame():
 
 
 def test_the_training_network_follows_the_crop_and_refuses_what_does_not_fit():
-    from tasks.common.data import training_net
+    from tasks.workloads.karman.data import training_net
 
     assert training_net(32, 64, None).size == 32 and training_net(32, 64, None).generator_depth == 5
     net = training_net(64, 128, 32, ngf=8, ndf=8)
