@@ -254,6 +254,9 @@ def main(argv: list[str] | None = None) -> int:
 
     if getattr(args, "verbose", False):
         os.environ[VERBOSE_ENV] = "1"  # child processes inherit it
+    # stdout holds the command's summary only (one JSON line under --json): MLflow's client would print a "View run" line
+    # there for every run it ends against a server; the logs on stderr name each run's page instead (inherited by children)
+    os.environ.setdefault("MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT", "true")
     if os.environ.get("PREFECT_API_URL") == "":
         # empty means no server, as unset does: Prefect would start its temporary API but keep "" as the
         # events' address, and log a traceback for every event it then fails to send

@@ -92,6 +92,19 @@ def test_the_server_serves_mlflow_with_the_landing_page_defaults(server):
         assert json.loads(response.read())["experiment"]["name"] == "surrogates"
 
 
+@pytest.mark.full
+def test_stdout_holds_only_the_json_summary_against_a_server(server, workdir):
+    from tests.conftest import run_cli
+
+    uri, _, _ = server
+    done = run_cli("generate", "--workload", "digits", "--dataset", "digits", "--json", cwd=workdir,
+                   env={"MLFLOW_TRACKING_URI": uri, "KARMAN_EXPERIMENT": "json-stdout"})
+    assert done.returncode == 0, done.stderr[-2000:]
+    summary = json.loads(done.stdout)  # the whole of stdout is one JSON document
+    assert summary["dataset"] == "digits" and summary["run_id"]
+    assert "View run" not in done.stdout and done.stdout.count("\n") == 1
+
+
 def _rendered(url: str) -> str:
     """The page's DOM after its scripts ran, in headless Chromium with a new profile (a first visit)."""
     browser = shutil.which("chromium") or shutil.which("chromium-browser") or shutil.which("google-chrome")
