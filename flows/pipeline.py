@@ -26,6 +26,7 @@ from tasks.common.settings import Settings
 from tasks.common.specs import AblationSpec, AggregateSpec, BenchmarkSpec, DemoSpec, GenerateSpec, InferSpec, TrainSpec, ValidateSpec
 from tasks.common.store import load_manifest
 from tasks.common.tracking import mlflow_run, reap_orphans, run_url
+from tasks.common.training.frameworks import DEFAULT
 from tasks.generate.task import generate_dataset
 from tasks.infer.task import rollout
 from tasks.report.task import ablation_row, aggregate_runs, publish_artifacts, write_ablation
@@ -270,10 +271,10 @@ def _cell_label(kind: str, spec) -> str:
     return train_label(spec) if kind == "train" else infer_label(spec)
 
 
-def _run_cell(kind: str, spec, settings: Settings, deployment: str | None, parent_run: str) -> dict:
+def _run_cell(kind: str, spec, settings: Settings, deployment: str | None, parent_run: str, framework: str = DEFAULT) -> dict:
     """Run one cell as its own flow run (a child of the benchmark's MLflow run ``parent_run``) unless
     MLflow already holds its finished run; never raises for a failed cell (the benchmark goes on and
-    the report shows it)."""
+    the report shows it). ``framework``: a rollout cell's model's, for the name of a run it failed to open."""
     logger = get_run_logger()
     label = f"{_cell_label(kind, spec)} [cell {spec.cell}]"
     done = finished_cell(settings, spec.cell)
@@ -307,7 +308,7 @@ def _run_cell(kind: str, spec, settings: Settings, deployment: str | None, paren
             error = message or "no finished run was recorded"
             shown = ({"device": spec.device, "batch_size": spec.batch_sizes[0]} if kind == "train"
                      else {"device": spec.device, "mode": spec.mode, "workers": spec.workers})
-            name = train_run_name(spec, spec.batch_sizes[0]) if kind == "train" else infer_run_name(spec)  # the name its run would have had
+            name = train_run_name(spec, spec.batch_sizes[0]) if kind == "train" else infer_run_name(spec, framework)  # the name its run would have had
             run_id = record_failed_cell(settings, kind, name, spec.cell, error, shown, parent_run)
         else:
             run_id, error = found
@@ -366,7 +367,8 @@ def benchmark(spec: BenchmarkSpec = BenchmarkSpec()) -> dict:
         def run(job: tuple[str, Any, dict]) -> dict:
             kind, cell, shown = job
             started = time.monotonic()
-            result = {**_run_cell(kind, cell, settings, deployment_for(kind, cell.device, spec.pools), bench.run_id), **shown}
+            result = {**_run_cell(kind, cell, settings, deployment_for(kind, cell.device, spec.pools), bench.run_id,
+                                  shown.get("framework", DEFAULT)), **shown}
             with lock:
                 done.append(result)
                 left = progress.update(len(done) / total)

@@ -79,8 +79,10 @@ def test_every_folder_name_follows_the_one_pattern(model, field):
 
 
 @pytest.mark.parametrize("spec, mlflow_name, prefect_name", [
-    (TrainSpec(batch_sizes=[8]), "train-cpu-b8", "train cpu b8"),
-    (TrainSpec(framework="tensorflow", device="cuda", batch_sizes=[16], seed=2), "train-tensorflow-cuda-b16", "train tensorflow cuda b16 seed 2"),
+    (TrainSpec(batch_sizes=[8]), "karman-torch-cpu-b8", "train karman torch cpu b8"),
+    (TrainSpec(workload="digits", framework="tensorflow", device="cuda", batch_sizes=[16], seed=2), "digits-tensorflow-cuda-b16-s2",
+     "train digits tensorflow cuda b16 s2"),
+    (TrainSpec(workload="har", framework="jax", batch_sizes=[64], layers=1, units=16), "har-jax-cpu-b64-l1u16", "train har jax cpu b64 l1u16"),
 ])
 def test_a_training_run_has_one_name_in_mlflow_and_prefect(spec, mlflow_name, prefect_name):
     from types import SimpleNamespace
@@ -100,8 +102,8 @@ def test_a_sweep_and_a_resumed_run_say_so():
     from tasks.common.names import sweep_run_name, train_label
 
     spec = TrainSpec(framework="tensorflow", batch_sizes=[4, 8])
-    assert sweep_run_name(spec) == "train-sweep-tensorflow-cpu-b4,8"
-    assert train_label(spec, [8]) == "train tensorflow cpu b8"
+    assert sweep_run_name(spec) == "sweep-karman-tensorflow-cpu-b4,8"
+    assert train_label(spec, [8]) == "train karman tensorflow cpu b8"
     # a resume request knows only the run: not the framework, device and batch that TrainSpec's defaults would name
     assert train_label(TrainSpec(resume="0123abcd" * 4)) == "train resume 0123abcd"
 
@@ -112,8 +114,30 @@ def test_a_rollout_has_one_name_in_mlflow_and_prefect():
     from tasks.infer.task import rollout
 
     spec = InferSpec(mode="mapreduce", workers=2)
-    assert infer_run_name(spec) == "infer-mapreduce-cpu-w2"
+    assert infer_run_name(spec) == "infer-torch-mapreduce-cpu-w2" and infer_run_name(spec, "tensorflow") == "infer-tensorflow-mapreduce-cpu-w2"
     assert infer_label(spec) == rollout.task_run_name(parameters={"spec": spec}) == pipeline._cell_label("infer", spec) == "infer mapreduce cpu x2"
+    named = spec.model_copy(update={"model_run": "0123abcd" * 4})  # a benchmark's cell: one model per framework
+    assert infer_label(named) == "infer mapreduce cpu x2 model 0123abcd"
+
+
+def test_no_two_runs_of_a_benchmark_share_a_name_and_each_says_what_ran():
+    """Every training cell of a benchmark over every workload, framework, seed and har size, named as the flow names them."""
+    import itertools
+
+    from flows.matrix import benchmark_matrix
+    from tasks.common.names import train_label, train_run_name
+    from tasks.workloads import reset_foreign
+
+    bench = BenchmarkSpec(workloads=["karman", "digits", "har", "calo"], frameworks=["torch", "tensorflow", "jax"], devices=["cpu"],
+                          batch_sizes=[8, 16], repeats=2, layers=[1, 2], units=[16])
+    names, labels = [], []
+    for m in benchmark_matrix(bench):
+        for framework, batch, size, seed in itertools.product(m.frameworks, m.batch_sizes, m.sizes, range(bench.repeats)):
+            cell = reset_foreign(m.workload, bench.train_cell("cpu", batch, seed, framework, m.workload.name, m.dataset)).model_copy(update=size)
+            names.append(train_run_name(cell, batch))
+            labels.append(train_label(cell))
+            assert names[-1].startswith(f"{m.workload.name}-{framework}-cpu-b{batch}") and labels[-1].startswith(f"train {m.workload.name} {framework}")
+    assert len(names) == len(set(names)) == len(set(labels)) == 2 * 2 * (2 + 3 + 3 * 2 + 2)  # karman and calo: 2 frameworks, har: 2 sizes
 
 
 def test_the_quick_matrix_is_its_preset():

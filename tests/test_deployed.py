@@ -170,7 +170,7 @@ def test_quick_benchmark_deployed_on_real_servers_and_a_worker(tmp_path, monkeyp
             from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterName, FlowRunFilterState, FlowRunFilterStateType
             from prefect.client.schemas.objects import StateType
 
-            completed = FlowRunFilter(name=FlowRunFilterName(any_=["train cpu b4"]),
+            completed = FlowRunFilter(name=FlowRunFilterName(any_=["train karman torch cpu b4"]),
                                       state=FlowRunFilterState(type=FlowRunFilterStateType(any_=[StateType.COMPLETED])))
             until(lambda: client.read_flow_runs(flow_run_filter=completed), 120, "the training cell's flow run did not complete")
             kill_tree(worker.pid)
@@ -187,11 +187,12 @@ def test_quick_benchmark_deployed_on_real_servers_and_a_worker(tmp_path, monkeyp
             # what the Prefect UI shows: runs named and tagged by their parameters, the report (figures
             # inline) on the benchmark's own run, progress artifacts of the training runs
             run_names = {r.name for r in children}
-            assert {"benchmark quick", "generate karman-demo", "train cpu b4", "infer full cpu x1",
-                    "infer mapreduce cpu x2", "aggregate quick"} <= run_names, run_names
+            assert {"benchmark quick", "generate karman-demo", "train karman torch cpu b4", "aggregate quick"} <= run_names, run_names
+            rollouts = {name.partition(" model ")[0]: name for name in run_names if name.startswith("infer ")}  # ... model 0123abcd
+            assert {"infer full cpu x1", "infer mapreduce cpu x2"} <= set(rollouts), run_names
             tagged = {r.name: set(r.tags) for r in children if r.parent_task_run_id or r.name.startswith(("train", "infer"))}
-            assert {"stage:train", "device:cpu", "batch:4"} <= tagged["train cpu b4"]
-            assert {"stage:infer", "mode:mapreduce", "workers:2"} <= tagged["infer mapreduce cpu x2"]
+            assert {"stage:train", "device:cpu", "batch:4"} <= tagged["train karman torch cpu b4"]
+            assert {"stage:infer", "mode:mapreduce", "workers:2"} <= tagged[rollouts["infer mapreduce cpu x2"]]
             from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterFlowRunId, ArtifactFilterType
 
             own = client.read_artifacts(artifact_filter=ArtifactFilter(flow_run_id=ArtifactFilterFlowRunId(any_=[second.id])))

@@ -24,6 +24,7 @@ class Tag:
     MODEL_RUN = "karman.model_run"  # on a rollout: the training run whose generator it rolls out
     MODEL_URI = "karman.model_uri"  # on a training run: the logged generator's URI
     TARGET = "karman.target"
+    LEARNED_NOTHING = "karman.learned_nothing"  # why a finished run's test scores show it learned nothing (workload.learned_nothing)
     ERROR = "karman.error"  # on a failed run: the reason, in one line
     VALIDATION_WITHIN_2PCT = "karman.validation.within_2pct"
     VALIDATION_INSIDE = "karman.validation.inside"
@@ -34,41 +35,45 @@ class Tag:
     FLOW_RUN_URL = "prefect.flow_run_url"  # its page in the Prefect UI, where a server is configured
 
 
-# Run names, made here only: MLflow's (``train-cpu-b8``) and Prefect's flow and task runs' (``train cpu b8``)
-# for the same run say the same things. ``spec`` is a TrainSpec or an InferSpec (duck-typed, so that any
-# process may import this module without pydantic models).
+# Run names, made here only: MLflow's (``digits-torch-cpu-b8``) and Prefect's flow and task runs' (``train digits
+# torch cpu b8``) for the same run say the same things: what ran (workload, framework), where (device), at what batch,
+# and whatever else a benchmark varies (the seed, har's layers and units), so that no two runs of one benchmark share
+# a name. ``spec`` is a TrainSpec or an InferSpec (duck-typed, so that any process may import this module without
+# pydantic models).
 
-def _framework(spec) -> str:
-    """'' for the default framework (torch), the framework otherwise: names say the framework when it is not the default."""
-    return "" if spec.framework == DEFAULT else spec.framework
+def _training(spec, sizes: str) -> list[str]:
+    """The parts of a training run's name: workload, framework, device, batch(es), then what is set away from the default."""
+    extra = [f"l{spec.layers}" if getattr(spec, "layers", None) is not None else "",
+             f"u{spec.units}" if getattr(spec, "units", None) is not None else ""]
+    return [spec.workload, spec.framework, spec.device, f"b{sizes}", "".join(extra), f"s{spec.seed}" if spec.seed else ""]
 
 
 def train_run_name(spec, batch_size: int) -> str:
-    """The MLflow run name of one training run: ``train-cpu-b8``, ``train-tensorflow-cpu-b8``."""
-    return "-".join(filter(None, ["train", _framework(spec), spec.device, f"b{batch_size}"]))
+    """The MLflow run name of one training run: ``digits-torch-cpu-b8``, ``har-jax-cpu-b64-l1u16-s2``."""
+    return "-".join(filter(None, _training(spec, str(batch_size))))
 
 
 def sweep_run_name(spec) -> str:
-    """The MLflow run name of a batch-size sweep's parent run: ``train-sweep-cpu-b8,16``."""
-    return "-".join(filter(None, ["train-sweep", _framework(spec), spec.device, f"b{','.join(map(str, spec.batch_sizes))}"]))
+    """The MLflow run name of a batch-size sweep's parent run: ``sweep-karman-torch-cpu-b8,16``."""
+    return "-".join(filter(None, ["sweep", *_training(spec, ",".join(map(str, spec.batch_sizes)))]))
 
 
-def infer_run_name(spec) -> str:
-    """The MLflow run name of one rollout: ``infer-mapreduce-cpu-w2``."""
-    return f"infer-{spec.mode}-{spec.device}-w{spec.workers}"
+def infer_run_name(spec, framework: str = DEFAULT) -> str:
+    """The MLflow run name of one rollout of a model trained in ``framework``: ``infer-torch-mapreduce-cpu-w2``."""
+    return f"infer-{framework}-{spec.mode}-{spec.device}-w{spec.workers}"
 
 
 def train_label(spec, batch_sizes: list[int] | None = None) -> str:
-    """A training run's name in Prefect: ``train cpu b8``, ``train tensorflow cuda b8,16 seed 1``; ``batch_sizes``
-    (default: the spec's) names one run of a sweep. A request to resume names the run it resumes (``train resume
-    0123abcd``): its framework, device and batch are the stored run's, not the request's defaults."""
+    """A training run's name in Prefect: ``train digits torch cpu b8``, ``train karman tensorflow cuda b8,16 s1``;
+    ``batch_sizes`` (default: the spec's) names one run of a sweep. A request to resume names the run it resumes
+    (``train resume 0123abcd``): its workload, framework, device and batch are the stored run's, not the request's defaults."""
     if spec.resume:
         return f"train resume {spec.resume[:8]}"
-    sizes = ",".join(map(str, batch_sizes or spec.batch_sizes))
-    return (" ".join(filter(None, ["train", _framework(spec), spec.device, f"b{sizes}"]))
-            + (f" seed {spec.seed}" if spec.seed else ""))
+    return " ".join(filter(None, ["train", *_training(spec, ",".join(map(str, batch_sizes or spec.batch_sizes)))]))
 
 
 def infer_label(spec) -> str:
-    """A rollout's name in Prefect: ``infer mapreduce cpu x2``."""
-    return f"infer {spec.mode} {spec.device} x{spec.workers}"
+    """A rollout's name in Prefect: ``infer mapreduce cpu x2``, and the model's run where the request names one by its id
+    (``infer mapreduce cpu x2 model 0123abcd``: a benchmark rolls out one model per framework in every cell)."""
+    model = f" model {spec.model_run[:8]}" if len(spec.model_run) == 32 and spec.model_run.isalnum() else ""
+    return f"infer {spec.mode} {spec.device} x{spec.workers}{model}"

@@ -23,7 +23,7 @@ def rollout(settings: Settings, spec: InferSpec, parent_run_id: str | None = Non
             Tag.DATASET: dataset, Tag.FRAMEWORK: plan.framework}
     if spec.cell:
         tags[Tag.CELL] = spec.cell
-    name = infer_run_name(spec)
+    name = infer_run_name(spec, plan.framework)
     how = "the whole frame on one worker" if spec.mode == "full" else f"map-reduce tiles over {spec.workers} workers"
     description = (f"Rollout of {spec.steps} steps of the generator of training run {model_run_id} on {spec.device}, {how}, "
                    f"against the solver's frames of dataset `{dataset}` (simulation {plan.simulation}). "

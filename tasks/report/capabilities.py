@@ -16,6 +16,12 @@ def workload_of(name: str) -> Workload | None:
         return None
 
 
+def learned_nothing(record: TrainRecord) -> str:
+    """Why a finished run's test scores show it learned nothing, by its workload's measure; '' where they do not (or it has none)."""
+    known = workload_of(record.config.workload)
+    return (known.learned_nothing(record.test) or "") if known and known.learned_nothing else ""
+
+
 def workload_words(name: str, what: str) -> str:
     """A workload's ``what`` (title, data, target) from the table; the bare name where this process does not know it."""
     workload = workload_of(name)

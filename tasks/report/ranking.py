@@ -33,7 +33,7 @@ def ranking(rows: list[dict]) -> dict[str, list[dict]]:
     nan = float("nan")
     groups: dict[tuple, list[dict]] = {}
     for r in rows:
-        if r["status"] == "FINISHED" and ranked(r["workload"]):
+        if r["status"] == "FINISHED" and ranked(r["workload"]) and not r.get("learned_nothing"):
             groups.setdefault((r["workload"], r["framework"], r["device"], r["batch_size"], r["shared_setting"]), []).append(r)
 
     def median(members, key):
@@ -62,6 +62,13 @@ def ranking(rows: list[dict]) -> dict[str, list[dict]]:
         for rank, c in enumerate(table, 1):
             c["rank"] = rank if c["time_to_target_s"] == c["time_to_target_s"] else "–"
     return out
+
+
+def left_out(rows: list[dict]) -> str:
+    """The line naming the finished runs the ranking leaves out because they learned nothing, with why; '' where none."""
+    out = [f"{r['run']} ({r['workload']} {r['framework']} {r['device']} b{r['batch_size']}: {r['learned_nothing']})"
+           for r in rows if r["status"] == "FINISHED" and r.get("learned_nothing")]
+    return f"Left out of the ranking, as they learned nothing: {'; '.join(out)}.\n" if out else ""
 
 
 def ranked(workload: str) -> bool:

@@ -2,7 +2,7 @@
 
 import statistics
 
-from tasks.report.capabilities import budget, setting_label, target_words
+from tasks.report.capabilities import budget, learned_nothing, setting_label, target_words
 from tasks.report.energy import cell_energy, money, run_energy
 from tasks.report.reading import Entry
 
@@ -47,6 +47,7 @@ def train_rows(entries: list[Entry]) -> list[dict]:
                      "size": _size(c.workload_params),
                      **_utilisation(e.record.utilisation if done else None),
                      **run_energy(e.record.energy if done else None),
+                     "learned_nothing": learned_nothing(e.record) if done else "",
                      "error": e.error if not done else ""})
     return sorted(rows, key=lambda row: (row["setting"], row["device"], row["batch_size"], str(row["seed"])))
 

@@ -63,6 +63,10 @@ class Workload:
     # (settings, training run ids) -> what was registered (tasks.workloads.karman.registry.register_champion's dictionary): a benchmark
     # registers its best trained model in the Model Registry and moves the alias 'champion' to it where it beats the holder; None: none
     register: Callable | None = None
+    # (a finished run's test scores) -> why they show it learned nothing (a classifier at chance), with the figure; None where
+    # they do not. Such a run is marked (MLflow tag karman.learned_nothing), left out of the report's ranking with that line,
+    # and is never a champion.
+    learned_nothing: Callable | None = None
     # (its training rows, its rollout runs' entries, run id -> Markdown link, the report's folder) -> its own sections of the
     # report (tasks.common.reporting.Sections: its frameworks compared, its rollouts' tables and figures); None: none
     report: Callable | None = None
@@ -104,6 +108,7 @@ CALLS = {
     "check_generate": ("settings", "spec"),
     "spec_target": ("spec",),
     "register": ("settings", "run_ids"),
+    "learned_nothing": ("test",),
     "report": ("trains", "rollouts", "link", "out"),
 }
 BUILD = ("data", "spec", "batch_size", "runtime")  # a framework module's build(...) -> the loop's Trainer

@@ -6,6 +6,7 @@ logits, the weights and the checkpoint state."""
 
 import logging
 from dataclasses import dataclass
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -25,6 +26,19 @@ class ClassifierData:
     dataset_digest: str
     target: float
     in_memory: bool = True
+
+
+def at_chance(classes: int, score: str = "accuracy") -> Callable[[dict], str | None]:
+    """A classifier workload's ``learned_nothing``: a test ``score`` (accuracy) of at most twice chance's, 1/``classes``,
+    says the run learned nothing (it diverged, or its rate never moved it off a constant guess)."""
+    floor = 2 / classes
+
+    def learned_nothing(test: dict) -> str | None:
+        value = test.get(score)
+        if value is None or value > floor:
+            return None
+        return f"test {score} {value:.3g} is at chance (1/{classes} = {1 / classes:.3g} over {classes} classes; at most {floor:.3g} counts as chance)"
+    return learned_nothing
 
 
 class Classifier:

@@ -33,7 +33,7 @@ import zarr
 from tasks.common.datasets import check_batches, read_checked, record_generate, refuse_damaged, write_once
 from tasks.common.errors import UserError
 from tasks.common.store import MANIFEST, STORE, workload_manifest, write_json_atomic
-from tasks.common.training.classifier import Classifier, ClassifierData
+from tasks.common.training.classifier import Classifier, ClassifierData, at_chance
 from tasks.workloads import Workload
 
 log = logging.getLogger("karman.har")
@@ -400,4 +400,5 @@ WORKLOAD = Workload(
     check_generate=check_generate,
     sizes=("layers", "units"),  # seed 002's axes: a benchmark's --layers x --units
     options=("layers", "units"),
+    learned_nothing=at_chance(CLASSES),
 )

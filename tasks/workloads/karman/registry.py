@@ -23,6 +23,7 @@ SCORE = "karman.score"  # a model version's score in words
 REACHED = "karman.target_reached"
 TIME_TO_TARGET = "karman.time_to_target_s"
 HORIZON = "karman.val_horizon_vorticity"
+FLOOR_SHARE = 0.5  # a model that missed the target may be champion only with a validation horizon of at least this share of the target's steps
 
 
 def spec_target(spec) -> str:
@@ -41,6 +42,12 @@ class Candidate:
     reached: bool
     time_to_target_s: float | None
     horizon: float | None  # the last validation rollout's vorticity horizon (steps)
+    floor: float | None = None  # the horizon (steps) below which a model that missed the target is no champion; None: not known
+
+    @property
+    def eligible(self) -> bool:
+        """Whether it may hold the alias: it reached the target, or its horizon is at least the floor."""
+        return self.reached or (self.horizon is not None and self.floor is not None and self.horizon >= self.floor)
 
     def rank(self) -> tuple[int, float]:
         """Larger is better: any run that reached the target before any that did not; then the faster, or the longer horizon."""
@@ -62,8 +69,10 @@ class Candidate:
         return champion is None or (self.comparable(champion) and self.rank() > champion.rank())
 
     def tags(self) -> dict[str, str]:
+        """The version's tags: a figure that is not known is left out, never written as the string 'None'."""
+        figures = {TIME_TO_TARGET: self.time_to_target_s, HORIZON: self.horizon}
         return {Tag.DATASET_DIGEST: self.dataset_digest, QUALITY_TARGET: self.target, SCORE: self.score, REACHED: str(self.reached),
-                TIME_TO_TARGET: repr(self.time_to_target_s), HORIZON: repr(self.horizon), Tag.MODEL_RUN: self.run_id}
+                Tag.MODEL_RUN: self.run_id, **{k: repr(v) for k, v in figures.items() if v is not None}}
 
     @classmethod
     def from_version(cls, version) -> "Candidate":
@@ -83,7 +92,7 @@ class Candidate:
         if record.config.workload != "karman" or s is None or not model_uri or run.info.status != "FINISHED":
             return None
         return cls(run.info.run_id, model_uri, record.config.dataset_digest, spec_target(record.config.spec), s.target_reached,
-                   s.time_to_target_s, s.validation.get("horizon_vorticity"))
+                   s.time_to_target_s, s.validation.get("horizon_vorticity"), FLOOR_SHARE * record.config.spec.target_steps)
 
 
 def candidate(client, run_id: str) -> Candidate | None:
@@ -122,6 +131,10 @@ def register_champion(settings: Settings, run_ids: list[str]) -> dict:
     if not offered:
         return {"name": name, "version": None, "champion": False, "reason": "no finished karman training run with a logged model"}
     best = max(offered, key=Candidate.rank)
+    if not best.eligible:  # a model that missed the target and holds the flow for too few steps is registered nowhere
+        return {"name": name, "version": None, "champion": False, "run_id": best.run_id, "score": best.score,
+                "reason": f"no model registered: the best ({best.score}) missed the target and holds vorticity for fewer than "
+                          f"{best.floor:g} steps, {FLOOR_SHARE:g} of the target's"}
     try:
         client.create_registered_model(name, description="Kármán Bench surrogates: the best generator of each benchmark; "
                                                           "the alias 'champion' marks the best on its dataset digest and target.")

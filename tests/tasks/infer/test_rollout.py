@@ -274,11 +274,15 @@ def test_the_champion_alias_moves_only_to_a_better_model_on_the_same_data_and_ta
     for key, value in {**env, "KARMAN_REGISTERED_MODEL": "surrogate-test"}.items():
         monkeypatch.setenv(key, value)
     settings = Settings.from_env()
-    slow = _offered(trained, None, True, 50.0, 2)
+    short = register_champion(settings, [_offered(trained, None, False, None, 6)])  # missed the target, 6 of 40 steps: no champion
+    assert (short["version"], short["champion"]) == (None, False) and "fewer than 20 steps" in short["reason"]
+    slow = _offered(trained, None, True, 50.0, None)  # reached, with no horizon measured: no tag says 'None'
     first = register_champion(settings, [_offered(trained, None, False, None, 6), slow])  # reached beats any horizon
     assert (first["version"], first["run_id"], first["champion"], first["reason"]) == (1, slow, True, "first champion")
     faster, other_data = _offered(trained, None, True, 20.0, 1), _offered(trained, "f" * 64, True, 1.0, 1)
+    assert "None" not in client(trained).get_model_version("surrogate-test", "1").tags.values()
     assert register_champion(settings, [faster])["reason"] == "beats version 1 (reached the target in 50 s)"
+    assert register_champion(settings, [faster])["reason"] == "it is the champion already"  # the same model, once
     kept = register_champion(settings, [other_data])  # registered, but not comparable with the champion
     assert (kept["version"], kept["champion"]) == (3, False) and "another dataset digest or target" in kept["reason"]
     worse = register_champion(settings, [_offered(trained, None, True, 30.0, 9)])

@@ -219,3 +219,23 @@ def test_the_verdict_names_the_smallest_stride_at_which_the_surrogate_is_cheaper
                         "circle-re105 (interpolation).")
     assert lines[1] == "- On cuda, at no stride measured (k = 1) is the surrogate cheaper than the solver: the solver is 2x faster per unit of simulated time."
     assert stride_verdicts([]) == []
+
+
+def test_a_run_that_learned_nothing_is_marked_and_left_out_of_the_ranking():
+    from tasks.common.records import TrainRecord
+    from tasks.report.ranking import left_out, ranking
+    from tasks.report.reading import Entry
+    from tasks.report.tables import train_rows
+
+    def digits(run_id: str, batch: str, accuracy: float) -> Entry:
+        record = TrainRecord.from_mlflow({"workload": "digits", "device": "cpu", "world_size": "1", "batch_size": batch, "framework": "torch"},
+                                         {"time_per_epoch_s": 2.0, "train_time_s": 20.0, "target_reached": 1.0, "time_to_target_s": 8.0}, True)
+        return Entry(run_id, "digits-torch-cpu-b" + batch, "FINISHED", "", record.model_copy(update={"test": {"accuracy": accuracy}}))
+
+    rows = train_rows([digits("a" * 32, "4", 0.1), digits("b" * 32, "64", 0.97)])
+    diverged = next(r for r in rows if r["batch_size"] == 4)
+    assert diverged["learned_nothing"].startswith("test accuracy 0.1 is at chance (1/10")
+    table = ranking(rows)["digits"]
+    assert [r["batch_size"] for r in table] == [64]  # the run at chance is not ranked, even though it 'reached' its target
+    line = left_out(rows)
+    assert line.startswith("Left out of the ranking, as they learned nothing: " + "a" * 32 + " (digits torch cpu x1 b4: test accuracy 0.1")

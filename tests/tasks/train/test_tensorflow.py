@@ -61,7 +61,7 @@ def test_tensorflow_trains_with_torchs_names_logs_a_keras_model_and_rolls_out_fu
     assert (p["generator_params"], p["discriminator_params"]) == (torch_run.data.params["generator_params"], torch_run.data.params["discriminator_params"])
     assert set(torch_run.data.params) - set(p) == {"torch_version", "precision", "channels_last", "winograd"} - set(p)
     assert set(torch_run.data.metrics) - PHASES - {k for k in torch_run.data.metrics if k.startswith("system/")} <= set(m)
-    assert tf_run.data.tags[Tag.FRAMEWORK] == "tensorflow" and tf_run.info.run_name == "train-tensorflow-cpu-b4"
+    assert tf_run.data.tags[Tag.FRAMEWORK] == "tensorflow" and tf_run.info.run_name == "karman-tensorflow-cpu-b4"
     artifacts = {a.path for a in client().list_artifacts(tf_out["run_id"], "model")}
     assert {"model/generator.keras", "model/meta.json"} <= artifacts
     meta = json.loads((trainable / "data" / "runs" / tf_out["run_id"] / "model" / "meta.json").read_text())
