@@ -64,7 +64,7 @@ def ranking(rows: list[dict]) -> dict[str, list[dict]]:
     return out
 
 
-def left_out(rows: list[dict]) -> str:
+def unranked_line(rows: list[dict]) -> str:
     """The line naming the finished runs the ranking leaves out because they learned nothing, with why; '' where none."""
     out = [f"{r['run']} ({r['workload']} {r['framework']} {r['device']} b{r['batch_size']}: {r['learned_nothing']})"
            for r in rows if r["status"] == "FINISHED" and r.get("learned_nothing")]

@@ -12,7 +12,7 @@ from tasks.common.tracking import client_for, run_url
 from tasks.report.capabilities import workload_of, workload_words
 from tasks.report.ceiling import ceiling_section
 from tasks.report.energy import ENERGY_NOTE, cheapest_to_target, energy_notes
-from tasks.report.ranking import left_out, ranking, ranking_columns
+from tasks.report.ranking import ranking, ranking_columns, unranked_line
 from tasks.report.reading import Entry, rollout_records, training_records
 from tasks.report.tables import (COMPARE_COLUMNS, QUALITY_COLUMNS, TRAIN_RESULT_COLUMNS, TRAIN_SETTINGS_COLUMNS, comparison, quality_table,
                                  train_rows)
@@ -84,7 +84,7 @@ def build_report(settings: Settings, name: str, scope: str, runs, exp_id: str, o
                  "(seeds), with their range; TFLOPS are the network's training FLOPs at the run's samples/s, % of ceiling against the "
                  "warm matmul ceiling of the same device, framework and dtype, % of peak against the device's datasheet (CPU: derived) peak.\n",
                  table_markdown(table, ranking_columns(table))]
-    if excluded := left_out(trains):
+    if excluded := unranked_line(trains):
         text.append(excluded)
     text += ["### Every training run\n", "s/epoch is the median epoch time without the first epoch (which carries the warm-up).\n",
              table_markdown(trains, TRAIN_SETTINGS_COLUMNS, link), "Their results:\n", table_markdown(trains, TRAIN_RESULT_COLUMNS, link),

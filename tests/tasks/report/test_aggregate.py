@@ -223,7 +223,7 @@ def test_the_verdict_names_the_smallest_stride_at_which_the_surrogate_is_cheaper
 
 def test_a_run_that_learned_nothing_is_marked_and_left_out_of_the_ranking():
     from tasks.common.records import TrainRecord
-    from tasks.report.ranking import left_out, ranking
+    from tasks.report.ranking import ranking, unranked_line
     from tasks.report.reading import Entry
     from tasks.report.tables import train_rows
 
@@ -237,5 +237,5 @@ def test_a_run_that_learned_nothing_is_marked_and_left_out_of_the_ranking():
     assert diverged["learned_nothing"].startswith("test accuracy 0.1 is at chance (1/10")
     table = ranking(rows)["digits"]
     assert [r["batch_size"] for r in table] == [64]  # the run at chance is not ranked, even though it 'reached' its target
-    line = left_out(rows)
+    line = unranked_line(rows)
     assert line.startswith("Left out of the ranking, as they learned nothing: " + "a" * 32 + " (digits torch cpu x1 b4: test accuracy 0.1")
