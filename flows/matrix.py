@@ -39,7 +39,7 @@ def benchmark_matrix(spec: BenchmarkSpec) -> list[WorkloadCells]:
         workload = get_workload(name)
         dataset = spec.generate.dataset if workload.swept else benchmark_dataset(workload, spec.generate)[0]
         matrix.append(WorkloadCells(workload, [f for f in spec.frameworks if f in workload.frameworks],
-                                    list(spec.batch_sizes or workload.batch_sizes), dataset, workload.epochs, _sizes(spec, workload)))
+                                    spec.cell_batch_sizes(name, workload.batch_sizes), dataset, spec.cell_epochs(name, workload.epochs), _sizes(spec, workload)))
     unused = [f for f in spec.frameworks if not any(f in m.frameworks for m in matrix)]
     if unused:
         raise UserError(f"framework(s) {', '.join(unused)}: no workload of the benchmark ({', '.join(spec.workloads)}) has a version in them; "

@@ -162,7 +162,7 @@ def test_quick_benchmark_deployed_on_real_servers_and_a_worker(tmp_path, monkeyp
             quick = BenchmarkSpec.quick()
             short = quick.train.model_copy(update={"epochs": 1, "max_steps": 8})
             sweep = quick.generate.model_copy(update={"reynolds": [80.0, 95.0, 110.0, 125.0], "warmup_steps": 4000})
-            custom = {"spec": json.loads(quick.model_copy(update={"generate": sweep, "train": short, "batch_sizes": [4]}).model_dump_json())}
+            custom = {"spec": json.loads(quick.model_copy(update={"generate": sweep, "train": short, "batch_sizes": [4], "per_workload": {}}).model_dump_json())}
             first = client.create_flow_run_from_deployment(deployment.id, parameters=custom)
             done_cell = wait_for_finished_train_cell(uri, worker, worker_log)
             # its Prefect flow run completed too (it closes its MLflow run first): the kill lands between cells, and

@@ -334,6 +334,14 @@ InferOptions = options_of(InferSpec, {"model_run", "device", "mode", "workers", 
                           "Everything of a rollout cell but its device, mode and workers (the matrix) and its model (the first trained cell)")
 
 
+class WorkloadSettings(BaseModel):
+    """What one workload's cells of a benchmark take instead of that workload's own defaults."""
+
+    model_config = ConfigDict(extra="forbid")
+    batch_sizes: list[PositiveInt] | None = Field(default=None, min_length=1, description="Its global batch sizes (the benchmark's batch_sizes, where given, are every workload's)")
+    epochs: PositiveInt | None = Field(default=None, description="Its cells' epoch limit, over train.epochs")
+
+
 class BenchmarkSpec(Spec):
     """The benchmark matrix: generate, then train (frameworks x devices x batch sizes), then roll out
     (devices x modes x workers) the first trained model, then aggregate. Each cell is its own flow
@@ -343,7 +351,10 @@ class BenchmarkSpec(Spec):
     workloads: list[Annotated[str, StringConstraints(pattern=WORKLOAD_NAME)]] = Field(default=[DEFAULT_WORKLOAD], min_length=1, description="Workloads, by name from the workload table: karman (the Pix2Pix surrogate, with rollouts), digits (the MNIST CNN of seed 004), har (the BiLSTM of seed 002, synthetic data); each trains in the frameworks it has")
     frameworks: list[Literal["torch", "tensorflow", "jax"]] = Field(default=["torch"], min_length=1, description="Training frameworks: torch, tensorflow (Keras 3 under tf.distribute), jax (one process over its devices); the report puts them side by side, cell by cell; a workload's cells run in those it has (karman: torch, tensorflow)")
     devices: list[Device] = Field(default=["cpu"], min_length=1, description="Training devices: cpu, cuda (a GPU pool), xla (a TPU pool)")
-    batch_sizes: list[PositiveInt] | None = Field(default=None, min_length=1, description="Global batch sizes of the training matrix; None = each workload's (karman 8, 16, 32, 64)")
+    batch_sizes: list[PositiveInt] | None = Field(default=None, min_length=1, description="Global batch sizes of the training matrix, every workload's; None = each workload's (per_workload's, else its own: karman 8, 16, 32, 64, digits and har 64)")
+    per_workload: dict[Annotated[str, StringConstraints(pattern=WORKLOAD_NAME)], WorkloadSettings] = Field(
+        default_factory=dict, description="Per workload, by name: its batch sizes and epochs where they are not its own (a preset sizes karman's "
+                                          "cells this way, so the other workloads train at theirs); a workload not in the matrix is ignored")
     repeats: PositiveInt = Field(default=1, le=100, description="Training runs per cell, with seeds train.seed, train.seed + 1, ...: the report's time to quality is their mean, the fastest and slowest dropped from three on")
     layers: list[Annotated[int, Field(gt=0, le=64)]] | None = Field(default=None, min_length=1, description="Sweep of the recurrent workloads' depth (har: stacked BiLSTM layers, seed 002's axis), one cell per value and per units value; None = each workload's own; the other workloads ignore it")
     units: list[Annotated[int, Field(gt=0, le=4096)]] | None = Field(default=None, min_length=1, description="Sweep of the recurrent workloads' width (har: units per direction and layer), crossed with layers; None = each workload's own")
@@ -390,14 +401,24 @@ class BenchmarkSpec(Spec):
     def train_cell(self, device: str, batch_size: int, seed: int, framework: str = "torch", workload: str = DEFAULT_WORKLOAD,
                    dataset: str | None = None, epochs: int | None = None) -> TrainSpec:
         """The training spec of the cell (device, batch size, seed, framework, workload and its dataset; the
-        strategy is tensorflow's only); ``epochs``: the workload's own epoch limit where the benchmark gives
-        neither epochs nor a time budget."""
+        strategy is tensorflow's only); ``epochs``: the epoch limit of the workload's cells (``cell_epochs``), where the
+        benchmark sets no time budget."""
         strategy = self.train.strategy if self.train.strategy in FRAMEWORKS[framework].strategies else "auto"
         values = {"device": device, "batch_sizes": [batch_size], "seed": seed, "framework": framework, "strategy": strategy,
                   "workload": workload, "dataset": dataset or self.train.dataset}
-        if epochs is not None and self.train.epochs is None and self.train.time_budget is None:
+        if epochs is not None and self.train.time_budget is None:
             values["epochs"] = epochs
         return TrainSpec(**(self.train.model_dump() | values))
+
+    def cell_epochs(self, workload: str, own: int) -> int:
+        """The epoch limit of ``workload``'s cells: its per_workload epochs, else train.epochs, else its ``own``."""
+        settings = self.per_workload.get(workload)
+        return (settings.epochs if settings else None) or self.train.epochs or own
+
+    def cell_batch_sizes(self, workload: str, own: tuple[int, ...]) -> list[int]:
+        """The batch sizes of ``workload``'s cells: the benchmark's, else its per_workload ones, else its ``own``."""
+        settings = self.per_workload.get(workload)
+        return list(self.batch_sizes or (settings.batch_sizes if settings else None) or own)
 
     def infer_cell(self, model_run: str, device: str, mode: str, workers: int) -> InferSpec:
         """The rollout spec of the cell (device, mode, workers) for the trained model ``model_run``."""
@@ -423,8 +444,10 @@ class BenchmarkSpec(Spec):
 
 # The named benchmark matrices, each written once: the CLI's --quick is "quick", and prefect.yaml's quick
 # and frameworks deployments of the benchmark pass these values (tests/test_decisions.py holds them equal).
-_QUICK = {"train": {"ngf": 16, "ndf": 16, "epochs": 3}, "batch_sizes": [4, 8], "infer": {"steps": 40}, "workers": [1, 2],
-          "generate": {"events": 400}, "aggregate": {"name": "quick"}}  # events: calo's dataset (calo-events400), the others ignore it
+# The quick matrix sizes karman's cells (batch 4 and 8, 3 epochs: the demo's); the other workloads train at their own batch
+# sizes and epochs (digits at 64 for 8 epochs: at karman's batch 4 its SGD rate left three of four runs at chance).
+_QUICK = {"train": {"ngf": 16, "ndf": 16}, "per_workload": {"karman": {"batch_sizes": [4, 8], "epochs": 3}}, "infer": {"steps": 40},
+          "workers": [1, 2], "generate": {"events": 400}, "aggregate": {"name": "quick"}}  # events: calo's dataset (calo-events400)
 BENCHMARK_PRESETS: dict[str, dict] = {
     # The demo's sizes: a narrow Pix2Pix at batch 4 and 8, rollouts full-frame and map-reduce on 1 and 2 workers.
     "quick": _QUICK,
