@@ -56,11 +56,15 @@ def build_report(settings: Settings, name: str, scope: str, runs, exp_id: str, o
     compared = comparison(trains)
     figures: list[Path] = []
     finished = [r for r in trains if r["status"] == "FINISHED"]
-    if finished:
-        labels = [f"{r['device']} b{r['batch_size']} s{r['seed']}" + (f" [{i + 1}]" if len(compared) > 1 else "")
-                  for r in finished for i in [list(compared).index(r["setting"])]]
-        figures.append(bar_chart(labels, [r["samples_per_s"] for r in finished], "samples/s", out / "train_samples_per_s.png",
-                                 "training throughput" + (" (settings [1], [2], ... as in the report)" if len(compared) > 1 else "")))
+    workloads = sorted({r["workload"] for r in finished})
+    for workload in workloads:  # one figure per workload: their samples/s differ by orders of magnitude
+        mine = [r for r in finished if r["workload"] == workload]
+        labels = [f"{r['framework']} {r['device']} b{r['batch_size']} s{r['seed']}" + (f" [{i + 1}]" if len(compared) > 1 else "")
+                  for r in mine for i in [list(compared).index(r["setting"])]]
+        stem = "train_samples_per_s" + (f"_{workload}" if len(workloads) > 1 else "")
+        figures.append(bar_chart(labels, [r["samples_per_s"] for r in mine], "samples/s", out / f"{stem}.png",
+                                 f"{workload_words(workload, 'title')}: training throughput"
+                                 + (" (settings [1], [2], ... as in the report)" if len(compared) > 1 else "")))
     own = workload_sections(trains, rolled, link, out)
     rollouts = [row for s in own for row in s.rollout_rows]
     figures += [f for s in own for f in s.figures]
