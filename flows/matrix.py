@@ -100,3 +100,73 @@ def benchmark_description(spec: BenchmarkSpec, matrix: list[WorkloadCells]) -> s
     return (f"Benchmark `{spec.aggregate.name}`: " + "; ".join(parts) + "." + rollouts +
             " New cells are child runs; cells that finished in an earlier benchmark are reused (runs.json lists every run the report covers). "
             "The report compares rows only within one setting.")
+
+
+@dataclass
+class Job:
+    """One cell to run: its kind (train, infer), its spec (the cell key set once its dataset's digest is known), what the
+    cell list shows of it, and where it runs (the deployment, or None here; the lane: its pool, or None)."""
+
+    kind: str
+    spec: object  # TrainSpec or InferSpec
+    shown: dict
+    deployment: str | None
+    lane: str | None
+
+
+@dataclass
+class WorkloadPlan:
+    """One workload's part of the plan: its cells, the dataset they train on and where it is made, its training jobs, and
+    (for a workload with rollouts) the rollout jobs each framework's first trained model gets."""
+
+    cells: WorkloadCells
+    generate: GenerateSpec
+    generate_deployment: str | None
+    train: list[Job]
+    rollouts: list[Job]  # their spec's model_run is set to the trained model's run id
+
+
+@dataclass
+class BenchmarkPlan:
+    """The whole benchmark, planned once from its spec before anything runs."""
+
+    name: str
+    workloads: list[WorkloadPlan]
+    total: int  # cells, the rollouts counted for every framework of a workload with rollouts
+    description: str
+    params: dict  # the benchmark run's MLflow params: the spec
+    devices: list[str]
+    aggregate: object  # AggregateSpec
+    skipped: dict[str, list[str]]  # workload -> the frameworks asked for that it has no version in
+
+
+def _job(kind: str, spec, shown: dict, pools: dict[str, str]) -> Job:
+    deployment = deployment_for(kind, spec.device, pools)
+    return Job(kind, spec, shown, deployment, pools.get(spec.device) if deployment else None)
+
+
+def plan_benchmark(spec: BenchmarkSpec) -> BenchmarkPlan:
+    """Every cell of the benchmark with the dataset it trains on and where it runs; UserError for what cannot run
+    (an unknown workload, a framework no workload has, a deployment the Prefect API lacks)."""
+    from tasks.workloads import reset_foreign
+
+    matrix = benchmark_matrix(spec)
+    check_deployments(spec)
+    plans = []
+    for m in matrix:
+        name = m.workload.name
+        gen = generate_spec(spec, m)
+        train = []
+        for framework, device, batch, size in itertools.product(m.frameworks, spec.devices, m.batch_sizes, m.sizes):
+            for seed in range(spec.train.seed, spec.train.seed + spec.repeats):
+                cell = spec.train_cell(device, batch, seed, framework, name, m.dataset, m.epochs)
+                cell = reset_foreign(m.workload, cell).model_copy(update=size)  # the train section's other workloads' options at their defaults
+                train.append(_job("train", cell, {"workload": name, "framework": framework, "device": device, "batch_size": batch, "seed": seed},
+                                  spec.pools))
+        rollouts = [_job("infer", spec.infer_cell("latest", device, mode, workers), {"framework": framework, "device": device, "mode": mode,
+                                                                               "workers": workers}, spec.pools)
+                    for framework in m.frameworks for device, mode, workers in spec.infer_cells()] if m.workload.rollouts else []
+        plans.append(WorkloadPlan(m, gen, deployment_for("generate", gen.device, spec.pools) if m.workload.swept else None, train, rollouts))
+    return BenchmarkPlan(spec.aggregate.name, plans, sum(len(p.train) + len(p.rollouts) for p in plans), benchmark_description(spec, matrix),
+                         spec.model_dump(), list(spec.devices), spec.aggregate,
+                         {m.workload.name: [f for f in spec.frameworks if f not in m.frameworks] for m in matrix})

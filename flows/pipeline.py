@@ -6,6 +6,7 @@ device, batch size, mode), so the Prefect UI's runs list tells them apart and fi
 
 import contextlib
 import contextvars
+import dataclasses
 import itertools
 import os
 import threading
@@ -18,7 +19,7 @@ from prefect import flow, get_run_logger
 from pydantic import ValidationError
 from pydantic.json_schema import SkipJsonSchema
 
-from flows.matrix import WorkloadCells, benchmark_description, benchmark_matrix, check_deployments, deployment_for, generate_spec
+from flows.matrix import BenchmarkPlan, Job, WorkloadPlan, plan_benchmark
 from tasks.common.cells import cell_error, cell_key, finished_cell, interrupted_cell, record_failed_cell
 from tasks.common.names import Tag, infer_label, infer_run_name, train_label, train_run_name
 from tasks.common.progress import Progress
@@ -33,7 +34,6 @@ from tasks.report.task import ablation_row, aggregate_runs, publish_artifacts, w
 from tasks.train.plan import plan_training, resume_plan
 from tasks.train.task import log_study_table, register_surrogate, sweep_run, train_model
 from tasks.validate.task import validate_solver as run_validation
-from tasks.workloads import reset_foreign
 
 # The MLflow run id to file a flow's run under as a child. The benchmark and the demo set it; run forms
 # leave it out (no JSON schema), and the flow still takes it.
@@ -316,16 +316,13 @@ def _run_cell(kind: str, spec, settings: Settings, deployment: str | None, paren
     return {"cell": spec.cell, "kind": kind, "label": label, "status": "FINISHED", "run_id": done}
 
 
-def _dataset_cell(spec: BenchmarkSpec, cells: WorkloadCells, settings: Settings, parent_run: str) -> dict:
-    """A workload's dataset, generated here, or for a swept workload's sweep on a GPU (``generate.device`` cuda) on the
-    pool ``pools`` maps cuda to (the ``generate/<pool>`` deployment, into the shared data root)."""
-    gen = generate_spec(spec, cells)
-    deployment = deployment_for("generate", gen.device, spec.pools) if cells.workload.swept else None
+def _dataset_cell(planned: WorkloadPlan, settings: Settings, parent_run: str) -> dict:
+    """A workload's dataset, generated here, or for a swept workload's sweep on a GPU (``generate.device`` cuda) on its
+    planned ``generate/<pool>`` deployment (into the shared data root)."""
+    gen, deployment = planned.generate, planned.generate_deployment
     if deployment is None:
         return generate(gen, parent_run=parent_run)
     from prefect.deployments import run_deployment
-
-    from tasks.common.store import load_manifest
 
     get_run_logger().info("dataset %s: simulating on deployment %s", gen.dataset, deployment)
     flow_run = run_deployment(deployment, parameters={"spec": gen.model_dump(mode="json"), "parent_run": parent_run}, as_subflow=True,
@@ -336,89 +333,83 @@ def _dataset_cell(spec: BenchmarkSpec, cells: WorkloadCells, settings: Settings,
     return {"dataset": gen.dataset, "path": str(folder), "digest": load_manifest(folder)["digest"]}
 
 
+def _keyed(job: Job, kind: str, digest: str, **update) -> Job:
+    """The job with its spec's ``update`` and its cell key (over its kind, spec and dataset digest)."""
+    cell = job.spec.model_copy(update=update)
+    return dataclasses.replace(job, spec=cell.model_copy(update={"cell": cell_key(kind, cell, digest)}))
+
+
 @flow(name="benchmark", flow_run_name=_named(BenchmarkSpec, lambda s: f"benchmark {s.aggregate.name}"))
 def benchmark(spec: BenchmarkSpec = BenchmarkSpec()) -> dict:
     """The benchmark matrix: per workload, generate its data and train every (framework, device, batch
     size, seed) cell; roll each framework's first trained model of a workload with rollouts out in every
     (device, mode, workers) cell; aggregate; register the best trained model of each workload that
     registers. Finished cells are skipped. One MLflow run holds it all: the cells are its children, the
-    report its artifacts."""
-    name = spec.aggregate.name
-    _tag_run("stage:benchmark", f"benchmark:{name}", *(f"device:{d}" for d in spec.devices), *(f"workload:{w}" for w in spec.workloads))
+    report its artifacts. Everything is planned from the spec first (flows.matrix.plan_benchmark)."""
+    _tag_run("stage:benchmark", f"benchmark:{spec.aggregate.name}", *(f"device:{d}" for d in spec.devices),
+             *(f"workload:{w}" for w in spec.workloads))
     settings = _settings()
+    reap_orphans(settings, get_run_logger())  # cells left RUNNING by a killed worker on this host become KILLED: resumable
+    return _run_plan(plan_benchmark(spec), settings)
+
+
+def _run_plan(plan: BenchmarkPlan, settings: Settings) -> dict:
+    """Run a planned benchmark: datasets, training cells, rollouts of each framework's first trained model, the report
+    and the registrations, under one MLflow run."""
     logger = get_run_logger()
-    reap_orphans(settings, logger)  # cells left RUNNING by a killed worker on this host become KILLED: resumable
-    matrix = benchmark_matrix(spec)
-    check_deployments(spec)
-    for m in matrix:
-        skipped = [f for f in spec.frameworks if f not in m.frameworks]
-        if skipped:
-            logger.info("workload %s has no %s version: those cells are not part of the matrix", m.workload.name, ", ".join(skipped))
-    rollouts = [m for m in matrix if m.workload.rollouts]
-    total = sum(m.train_cells(spec) for m in matrix) + sum(len(m.frameworks) * len(spec.infer_cells()) for m in rollouts)
-    with mlflow_run(settings, "benchmark", f"benchmark-{name}", params=spec.model_dump(), description=benchmark_description(spec, matrix),
-                    tags={Tag.BENCHMARK: name, Tag.DEVICES: ",".join(spec.devices)}) as bench:
-        logger.info("benchmark %s: %d cells; MLflow: %s", name, total, run_url(settings, bench.run_id))
-        progress = Progress(f"cells of benchmark {name} done")
+    for workload, frameworks in plan.skipped.items():
+        if frameworks:
+            logger.info("workload %s has no %s version: those cells are not part of the matrix", workload, ", ".join(frameworks))
+    with mlflow_run(settings, "benchmark", f"benchmark-{plan.name}", params=plan.params, description=plan.description,
+                    tags={Tag.BENCHMARK: plan.name, Tag.DEVICES: ",".join(plan.devices)}) as bench:
+        logger.info("benchmark %s: %d cells; MLflow: %s", plan.name, plan.total, run_url(settings, bench.run_id))
+        progress = Progress(f"cells of benchmark {plan.name} done")
         datasets = {}
         done: list[dict] = []  # as they finish
         lock = threading.Lock()
 
-        def run(job: tuple[str, Any, dict]) -> dict:
-            kind, cell, shown = job
+        def run(job: Job) -> dict:
             started = time.monotonic()
-            result = {**_run_cell(kind, cell, settings, deployment_for(kind, cell.device, spec.pools), bench.run_id,
-                                  shown.get("framework", DEFAULT)), **shown}
+            result = {**_run_cell(job.kind, job.spec, settings, job.deployment, bench.run_id, job.shown.get("framework", DEFAULT)), **job.shown}
             with lock:
                 done.append(result)
-                left = progress.update(len(done) / total)
+                left = progress.update(len(done) / plan.total)
                 where = run_url(settings, result["run_id"]) if result.get("run_id") else "no run"
                 extra = f": {result['error']}" if result["status"] == "FAILED" else f" ({result['note']})" if result.get("note") else ""
-                logger.info("cell %d/%d %s: %s in %.0f s%s%s; MLflow: %s", len(done), total, result["label"], result["status"],
+                logger.info("cell %d/%d %s: %s in %.0f s%s%s; MLflow: %s", len(done), plan.total, result["label"], result["status"],
                             time.monotonic() - started, extra, f" ({left})" if left else "", where)
             return result
 
-        def lane(job: tuple[str, Any, dict]) -> str | None:  # cells bound for one work pool run one after the other
-            return spec.pools.get(job[1].device) if deployment_for(job[0], job[1].device, spec.pools) else None
-
         train_jobs = []
-        for m in matrix:
-            data = _dataset_cell(spec, m, settings, bench.run_id)
-            datasets[m.workload.name] = data
-            bench.log_dataset(data["dataset"], data["digest"], Path(data["path"]), "training", m.workload.dataset_info(settings, data["dataset"])[1])
-            for framework in m.frameworks:
-                for device, batch, size in itertools.product(spec.devices, m.batch_sizes, m.sizes):
-                    for seed in range(spec.train.seed, spec.train.seed + spec.repeats):
-                        cell = spec.train_cell(device, batch, seed, framework, m.workload.name, m.dataset, m.epochs)
-                        cell = reset_foreign(m.workload, cell).model_copy(update=size)  # the train section's other workloads' options at their defaults
-                        cell = cell.model_copy(update={"cell": cell_key(f"train/{framework}", cell, data["digest"])})
-                        train_jobs.append(("train", cell, {"workload": m.workload.name, "framework": framework, "device": device,
-                                                           "batch_size": batch, "seed": seed}))
-        cells = run_lanes(train_jobs, lane, run)  # the pools' lanes at the same time
+        for planned in plan.workloads:
+            data = datasets[planned.cells.workload.name] = _dataset_cell(planned, settings, bench.run_id)
+            bench.log_dataset(data["dataset"], data["digest"], Path(data["path"]), "training",
+                              planned.cells.workload.dataset_info(settings, data["dataset"])[1])
+            train_jobs += [_keyed(job, f"train/{job.shown['framework']}", data["digest"]) for job in planned.train]
+        cells = run_lanes(train_jobs, lambda job: job.lane, run)  # the pools' lanes at the same time
         infer_jobs = []
-        for m in rollouts:
-            for framework in m.frameworks:  # each framework's first trained model is rolled out in every rollout cell
-                model = next((c["run_id"] for c in cells if c.get("workload") == m.workload.name and c.get("framework") == framework
+        for planned in plan.workloads:
+            name = planned.cells.workload.name
+            for framework in planned.cells.frameworks if planned.rollouts else []:  # its first trained model, in every rollout cell
+                model = next((c["run_id"] for c in cells if c.get("workload") == name and c.get("framework") == framework
                               and c["status"] != "FAILED"), None)
                 if model is None:
-                    logger.error("no %s training cell finished; its rollout cells are skipped", framework)
+                    logger.error("no %s training cell of %s finished; its rollout cells are skipped", framework, name)
                     continue
-                for device, mode, workers in spec.infer_cells():
-                    cell = spec.infer_cell(model, device, mode, workers)
-                    cell = cell.model_copy(update={"cell": cell_key("infer", cell, datasets[m.workload.name]["digest"])})
-                    infer_jobs.append(("infer", cell, {"framework": framework, "device": device, "mode": mode, "workers": workers}))
-        cells += run_lanes(infer_jobs, lane, run)
+                infer_jobs += [_keyed(job, "infer", datasets[name]["digest"], model_run=model) for job in planned.rollouts
+                               if job.shown["framework"] == framework]
+        cells += run_lanes(infer_jobs, lambda job: job.lane, run)
         bench.client.log_dict(bench.run_id, {"runs": [c["run_id"] for c in cells if c.get("run_id")], "cells": cells}, "runs.json")
-        report = aggregate(spec.aggregate.model_copy(update={"runs": bench.run_id}), parent_run=bench.run_id)
+        report = aggregate(plan.aggregate.model_copy(update={"runs": bench.run_id}), parent_run=bench.run_id)
         # The report on the benchmark's own runs: its Prefect artifacts and its MLflow run's artifacts.
         publish_artifacts(report)
         for path in (report["report"], report["html"], *report["figures"]):
             bench.log_artifact(Path(path), "report")
         # each registering workload's best model into the Model Registry; the alias 'champion' moves only to a better one
-        registrations = [register_surrogate(settings, m.workload.name, [c["run_id"] for c in cells if c["kind"] == "train"
-                                                                        and c.get("workload") == m.workload.name
-                                                                        and c["status"] in ("FINISHED", "SKIPPED") and c.get("run_id")])
-                         for m in matrix if m.workload.register]
+        registrations = [register_surrogate(settings, p.cells.workload.name, [c["run_id"] for c in cells if c["kind"] == "train"
+                                                                              and c.get("workload") == p.cells.workload.name
+                                                                              and c["status"] in ("FINISHED", "SKIPPED") and c.get("run_id")])
+                         for p in plan.workloads if p.cells.workload.register]
         versions = [r for r in registrations if r["version"] is not None]
         if versions:
             bench.set_tags({Tag.CHAMPION: "; ".join(f"{r['name']} version {r['version']}: "
@@ -426,9 +417,9 @@ def benchmark(spec: BenchmarkSpec = BenchmarkSpec()) -> dict:
         failed = [c for c in cells if c["status"] == "FAILED"]
         counts = {s: sum(c["status"] == s for c in cells) for s in ("FINISHED", "SKIPPED", "FAILED")}
         bench.set_tags({Tag.CELLS: f"{len(cells)}: {counts['FINISHED']} run, {counts['SKIPPED']} reused, {counts['FAILED']} failed"})
-    logger.info("benchmark %s: %d cells, %d run, %d skipped as finished, %d failed; report %s; MLflow: %s", name, len(cells),
+    logger.info("benchmark %s: %d cells, %d run, %d skipped as finished, %d failed; report %s; MLflow: %s", plan.name, len(cells),
                 counts["FINISHED"], counts["SKIPPED"], len(failed), report["report"], run_url(settings, bench.run_id))
-    first = datasets[matrix[0].workload.name]
+    first = datasets[plan.workloads[0].cells.workload.name]
     return {"dataset": {"name": first["dataset"], "digest": first["digest"]},
             "datasets": {w: {"name": d["dataset"], "digest": d["digest"]} for w, d in datasets.items()}, "cells": cells, "report": report["report"],
             "benchmark_run_id": bench.run_id, "aggregate_run_id": report["run_id"], "failed": len(failed),
