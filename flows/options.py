@@ -40,8 +40,10 @@ def _choices(annotation) -> tuple[list[str] | None, Callable[[str], Any], bool]:
 
 
 def cli_fields(model: type[BaseModel]) -> dict:
-    """The fields that are command-line options: nested models and mappings are set in the UI or code."""
+    """The fields that are command-line options: nested models, and mappings of them, are set in the UI, a spec file or code."""
     def nested(annotation) -> bool:
+        if typing.get_origin(annotation) is dict:
+            return nested(typing.get_args(annotation)[-1])
         return isinstance(annotation, type) and issubclass(annotation, BaseModel)
 
     return {name: field for name, field in model.model_fields.items() if not nested(field.annotation)}
