@@ -1,5 +1,7 @@
-"""The benchmark's plan: each workload's cells, the dataset each trains on, the deployments its cells run
-on, and the benchmark run's description. The benchmark flow (flows.pipeline) runs what this plans."""
+"""The benchmark's plan: each workload's cells, datasets and deployments, made once from its spec.
+
+Each workload's cells, the dataset each trains on, the deployments its cells run on, and the benchmark run's
+description. The benchmark flow (flows.pipeline) runs what this plans."""
 
 import itertools
 from dataclasses import dataclass

@@ -202,7 +202,7 @@ def test_quick_benchmark_deployed_on_real_servers_and_a_worker(tmp_path, monkeyp
             assert "![train_samples_per_s](data:image/png;base64," in report_artifact.data
             assert f"http://127.0.0.1:{mlflow_port}/#/experiments/" in report_artifact.data  # run ids link to MLflow
             assert any(a.type == "progress" and a.data == 100 for a in own)  # the cells' progress
-            train_runs = [r.id for r in children if r.name.startswith("train cpu") and r.state.is_completed()]
+            train_runs = [r.id for r in children if r.name.startswith("train karman torch cpu") and r.state.is_completed()]
             progress = client.read_artifacts(artifact_filter=ArtifactFilter(type=ArtifactFilterType(any_=["progress"]),
                                                                             flow_run_id=ArtifactFilterFlowRunId(any_=train_runs)))
             assert progress and all(a.data == 100 for a in progress)

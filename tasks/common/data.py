@@ -1,5 +1,6 @@
-"""The order of an epoch's samples and its seed, the same for every workload and framework: a function of (seed, epoch
-[, rank]) only, so every rank and a resumed run see the same."""
+"""The order of an epoch's samples and its seed, the same for every workload and framework.
+
+A function of (seed, epoch [, rank]) only, so every rank and a resumed run see the same."""
 
 import numpy as np
 

@@ -1,5 +1,7 @@
-"""What the report and the workloads' own report sections share: table cells, tables with chosen columns, and the
-sections a workload adds to the report (tasks.workloads.Workload.report)."""
+"""What the report and the workloads' own report sections share: cells, tables and sections.
+
+Table cells, tables with chosen columns, and the sections a workload adds to the report
+(tasks.workloads.Workload.report)."""
 
 from dataclasses import dataclass, field
 from pathlib import Path

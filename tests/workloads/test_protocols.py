@@ -1,6 +1,7 @@
-"""Every registered workload, the toy one included, keeps the contracts the stages rely on: its parts callable as
-they are called, its frameworks in the framework table, each framework module's ``build`` and the trainer class it
-returns with every member of the loop's Trainer; and no workload's trainer is another workload's."""
+"""Every registered workload, the toy one included, keeps the contracts the stages rely on.
+
+Its parts callable as they are called, its frameworks in the framework table, each framework module's ``build`` and
+the trainer class it returns with every member of the loop's Trainer; and no workload's trainer is another workload's."""
 
 import dataclasses
 import importlib

@@ -1,8 +1,9 @@
-"""What every framework's trainer of a classifier shares, whatever the workload (digits, har): the data in memory,
-this rank's share of each global batch in the loop's order, validation and test scores from the framework's
-logits, and the trained weights as the run's model. A workload's trainer adds its network's size, scores,
-target and record; a framework's (classifier_torch, classifier_keras, classifier_jax) adds the step, the
-logits, the weights and the checkpoint state."""
+"""What every framework's trainer of a classifier shares, whatever the workload (digits, har).
+
+The shared part holds the data in memory, this rank's share of each global batch in the loop's order, validation and
+test scores from the framework's logits, and the trained weights as the run's model. A workload's trainer adds its
+network's size, scores, target and record; a framework's (classifier_torch, classifier_keras, classifier_jax) adds the
+step, the logits, the weights and the checkpoint state."""
 
 import logging
 from dataclasses import dataclass

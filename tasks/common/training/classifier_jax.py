@@ -1,6 +1,7 @@
-"""A classifier's trainer in JAX, for any workload's network as a pure function of its weights (classifier.py): the
-jitted step (mean cross-entropy, one optax update; data-parallel over the runtime's devices), logits, the weights
-and the checkpoint state."""
+"""A classifier's trainer in JAX, for any workload's network as a pure function of its weights.
+
+On classifier.py: the jitted step (mean cross-entropy, one optax update; data-parallel over the runtime's devices),
+logits, the weights and the checkpoint state."""
 
 import jax
 import jax.numpy as jnp

@@ -1,5 +1,7 @@
-"""A classifier's trainer in Keras under a tf.distribute strategy, for any workload's network (classifier.py): the traced
-step (mean sparse softmax cross-entropy, one optimiser step on every replica), logits, the weights and the checkpoint state."""
+"""A classifier's trainer in Keras under a tf.distribute strategy, for any workload's network.
+
+On classifier.py: the traced step (mean sparse softmax cross-entropy, one optimiser step on every replica), logits,
+the weights and the checkpoint state."""
 
 import numpy as np
 

@@ -1,5 +1,7 @@
-"""A classifier's trainer in PyTorch, for any workload's network (classifier.py): mean cross-entropy and one optimiser
-step per batch (DDP where the runtime wraps the network), logits for scoring, the weights and the checkpoint state."""
+"""A classifier's trainer in PyTorch, for any workload's network.
+
+On classifier.py: mean cross-entropy and one optimiser step per batch (DDP where the runtime wraps the network),
+logits for scoring, the weights and the checkpoint state."""
 
 import numpy as np
 import torch

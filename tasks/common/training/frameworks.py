@@ -1,9 +1,10 @@
-"""The framework table: one entry per framework holds every decision the stages make by framework (its
-runtime and probe, checkpoint file and format, how its processes map onto devices and hosts, its
+"""The framework table: one entry per framework holds every decision the stages make by framework.
+
+Each entry holds its runtime and probe, checkpoint file and format, how its processes map onto devices and hosts, its
 launcher and environment, the strategies and precisions it takes), named without importing any framework.
 
-Nothing outside this table and a framework's own modules compares a framework's name: a stage asks
-the entry. Adding a framework is its runtime module, its probe and one entry below.
+Nothing outside this table and a framework's own modules compares a framework's name: a stage asks the entry. Adding a
+framework is its runtime module, its probe and one entry below.
 """
 
 import importlib

@@ -1,6 +1,7 @@
-"""The calo workload, framework-neutral: its split, networks' configuration, shower scores and target, the trainer
-every framework shares, and its entry in the workload table; its synthetic dataset is dataset.py's.
-Training (CaloTrainer, with torch.py and tensorflow.py) runs the published four-tape GAN step through the one loop.
+"""The calo workload, framework-neutral: its split, networks, scores, target, trainer and table entry.
+
+Its synthetic dataset is dataset.py's. Training (CaloTrainer, with torch.py and tensorflow.py) runs the published
+four-tape GAN step through the one loop.
 """
 
 import logging

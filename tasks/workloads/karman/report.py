@@ -1,5 +1,7 @@
-"""karman's own parts of the report: its frameworks side by side, its rollouts against the solver and whether the
-surrogate is worth it (``sections``, the workload's ``report``), and the rows and text of its training recipe ablation."""
+"""karman's own parts of the report, and the rows and text of its recipe ablation.
+
+Its frameworks side by side, its rollouts against the solver and whether the surrogate is worth it (``sections``, the
+workload's ``report``), and the rows and text of its training recipe ablation."""
 
 import statistics
 from pathlib import Path

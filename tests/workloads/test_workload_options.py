@@ -1,6 +1,8 @@
-"""Each workload owns its options: a request of another workload that sets one is refused in one line naming whose it
-is and the workload's own; the command line's help for a workload shows its options and none of another's; a
-benchmark's sections, which hold every workload's options, give each workload's cells its own only."""
+"""Each workload owns its options, on the command line, in a spec and in a benchmark.
+
+A request of another workload that sets one is refused in one line naming whose it is and the workload's own; the
+command line's help for a workload shows its options and none of another's; a benchmark's sections, which hold every
+workload's options, give each workload's cells its own only."""
 
 import pytest
 
