@@ -5,16 +5,14 @@ test scores from the framework's logits, and the trained weights as the run's mo
 network's size, scores, target and record; a framework's (classifier_torch, classifier_keras, classifier_jax) adds the
 step, the logits, the weights and the checkpoint state."""
 
-import logging
-from dataclasses import dataclass
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
 from tasks.common.data import epoch_order
 
-log = logging.getLogger("karman.train")
 
 
 @dataclass
