@@ -9,6 +9,7 @@ numba, pydantic, xarray and zarr; no Prefect or MLflow (the demo sweep and Schä
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -90,16 +91,25 @@ def main(argv: list[str]) -> int:
         with tempfile.TemporaryDirectory() as work:
             print(json.dumps(sweep(Path(work))))
         return 0
-    out = Path(argv[0])
+    return run_steps(Path(argv[0]), STEPS, argv[1:], summary)
+
+
+def run_steps(out: Path, steps: dict[str, tuple[list[str], int]], names: list[str], summarise, env: dict | None = None) -> int:
+    """Run the named steps (all of ``steps`` if none) each in its own child under its time limit; JSON results to
+    ``out/figures.json``, output to ``out/log.txt``, a line per step printed by ``summarise``. 2 for an unknown name."""
+    unknown = [n for n in names if n not in steps]
+    if unknown:
+        print(f"unknown step {unknown[0]!r}; the steps are {', '.join(steps)}", file=sys.stderr)
+        return 2
     out.mkdir(parents=True, exist_ok=True)
-    names = argv[1:] or list(STEPS)
+    names = names or list(steps)
     results: dict[str, dict] = {}
     log = (out / "log.txt").open("a")
     for name in names:
-        command, limit = STEPS[name]
+        command, limit = steps[name]
         t0 = time.perf_counter()
         try:
-            done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=limit)
+            done = _run_group(command, limit, env)
             lines = done.stdout.strip().splitlines()
             try:
                 result = json.loads(lines[-1]) if done.returncode == 0 and lines else {"error": done.stderr.strip()[-2000:], "rc": done.returncode}
@@ -113,8 +123,21 @@ def main(argv: list[str]) -> int:
         results[name] = result
         log.flush()
         (out / "figures.json").write_text(json.dumps(results, indent=1))
-        print(f"{name}: {summary(result)}", flush=True)
+        print(f"{name}: {summarise(result)}", flush=True)
     return 0
+
+
+def _run_group(command: list[str], limit: int, env: dict | None) -> subprocess.CompletedProcess:
+    """``command`` in a process group of its own, the whole group killed past ``limit`` seconds (a flow's servers and
+    training children too); TimeoutExpired then, with what it printed."""
+    proc = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, start_new_session=True)
+    try:
+        stdout, stderr = proc.communicate(timeout=limit)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        stdout, stderr = proc.communicate()
+        raise subprocess.TimeoutExpired(command, limit, stdout, stderr) from None
+    return subprocess.CompletedProcess(command, proc.returncode, stdout, stderr)
 
 
 def summary(r: dict) -> str:

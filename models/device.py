@@ -124,6 +124,9 @@ def resolve_device(kind: str, precision: str = "fp32", data_parallel: bool = Fal
             raise DeviceUnavailable(f"rank {rank} needs GPU {local_rank} but only {torch.cuda.device_count()} are visible")
         device = torch.device("cuda", local_rank)
         torch.cuda.set_device(device)
+        # a training or inference process runs one job of fixed shapes: cuDNN times its algorithms once per shape
+        # and keeps the fastest (its heuristic's pick for the 3-D GAN's odd kernels and channel counts can be far slower)
+        torch.backends.cudnn.benchmark = True
         sync, desc = torch.cuda.synchronize, torch.cuda.get_device_name(local_rank)
     ctx = DeviceContext(kind, device, _autocast(device, precision), sync, world if world > 1 else _count(kind), desc, rank=rank)
     if world > 1:

@@ -61,7 +61,22 @@ class _PlainTrainer:
         self.ctx = ctx
 
     def run(self, n: int) -> float:
-        return _timed_steps(self.ctx, n, lambda: _plain_step(self.gen, self.disc, self.opt_g, self.opt_d, self.cond, self.target, 100.0))
+        with textbook_settings():
+            return _timed_steps(self.ctx, n, lambda: _plain_step(self.gen, self.disc, self.opt_g, self.opt_d, self.cond, self.target, 100.0))
+
+
+@contextlib.contextmanager
+def textbook_settings():
+    """torch's process-wide switches at their defaults while the plain step runs (cuDNN's heuristic algorithm choice:
+    no benchmark), whatever our trainer in the same process set (models.device turns the benchmark on for CUDA)."""
+    import torch
+
+    before = torch.backends.cudnn.benchmark
+    torch.backends.cudnn.benchmark = False
+    try:
+        yield
+    finally:
+        torch.backends.cudnn.benchmark = before
 
 
 def _alternate(sides: dict, repeats: int, steps: int) -> dict[str, list[float]]:
@@ -181,7 +196,7 @@ def bench_train_torch(spec: BenchTrainSpec, seed: int = 0) -> dict:
         raise ValueError("--jit-compile is tensorflow's; torch compiles with the trainer's speed options")
     device, size, batch_size, steps, repeats = spec.device, spec.size, spec.batch_size, spec.steps, spec.repeats
     precision, baseline, peak_tflops = spec.precision, spec.baseline, spec.peak_tflops
-    net, ctx, options, model, run_fast, compile_s = _trainer_side(device, size, batch_size, precision, seed)
+    net, ctx, options, model, run_fast, compile_s = _trainer_side(device, size, batch_size, precision, seed, spec.compile)
     sides = {"fast": run_fast}
     with contextlib.ExitStack() as stack:
         if baseline:
@@ -224,7 +239,7 @@ def bench_train_torch(spec: BenchTrainSpec, seed: int = 0) -> dict:
     return result
 
 
-def _trainer_side(device: str, size: int, batch_size: int, precision: str, seed: int):
+def _trainer_side(device: str, size: int, batch_size: int, precision: str, seed: int, compile: str = "auto"):
     """Our torch trainer on the default networks and a synthetic batch, warmed up: (net, ctx, options,
     model, run(n) -> seconds, compile_s: the first step)."""
     import torch
@@ -236,7 +251,7 @@ def _trainer_side(device: str, size: int, batch_size: int, precision: str, seed:
     net = NetConfig(in_channels=4, out_channels=3, size=size)
     net.check_image(size, size)
     ctx = resolve_device(device, precision)
-    options = speed_options(device, precision) | {"keep_freed_memory": device == "cpu" and keep_freed_memory()}
+    options = speed_options(device, precision, compile=compile) | {"keep_freed_memory": device == "cpu" and keep_freed_memory()}
     torch.manual_seed(seed)
     model = build_trainer(net, OptimConfig(), ctx, options)
     cond, target = (t.to(ctx.device) for t in _synthetic_batch(batch_size, size, seed))

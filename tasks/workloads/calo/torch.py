@@ -19,22 +19,32 @@ def _pad(conv) -> tuple[int, ...]:
     return tuple(p for axis in reversed(conv.pad) for p in axis)
 
 
+def upsample(x: torch.Tensor, factors: tuple[int, int, int]) -> torch.Tensor:
+    """Nearest upsampling of (B, C, x, y, z) by whole ``factors``: each cell repeated, as F.interpolate's nearest
+    mode, through a broadcast view whose backward is a plain sum (interpolate's backward on a GPU adds with atomics)."""
+    b, c, nx, ny, nz = x.shape
+    fx, fy, fz = factors
+    return x[:, :, :, None, :, None, :, None].expand(b, c, nx, fx, ny, fy, nz, fz).reshape(b, c, nx * fx, ny * fy, nz * fz)
+
+
 class BatchNorm(nn.Module):
-    """Keras' batch normalisation over (B, C, x, y, z): the batch's mean and biased variance taken in float64
-    (torch's own kernel loses about 1e-3 of the normalised activations on the CPU where a channel holds
-    hundreds of thousands of values), moving statistics moved by ``momentum`` (nets.BN_MOMENTUM) with that variance."""
+    """Keras' batch normalisation over (B, C, x, y, z): the batch's mean and biased variance taken in float64 on a CPU
+    (torch's own kernel there loses about 1e-3 of the normalised activations where a channel holds hundreds of
+    thousands of values) and in float32 by torch.var_mean elsewhere (a CUDA GPU's kernel combines partial moments, which
+    keeps float32's precision; float64 there halves the bandwidth of the step's widest tensors), moving statistics moved
+    by ``momentum`` (nets.BN_MOMENTUM) with that variance. ``moments``: the moments' dtype, set by the trainer for its device."""
 
     def __init__(self, channels: int):
         super().__init__()
         self.momentum = BN_MOMENTUM
+        self.moments = torch.float64
         self.weight, self.bias = nn.Parameter(torch.ones(channels)), nn.Parameter(torch.zeros(channels))
         self.register_buffer("running_mean", torch.zeros(channels))
         self.register_buffer("running_var", torch.ones(channels))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.training:
-            wide = x.double()
-            mean, var = wide.mean(dim=(0, 2, 3, 4)), wide.var(dim=(0, 2, 3, 4), unbiased=False)
+            var, mean = torch.var_mean(x.to(torch.promote_types(x.dtype, self.moments)), dim=(0, 2, 3, 4), unbiased=False)
             with torch.no_grad():
                 self.running_mean.mul_(self.momentum).add_((1.0 - self.momentum) * mean.to(self.running_mean.dtype))
                 self.running_var.mul_(self.momentum).add_((1.0 - self.momentum) * var.to(self.running_var.dtype))
@@ -87,7 +97,7 @@ class Generator(nn.Module):
 
     def forward(self, z: torch.Tensor) -> torch.Tensor:
         x = self.dense(z).view(-1, *self.cfg.seed_grid, self.c0).permute(0, 4, 1, 2, 3)  # (B, c0, 9, 9, 8) from (x, y, z, c) order
-        x = F.interpolate(x, scale_factor=self.cfg.upsample, mode="nearest")  # (B, c0, 54, 54, 48)
+        x = upsample(x, self.cfg.upsample)  # (B, c0, 54, 54, 48)
         for c in self.layers.convs:
             x = F.relu(self.layers.conv[c.name](F.pad(x, _pad(c))))
             if c.bn:
@@ -257,6 +267,8 @@ class CaloTorch(CaloTrainer):
         self.runtime = runtime
         self.g, self.d = build_networks(self.cfg, initial_weights(self.cfg, spec.seed))
         self.g.to(ctx.device), self.d.to(ctx.device)
+        for bn in (m for net in (self.g, self.d) for m in net.modules() if isinstance(m, BatchNorm)):
+            bn.moments = torch.float64 if ctx.kind == "cpu" else torch.float32  # see BatchNorm
         # the generator's moving average (nets.average_decay), which generates wherever the trainer's showers are scored
         self.g_avg = copy.deepcopy(self.g).requires_grad_(False).eval() if self.cfg.average else None
         self.averaged = 0
