@@ -31,3 +31,13 @@ def test_the_jax_tpu_pool_has_jax_for_tpu_no_torch_no_tensorflow_and_every_other
     assert not {"torch", "torch_xla", "tensorflow", "tensorflow-tpu"} & set(pool), "the JAX TPU pool must not install torch or TensorFlow"
     tools = {"pytest", "pytest-timeout", "pytest-xdist"}  # the test suite runs on the CPU environment only
     assert pool == {k: v for k, v in main.items() if k not in {"torch", "torch_xla", "tensorflow"} | tools}
+
+
+def test_the_gpu_pool_brings_no_compute_stack_and_every_pin_it_has_equals_requirements_txt():
+    """requirements-gpu-pool.txt goes on top of a GPU node's own torch, JAX and numpy (infra/wheelhouse.py):
+    it pins none of them, and mlflow-skinny stands for mlflow at the same version."""
+    main, pool = pins("requirements.txt"), pins("requirements-gpu-pool.txt")
+    assert not {"torch", "torch_xla", "tensorflow", "jax", "jaxlib", "numpy", "mlflow"} & set(pool), "the node brings its compute stack"
+    assert pool.pop("mlflow-skinny") == main["mlflow"]
+    assert pool and set(pool) <= set(main), f"{set(pool) - set(main)} not in requirements.txt"
+    assert pool == {name: main[name] for name in pool}
