@@ -38,21 +38,21 @@ CALO_VARIANTS = {
 
 def _steps(out: Path) -> dict[str, tuple[list[str], int]]:
     me = [sys.executable, str(Path(__file__).resolve())]
-    quick = ["benchmark", "--quick", "--devices", "cuda", "--frameworks", "torch,jax", "--json"]
+    quick = ["benchmark", "--quick", "--devices", "cuda", "--pools", "cuda=local", "--frameworks", "torch,jax", "--json"]
     return {
         "matmul": (FLOWS + ["bench-matmul", "--device", "cuda", "--frameworks", "torch,jax", "--dtypes", "fp32,tf32,bf16", "--sizes", "8192",
-                            "--json"], 120),
-        "calo_variants": (me + ["--calo", "32", *CALO_VARIANTS], 150),
-        "calo_published_batch": (me + ["--calo", "128", "product", "bf16"], 120),
+                            "--json"], 60),
+        "calo_variants": (me + ["--calo", "32", "product", "before", "bf16", "channels_last", "bf16_channels_last"], 120),
+        "calo_published_batch": (me + ["--calo", "128", "product", "bf16", "bf16_channels_last"], 110),
         "pix2pix_graphs": (FLOWS + ["bench-train", "--device", "cuda", "--size", "256", "--batch-size", "16", "--precision", "bf16",
-                                    "--compile", "graphs", "--json"], 180),
-        "pix2pix": (FLOWS + ["bench-train", "--device", "cuda", "--size", "256", "--batch-size", "16", "--precision", "bf16", "--json"], 150),
+                                    "--compile", "graphs", "--json"], 120),
+        "pix2pix": (FLOWS + ["bench-train", "--device", "cuda", "--size", "256", "--batch-size", "16", "--precision", "bf16", "--json"], 90),
         "karman_demo": (me + ["--karman-demo", "auto"], 180),
         "karman_demo_graphs": (me + ["--karman-demo", "graphs"], 180),
         "calo_quality": (FLOWS + ["bench-quality", "--workload", "calo", "--dataset", "calo", "--device", "cuda", "--batch-size", "128",
                                   "--time-budget", "150", "--stop-at-target", "--json"], 300),
-        "flow_digits": (FLOWS + quick + ["--workloads", "digits"], 180),
-        "flow_quick": (FLOWS + quick + ["--workloads", "karman,digits,har,calo"], 420),
+        "flow_digits": (FLOWS + quick + ["--workloads", "digits"], 120),
+        "flow_quick": (FLOWS + quick + ["--workloads", "karman,digits,har,calo"], 300),
     }
 
 

@@ -177,7 +177,7 @@ class BenchMatmulSpec(BenchSpec):
 QUALITY_TRAINING = ("workload", "dataset", "time_budget", "epochs", "recipe", "predict", "upsample", "schedule", "noise", "unroll", "pushforward",
                     "curriculum", "condition", "damping", "constrain", "gan_weight",
                     "l1_weight", "lr", "ngf", "ndf", "seed", "target_vorticity", "target_steps", "validate_every", "validate_steps",
-                    "stop_at_target", "target_accuracy", "threads", "compile")
+                    "stop_at_target", "target_accuracy", "threads", "compile", "precision")
 
 
 class _BenchQualityOwn(BenchSpec):

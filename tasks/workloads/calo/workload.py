@@ -166,6 +166,7 @@ class CaloTrainer:
         self.calibrated = False
         self.calibration_batches = CALIBRATION_BATCHES
         self._calibration: list[np.ndarray] | None = None
+        self._images: tuple[np.ndarray, np.ndarray] | None = None
 
     def calibration_latents(self) -> list[np.ndarray]:
         """``calibration_batches`` generator inputs of this rank's share of a training batch: training events' conditions
@@ -199,13 +200,22 @@ class CaloTrainer:
         noise = rng.standard_normal((3, len(take), self.cfg.latent - 2))[:, part]
         flips = (rng.random((2, len(take))) < FLIP_RATE)[:, part]
         take = take[part]
-        cells, energy = self.cells["train"][take], self.data.energy["train"][take].astype(np.float64)
+        images, sums = self._training_images()
+        energy = self.data.energy["train"][take].astype(np.float64)
         angle = np.radians(self.data.angle["train"][take].astype(np.float64))
         col = lambda v: np.asarray(v, np.float32)[:, None]  # noqa: E731
-        return {"image": to_image(cells), "energy": col(energy / ENERGY_SCALE), "angle": col(angle),
-                "ecal": col(cells.sum(axis=(1, 2, 3), dtype=np.float64)), "ecal_fit": col(energy * self.data.sampling_fraction),
+        return {"image": images[take], "energy": col(energy / ENERGY_SCALE), "angle": col(angle),
+                "ecal": col(sums[take]), "ecal_fit": col(energy * self.data.sampling_fraction),
                 "latent": np.stack([latent_of(energy, angle, n) for n in noise]),
                 "real_label": col(np.where(flips[0], 0.0, 1.0)), "fake_label": col(np.where(flips[1], 1.0, 0.0))}
+
+    def _training_images(self) -> tuple[np.ndarray, np.ndarray]:
+        """The training events as the discriminator's inputs (to_image) and their deposits' sums, computed once: a
+        batch gathers its rows (the power of every cell, redone per step, had been a tenth of a GPU step)."""
+        if self._images is None:
+            cells = self.cells["train"]
+            self._images = (to_image(cells), cells.sum(axis=(1, 2, 3), dtype=np.float64))
+        return self._images
 
     def _device(self, batch: dict[str, np.ndarray]):
         return batch
