@@ -44,11 +44,11 @@ def _steps(out: Path) -> dict[str, tuple[list[str], int]]:
                             "--json"], 60),
         "calo_variants": (me + ["--calo", "32", "product", "before", "bf16", "channels_last", "bf16_channels_last"], 120),
         "calo_published_batch": (me + ["--calo", "128", "product", "bf16", "bf16_channels_last"], 110),
-        "pix2pix_graphs": (FLOWS + ["bench-train", "--device", "cuda", "--size", "256", "--batch-size", "16", "--precision", "bf16",
-                                    "--compile", "graphs", "--json"], 120),
+        "pix2pix_eager": (FLOWS + ["bench-train", "--device", "cuda", "--size", "256", "--batch-size", "16", "--precision", "bf16",
+                                   "--compile", "off", "--json"], 90),
         "pix2pix": (FLOWS + ["bench-train", "--device", "cuda", "--size", "256", "--batch-size", "16", "--precision", "bf16", "--json"], 90),
         "karman_demo": (me + ["--karman-demo", "auto"], 180),
-        "karman_demo_graphs": (me + ["--karman-demo", "graphs"], 180),
+        "karman_demo_eager": (me + ["--karman-demo", "off"], 180),
         "calo_quality": (FLOWS + ["bench-quality", "--workload", "calo", "--dataset", "calo", "--device", "cuda", "--batch-size", "128",
                                   "--time-budget", "150", "--stop-at-target", "--json"], 300),
         "flow_digits": (FLOWS + quick + ["--workloads", "digits"], 120),
@@ -177,13 +177,18 @@ def main(argv: list[str]) -> int:
     if not argv:
         print(f"usage: python infra/gpu_accelerator.py OUT_DIR [STEP ...]; steps: {', '.join(_steps(Path('.')))}", file=sys.stderr)
         return 2
+    steps = _steps(Path(argv[0]).resolve())
+    unknown = [n for n in argv[1:] if n not in steps]
+    if unknown:
+        print(f"unknown step {unknown[0]!r}; the steps are {', '.join(steps)}", file=sys.stderr)
+        return 2
     out = Path(argv[0]).resolve()
     work = out / WORK
     work.mkdir(parents=True, exist_ok=True)
     # the flow steps' data root and MLflow store inside OUT_DIR (a file store: the report and runs come back with it)
     env = {**os.environ, "KARMAN_DATA_ROOT": str(work / "data"), "MLFLOW_TRACKING_URI": f"sqlite:///{work / 'mlflow.db'}",
            "KARMAN_ARTIFACT_ROOT": str(work / "mlartifacts"), "PYTHONUNBUFFERED": "1"}
-    return run_steps(out, _steps(out), argv[1:], summary, env)
+    return run_steps(out, steps, argv[1:], summary, env)
 
 
 if __name__ == "__main__":

@@ -216,15 +216,10 @@ def speed_options(device: str, precision: str = "fp32", channels_last: str = "au
     ("auto", "on", "off") override the device's default."""
     options = _default_options(device)
     for name, choice in (("channels_last", channels_last), ("compile", compile), ("winograd", winograd)):
-        allowed = ("auto", "on", "off", "graphs") if name == "compile" else ("auto", "on", "off")
-        if choice not in allowed:
-            raise ValueError(f"unknown {name} choice {choice!r}; choose {', '.join(allowed[:-1])} or {allowed[-1]}")
+        if choice not in ("auto", "on", "off"):
+            raise ValueError(f"unknown {name} choice {choice!r}; choose auto, on or off")
         if choice != "auto":
-            options[name] = choice in ("on", "graphs")
-    if compile == "graphs" and device != "cuda":
-        raise ValueError(f"compile 'graphs' replays CUDA graphs: it needs device cuda, not {device}")
-    # torch.compile's mode: CUDA graphs ("reduce-overhead") replay a step's kernels in one launch each call
-    options["compile_mode"] = "reduce-overhead" if compile == "graphs" else "default"
+            options[name] = choice == "on"
     return options | {"precision": precision}
 
 
@@ -252,7 +247,7 @@ def build_trainer(net, optim, ctx, options: dict):
     if ctx.wrap is not None:
         wrappers.append(ctx.wrap)
     if options["compile"]:
-        wrappers.append(lambda module: torch.compile(module, mode=options.get("compile_mode", "default")))
+        wrappers.append(torch.compile)
     if wrappers:
         def wrap(module):
             for w in wrappers:

@@ -118,7 +118,7 @@ class BenchTrainSpec(BenchSpec):
     baseline: bool = Field(default=True, description="Skip the plain eager fp32 comparison")
     peak_tflops: OptionalPositiveFloat = Field(default=None, description="Peak of the device in TFLOP/s for the model FLOP utilization (default: known GPUs only)")
     jit_compile: bool = Field(default=False, description="tensorflow: XLA-compile the step (jit_compile)")
-    compile: Literal["auto", "on", "off", "graphs"] = Field(default="auto", description="torch: torch.compile our trainer's networks (auto: on for cuda only; graphs: compiled and replayed as CUDA graphs, cuda only)")
+    compile: Literal["auto", "on", "off"] = Field(default="auto", description="torch: torch.compile our trainer's networks (auto: on for cuda only)")
 
 
 class BenchInferSpec(BenchSpec):

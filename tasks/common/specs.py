@@ -131,7 +131,7 @@ class TrainSpec(Spec):
     l1_weight: float | None = Field(default=None, ge=0, description="Weight of the L1 term; None = the recipe's")
     precision: Literal["fp32", "bf16"] = Field(default="fp32", description="fp32, or bf16 autocast")
     channels_last: Literal["auto", "on", "off"] = Field(default="auto", description="NHWC memory layout; auto = on for cuda only (slower on CPU)")
-    compile: Literal["auto", "on", "off", "graphs"] = Field(default="auto", description="torch.compile the networks (torch; auto = on for cuda only, slower on CPU; graphs = compiled and replayed as CUDA graphs, cuda only), or XLA-compile the step with jit_compile (tensorflow; auto = off)")
+    compile: Literal["auto", "on", "off"] = Field(default="auto", description="torch.compile the networks (torch; auto = on for cuda only, slower on CPU), or XLA-compile the step with jit_compile (tensorflow; auto = off)")
     winograd: Literal["auto", "on", "off"] = Field(default="auto", description="Winograd F(3x3,4x4) for the discriminator's wide stride-1 layer (CPU, fp32 only); auto = on for cpu")
     val_simulations: int = Field(default=1, ge=0, description="Simulations held out for validation (scored by rollouts during training); taken inside the sweep's Reynolds range")
     test_simulations: int = Field(default=1, ge=0, description="Simulations held out for testing (rollout); taken inside the sweep's Reynolds range, so the test interpolates")

@@ -42,3 +42,39 @@ def test_the_kernel_ab_script_refuses_bad_arguments_and_a_host_without_a_gpu_in_
                                                "infra/gpu_kernel_ab.py [--against FILE] (FILE: an existing triton_backend.py)"]
     none = subprocess.run(script, cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert none.returncode == 2 and none.stderr.strip() == "gpu_kernel_ab: no CUDA GPU visible; this script times the kernel on one"
+
+
+import gpu_accelerator  # noqa: E402
+
+
+@pytest.mark.parametrize("name", sorted(gpu_accelerator._steps(ROOT)))
+def test_every_gpu_accelerator_step_is_a_valid_command(name):
+    from flows.cli import build_parser
+    from tasks.common.specs import BenchmarkSpec
+
+    command, limit = gpu_accelerator._steps(ROOT)[name]
+    assert 0 < limit <= 600
+    if command[1:3] == ["-m", "flows"] and command[3].startswith("bench-"):
+        parser = OneLineParser(prog="python -m flows")
+        from flows.bench import add_bench_commands
+
+        add_bench_commands(parser.add_subparsers(dest="command"))
+        args = parser.parse_args(command[3:])
+        spec = spec_from_args(BENCH_COMMANDS[args.command].spec, args)
+        assert spec.device == "cuda" and args.json
+    elif command[1:3] == ["-m", "flows"]:  # the benchmark flow: its options build its spec over the quick matrix, cuda on a local pool
+        args = build_parser().parse_args(command[3:])
+        spec = spec_from_args(BenchmarkSpec, args, BenchmarkSpec.quick())
+        assert spec.devices == ["cuda"] and spec.pools == {"cuda": "local"} and args.json
+    elif command[2] == "--calo":
+        assert all(int(b) > 0 for b in command[3].split(",")) and set(command[4:]) <= set(gpu_accelerator.CALO_VARIANTS)
+    else:
+        assert command[2] == "--karman-demo" and command[3] in ("auto", "on", "off")
+
+
+def test_the_accelerator_script_refuses_an_unknown_step_in_one_line(tmp_path):
+    done = subprocess.run([sys.executable, str(ROOT / "infra" / "gpu_accelerator.py"), str(tmp_path / "out"), "warp_drive"], cwd=ROOT,
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2 and done.stdout == ""
+    assert done.stderr.strip().startswith("unknown step 'warp_drive'; the steps are matmul, ")
+    assert not (tmp_path / "out" / "figures.json").exists()
