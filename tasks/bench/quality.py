@@ -143,7 +143,7 @@ def _train_once(settings, spec: TrainSpec, runtime: TorchRuntime, test_steps: in
     generator, ctx, codec = trainer.generator.eval(), runtime.ctx, data.codec
     test_sim_id = data.split["test"][0]
     test_frames, test_sim = load_simulation(data.dataset_dir, data.manifest, test_sim_id, data.recipe.condition)
-    test = score_generator(generator, ctx.device, codec, test_frames, test_sim, spec.frame_stride, test_steps)
+    test = score_generator(generator, ctx.device, codec, test_frames, test_sim, spec.stride, test_steps)
     surrogate_s = _surrogate_step_s(generator, ctx, codec, test_frames[0])
     solver = _solver_cost(test_sim, ctx.kind, torch.get_num_threads())
     result = {
@@ -158,7 +158,7 @@ def _train_once(settings, spec: TrainSpec, runtime: TorchRuntime, test_steps: in
         "surrogate_speedup": solver[0] / surrogate_s,
     }
     for label, extra_steps, frames, sim in extra_sims:
-        scored = score_generator(generator, ctx.device, codec, frames, sim, spec.frame_stride, extra_steps).summary()
+        scored = score_generator(generator, ctx.device, codec, frames, sim, spec.stride, extra_steps).summary()
         result.setdefault("extra", {})[label] = {"steps": extra_steps, **_scores(scored)}
     return result
 

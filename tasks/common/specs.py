@@ -107,7 +107,7 @@ class TrainSpec(Spec):
     target_steps: PositiveInt = Field(default=40, description="... for the first this many steps of every validation rollout")
     target_accuracy: float | None = Field(default=None, gt=0, le=1, description="Quality target of a classification workload (digits): validation accuracy at least this; None = the workload's own (karman ignores it)")
     stop_at_target: bool = Field(default=False, description="End training at the validation that first reaches the quality target")
-    frame_stride: PositiveInt = Field(default=1, description="k: predict frame t+k from frame t")
+    frame_stride: PositiveInt | None = Field(default=None, description="k: predict frame t+k from frame t; None = the recipe's (1; long-horizon 2)")
     ngf: PositiveInt | None = Field(default=None, le=1024, description="Generator base width; None = the recipe's (default 16, paper 64)")
     ndf: PositiveInt | None = Field(default=None, le=1024, description="Discriminator base width; None = the recipe's (default 16, paper 64)")
     layers: PositiveInt | None = Field(default=None, le=64, description="Recurrent layers of the har network (stacked bidirectional LSTMs); None = the workload's own (2); the other workloads ignore it")
@@ -115,7 +115,7 @@ class TrainSpec(Spec):
     depth: PositiveInt | None = Field(default=None, description="U-Net down-blocks; None = log2(crop, or min(height, width))")
     crop: PositiveInt | None = Field(default=None, description="Train on random crops of this side (a multiple of 2^depth), which suits tiled (map-reduce) inference with tiles of that side; None = whole frames")
     norm: Literal["batch", "instance"] = Field(default="batch", description="Normalisation layers")
-    recipe: Literal["default", "paper"] = Field(default="default", description="Training recipe: default (the measured best: predicts the change of state, resize-convolutions, L1 only, input noise, three-step pushforward loss, cosine learning-rate decay) or paper (the study's Pix2Pix: next frame, transposed convolutions, GAN + 100 L1, dropout); the fields below override single elements")
+    recipe: Literal["default", "paper", "five-minute", "long-horizon"] = Field(default="default", description="Training recipe: default (the measured best: predicts the change of state, resize-convolutions, L1 only, input noise, three-step pushforward loss, cosine learning-rate decay), paper (the study's Pix2Pix: next frame, transposed convolutions, GAN + 100 L1, dropout), five-minute (the default with a loss growing from one step to two over the run: both 5-minute goals) or long-horizon (the default with the Reynolds number as input, frame stride 2, a curriculum over half the run, damping 1 and noise 0.02: the 30-minute goals); the fields below override single elements")
     predict: Literal["state", "delta"] | None = Field(default=None, description="Network output: state (the next frame) or delta (its change from the current frame); None = the recipe's")
     upsample: Literal["transpose", "resize"] | None = Field(default=None, description="Decoder upsampling: transpose (4x4 stride-2 transposed convolutions) or resize (nearest doubling + 3x3 convolution); None = the recipe's")
     noise: float | None = Field(default=None, ge=0, description="Std of Gaussian noise on the input state (network units) during training; None = the recipe's")
@@ -174,6 +174,11 @@ class TrainSpec(Spec):
         total = self.epoch_limit * steps_per_epoch
         return schedule_progress(train_s, step, self.time_budget, min(total, self.max_steps or total))
 
+    @property
+    def stride(self) -> int:
+        """The frame stride it trains at: the one given, else the recipe's."""
+        return self.resolved_recipe().frame_stride
+
     def resolved_recipe(self):
         """The models.recipe.Recipe this spec trains with: the named recipe and its overrides."""
         from models.recipe import get_recipe
@@ -182,7 +187,7 @@ class TrainSpec(Spec):
             predict=self.predict, upsample=self.upsample, noise=self.noise, unroll=self.unroll,
             gan_weight=self.gan_weight, lr=self.lr, l1_weight=self.l1_weight, ngf=self.ngf, ndf=self.ndf,
             schedule=self.schedule, pushforward=self.pushforward, curriculum=self.curriculum,
-            condition=self.condition, damping=self.damping, constrain=self.constrain or None)
+            condition=self.condition, damping=self.damping, constrain=self.constrain or None, frame_stride=self.frame_stride)
 
 
 class InferSpec(Spec):

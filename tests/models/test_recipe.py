@@ -15,7 +15,7 @@ from models.recipe import LR_FLOOR, RECIPES, get_recipe, lr_factor
 
 
 def test_unknown_recipe_names_the_choices():
-    with pytest.raises(ValueError, match="unknown recipe 'fancy'; choose one of default, paper"):
+    with pytest.raises(ValueError, match="unknown recipe 'fancy'; choose one of default, five-minute, long-horizon, paper"):
         get_recipe("fancy")
 
 
@@ -168,3 +168,18 @@ def test_nearest_doubling_equals_torchs_nearest_upsampling():
 
     x = torch.randn(2, 3, 5, 7)
     torch.testing.assert_close(NearestDouble()(x), torch.nn.functional.interpolate(x, scale_factor=2, mode="nearest"), rtol=0, atol=0)
+
+
+def test_the_measured_recipes_are_asked_for_by_name_and_hold_the_flags_docs_measured():
+    from tasks.common.specs import TrainSpec
+
+    long = TrainSpec(recipe="long-horizon")
+    recipe = long.resolved_recipe()
+    assert (recipe.name, recipe.condition, recipe.curriculum, recipe.damping, recipe.noise, long.stride) == ("long-horizon", "reynolds", 0.5, 1.0, 0.02, 2)
+    five = TrainSpec(recipe="five-minute").resolved_recipe()
+    assert (five.name, five.unroll, five.curriculum, five.frame_stride) == ("five-minute", 2, 1.0, 1)
+    # the five flags give the same recipe as the name, apart from its name; a flag beside the name renames it
+    flags = TrainSpec(condition="reynolds", frame_stride=2, curriculum=0.5, damping=1.0, noise=0.02).resolved_recipe()
+    assert {**vars(flags), "name": "long-horizon"} == vars(recipe)
+    assert TrainSpec(recipe="long-horizon", frame_stride=1).resolved_recipe().name == "long-horizon+frame_stride=1"
+    assert TrainSpec().stride == 1 and TrainSpec().frame_stride is None

@@ -66,7 +66,7 @@ def _pairs(settings, spec) -> tuple[Path, dict, dict, object, PairSource]:
     split = split_of(manifest, spec.val_simulations, spec.test_simulations, spec.seed)
     recipe = spec.resolved_recipe()
     reynolds = [float(manifest["simulations"][s]["spec"]["reynolds"]) for s in split["train"]] if recipe.condition == "reynolds" else None
-    return dataset_dir, manifest, split, recipe, PairSource(dataset_dir, split["train"], spec.frame_stride, unroll=recipe.unroll,
+    return dataset_dir, manifest, split, recipe, PairSource(dataset_dir, split["train"], spec.stride, unroll=recipe.unroll,
                                                             reynolds=reynolds)
 
 
@@ -86,7 +86,7 @@ def prepare(settings, spec, main: bool = True) -> KarmanData:
         train.hold_in_memory()
     codec = StepCodec(Normalizer.fit(train), train.change_rms().tolist() if recipe.predict == "delta" else None, recipe.damping, recipe.constrain)
     net = _net(train, spec, recipe)
-    validation = (Validation.of(dataset_dir, manifest, split["val"], codec, net, spec.frame_stride, spec.validate_every,
+    validation = (Validation.of(dataset_dir, manifest, split["val"], codec, net, spec.stride, spec.validate_every,
                                 spec.validate_steps, spec.target_vorticity, spec.target_steps, recipe.condition) if main else None)
     return KarmanData(dataset_dir, manifest, split, recipe, train, codec, net, validation, spec.crop)
 
@@ -98,9 +98,9 @@ def check(settings, spec, batch_sizes: list[int], world: int, memory: int | None
     _, manifest, split, recipe, source = _pairs(settings, spec)
     net = _net(source, spec, recipe)
     if spec.stop_at_target and spec.validate_every and split["val"]:
-        shortest = min((int(manifest["simulations"][s]["frames"]) - 1) // spec.frame_stride for s in split["val"])
+        shortest = min((int(manifest["simulations"][s]["frames"]) - 1) // spec.stride for s in split["val"])
         if spec.target_steps > shortest:
-            raise UserError(f"target_steps {spec.target_steps} exceeds the {shortest} steps of frame stride {spec.frame_stride} that the shortest "
+            raise UserError(f"target_steps {spec.target_steps} exceeds the {shortest} steps of frame stride {spec.stride} that the shortest "
                             f"validation simulation of dataset {spec.dataset!r} holds, so --stop-at-target could never stop; "
                             f"use --target-steps {shortest} or less, or a smaller stride")
     for b in batch_sizes:
@@ -148,7 +148,7 @@ def model_meta(net, codec: StepCodec, spec, manifest: dict, split: dict, framewo
     inputs = model_inputs(spec.resolved_recipe().condition)
     return {"net": dataclasses.asdict(net), "normalizer": dataclasses.asdict(codec.norm), "inputs": inputs, "outputs": OUTPUTS,
             "predict": "delta" if codec.delta_scale is not None else "state", "delta_scale": codec.delta_scale,
-            "damping": codec.damping, "constrain": codec.constrain, "recipe": spec.resolved_recipe().name, "frame_stride": spec.frame_stride, "dataset": spec.dataset, "dataset_digest": manifest["digest"],
+            "damping": codec.damping, "constrain": codec.constrain, "recipe": spec.resolved_recipe().name, "frame_stride": spec.stride, "dataset": spec.dataset, "dataset_digest": manifest["digest"],
             "split": split, "framework": framework, "weights_file": weights.name,
             "train_reynolds": sorted(float(manifest["simulations"][s]["spec"]["reynolds"]) for s in split["train"]),
             # what a rollout checks before it uses the weights: their size (before any work) and checksum (on loading)
