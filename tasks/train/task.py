@@ -25,6 +25,28 @@ def _budget_words(spec: TrainSpec) -> str:
     return f"{spec.epoch_limit} epochs" + (f" (at most {spec.max_steps} steps)" if spec.max_steps else "")
 
 
+def headline(metrics: dict, currency: str) -> str:
+    """A finished training run's results in one bold line, the first of its MLflow description: samples/s, time to the
+    target (or that it was not reached), its test scores, the share of the measured ceiling, energy and cost, each where logged."""
+    def number(x: float) -> str:
+        return f"{x:,.0f}" if abs(x) >= 100 else f"{x:.3g}"
+
+    parts = [f"{number(metrics['samples_per_s'])} samples/s"] if "samples_per_s" in metrics else []
+    if metrics.get("target_reached") == 1.0 and "time_to_target_s" in metrics:
+        parts.append(f"target in {number(metrics['time_to_target_s'])} s")
+    elif "target_reached" in metrics:
+        parts.append("target not reached")
+    parts += [f"{k.removeprefix('test_').replace('_', ' ')} {number(v)}" for k, v in sorted(metrics.items())
+              if k.startswith("test_") and "loss" not in k]
+    if "mfu_ceiling" in metrics:
+        parts.append(f"{100 * metrics['mfu_ceiling']:.3g} % of the measured ceiling")
+    if "energy_j" in metrics:
+        parts.append(f"{number(metrics['energy_j'])} J")
+    if "cost" in metrics:
+        parts.append(f"{metrics['cost']:.3g} {currency}")
+    return f"**{' · '.join(parts)}**" if parts else ""
+
+
 def training_tags(spec: TrainSpec, batch_size: int, digest: str) -> dict[str, str]:
     """The MLflow tags users filter training runs on."""
     tags = {Tag.WORKLOAD: spec.workload, Tag.FRAMEWORK: spec.framework, Tag.DEVICE: spec.device, Tag.BATCH_SIZE: str(batch_size),
@@ -73,6 +95,8 @@ def train_model(settings: Settings, plan: TrainPlan, batch_size: int, parent_run
         record = TrainRecord.model_validate(run_child("train", BODY, job, logger, env=plan.child_env(), procs=plan.procs, on_event=on_event,
                                                       framework=plan.framework, hosts=plan.hosts))
         progress.update(1.0)
+        note = run.client.get_run(run.run_id).data.tags.get(Tag.DESCRIPTION, "")
+        run.set_tags({Tag.DESCRIPTION: f"{headline(record.mlflow_metrics(), settings.currency)}\n\n{note}".strip()})
     config = record.config
     return {**record.mlflow_metrics(), "split": config.split, "device": config.device_name, "world_size": config.world_size,
             "strategy": config.strategy, "run_id": run.run_id, "batch_size": batch_size}

@@ -75,6 +75,11 @@ def test_a_short_run_trains_and_scores_the_test_split(generated, framework, jax_
     assert run.info.status == "FINISHED" and out["steps"] == 8 and params["framework"] == framework
     assert 0.1 < metrics["test_accuracy"] <= 1.0 and metrics["test_loss"] > 0 and "val_accuracy" in metrics
     assert params["workload"] == "digits" and params["parameters"] == "225034" and run.data.tags["karman.dataset_digest"] == first["digest"]
+    # its MLflow description opens with the results, the setting after them
+    note = run.data.tags["mlflow.note.content"]
+    first_line, rest = note.split("\n\n", 1)
+    assert first_line.startswith("**") and "samples/s" in first_line and f"accuracy {metrics['test_accuracy']:.3g}" in first_line
+    assert "loss" not in first_line and "digits" in rest
     _energy_and_cost_are_logged_and_reported(workdir, run)
 
 
