@@ -16,6 +16,7 @@ from tasks.common.records import RECORD_FILE, TrainConfig, TrainRecord
 from tasks.common.tracking import Run, client_for, code_version, system_metrics
 from tasks.common.training import loop
 from tasks.common.training.frameworks import open_runtime
+from tasks.common.training.mlperf import LOG_FILE as MLPERF_LOG, RULESET, MLPerfLog, compliance
 from tasks.common.training.energy import EnergyMeter, energy_record
 from tasks.common.training.utilisation import devices_used, utilisation
 from tasks.train.plan import TrainJob
@@ -46,7 +47,13 @@ def run_training(job: dict) -> dict | None:
     runtime = open_runtime(plan)
     if not runtime.is_main:  # one voice per run: rank 0 reports
         log.setLevel(logging.WARNING)
+    mllog = None
     try:
+        if runtime.is_main:  # the run's MLPerf-format log, from the set-up on (a resumed run appends its second part)
+            run_dir = settings.run_dir(run_id)
+            run_dir.mkdir(parents=True, exist_ok=True)
+            mllog = MLPerfLog(run_dir / MLPERF_LOG)
+            mllog.init_start()
         workload = get_workload(spec.workload)
         data = workload.prepare(settings, spec, main=runtime.is_main)
         trainer = framework_module(workload, plan.framework).build(data, spec, batch_size, runtime)
@@ -69,11 +76,22 @@ def run_training(job: dict) -> dict | None:
         run_dir = settings.run_dir(run_id)
         run_dir.mkdir(parents=True, exist_ok=True)
         monitor = system_metrics(settings, run_id, SYSTEM_METRICS_EVERY_S, resume) if run is not None else contextlib.nullcontext()
+        recorder = loop.NoRecorder()
+        if run is not None:
+            recorder = mllog
+            mllog.inner = MlflowRecorder(run)
+            mllog.run_start(workload.name, runtime.framework, runtime.description, batch_size, spec.seed, trainer.samples,
+                            "; ".join(data.split.get("val", [])) or "none", trainer.learning_rate(), next(iter(trainer.headline), None))
         with monitor, meter:
-            summary = loop.train(trainer, runtime, MlflowRecorder(run) if run is not None else loop.NoRecorder(), spec, batch_size,
-                                 run_dir / runtime.checkpoint, log, resume=resume, run_id=run_id)
+            summary = loop.train(trainer, runtime, recorder, spec, batch_size, run_dir / runtime.checkpoint, log, resume=resume, run_id=run_id)
         if run is None:
             return None
+        mllog.run_stop(summary.target_reached, summary.epochs)
+        mllog.close()
+        broken = compliance(mllog.path)
+        run.log_artifact(mllog.path, "mlperf")
+        run.set_tags({Tag.MLPERF: f"passes MLCommons' compliance checker (training {RULESET}, the rules that apply outside MLPerf's benchmarks)"
+                      if not broken else f"compliance checker (training {RULESET}): {len(broken)} rule(s) broken: {broken[0][:300]}"})
         tested = trainer.finish(run_dir, run, settings) or {}  # the test split's scores, for workloads that score one
         energy = energy_record(meter, summary, spec.device, devices_used(runtime, spec.device, runtime.world_size)[0], settings)
         logged = run.client.get_run(run_id).data.params  # a resumed run's first part may have logged them: params are written once
@@ -88,4 +106,6 @@ def run_training(job: dict) -> dict | None:
             log.warning("the run learned nothing: %s", why)
         return record.model_dump(mode="json")
     finally:
+        if mllog is not None:
+            mllog.close()
         runtime.close()

@@ -2,6 +2,7 @@
 
 import json
 import os
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -80,7 +81,30 @@ def test_a_short_run_trains_and_scores_the_test_split(generated, framework, jax_
     first_line, rest = note.split("\n\n", 1)
     assert first_line.startswith("**") and "samples/s" in first_line and f"accuracy {metrics['test_accuracy']:.3g}" in first_line
     assert "loss" not in first_line and "digits" in rest
+    _the_mlperf_log_passes_mlcommons_checker(run)
     _energy_and_cost_are_logged_and_reported(workdir, run)
+
+
+def _the_mlperf_log_passes_mlcommons_checker(run):
+    """The run's MLPerf-format log: MLCommons' compliance checker passes it on the rules that apply (tasks/common/training/mlperf.py);
+    the same log without its run_start breaks them."""
+    from tasks.common.training.mlperf import compliance
+
+    assert run.data.tags["karman.mlperf"].startswith("passes MLCommons' compliance checker (training 4.1.0")
+    client = MlflowClient(tracking_uri=os.environ["MLFLOW_TRACKING_URI"])
+    path = Path(client.download_artifacts(run.info.run_id, "mlperf/mllog.txt"))
+    events = [json.loads(line.removeprefix(":::MLLOG ")) for line in path.read_text().splitlines() if line.startswith(":::MLLOG ")]
+    keys = [e["key"] for e in events]
+    assert keys.count("run_start") == keys.count("run_stop") == 1 and keys.count("epoch_stop") == int(run.data.metrics["epochs"])
+    values = {e["key"]: e["value"] for e in events}
+    assert (values["submission_benchmark"], values["global_batch_size"], values["submission_division"]) == ("digits", int(run.data.params["batch_size"]), "open")
+    evals = [e for e in events if e["key"] == "eval_accuracy"]
+    assert evals and evals[-1]["value"] == pytest.approx(run.data.metrics["val_accuracy"]) and evals[-1]["metadata"]["metric"] == "accuracy"
+    assert [e for e in events if e["key"] == "run_stop"][0]["metadata"]["status"] == ("success" if run.data.metrics["target_reached"] else "aborted")
+    assert compliance(path) == []
+    broken = path.with_name("broken.txt")
+    broken.write_text("".join(line + "\n" for line in path.read_text().splitlines() if '"run_start"' not in line))
+    assert any("run_start" in message for message in compliance(broken))
 
 
 def test_jax_over_two_devices_of_one_process_takes_the_one_devices_steps(generated, jax_one_device):

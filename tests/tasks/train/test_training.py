@@ -254,6 +254,14 @@ def test_validation_rollouts_score_quality_over_training_time_and_record_time_to
     wall = client().get_metric_history(out["run_id"], "train_time_s")
     assert sorted(m.step for m in wall if m.step > 0) == [1, 2] and wall[-1].value > 0  # step 0: the summary
     assert client().get_run(out["run_id"]).data.tags["karman.target"] == "reached"
+    # its MLPerf-format log: the vorticity horizon as the eval score, run_stop a success, MLCommons' checker passes it
+    from tasks.common.training.mlperf import compliance
+
+    log = Path(client().download_artifacts(out["run_id"], "mlperf/mllog.txt"))
+    events = [json.loads(line.removeprefix(":::MLLOG ")) for line in log.read_text().splitlines()]
+    evals = [(e["metadata"]["epoch_num"], e["metadata"]["metric"], e["value"]) for e in events if e["key"] == "eval_accuracy"]
+    assert evals == [(2, "horizon_vorticity", 3.0)] and events[-1]["key"] == "run_stop" and events[-1]["metadata"]["status"] == "success"
+    assert compliance(log) == []
     # A target no model meets: every validation is logged, training runs all its epochs, "not reached".
     missed = train(trainable, *NET, "--epochs", "3", "--batch-sizes", "4", "--validate-every", "2", "--validate-steps", "3",
                    "--target-vorticity", "1e-9", "--target-steps", "1", "--stop-at-target")
