@@ -12,6 +12,14 @@ loads, in a browser that has not chosen yet. A choice made in the sidebar is kep
 ``?workflowType=genai`` still opens the GenAI view. The same goes for the assistant panel, which
 otherwise opens by itself on a browser's first visit.
 
+Where the project's experiment (``KARMAN_EXPERIMENT``, default ``karman-bench``) exists, the server's root
+opens it, on the benchmark's view of its runs (:func:`benchmark_view`): its training runs, not nested
+under their benchmark, grouped by workload and sorted by time to target, with the headline columns and a
+chart section comparing them. MLflow's UI keeps a browser's view of an experiment in local storage; the
+landing page writes this one there in a browser that has none for the experiment, so a view the user
+changed is kept. The same view is one of the experiment's saved views (MLflow 3.17's "Views" list and
+``?viewStateShareKey=karman-benchmark``), for browsers that had a view of it already.
+
     python -m infra.mlflow_server --host 127.0.0.1 --port 5000 ...
 
 Its store is ``MLFLOW_BACKEND_STORE_URI`` (default ``sqlite:///mlflow.db``), or with ``DATABASE=postgresql``
@@ -22,9 +30,11 @@ MLflow's basic-auth app (infra/server_auth.py).
 from __future__ import annotations
 
 import json
+import logging
 import os
 import shlex
 import sys
+import time
 from pathlib import Path
 
 # What the landing page sets in a browser that has no value yet, under the UI's storage keys (each key
@@ -39,27 +49,130 @@ DEFAULTS_SCRIPT = "<script>try{var s=window.localStorage;%s}catch(e){}</script>"
     "if(s.getItem(%s)===null){s.setItem(%s,%s)}" % (json.dumps(key), json.dumps(key), json.dumps(json.dumps(value)))
     for key, value in BROWSER_DEFAULTS.items())
 
+# How MLflow 3.17's UI keeps a browser's view of an experiment page: one local-storage entry per set of
+# experiments, the facets (filter, sort) and the UI state (columns, grouping, charts) in one JSON object.
+VIEW_STORAGE_KEY = "MLflowLocalStorage-1.1-ExperimentPage-{ids}-ReactComponentState"
+# A saved view of an experiment, as the UI's "Save view" writes it: an experiment tag of this prefix and the
+# view's id, whose value holds its name, times and state; ``?viewStateShareKey=ID`` on the runs page opens it.
+SAVED_VIEW_PREFIX = "mlflow.sharedViewState."
+VIEW_ID = "karman-benchmark"
+VIEW_NAME = "Benchmark: training runs"
+TRAIN_FILTER = "tags.`karman.stage` = 'train'"  # tasks.common.names.Tag.STAGE of a training run
+HEADLINE_TAGS = {"karman.workload": "workload", "karman.framework": "framework", "karman.device": "device",
+                 "karman.batch_size": "batch"}
+# The results of a finished training run, as it logs them (tasks/train); test scores (``test_*``) are the
+# workload's own and are found in the experiment's training runs.
+HEADLINE_METRICS = {"time_to_target_s": "time to target [s]", "samples_per_s": "samples/s",
+                    "mfu_ceiling": "share of the measured ceiling"}
+COST_METRICS = {"energy_j": "energy [J]", "cost": "cost"}
+MAX_TEST_METRICS = 6  # the test-score columns and charts a view shows at most
+
+
+def _column(kind: str, key: str) -> str:
+    return f"{kind}.`{key}`"  # the UI's column ids: attributes, params, metrics or tags, and the key
+
+
+def benchmark_view(test_metrics: list[str]) -> dict:
+    """The runs page's state (facets and UI state, the keys MLflow's UI persists) that shows a benchmark's
+    answer: the training runs (a filter lists them flat, not under their benchmark), grouped by workload,
+    sorted by time to target; columns workload, framework, device, batch, time to target, samples/s, share
+    of the ceiling, ``test_metrics``, energy and cost; charts comparing the runs on those metrics, one
+    chart per metric and time to target against cost, before MLflow's own sections (collapsed)."""
+    metrics = [*HEADLINE_METRICS, *test_metrics[:MAX_TEST_METRICS], *COST_METRICS]
+    section = "karman-headline"
+    charts = [{"uuid": f"karman-bar-{key}", "type": "BAR", "metricKey": key, "displayName": key,
+               "metricSectionId": section, "runsCountToCompare": 100, "deleted": False, "isGenerated": False}
+              for key in metrics]
+    charts.insert(2, {"uuid": "karman-scatter-target-cost", "type": "SCATTER", "metricSectionId": section,
+                      "xaxis": {"key": "time_to_target_s", "type": "METRIC"}, "yaxis": {"key": "cost", "type": "METRIC"},
+                      "runsCountToCompare": 100, "deleted": False, "isGenerated": False})
+    sections = [{"uuid": section, "name": "Benchmark", "display": True, "isReordered": False, "deleted": False,
+                 "isGenerated": False}]
+    sections += [{"uuid": f"karman-{name.split()[0].lower()}", "name": name, "display": False, "isReordered": False,
+                  "deleted": False, "isGenerated": True} for name in ("Model metrics", "System metrics")]
+    columns = [_column("tags", key) for key in HEADLINE_TAGS] + [_column("metrics", key) for key in metrics]
+    return {
+        "searchFilter": TRAIN_FILTER, "orderByKey": _column("metrics", "time_to_target_s"), "orderByAsc": True,
+        "selectedColumns": columns, "columnOrder": [],
+        "groupBy": {"aggregateFunction": "average", "groupByKeys": [{"mode": "tag", "groupByData": "karman.workload"}]},
+        "groupsExpanded": {}, "useGroupedValuesInCharts": False, "hideEmptyCharts": True,
+        "compareRunCharts": charts, "compareRunSections": sections, "isAccordionReordered": False,
+    }
+
+
+def _js(value) -> str:
+    """``value`` as a JavaScript literal that cannot end the script it stands in."""
+    return json.dumps(value).replace("<", "\\u003c")
+
+
+def view_script(experiment_id: str, view: dict) -> str:
+    """What the landing page runs for the experiment: its view stored where the UI reads it, unless the
+    browser has one already; and the server's root (no page named after ``#``) opens the experiment's runs."""
+    key = VIEW_STORAGE_KEY.format(ids=json.dumps([experiment_id]))
+    return ("<script>try{var s=window.localStorage,k=%s;if(s.getItem(k)===null){s.setItem(k,%s)}}catch(e){}"
+            "if(!window.location.hash){window.history.replaceState(null,'',%s)}</script>"
+            % (_js(key), _js(json.dumps(view)), _js(f"#/experiments/{experiment_id}/runs")))
+
+
 _MLFLOW_APP = "mlflow.server.fastapi_app:app"
 _AUTH_APP = "mlflow.server.auth:create_app"  # what ``--app-name basic-auth`` names
 
 
-def landing_page(html: str) -> str:
-    """MLflow's ``index.html`` with the browser defaults set first thing in its head."""
+def landing_page(html: str, view: str = "") -> str:
+    """MLflow's ``index.html`` with the browser defaults set first thing in its head, then ``view`` (a
+    :func:`view_script`, or nothing)."""
     if "<head>" not in html:
         raise RuntimeError("MLflow's index.html has no <head>: this MLflow version's landing page cannot take the defaults")
-    return html.replace("<head>", "<head>" + DEFAULTS_SCRIPT, 1)
+    return html.replace("<head>", "<head>" + DEFAULTS_SCRIPT + view, 1)
+
+
+def experiment_view(store, name: str) -> tuple[str, dict] | None:
+    """The id of the active experiment ``name`` in ``store`` (an MLflow tracking store) and its
+    :func:`benchmark_view`, with the test scores its training runs logged (the newest 200); the view is
+    saved on the experiment as :data:`VIEW_NAME` where it is not already. None where there is no such experiment."""
+    from mlflow.entities import ExperimentTag, ViewType
+
+    exp = store.get_experiment_by_name(name)
+    if exp is None or exp.lifecycle_stage != "active":
+        return None
+    runs = store.search_runs([exp.experiment_id], TRAIN_FILTER, ViewType.ACTIVE_ONLY, max_results=200,
+                             order_by=["attributes.start_time DESC"])
+    tests = sorted({key for run in runs for key in run.data.metrics if key.startswith("test_") and "loss" not in key})
+    view = benchmark_view(tests)
+    state = json.dumps(view)
+    saved = exp.tags.get(SAVED_VIEW_PREFIX + VIEW_ID)
+    try:
+        saved = json.loads(saved) if saved else {}
+    except ValueError:
+        saved = {}
+    if saved.get("state") != state or saved.get("name") != VIEW_NAME:
+        now = int(time.time() * 1000)
+        envelope = {"name": VIEW_NAME, "createdAt": saved.get("createdAt", now), "updatedAt": now, "state": state}
+        store.set_experiment_tag(exp.experiment_id, ExperimentTag(SAVED_VIEW_PREFIX + VIEW_ID, json.dumps(envelope)))
+    return exp.experiment_id, view
 
 
 def _serve_landing_page():
-    """MLflow's Flask app, its landing page replaced by one that sets the browser defaults."""
+    """MLflow's Flask app, its landing page replaced by one that sets the browser defaults and opens the
+    project's experiment on its benchmark view (:func:`experiment_view`, looked up at each request: the
+    experiment may be created after the server starts)."""
     from flask import Response
 
     from mlflow.server import app as flask_app
+    from mlflow.server.handlers import _get_tracking_store
+    from tasks.common.settings import Settings
 
     index = Path(flask_app.static_folder) / "index.html"
-    page = landing_page(index.read_text(encoding="utf-8"))
+    html = index.read_text(encoding="utf-8")
+    name = Settings.from_env().experiment
 
     def serve():
+        try:
+            found = experiment_view(_get_tracking_store(), name)
+        except Exception:  # the store cannot answer: the UI, which asks it too, will say so; the page still loads
+            logging.getLogger(__name__).warning("no benchmark view of experiment %r", name, exc_info=True)
+            found = None
+        page = landing_page(html, view_script(*found) if found else "")
         return Response(page, mimetype="text/html", headers={"Cache-Control": "no-cache"})
 
     flask_app.view_functions["serve"] = serve  # the route of "/" (under the static prefix, if any)
