@@ -12,6 +12,7 @@ from tasks.common.tracking import client_for, run_url
 from tasks.report.capabilities import workload_of, workload_words
 from tasks.report.ceiling import ceiling_section
 from tasks.report.energy import ENERGY_NOTE, cheapest_to_target, energy_notes
+from tasks.report.profiles import section as profile_section
 from tasks.report.ranking import ranking, ranking_columns, unranked_line
 from tasks.report.reading import Entry, rollout_records, training_records
 from tasks.report.tables import (COMPARE_COLUMNS, QUALITY_COLUMNS, TRAIN_RESULT_COLUMNS, TRAIN_SETTINGS_COLUMNS, comparison, quality_table,
@@ -90,6 +91,9 @@ def build_report(settings: Settings, name: str, scope: str, runs, exp_id: str, o
                  table_markdown(table, ranking_columns(table))]
     if excluded := unranked_line(trains):
         text.append(excluded)
+    profile_blocks, profile_figures = profile_section(trains, out)
+    text += profile_blocks
+    figures += profile_figures
     text += ["### Every training run\n", "s/epoch is the median epoch time without the first epoch (which carries the warm-up).\n",
              table_markdown(trains, TRAIN_SETTINGS_COLUMNS, link), "Their results:\n", table_markdown(trains, TRAIN_RESULT_COLUMNS, link),
              ENERGY_NOTE + energy_notes(trains),

@@ -39,6 +39,8 @@ def train_rows(entries: list[Entry]) -> list[dict]:
                      "samples_per_s": s.samples_per_s if done else nan,
                      "final_l1": main_loss if main_loss is not None else nan,
                      "time_to_target_s": s.time_to_target_s if done and s.time_to_target_s is not None else nan,
+                     "cost_to_target": (e.record.energy.cost_of(s.time_to_target_s)
+                                        if done and s.time_to_target_s is not None and e.record.energy is not None else nan),
                      "val_horizon_vorticity": _number(s.validation.get("horizon_vorticity")) if done else nan,
                      "test_accuracy": _number(e.record.test.get("accuracy")) if done else nan,
                      "test_f1": _number(e.record.test.get("f1")) if done else nan,

@@ -1,0 +1,98 @@
+"""Performance profiles over a benchmark's workloads, as AlgoPerf scores its submissions: each framework on each device a submission, by time and by cost to the target.
+
+Per workload, a submission's result is its best cell's (over batch sizes and settings) median time to the workload's
+quality target over its runs that reached it, or its cost at that time; a submission that has no finished, useful run
+of a workload, or none that reached its target, never reaches it there (ratio infinite). A workload counts where at
+least one submission reached its target. Its ratio r = result / the best submission's; the profile
+rho(tau) = the share of the workloads with r <= tau, and the score is the profile's area from tau = 1 to TAU_MAX over
+(TAU_MAX - 1): 1 for a submission fastest everywhere, 0 for one never within TAU_MAX of the best.
+"""
+
+import math
+import statistics
+from pathlib import Path
+
+TAU_MAX = 4.0
+MEASURES = {"time": ("time_to_target_s", "time to target"), "cost": ("cost_to_target", "cost to target")}
+
+
+def submission_of(row: dict) -> str:
+    return f"{row['framework']} {row['device']}"
+
+
+def results(rows: list[dict], key: str) -> dict[str, dict[str, float]]:
+    """workload -> submission -> its best cell's median ``key`` over the runs that reached the target (inf where none did)."""
+    cells: dict[tuple[str, str, tuple], list[float]] = {}
+    for r in rows:  # a failed or useless run takes part and reaches nothing
+        value = r.get(key, math.nan) if r["status"] == "FINISHED" and not r.get("learned_nothing") else math.nan
+        cell = cells.setdefault((r["workload"], submission_of(r), (r["batch_size"], r.get("setting"))), [])
+        if value == value:
+            cell.append(value)
+    out: dict[str, dict[str, float]] = {}
+    for (workload, submission, _), values in cells.items():
+        best = out.setdefault(workload, {}).get(submission, math.inf)
+        out[workload][submission] = min(best, statistics.median(values) if values else math.inf)
+    return out
+
+
+def profiles(rows: list[dict], key: str = "time_to_target_s") -> dict:
+    """{"workloads": the workloads scored, "ratios": submission -> workload -> r, "scores": submission -> score}."""
+    by_workload = {w: subs for w, subs in results(rows, key).items() if any(math.isfinite(v) and v > 0 for v in subs.values())}
+    submissions = sorted({s for subs in results(rows, key).values() for s in subs})
+    ratios = {s: {} for s in submissions}
+    for workload, subs in by_workload.items():
+        best = min(v for v in subs.values() if math.isfinite(v) and v > 0)
+        for s in submissions:
+            ratios[s][workload] = subs.get(s, math.inf) / best
+    n = len(by_workload)
+    scores = {s: (sum((TAU_MAX - r) for r in ratios[s].values() if r <= TAU_MAX) / (TAU_MAX - 1) / n if n else math.nan) for s in submissions}
+    return {"workloads": sorted(by_workload), "ratios": ratios, "scores": scores}
+
+
+def rho(ratios: dict[str, float], tau: float) -> float:
+    """The share of the workloads within ``tau`` of the best."""
+    return sum(r <= tau for r in ratios.values()) / len(ratios) if ratios else math.nan
+
+
+def section(rows: list[dict], out: Path) -> tuple[list[str], list[Path]]:
+    """The report's section (markdown blocks) and its figure, or nothing where fewer than two submissions or no workload can be scored."""
+    blocks, figures = [], []
+    for measure, (key, words) in MEASURES.items():
+        prof = profiles(rows, key)
+        if len(prof["scores"]) < 2 or not prof["workloads"]:
+            continue
+        if not blocks:
+            blocks.append("## Performance profiles over the workloads\n\nAs AlgoPerf scores submissions: each framework on each device is a "
+                          "submission; per workload its best cell's median time (or cost) to the target over the runs that reached it, "
+                          "against the best submission's. ρ(τ) is the share of the workloads within τ times the best, and the score the "
+                          f"area under ρ from τ = 1 to {TAU_MAX:g}, over {TAU_MAX - 1:g}: 1 for the best on every workload. A workload a "
+                          "submission has no useful run of, or never reached the target on, counts as never reached.\n")
+        header = "| submission | score | " + " | ".join(f"{w} ratio" for w in prof["workloads"]) + " |"
+        lines = [f"**By {words}** over {', '.join(prof['workloads'])}:\n", header, "|" + "---|" * (2 + len(prof["workloads"]))]
+        for s, score in sorted(prof["scores"].items(), key=lambda kv: -kv[1]):
+            cells = " | ".join("never" if not math.isfinite(prof["ratios"][s][w]) else f"{prof['ratios'][s][w]:.2f}" for w in prof["workloads"])
+            lines.append(f"| {s} | {score:.3f} | {cells} |")
+        blocks.append("\n".join(lines) + "\n")
+        figures.append(_figure(prof, words, out / f"performance_profile_{measure}.png"))
+    return blocks, figures
+
+
+def _figure(prof: dict, words: str, path: Path) -> Path:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    taus = [1.0 + i * (TAU_MAX - 1.0) / 300 for i in range(301)]
+    fig, ax = plt.subplots(figsize=(6, 3.5))
+    for s, ratios in sorted(prof["ratios"].items()):
+        ax.step(taus, [rho(ratios, t) for t in taus], where="post", label=f"{s} (score {prof['scores'][s]:.2f})")
+    ax.set_xlabel(f"τ: {words} over the best submission's")
+    ax.set_ylabel("share of workloads within τ")
+    ax.set_ylim(-0.02, 1.02)
+    ax.set_title(f"Performance profiles by {words}")
+    ax.legend(fontsize=7, loc="lower right")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path

@@ -1,0 +1,49 @@
+"""Performance profiles over workloads, as AlgoPerf scores submissions: ratios to the best, rho(tau), the area score, never-reached cells."""
+
+import math
+
+import pytest
+
+from tasks.report.profiles import TAU_MAX, profiles, rho, section
+
+
+def row(workload, framework, t, batch=8, status="FINISHED", learned_nothing="", device="cpu x1", cost=None):
+    return {"workload": workload, "framework": framework, "device": device, "batch_size": batch, "setting": "s", "status": status,
+            "learned_nothing": learned_nothing, "time_to_target_s": t, "cost_to_target": t / 100 if cost is None else cost}
+
+
+def test_ratios_to_the_best_submission_give_its_profile_and_area_score():
+    rows = [row("digits", "torch", 2.0), row("digits", "torch", 4.0), row("digits", "torch", 6.0),  # median 4
+            row("digits", "jax", 8.0),
+            row("har", "torch", 30.0), row("har", "jax", 10.0), row("har", "jax", 5.0, batch=64)]  # jax's best cell: 5
+    prof = profiles(rows)
+    assert prof["workloads"] == ["digits", "har"]
+    assert prof["ratios"]["torch cpu x1"] == {"digits": 1.0, "har": 6.0}
+    assert prof["ratios"]["jax cpu x1"] == {"digits": 2.0, "har": 1.0}
+    # the area from 1 to TAU_MAX over (TAU_MAX - 1): each workload within TAU_MAX adds (TAU_MAX - r) / (TAU_MAX - 1) / workloads
+    assert prof["scores"]["torch cpu x1"] == pytest.approx((TAU_MAX - 1) / (TAU_MAX - 1) / 2)
+    assert prof["scores"]["jax cpu x1"] == pytest.approx(((TAU_MAX - 2) + (TAU_MAX - 1)) / (TAU_MAX - 1) / 2)
+    assert rho(prof["ratios"]["jax cpu x1"], 1.5) == 0.5 and rho(prof["ratios"]["jax cpu x1"], 2.0) == 1.0
+
+
+def test_a_missing_failed_useless_or_never_reached_cell_counts_as_never():
+    nan = float("nan")
+    rows = [row("digits", "torch", 2.0), row("digits", "jax", 1.0, learned_nothing="at chance"),
+            row("karman", "torch", 50.0),  # jax has no karman
+            row("har", "torch", nan), row("har", "jax", 3.0, status="FAILED"),  # nobody reached har: not scored
+            row("calo", "tensorflow", nan)]
+    prof = profiles(rows)
+    assert prof["workloads"] == ["digits", "karman"]
+    assert prof["ratios"]["jax cpu x1"] == {"digits": math.inf, "karman": math.inf} and prof["scores"]["jax cpu x1"] == 0.0
+    assert prof["scores"]["torch cpu x1"] == 1.0 and prof["scores"]["tensorflow cpu x1"] == 0.0
+
+
+def test_the_report_section_scores_by_time_and_by_cost_with_a_figure_each(tmp_path):
+    rows = [row("digits", "torch", 2.0, cost=1.0), row("digits", "jax", 4.0, cost=0.5), row("har", "torch", 10.0, cost=1.0), row("har", "jax", 5.0, cost=1.0)]
+    blocks, figures = section(rows, tmp_path)
+    text = "\n".join(blocks)
+    assert "**By time to target** over digits, har" in text and "**By cost to target** over digits, har" in text
+    assert "| torch cpu x1 | 0.833 | 1.00 | 2.00 |" in text  # by time: ((4-1) + (4-2)) / 3 / 2
+    assert "| jax cpu x1 | 1.000 | 1.00 | 1.00 |" in text  # by cost: the cheapest on both
+    assert [f.name for f in figures] == ["performance_profile_time.png", "performance_profile_cost.png"] and all(f.stat().st_size > 0 for f in figures)
+    assert section([row("digits", "torch", 2.0)], tmp_path) == ([], [])  # one submission: nothing to compare
