@@ -25,6 +25,7 @@ class Tag:
     MODEL_URI = "karman.model_uri"  # on a training run: the logged generator's URI
     TARGET = "karman.target"
     LEARNED_NOTHING = "karman.learned_nothing"  # why a finished run's test scores show it learned nothing (workload.learned_nothing)
+    TIME_TO_TRAIN = "karman.time_to_train"  # set on a resumed run: its time to target is no time-to-train (the report leaves it out)
     MLPERF = "karman.mlperf"  # whether the run's MLPerf-format log (artifact mlperf/mllog.txt) passes MLCommons' compliance checker
     ERROR = "karman.error"  # on a failed run: the reason, in one line
     VALIDATION_WITHIN_2PCT = "karman.validation.within_2pct"

@@ -69,6 +69,8 @@ class TrainSummary(Record):
     samples_to_target: int | None = None
     validation: dict[str, float | None] = Field(default_factory=dict, description="The last validation's scores")
     ended_by: Literal["epoch limit", "step limit", "time budget", "target reached", "?"] = Field(default="?", description="Why training ended")
+    resumes: int = Field(default=0, description="Times the run was resumed from a checkpoint: a resumed run's clock stopped while it was "
+                                                "down, so its time to target is no time-to-train (MLPerf's rule); the report leaves it out")
 
 
 class Utilisation(Record):

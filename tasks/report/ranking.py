@@ -71,6 +71,14 @@ def unranked_line(rows: list[dict]) -> str:
     return f"Left out of the ranking, as they learned nothing: {'; '.join(out)}.\n" if out else ""
 
 
+def resumed_line(rows: list[dict]) -> str:
+    """The line naming the finished runs whose time to target the report leaves out because they were resumed; '' where none."""
+    out = [f"{r['run']} ({r['workload']} {r['framework']} {r['device']} b{r['batch_size']}, resumed {r['resumes']}x)"
+           for r in rows if r["status"] == "FINISHED" and r.get("resumes")]
+    return (f"Time to target left out for resumed runs (their clock stopped while they were down, so it is no time-to-train, "
+            f"as MLPerf rules): {'; '.join(out)}.\n") if out else ""
+
+
 def ranked(workload: str) -> bool:
     """Whether the ranking takes ``workload``'s training runs: not where its quality is its rollouts' (those compare
     their frameworks in their own sections); a workload this process does not know is ranked."""

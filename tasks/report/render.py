@@ -13,7 +13,7 @@ from tasks.report.capabilities import workload_of, workload_words
 from tasks.report.ceiling import ceiling_section
 from tasks.report.energy import ENERGY_NOTE, cheapest_to_target, energy_notes
 from tasks.report.profiles import section as profile_section
-from tasks.report.ranking import ranking, ranking_columns, unranked_line
+from tasks.report.ranking import ranking, ranking_columns, resumed_line, unranked_line
 from tasks.report.reading import Entry, rollout_records, training_records
 from tasks.report.tables import (COMPARE_COLUMNS, QUALITY_COLUMNS, TRAIN_RESULT_COLUMNS, TRAIN_SETTINGS_COLUMNS, comparison, quality_table,
                                  train_rows)
@@ -91,6 +91,8 @@ def build_report(settings: Settings, name: str, scope: str, runs, exp_id: str, o
                  table_markdown(table, ranking_columns(table))]
     if excluded := unranked_line(trains):
         text.append(excluded)
+    if resumed := resumed_line(trains):
+        text.append(resumed)
     profile_blocks, profile_figures = profile_section(trains, out)
     text += profile_blocks
     figures += profile_figures

@@ -28,6 +28,7 @@ def train_rows(entries: list[Entry]) -> list[dict]:
     for e in entries:
         c, s = e.record.config, e.record.summary
         done = e.status == "FINISHED"
+        timed = done and s.time_to_target_s is not None and not s.resumes  # a resumed run's time to target is no time-to-train
         main_loss = s.final_losses.get("loss_l1", next(iter(s.final_losses.values()), None)) if done else None
         rows.append({"run": e.run_id, "setting": setting_label(e.record), "shared_setting": setting_label(e.record, framework=False),
                      "workload": c.workload, "framework": c.framework, "strategy": c.strategy,
@@ -38,9 +39,9 @@ def train_rows(entries: list[Entry]) -> list[dict]:
                      "time_per_epoch_s": s.time_per_epoch_s if done else nan,
                      "samples_per_s": s.samples_per_s if done else nan,
                      "final_l1": main_loss if main_loss is not None else nan,
-                     "time_to_target_s": s.time_to_target_s if done and s.time_to_target_s is not None else nan,
-                     "cost_to_target": (e.record.energy.cost_of(s.time_to_target_s)
-                                        if done and s.time_to_target_s is not None and e.record.energy is not None else nan),
+                     "time_to_target_s": s.time_to_target_s if timed else nan,
+                     "cost_to_target": e.record.energy.cost_of(s.time_to_target_s) if timed and e.record.energy is not None else nan,
+                     "resumes": s.resumes if done else 0,
                      "val_horizon_vorticity": _number(s.validation.get("horizon_vorticity")) if done else nan,
                      "test_accuracy": _number(e.record.test.get("accuracy")) if done else nan,
                      "test_f1": _number(e.record.test.get("f1")) if done else nan,
@@ -111,9 +112,10 @@ def quality_table(entries: list[Entry]) -> list[dict]:
     rows = []
     nan = float("nan")
     for (framework, device, world, batch, recipe, target), members in sorted(groups.items()):
-        times = sorted(m.record.summary.time_to_target_s for m in members if m.record.summary.target_reached)
+        timed = [m for m in members if m.record.summary.target_reached and not m.record.summary.resumes]  # a resumed run's clock stopped
+        times = sorted(m.record.summary.time_to_target_s for m in timed)
         kept = times[1:-1] if len(times) >= 3 else times
-        missed = [m.run_id[:8] for m in members if not m.record.summary.target_reached]
+        missed = [m.run_id[:8] + (" (resumed)" if m.record.summary.resumes else "") for m in members if m not in timed]
         rows.append({"framework": framework, "device": f"{device} x{world}", "batch_size": batch, "recipe": recipe, "target": target,
                      "runs": len(members), "reached": len(times),
                      "time_to_target_s": sum(kept) / len(kept) if kept else nan,
@@ -122,5 +124,5 @@ def quality_table(entries: list[Entry]) -> list[dict]:
                      "not_reached": ", ".join(missed) or "-",
                      **cell_energy([run_energy(m.record.energy) for m in members]),
                      "cost_to_target": money([(m.record.energy.cost_of(m.record.summary.time_to_target_s), m.record.energy.currency)
-                                               for m in members if m.record.summary.target_reached and m.record.energy is not None])})
+                                               for m in timed if m.record.energy is not None])})
     return rows

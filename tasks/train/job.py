@@ -101,6 +101,8 @@ def run_training(job: dict) -> dict | None:
         run.log_metrics(record.mlflow_metrics())
         run.log_dict(record.model_dump(mode="json"), RECORD_FILE)
         run.set_tags({Tag.TARGET: "reached" if summary.target_reached else "not reached"})
+        if summary.resumes:  # MLPerf's rule: the clock of a time-to-train never pauses
+            run.set_tags({Tag.TIME_TO_TRAIN: f"excluded: resumed {summary.resumes} time(s)"})
         if workload.learned_nothing and (why := workload.learned_nothing(tested)):
             run.set_tags({Tag.LEARNED_NOTHING: why})
             log.warning("the run learned nothing: %s", why)

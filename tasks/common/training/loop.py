@@ -116,6 +116,7 @@ class History:
     target: dict[str, float] | None = None
     last_losses: dict[str, float] = field(default_factory=dict)
     validation: dict[str, float] = field(default_factory=dict)
+    resumes: int = 0  # times the run was resumed from its checkpoint
 
     def __setattr__(self, name: str, value) -> None:
         # Plain Python on the way in: a trainer's scores and losses may come as numpy or framework scalars,
@@ -155,6 +156,7 @@ def train(trainer: Trainer, runtime: Runtime, recorder: Recorder, spec: TrainSpe
         state = runtime.load(checkpoint)
         trainer.load_state(state["model"])
         history = History(**state["history"])
+        history.resumes += 1
         log.info("resuming after epoch %d (step %d) from %s", history.epoch, history.global_step, checkpoint)
     rows = _StepRows(recorder)
     progress = _Progress(log, runtime.is_main and announce)
@@ -282,7 +284,7 @@ def summary(history: History, samples_per_epoch: int, ended_by: str) -> TrainSum
         samples_seen=history.samples, final_losses={k: finite(v) for k, v in history.last_losses.items()},
         target_reached=history.target is not None, time_to_target_s=target.get("time_to_target_s"),
         epochs_to_target=target.get("epochs_to_target"), samples_to_target=target.get("samples_to_target"),
-        validation={k: finite(v) for k, v in history.validation.items()}, ended_by=ended_by)
+        validation={k: finite(v) for k, v in history.validation.items()}, ended_by=ended_by, resumes=history.resumes)
 
 
 def _check_finite(values: dict[str, float], epoch: int, global_step: int, checkpoint: Path | None, rows: _StepRows) -> None:

@@ -131,4 +131,21 @@ def resumes_to_its_end(workdir: Path, args: tuple[str, ...], epochs: int, compar
     if whole is not None:
         assert (resumed["epochs"], resumed["steps"], resumed["samples_seen"]) == (whole["epochs"], whole["steps"], whole["samples_seen"])
         assert_same_result(resumed["run_id"], whole["run_id"], rel)
+    _marked_as_resumed(client, resumed["run_id"])
     return resumed
+
+
+def _marked_as_resumed(client, run_id: str) -> None:
+    """A resumed run keeps its record and is no time-to-train: tagged, its MLPerf log refused (two run_starts), and the report's
+    tables leave its time to target out with a line naming it."""
+    from tasks.report.ranking import resumed_line
+    from tasks.report.reading import training_records
+    from tasks.report.tables import quality_table, train_rows
+
+    run = client.get_run(run_id)
+    assert run.data.tags["karman.time_to_train"].startswith("excluded: resumed") and "rule(s) broken" in run.data.tags["karman.mlperf"]
+    entries, _ = training_records(client, [run])
+    assert entries[0].record.summary.resumes >= 1
+    rows = train_rows(entries)
+    assert rows[0]["time_to_target_s"] != rows[0]["time_to_target_s"] and run_id in resumed_line(rows)
+    assert [q["reached"] for q in quality_table(entries)] == [0] and "(resumed)" in quality_table(entries)[0]["not_reached"]
