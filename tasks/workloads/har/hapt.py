@@ -162,8 +162,9 @@ def locate() -> tuple[Path, str]:
     return path, distribution.version
 
 
-def read_verified(path: Path, digest: str = DIGEST) -> bytes:
-    """The file's bytes, gunzipped, once its SHA-256 is ``digest``; UserError naming the file otherwise."""
+def read_verified(path: Path, digest: str | None = None) -> bytes:
+    """The file's bytes, gunzipped, once its SHA-256 is ``digest`` (None: DIGEST); UserError naming the file otherwise."""
+    digest = digest or DIGEST
     packed = path.read_bytes()
     found = hashlib.sha256(packed).hexdigest()
     if found != digest:
@@ -173,6 +174,16 @@ def read_verified(path: Path, digest: str = DIGEST) -> bytes:
         return gzip.decompress(packed)
     except (OSError, EOFError) as exc:
         raise UserError(f"{path}: not a readable gzip file ({exc})") from None
+
+
+def verify() -> tuple[Path, str]:
+    """``locate()``'s path and version once the file's SHA-256 is the pinned one (a check before a flow starts)."""
+    path, version = locate()
+    found = hashlib.sha256(path.read_bytes()).hexdigest()
+    if found != DIGEST:
+        raise UserError(f"{path}: SHA-256 {found[:16]}..., not the pinned {DIGEST[:16]}... of {DISTRIBUTION} {VERSION}: "
+                        f"the file is damaged or altered; reinstall the package")
+    return path, version
 
 
 def _columns(frame) -> dict[str, np.ndarray]:
@@ -188,7 +199,7 @@ def _columns(frame) -> dict[str, np.ndarray]:
     return columns
 
 
-def recordings(path: Path | None = None, digest: str = DIGEST) -> list[Recording]:
+def recordings(path: Path | None = None, digest: str | None = None) -> list[Recording]:
     """Every recording of the installed package's file (or ``path``), in volunteer and file order, as plain arrays."""
     path = path or locate()[0]
     held = unpickle(read_verified(path, digest))

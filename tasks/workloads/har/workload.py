@@ -40,7 +40,7 @@ from tasks.common.datasets import check_batches, read_checked, record_generate, 
 from tasks.common.errors import UserError
 from tasks.common.store import MANIFEST, STORE, workload_manifest, write_json_atomic
 from tasks.common.training.classifier import Classifier, ClassifierData, at_chance
-from tasks.workloads import Workload
+from tasks.workloads import RunRules, Workload
 
 log = logging.getLogger("karman.har")
 
@@ -360,6 +360,10 @@ def check_generate(settings, spec) -> None:
         if held != spec.source:
             raise UserError(f"dataset {spec.dataset!r} already holds {SOURCES[held]} har windows, not --source {spec.source}; "
                             "choose another --dataset name or pass --overwrite")
+    elif spec.source == "hapt":
+        from tasks.workloads.har import hapt
+
+        hapt.verify()  # the package installed and its file the pinned one, before anything starts
 
 
 def generate(settings, spec, parent_run_id: str | None = None) -> dict:
@@ -486,4 +490,5 @@ WORKLOAD = Workload(
     generate_fields=("source",),  # a benchmark with --source synthetic trains on dataset har-sourcesynthetic
     generate_options=("source",),
     learned_nothing=at_chance(CLASSES),
+    rules=RunRules(runs=5, failures=1, max_runtime_s=1200.0),
 )
