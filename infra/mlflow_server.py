@@ -93,7 +93,7 @@ def benchmark_view(test_metrics: list[str]) -> dict:
     columns = [_column("tags", key) for key in HEADLINE_TAGS] + [_column("metrics", key) for key in metrics]
     return {
         "searchFilter": TRAIN_FILTER, "orderByKey": _column("metrics", "time_to_target_s"), "orderByAsc": True,
-        "selectedColumns": columns, "columnOrder": [],
+        "selectedColumns": columns, "columnOrder": columns,
         "groupBy": {"aggregateFunction": "average", "groupByKeys": [{"mode": "tag", "groupByData": "karman.workload"}]},
         "groupsExpanded": {}, "useGroupedValuesInCharts": False, "hideEmptyCharts": True,
         "compareRunCharts": charts, "compareRunSections": sections, "isAccordionReordered": False,
