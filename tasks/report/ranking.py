@@ -4,9 +4,10 @@ import statistics
 
 from tasks.report.capabilities import workload_of
 from tasks.report.energy import cell_energy
+from tasks.workloads import RunRules
 
 RANKING_COLUMNS = {"rank": "rank", "framework": "framework", "size": "network (layers x units)", "device": "device", "batch_size": "batch",
-                   "runs": "runs", "reached": "reached", "time_to_target_s": "to target [s]", "target_spread": "to target over seeds",
+                   "runs": "runs", "reached": "reached", "result": "result (run rules)", "time_to_target_s": "to target [s]", "target_spread": "to target over seeds",
                    "test_accuracy": "test accuracy [%]", "accuracy_spread": "accuracy over seeds", "test_f1": "test macro-F1 [%]",
                    "test_longitudinal_err": "test longitudinal max error [%]", "test_sampling_fraction_err": "test sampling-fraction max error [%]",
                    "time_per_epoch_s": "s/epoch", "samples_per_s": "samples/s",
@@ -28,7 +29,8 @@ def ranking_columns(table: list[dict]) -> dict[str, str]:
 def ranking(rows: list[dict]) -> dict[str, list[dict]]:
     """Per workload the ranking takes (``ranked``), seed 004's table done right: per (framework, device, batch
     size), over its repeated runs, the median time to the quality target with its spread (min-max), the runs that
-    reached it, the median test accuracy at the end and its spread, s/epoch, samples/s, TFLOPS and utilisation;
+    reached it within the workload's max_runtime, whether they make a result by its run rules (``result``: complete, or
+    indicative and why), the median test accuracy at the end and its spread, s/epoch, samples/s, TFLOPS and utilisation;
     ranked by median time to target (cells that never reached it last)."""
     nan = float("nan")
     groups: dict[tuple, list[dict]] = {}
@@ -46,9 +48,11 @@ def ranking(rows: list[dict]) -> dict[str, list[dict]]:
 
     out: dict[str, list[dict]] = {}
     for (workload, framework, device, batch, _), members in groups.items():
-        reached = [m for m in members if m["time_to_target_s"] == m["time_to_target_s"]]
+        rules = rules_of(workload)
+        reached = [m for m in members if rules.reached(m["time_to_target_s"])]  # (within the workload's max_runtime)
         out.setdefault(workload, []).append({
             "framework": framework, "size": members[0]["size"], "device": device, "batch_size": batch, "runs": len(members), "reached": len(reached),
+            "result": rules.verdict(len(members), len(reached)),
             "time_to_target_s": median(reached, "time_to_target_s") if reached else nan, "target_spread": spread(reached, "time_to_target_s"),
             "test_accuracy": 100 * median(members, "test_accuracy"), "accuracy_spread": spread(members, "test_accuracy", 100, 4),
             "test_f1": 100 * median(members, "test_f1"),
@@ -62,6 +66,12 @@ def ranking(rows: list[dict]) -> dict[str, list[dict]]:
         for rank, c in enumerate(table, 1):
             c["rank"] = rank if c["time_to_target_s"] == c["time_to_target_s"] else "–"
     return out
+
+
+def rules_of(workload: str) -> RunRules:
+    """The workload's run rules; the default ones for a workload this process does not know."""
+    known = workload_of(workload)
+    return known.rules if known else RunRules()
 
 
 def unranked_line(rows: list[dict]) -> str:

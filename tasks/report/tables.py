@@ -4,6 +4,7 @@ import statistics
 
 from tasks.report.capabilities import budget, learned_nothing, setting_label, target_words
 from tasks.report.energy import cell_energy, money, run_energy
+from tasks.report.ranking import rules_of
 from tasks.report.reading import Entry
 
 # Tables narrow enough to read in the Prefect UI: a run's settings and its results side by side would
@@ -17,7 +18,7 @@ TRAIN_RESULT_COLUMNS = {"run": "run", "epochs": "epochs", "time_per_epoch_s": "s
 COMPARE_COLUMNS = {"batch_size": "batch", "device": "device", "runs": "runs", "time_per_epoch_s": "s/epoch",
                    "samples_per_s": "samples/s", "speedup": "× slowest device", "energy": "energy", "cost_text": "cost"}
 QUALITY_COLUMNS = {"framework": "framework", "device": "device", "batch_size": "batch", "recipe": "recipe", "target": "target", "runs": "runs",
-                   "reached": "reached", "time_to_target_s": "to target [s]", "fastest_s": "fastest [s]", "slowest_s": "slowest [s]",
+                   "reached": "reached", "result": "result (run rules)", "time_to_target_s": "to target [s]", "fastest_s": "fastest [s]", "slowest_s": "slowest [s]",
                    "not_reached": "not reached", "energy": "energy", "cost_to_target": "cost to target"}
 
 
@@ -112,12 +113,14 @@ def quality_table(entries: list[Entry]) -> list[dict]:
     rows = []
     nan = float("nan")
     for (framework, device, world, batch, recipe, target), members in sorted(groups.items()):
-        timed = [m for m in members if m.record.summary.target_reached and not m.record.summary.resumes]  # a resumed run's clock stopped
+        rules = rules_of(members[0].record.config.workload)
+        # a resumed run's clock stopped; a run past the workload's max_runtime did not reach the target in time
+        timed = [m for m in members if m.record.summary.target_reached and not m.record.summary.resumes and rules.reached(m.record.summary.time_to_target_s)]
         times = sorted(m.record.summary.time_to_target_s for m in timed)
         kept = times[1:-1] if len(times) >= 3 else times
         missed = [m.run_id[:8] + (" (resumed)" if m.record.summary.resumes else "") for m in members if m not in timed]
         rows.append({"framework": framework, "device": f"{device} x{world}", "batch_size": batch, "recipe": recipe, "target": target,
-                     "runs": len(members), "reached": len(times),
+                     "runs": len(members), "reached": len(times), "result": rules.verdict(len(members), len(times)),
                      "time_to_target_s": sum(kept) / len(kept) if kept else nan,
                      "fastest_s": times[0] if times else nan, "slowest_s": times[-1] if times else nan,
                      "time_per_epoch_s": sorted(m.record.summary.time_per_epoch_s for m in members)[len(members) // 2],

@@ -27,6 +27,33 @@ EXTRA_ENV = "KARMAN_WORKLOADS"
 
 
 @dataclass(frozen=True)
+class RunRules:
+    """What makes a result of a cell, as MLPerf's training rules and AlgoPerf say: ``runs`` runs (seeds), of which at most
+    ``failures`` may miss the target (MLPerf: one; it then counts as the slowest), each within ``max_runtime_s`` of
+    training (AlgoPerf's max_runtime: a run that reaches the target later has not reached it)."""
+
+    runs: int = 5
+    failures: int = 1
+    max_runtime_s: float = 3600.0
+
+    def reached(self, time_to_target_s: float | None) -> bool:
+        return time_to_target_s is not None and time_to_target_s == time_to_target_s and time_to_target_s <= self.max_runtime_s
+
+    def verdict(self, runs: int, reached: int) -> str:
+        """'complete' where ``runs`` runs of which ``reached`` reached the target make a result by these rules, else why not."""
+        if runs >= self.runs and runs - reached <= self.failures and reached:
+            return "complete"
+        why = []
+        if runs < self.runs:
+            why.append(f"{runs} of {self.runs} runs")
+        if not reached:
+            why.append("none reached the target")
+        elif runs - reached > self.failures:
+            why.append(f"{runs - reached} missed the target ({self.failures} may)")
+        return "indicative: " + ", ".join(why)
+
+
+@dataclass(frozen=True)
 class Workload:
     """What a workload says of itself, whatever the framework."""
 
@@ -70,6 +97,7 @@ class Workload:
     # (its training rows, its rollout runs' entries, run id -> Markdown link, the report's folder) -> its own sections of the
     # report (tasks.common.reporting.Sections: its frameworks compared, its rollouts' tables and figures); None: none
     report: Callable | None = None
+    rules: RunRules = RunRules()  # how many runs make a result of one of its cells, and the time each may take
 
     def __post_init__(self):
         """TypeError naming the field of a workload whose part cannot be called as the stages call it (CALLS)."""

@@ -13,7 +13,7 @@ import numpy as np
 from models.recipe import lr_factor
 from tasks.common.data import epoch_order
 from tasks.common.datasets import check_batches
-from tasks.workloads import Workload
+from tasks.workloads import RunRules, Workload
 from tasks.workloads.calo import physics
 from tasks.workloads.calo.dataset import DATA, manifest_of, check_generate, generate, load_checked, read_dataset
 from tasks.workloads.calo.nets import (ENERGY_SCALE, LEARNING_RATE, LOSS_WEIGHTS, POWER, PUBLISHED, NetConfig, parameter_counts, pool_cells,
@@ -312,4 +312,5 @@ WORKLOAD = Workload(
     check_generate=check_generate,
     generate_fields=("events", "energy", "angle"),
     generate_options=("events", "energy", "angle"),
+    rules=RunRules(runs=5, failures=1, max_runtime_s=3600.0),
 )

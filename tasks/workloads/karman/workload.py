@@ -16,7 +16,7 @@ from models.solver import vorticity
 from tasks.common.errors import UserError
 from tasks.common.plots import vorticity_panels
 from tasks.common.store import file_sha256, load_manifest
-from tasks.workloads import Workload
+from tasks.workloads import RunRules, Workload
 from tasks.workloads.karman.data import IN_MEMORY_BYTES, OUTPUTS, Normalizer, PairSource, StepCodec, model_inputs, split_of, training_net
 from tasks.workloads.karman.registry import register_champion, spec_target
 from tasks.workloads.karman.report import sections as report_sections
@@ -182,4 +182,5 @@ WORKLOAD = Workload(
     spec_target=spec_target,
     register=register_champion,
     report=report_sections,
+    rules=RunRules(runs=5, failures=1, max_runtime_s=1800.0),  # the long-horizon recipe's half hour
 )

@@ -47,3 +47,26 @@ def test_the_report_section_scores_by_time_and_by_cost_with_a_figure_each(tmp_pa
     assert "| jax cpu x1 | 1.000 | 1.00 | 1.00 |" in text  # by cost: the cheapest on both
     assert [f.name for f in figures] == ["performance_profile_time.png", "performance_profile_cost.png"] and all(f.stat().st_size > 0 for f in figures)
     assert section([row("digits", "torch", 2.0)], tmp_path) == ([], [])  # one submission: nothing to compare
+
+
+def test_a_cell_is_a_complete_result_only_by_its_workloads_run_rules():
+    from tasks.report.ranking import ranking, rules_of
+    from tasks.workloads import RunRules
+
+    rules = rules_of("digits")
+    assert (rules.runs, rules.failures) == (5, 1) and rules_of("no-such-workload") == RunRules()
+
+    def runs(framework, times):
+        return [{**row("digits", framework, t), "shared_setting": "s", "size": "", "seed": i, "test_accuracy": 0.97, "test_f1": float("nan"),
+                 "test_longitudinal_err": float("nan"), "test_sampling_fraction_err": float("nan"), "time_per_epoch_s": 1.0,
+                 "samples_per_s": 1.0, "achieved_tflops": 1.0, "mfu_ceiling": 0.1, "mfu_peak": 0.1, "energy_j": float("nan"), "cost": float("nan"),
+                 "energy_unavailable": "", "currency": "USD"}
+                for i, t in enumerate(times)]
+
+    nan = float("nan")
+    table = {c["framework"]: c for c in ranking(runs("torch", [3.0, 4.0, 5.0, 6.0, nan]) + runs("jax", [3.0, 4.0, 5.0])
+                                                + runs("tensorflow", [3.0, nan, nan, 4.0, 5.0]) + runs("slow", [3.0, 4.0, 5.0, 6.0, rules.max_runtime_s + 1]))["digits"]}
+    assert table["torch"]["result"] == "complete"  # five runs, one missed
+    assert table["jax"]["result"] == "indicative: 3 of 5 runs"
+    assert table["tensorflow"]["result"] == "indicative: 2 missed the target (1 may)"
+    assert table["slow"]["reached"] == 4 and table["slow"]["result"] == "complete"  # past max_runtime counts as missed
