@@ -1,4 +1,4 @@
-"""The bench-… commands' command line, generated from their specs as every command's is; imports no Prefect or MLflow.
+"""The bench-… commands' and history's command line, generated from their specs as every command's is; imports no Prefect (history and bench-matmul read or write MLflow).
 
 They run as they are on a machine that has only the compute stack (numpy, numba, torch) and pydantic;
 bench-quality also reads a stored dataset (zarr, xarray).
@@ -14,7 +14,7 @@ from pydantic import BaseModel, ValidationError
 
 from flows.jsonline import json_line
 from flows.options import OneLineParser, add_spec_options, spec_from_args, validation_message
-from tasks.bench.specs import BenchInferSpec, BenchMatmulSpec, BenchQualitySpec, BenchSolverSpec, BenchTrainSpec, CompareDatasetsSpec
+from tasks.bench.specs import BenchInferSpec, BenchMatmulSpec, BenchQualitySpec, BenchSolverSpec, BenchTrainSpec, CompareDatasetsSpec, HistorySpec
 
 JSON_HELP = "Print a one-line JSON summary as the last line of stdout"
 
@@ -55,6 +55,18 @@ def _matmul(spec: BenchMatmulSpec) -> dict:
     return bench_matmul(spec)
 
 
+def _history(spec: HistorySpec) -> dict:
+    from tasks.common.settings import Settings
+    from tasks.report.history import history_of_experiment
+
+    out = history_of_experiment(Settings.from_env(), spec.metric, spec.min_change)
+    for cell in out["cells"]:  # a line per cell on stderr: its versions' medians, and each flagged step
+        steps = " -> ".join(f"{v['version']}: {v['median']:.4g} ({v['runs']} runs)" for v in cell["versions"])
+        flagged = "".join(f"; FLAGGED {f['change']:+.1%} ({f['from']} -> {f['to']}, beyond {f['noise']:.0%})" for f in cell["flags"])
+        print(f"{cell['cell']}: {steps}{flagged}", file=sys.stderr)
+    return out
+
+
 @dataclass(frozen=True)
 class BenchCommand:
     """One bench command: its spec (options and help from the spec's fields), its help line, and what runs it."""
@@ -74,6 +86,8 @@ BENCH_COMMANDS: dict[str, BenchCommand] = {
                                  "against the device's peak", _matmul),
     "compare-datasets": BenchCommand(CompareDatasetsSpec, "How far two datasets of one sweep differ, frame by frame (a GPU sweep "
                                      "against the CPU's)", _compare),
+    "history": BenchCommand(HistorySpec, "Each cell's results across code and framework versions (the experiment's training runs), "
+                            "steps beyond the noise flagged", _history),
 }
 
 

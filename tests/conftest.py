@@ -21,7 +21,7 @@ XLA_CPU_ENV = {"PJRT_DEVICE": "CPU", "XLA_FLAGS": "--xla_backend_optimization_le
 # ``make test-fast`` (pytest -m "not full") leaves them out, with the tests marked ``full`` elsewhere;
 # ``make test`` (CI) runs everything.
 FULL_TIER_MODULES = {"test_deployed.py", "test_end_to_end.py", "test_benchmark_flow.py", "test_pipeline.py", "test_training.py", "test_tensorflow.py",
-                     "test_digits_flows.py", "test_har_flows.py", "test_calo_training.py"}
+                     "test_digits_flows.py", "test_har_flows.py", "test_calo_training.py", "test_history.py"}
 
 
 # The longest modules start first, so that with ``-n 3 --dist loadfile`` (make test) the workers

@@ -211,3 +211,13 @@ def _quality_spec() -> type[BenchSpec]:
 
 
 BenchQualitySpec = _quality_spec()
+
+
+class HistorySpec(BenchSpec):
+    """Each cell's results across code and framework versions, from the experiment's training runs, with steps beyond the noise flagged."""
+
+    metric: Literal["time_per_epoch_s", "samples_per_s", "time_to_target_s"] = Field(
+        default="time_per_epoch_s", description="The result compared between versions: seconds per epoch, samples/s or time to target")
+    min_change: float = Field(default=0.10, gt=0, lt=10, description="The smallest relative change of a cell's median flagged "
+                              "(a larger one where the versions' runs scatter: three times their half range)")
+

@@ -1,0 +1,74 @@
+"""A history of results per cell across code and framework versions, from the experiment's training runs, with each step beyond the noise flagged.
+
+A cell is one training setting (workload, framework, precision, the workload's own settings, budget, threads,
+data) on one device kind and world size at one batch size. A version is what ran it: the code (the git
+commit, or the digest of the sources outside a checkout) and the framework's version. Versions are taken
+in the order of their first run. Between consecutive versions the median of ``metric`` (seconds per epoch
+by default) is compared: a change is flagged where it exceeds both ``min_change`` and three times the
+larger of the two versions' spreads (each version's runs' half range over their median; 0 for one run),
+so that a cell whose runs scatter needs a larger step, as asv's step detection weighs a step by the noise.
+"""
+
+import statistics
+
+from tasks.common.names import Tag
+from tasks.common.settings import Settings
+from tasks.common.tracking import client_for, experiment_id
+from tasks.report.capabilities import setting_label
+from tasks.report.reading import Entry, training_records
+
+NOISE_TIMES = 3.0
+
+
+def version_of(entry: Entry) -> str:
+    """The code and framework version of a run, in words: 'git:abc123 torch 2.9.0' (the sources' digest where no commit)."""
+    c = entry.record.config
+    parts = (c.code_version or "?").split()
+    commit = next((p for p in parts if p.startswith("git:")), None)
+    sources = next((p for p in parts if p.startswith("src:")), "?")
+    code = sources if commit is None else commit if not commit.endswith("+dirty") else f"{commit} {sources}"  # local changes: their digest too
+    return f"{code} {c.framework} {c.framework_version}"
+
+
+def cell_of(entry: Entry) -> str:
+    c = entry.record.config
+    return f"{setting_label(entry.record)} | {c.device} x{c.world_size} | batch {c.batch_size}"
+
+
+def _spread(values: list[float]) -> float:
+    middle = statistics.median(values)
+    return (max(values) - min(values)) / 2 / middle if len(values) > 1 and middle else 0.0
+
+
+def history(entries: list[Entry], metric: str = "time_per_epoch_s", min_change: float = 0.10) -> list[dict]:
+    """Per cell (entries in the order their runs started): each version's runs and median ``metric``, and the flagged steps
+    between consecutive versions (``from``, ``to``, ``change``: the relative change of the median, ``noise``: the bound it passed)."""
+    cells: dict[str, dict[str, list[float]]] = {}
+    for e in entries:
+        if e.status != "FINISHED" or e.record.summary is None or e.record.summary.resumes:
+            continue
+        value = getattr(e.record.summary, metric, None)
+        if value is None or value != value:
+            continue
+        cells.setdefault(cell_of(e), {}).setdefault(version_of(e), []).append(float(value))
+    out = []
+    for cell, versions in cells.items():
+        rows = [{"version": v, "runs": len(values), "median": statistics.median(values), "spread": _spread(values)} for v, values in versions.items()]
+        flags = []
+        for before, after in zip(rows, rows[1:]):
+            change = after["median"] / before["median"] - 1
+            noise = max(min_change, NOISE_TIMES * max(before["spread"], after["spread"]))
+            if abs(change) > noise:
+                flags.append({"from": before["version"], "to": after["version"], "change": change, "noise": noise})
+        out.append({"cell": cell, "metric": metric, "versions": rows, "flags": flags})
+    return out
+
+
+def history_of_experiment(settings: Settings, metric: str, min_change: float) -> dict:
+    """``history`` over every training run of the settings' experiment."""
+    client = client_for(settings)
+    runs = client.search_runs([experiment_id(client, settings)], f"tags.`{Tag.STAGE}` = 'train'", order_by=["attributes.start_time ASC"],
+                              max_results=5000)
+    entries, unread = training_records(client, runs)
+    cells = history(entries, metric, min_change)
+    return {"metric": metric, "min_change": min_change, "cells": cells, "flagged": [c for c in cells if c["flags"]], "unread": unread}

@@ -1,0 +1,48 @@
+"""python -m flows history: each cell's results across code versions from the experiment's runs; a slowdown injected into the training step of one cell is flagged, an unchanged cell is not."""
+
+import json
+import shutil
+
+from tests.conftest import ROOT, run_cli
+
+SLEEP = '''                values, (over, stop, train_s) = trainer.step(batch, [over, float(signalled or 0), elapsed], fraction)
+'''
+
+
+def _code_with_a_slower_step(folder):
+    """A copy of the project's code (outside a git checkout: its version is its sources' digest) whose training step sleeps 50 ms
+    more at batch 32, and only there (about ten times the step's own time on a CPU)."""
+    for part in ("flows", "tasks", "models"):
+        shutil.copytree(ROOT / part, folder / part, ignore=shutil.ignore_patterns("__pycache__"))
+    loop = folder / "tasks" / "common" / "training" / "loop.py"
+    text = loop.read_text()
+    assert SLEEP in text
+    loop.write_text(text.replace(SLEEP, SLEEP + "                time.sleep(0.05 if batch_size == 32 else 0.0)\n"))
+    return folder
+
+
+def _train(cwd, env=None):
+    done = run_cli("train", "--workload", "digits", "--dataset", "mnist", "--batch-sizes", "32,128", "--epochs", "2", "--validate-every", "0",
+                   "--json", cwd=cwd, env=env)
+    assert done.returncode == 0, done.stderr[-3000:]
+
+
+def test_a_slower_step_after_a_code_change_is_flagged_and_an_unchanged_cell_is_not(workdir, tmp_path_factory):
+    done = run_cli("generate", "--workload", "digits", "--dataset", "mnist", "--json", cwd=workdir)
+    assert done.returncode == 0, done.stderr[-3000:]
+    _train(workdir)  # this checkout's code: a run of each cell
+    changed = _code_with_a_slower_step(tmp_path_factory.mktemp("changed"))
+    _train(changed, env={"PYTHONPATH": str(changed)})
+    # one run a version: the bound is --min-change alone, 100 %, which a loaded host's drift stays under and the sleep passes
+    out = run_cli("history", "--min-change", "1.0", "--json", cwd=workdir)
+    assert out.returncode == 0, out.stderr[-3000:]
+    result = json.loads(out.stdout.strip().splitlines()[-1])
+    cells = {c["cell"].rsplit("| batch ", 1)[1]: c for c in result["cells"]}
+    assert set(cells) == {"32", "128"}
+    for cell in cells.values():  # both versions of each cell, in the order they ran
+        assert [v["runs"] for v in cell["versions"]] == [1, 1]
+        assert cell["versions"][0]["version"].startswith("git:") and cell["versions"][1]["version"].startswith("src:")
+    (flag,) = cells["32"]["flags"]
+    assert flag["change"] > 1.0 and flag["to"].startswith("src:")
+    assert cells["128"]["flags"] == [] and [c["cell"] for c in result["flagged"]] == [cells["32"]["cell"]]
+    assert "FLAGGED" in out.stderr and out.stderr.count("FLAGGED") == 1
