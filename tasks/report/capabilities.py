@@ -56,6 +56,8 @@ def setting_label(record: TrainRecord, framework: bool = True) -> str:
     parts = [c.workload] + ([c.framework] if framework else []) + [c.spec.precision, own, f"budget {budget(c.spec)}"]
     if c.threads:
         parts.append(f"{c.threads} CPU thread{'s' if c.threads > 1 else ''}")
+    if c.workload_params.get("data"):  # the data's source where the workload records one (har: real (UCI HAPT) or synthetic)
+        parts.append(f"{c.workload_params['data']} data")
     if c.dataset_digest:
         parts.append(f"data {c.dataset_digest[:8]}")
     return ", ".join(parts)

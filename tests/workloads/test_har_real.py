@@ -202,3 +202,13 @@ def test_generate_builds_the_real_dataset_refuses_the_other_source_and_a_refused
     assert manifest["split_subjects"]["test"] == list(processing.TEST_VOLUNTEERS) and manifest["processing"]["gravity_lowpass_hz"] == 0.3
     assert manifest["uci_har_windows"] == {"train": 7352, "test": 2947} and manifest["uci_har_split_windows"] == {"train": 7143, "test": 2874}
     assert_refused(generate("--source", "synthetic"), "already holds real (UCI HAPT) har windows, not --source synthetic")
+
+
+def test_the_reports_setting_of_a_har_run_names_its_data():
+    from tasks.common.records import TrainRecord
+    from tasks.report.capabilities import setting_label
+
+    params = {"workload": "har", "epochs": "12", "time_budget": "None", "max_steps": "None"}
+    assert setting_label(TrainRecord.from_mlflow(params | {"data": "real (UCI HAPT)"}, {}, finished=False)).endswith(", real (UCI HAPT) data")
+    assert setting_label(TrainRecord.from_mlflow(params | {"data": "synthetic"}, {}, finished=False)).endswith(", synthetic data")
+    assert "data" not in setting_label(TrainRecord.from_mlflow(params, {}, finished=False)).split("budget")[1]  # runs before: as they were
