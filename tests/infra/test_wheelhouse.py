@@ -56,7 +56,7 @@ def test_the_node_list_parses_and_holds_none_of_the_pools_packages():
     assert {"torch", "jax", "jaxlib", "numpy", "triton", "scipy", "pandas", "xarray", "numba", "psutil", "pyyaml"} <= node
     assert not {"prefect", "mlflow", "mlflow-skinny", "zarr", "pydantic", "dask", "distributed", "prefect-dask", "mlxtend"} & node
     pool = read_pins((ROOT / "requirements-gpu-pool.txt").read_text())
-    assert pool == {"prefect", "fastapi", "mlflow-skinny", "dask", "distributed", "prefect-dask", "zarr", "pydantic", "mlxtend"}
+    assert pool == {"prefect", "fastapi", "mlflow-skinny", "dask", "distributed", "prefect-dask", "zarr", "pydantic", "mlxtend", "mlperf-logging"}
     assert not pool & node, "a pin of a package the node has would replace the node's copy"
 
 

@@ -1,6 +1,8 @@
-"""The har workload's real data (UCI HAPT): the reader refuses every pickle global but its allowlist before anything runs
-and a file whose SHA-256 is not the pinned one; UCI HAR's filters and windows on signals of known content; the split by
-person; a store of either source opens, an old synthetic one (no ``source``) as synthetic; a refused package writes nothing."""
+"""The har workload's real data (UCI HAPT): the reader's refusals, UCI HAR's filters and windows, the split by person, both sources' stores.
+
+The reader refuses every pickle global but its allowlist before anything runs, and a file whose SHA-256 is not the
+pinned one; the filters and windows are tested on signals of known content; a store of either source opens, an old
+synthetic one (no ``source``) as synthetic; a refused package writes nothing."""
 
 import gzip
 import json

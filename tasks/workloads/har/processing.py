@@ -1,5 +1,7 @@
-"""UCI HAR's signal processing, applied to UCI HAPT's raw recordings (hapt.py): from 50 Hz accelerometer and gyroscope
-samples to the nine inertial-signal channels of UCI HAR's 2.56 s windows, and the split by person.
+"""UCI HAR's signal processing on UCI HAPT's raw recordings (hapt.py): filters, the nine channels, 2.56 s windows, the split by person.
+
+From 50 Hz accelerometer and gyroscope samples to the nine inertial-signal channels of UCI HAR's 2.56 s windows,
+and the split by person.
 
 As UCI HAR's README states it (Anguita et al., ESANN 2013): the sensor signals were pre-processed by noise filters
 (a median filter and a 3rd-order low-pass Butterworth filter with a 20 Hz corner), then the acceleration was separated

@@ -1,23 +1,24 @@
-"""python -m flows history: each cell's results across code versions from the experiment's runs; a slowdown injected into the training step of one cell is flagged, an unchanged cell is not."""
+"""python -m flows history: each cell's results across code versions from the experiment's runs; a slowdown injected into the training loop of one cell is flagged, an unchanged cell is not."""
 
 import json
 import shutil
 
 from tests.conftest import ROOT, run_cli
 
-SLEEP = '''                values, (over, stop, train_s) = trainer.step(batch, [over, float(signalled or 0), elapsed], fraction)
+STEP = '''                values, (over, stop, train_s) = trainer.step(batch, [over, float(signalled or 0), elapsed], fraction)
 '''
 
 
 def _code_with_a_slower_step(folder):
-    """A copy of the project's code (outside a git checkout: its version is its sources' digest) whose training step sleeps 50 ms
-    more at batch 32, and only there (about ten times the step's own time on a CPU)."""
+    """A copy of the project's code (outside a git checkout: its version is its sources' digest) whose training loop takes each
+    step four times at batch 32, and only there: that cell about four times slower however loaded the host is."""
     for part in ("flows", "tasks", "models"):
         shutil.copytree(ROOT / part, folder / part, ignore=shutil.ignore_patterns("__pycache__"))
     loop = folder / "tasks" / "common" / "training" / "loop.py"
     text = loop.read_text()
-    assert SLEEP in text
-    loop.write_text(text.replace(SLEEP, SLEEP + "                time.sleep(0.05 if batch_size == 32 else 0.0)\n"))
+    assert STEP in text
+    loop.write_text(text.replace(STEP, STEP + "                for _ in range(3 if batch_size == 32 else 0):\n"
+                                               "                    trainer.step(batch, [0.0, 0.0, elapsed], fraction)\n"))
     return folder
 
 
@@ -33,7 +34,7 @@ def test_a_slower_step_after_a_code_change_is_flagged_and_an_unchanged_cell_is_n
     _train(workdir)  # this checkout's code: a run of each cell
     changed = _code_with_a_slower_step(tmp_path_factory.mktemp("changed"))
     _train(changed, env={"PYTHONPATH": str(changed)})
-    # one run a version: the bound is --min-change alone, 100 %, which a loaded host's drift stays under and the sleep passes
+    # one run a version: the bound is --min-change alone, 100 %, which a loaded host's drift stays under and four steps for one pass
     out = run_cli("history", "--min-change", "1.0", "--json", cwd=workdir)
     assert out.returncode == 0, out.stderr[-3000:]
     result = json.loads(out.stdout.strip().splitlines()[-1])
