@@ -18,6 +18,7 @@ from flows.bench import BENCH_COMMANDS, add_bench_commands, run_bench
 from flows.jsonline import json_line
 from flows.options import OneLineParser, add_spec_options, spec_from_args, validation_message
 from tasks.common.errors import UserError
+from tasks.workloads.presets import quick_benchmark
 from tasks.common.specs import AblationSpec, AggregateSpec, BenchmarkSpec, DemoSpec, GenerateSpec, InferSpec, TrainSpec, ValidateSpec
 
 EXIT_USAGE = 2
@@ -272,7 +273,7 @@ def main(argv: list[str] | None = None) -> int:
         if cmd.spec is DemoSpec:
             spec: BaseModel = _demo_spec(args)
         else:
-            base = BenchmarkSpec.quick() if getattr(args, "quick", False) else None
+            base = quick_benchmark() if getattr(args, "quick", False) else None
             if args.spec_file:
                 if base is not None:
                     raise UserError("--spec and --quick both give the whole matrix; give one")

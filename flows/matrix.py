@@ -19,9 +19,10 @@ class WorkloadCells:
     dataset: str
     epochs: int
     sizes: list[dict]  # the network sizes swept (e.g. {"layers": 2, "units": 64}); [{}]: the workload's own
+    repeats: int  # training runs (seeds) per cell: the benchmark's repeats, else the workload's run rules'
 
     def train_cells(self, spec: BenchmarkSpec) -> int:
-        return len(self.frameworks) * len(spec.devices) * len(self.batch_sizes) * len(self.sizes) * spec.repeats
+        return len(self.frameworks) * len(spec.devices) * len(self.batch_sizes) * len(self.sizes) * self.repeats
 
 
 def _sizes(spec: BenchmarkSpec, workload) -> list[dict]:
@@ -41,7 +42,8 @@ def benchmark_matrix(spec: BenchmarkSpec) -> list[WorkloadCells]:
         workload = get_workload(name)
         dataset = spec.generate.dataset if workload.swept else benchmark_dataset(workload, spec.generate)[0]
         matrix.append(WorkloadCells(workload, [f for f in spec.frameworks if f in workload.frameworks],
-                                    spec.cell_batch_sizes(name, workload.batch_sizes), dataset, spec.cell_epochs(name, workload.epochs), _sizes(spec, workload)))
+                                    spec.cell_batch_sizes(name, workload.batch_sizes), dataset, spec.cell_epochs(name, workload.epochs), _sizes(spec, workload),
+                                    spec.cell_repeats(workload.rules.runs)))
     unused = [f for f in spec.frameworks if not any(f in m.frameworks for m in matrix)]
     if unused:
         raise UserError(f"framework(s) {', '.join(unused)}: no workload of the benchmark ({', '.join(spec.workloads)}) has a version in them; "
@@ -94,7 +96,7 @@ def benchmark_description(spec: BenchmarkSpec, matrix: list[WorkloadCells]) -> s
     for m in matrix:
         epochs = budget or f"{m.epochs} epochs"
         parts.append(f"{m.workload.title} ({'/'.join(m.frameworks)}) trained on {', '.join(spec.devices)} at global batch sizes "
-                     f"{', '.join(map(str, m.batch_sizes))} ({spec.repeats} seed(s) each, {epochs}) on dataset `{m.dataset}`"
+                     f"{', '.join(map(str, m.batch_sizes))} ({m.repeats} seed(s) each, {epochs}) on dataset `{m.dataset}`"
                      + (f", data {m.workload.data}" if m.workload.synthetic else ""))
     rollouts = "".join(f" Each framework's first trained {m.workload.title} is rolled out {spec.infer.steps} steps "
                        f"({', '.join(f'{mode} x{w}' for _, mode, w in spec.infer_cells())}) on {', '.join(spec.infer_devices)}."
@@ -160,7 +162,7 @@ def plan_benchmark(spec: BenchmarkSpec) -> BenchmarkPlan:
         gen = generate_spec(spec, m)
         train = []
         for framework, device, batch, size in itertools.product(m.frameworks, spec.devices, m.batch_sizes, m.sizes):
-            for seed in range(spec.train.seed, spec.train.seed + spec.repeats):
+            for seed in range(spec.train.seed, spec.train.seed + m.repeats):
                 cell = spec.train_cell(device, batch, seed, framework, name, m.dataset, m.epochs)
                 cell = reset_foreign(m.workload, cell).model_copy(update=size)  # the train section's other workloads' options at their defaults
                 train.append(_job("train", cell, {"workload": name, "framework": framework, "device": device, "batch_size": batch, "seed": seed},

@@ -141,14 +141,14 @@ def test_no_two_runs_of_a_benchmark_share_a_name_and_each_says_what_ran():
 
 
 def test_the_quick_matrix_is_its_preset():
-    from tasks.common.specs import BENCHMARK_PRESETS
+    from tasks.workloads.presets import benchmark_preset, presets, quick_benchmark
 
-    quick = BenchmarkSpec.quick()
-    assert quick == BenchmarkSpec.preset("quick") == BenchmarkSpec.model_validate(BENCHMARK_PRESETS["quick"])
+    quick = quick_benchmark()
+    assert quick == benchmark_preset("quick") == BenchmarkSpec.model_validate(presets()["quick"])
     assert (quick.batch_sizes, quick.train.epochs, quick.infer.steps, quick.aggregate.name) == (None, None, 40, "quick")
     # karman's cells at the demo's sizes; every other workload at its own (digits: batch 64, 8 epochs)
     assert (quick.cell_batch_sizes("karman", (8, 16)), quick.cell_epochs("karman", 5)) == ([4, 8], 3)
     assert (quick.cell_batch_sizes("digits", (64,)), quick.cell_epochs("digits", 8)) == ([64], 8)
     assert quick.model_copy(update={"batch_sizes": [16]}).cell_batch_sizes("karman", (8,)) == [16]  # the user's, for every workload
     with pytest.raises(ValueError, match="unknown benchmark preset 'fast'; choose one of quick, frameworks, seeds-quick"):
-        BenchmarkSpec.preset("fast")
+        benchmark_preset("fast")

@@ -24,6 +24,7 @@ from infra.postgres import bindir
 from tasks.common.credentials import auth_refused
 from tasks.common.errors import UserError
 from tasks.common.specs import BenchmarkSpec
+from tasks.workloads.presets import quick_benchmark
 from tests.conftest import ROOT, kill_tree
 from tests.servers import AUTH_PASSWORD, AUTH_USER, Services, authenticated, free_port, wait_http, wait_postgres
 
@@ -44,18 +45,18 @@ def wait_for_finished_train_cell(uri: str, worker: subprocess.Popen, log: Path, 
 
 
 def test_quick_prefect_yaml_parameters_are_the_quick_matrix():
-    from tasks.common.specs import BENCHMARK_PRESETS, BenchmarkSpec
+    from tasks.workloads.presets import benchmark_preset, presets
 
     deployments = yaml.safe_load((Path(ROOT) / "prefect.yaml").read_text())["deployments"]
     quick = next(d for d in deployments if d["entrypoint"].endswith(":benchmark") and d["name"] == "quick")
-    assert BenchmarkSpec.model_validate(quick["parameters"]["spec"]) == BenchmarkSpec.quick()
+    assert BenchmarkSpec.model_validate(quick["parameters"]["spec"]) == quick_benchmark()
     assert quick["work_pool"]["name"] == "cpu"
     # every preset is a deployment of the benchmark with the preset's matrix, as the run form shows it
     benchmarks = {d["name"]: d for d in deployments if d["entrypoint"].endswith(":benchmark")}
-    assert set(BENCHMARK_PRESETS) <= set(benchmarks)
-    for name in BENCHMARK_PRESETS:
-        assert BenchmarkSpec.model_validate(benchmarks[name]["parameters"]["spec"]) == BenchmarkSpec.preset(name), name
-    frameworks = BenchmarkSpec.preset("frameworks")
+    assert set(presets()) <= set(benchmarks)
+    for name in presets():
+        assert BenchmarkSpec.model_validate(benchmarks[name]["parameters"]["spec"]) == benchmark_preset(name), name
+    frameworks = benchmark_preset("frameworks")
     assert (frameworks.frameworks, frameworks.batch_sizes, frameworks.repeats, frameworks.train.ngf) == (["torch", "tensorflow"], [8], 2, 16)
     nightly = next(d for d in deployments if d["entrypoint"].endswith(":benchmark") and d["name"] == "nightly")
     assert nightly["schedules"][0]["cron"] == "0 2 * * *"
@@ -159,7 +160,7 @@ def test_quick_benchmark_deployed_on_real_servers_and_a_worker(tmp_path, monkeyp
             # warm-up instead of nine; one training cell, batch 4, of one epoch of at most eight steps instead of three
             # epochs of 106; the cell still validates, checkpoints and logs its model; the three rollout cells as in
             # the quick matrix)
-            quick = BenchmarkSpec.quick()
+            quick = quick_benchmark()
             short = quick.train.model_copy(update={"epochs": 1, "max_steps": 8})
             sweep = quick.generate.model_copy(update={"reynolds": [80.0, 95.0, 110.0, 125.0], "warmup_steps": 4000})
             custom = {"spec": json.loads(quick.model_copy(update={"generate": sweep, "train": short, "batch_sizes": [4], "per_workload": {}}).model_dump_json())}

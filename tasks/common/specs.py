@@ -361,7 +361,7 @@ class BenchmarkSpec(Spec):
     per_workload: dict[Annotated[str, StringConstraints(pattern=WORKLOAD_NAME)], WorkloadSettings] = Field(
         default_factory=dict, description="Per workload, by name: its batch sizes and epochs where they are not its own (a preset sizes karman's "
                                           "cells this way, so the other workloads train at theirs); a workload not in the matrix is ignored")
-    repeats: PositiveInt = Field(default=1, le=100, description="Training runs per cell, with seeds train.seed, train.seed + 1, ...: the report's time to quality is their mean, the fastest and slowest dropped from three on")
+    repeats: PositiveInt | None = Field(default=None, le=100, description="Training runs per cell, with seeds train.seed, train.seed + 1, ...: the report's time to quality is their mean, the fastest and slowest dropped from three on; None = the workload's run rules (digits, har, karman, calo: 5 runs), so its results can be complete")
     layers: list[Annotated[int, Field(gt=0, le=64)]] | None = Field(default=None, min_length=1, description="Sweep of the recurrent workloads' depth (har: stacked BiLSTM layers, seed 002's axis), one cell per value and per units value; None = each workload's own; the other workloads ignore it")
     units: list[Annotated[int, Field(gt=0, le=4096)]] | None = Field(default=None, min_length=1, description="Sweep of the recurrent workloads' width (har: units per direction and layer), crossed with layers; None = each workload's own")
     infer_devices: list[Device] = Field(default=["cpu"], min_length=1, description="Rollout devices")
@@ -421,6 +421,10 @@ class BenchmarkSpec(Spec):
         settings = self.per_workload.get(workload)
         return (settings.epochs if settings else None) or self.train.epochs or own
 
+    def cell_repeats(self, own: int) -> int:
+        """The training runs of each of a workload's cells: the benchmark's repeats, else its run rules' ``own`` count."""
+        return self.repeats or own
+
     def cell_batch_sizes(self, workload: str, own: tuple[int, ...]) -> list[int]:
         """The batch sizes of ``workload``'s cells: the benchmark's, else its per_workload ones, else its ``own``."""
         settings = self.per_workload.get(workload)
@@ -433,34 +437,3 @@ class BenchmarkSpec(Spec):
     def infer_cells(self) -> list[tuple[str, str, int]]:
         """(device, mode, workers) of every rollout cell; full-frame only at one worker."""
         return [(d, m, w) for d in self.infer_devices for m in self.modes for w in self.workers if m == "mapreduce" or w == 1]
-
-    @classmethod
-    def preset(cls, name: str) -> "BenchmarkSpec":
-        """The named matrix of BENCHMARK_PRESETS; ValueError naming the presets for any other name."""
-        if name not in BENCHMARK_PRESETS:
-            raise ValueError(f"unknown benchmark preset {name!r}; choose one of {', '.join(BENCHMARK_PRESETS)}")
-        return cls.model_validate(BENCHMARK_PRESETS[name])
-
-    @classmethod
-    def quick(cls) -> "BenchmarkSpec":
-        """The quick matrix on CPU (``--quick``): a small sweep, a narrow Pix2Pix at two batch sizes, rollouts
-        full-frame and map-reduce on one and two workers."""
-        return cls.preset("quick")
-
-
-# The named benchmark matrices, each written once: the CLI's --quick is "quick", and prefect.yaml's quick
-# and frameworks deployments of the benchmark pass these values (tests/test_decisions.py holds them equal).
-# The quick matrix sizes karman's cells (batch 4 and 8, 3 epochs: the demo's); the other workloads train at their own batch
-# sizes and epochs (digits at 64 for 8 epochs: at karman's batch 4 its SGD rate left three of four runs at chance).
-_QUICK = {"train": {"ngf": 16, "ndf": 16}, "per_workload": {"karman": {"batch_sizes": [4, 8], "epochs": 3}}, "infer": {"steps": 40},
-          "workers": [1, 2], "generate": {"events": 400}, "aggregate": {"name": "quick"}}  # events: calo's dataset (calo-events400)
-BENCHMARK_PRESETS: dict[str, dict] = {
-    # The demo's sizes: a narrow Pix2Pix at batch 4 and 8, rollouts full-frame and map-reduce on 1 and 2 workers.
-    "quick": _QUICK,
-    # PyTorch and TensorFlow side by side at the quick matrix's sizes, batch 8, two seeds each.
-    "frameworks": _QUICK | {"frameworks": ["torch", "tensorflow"], "batch_sizes": [8], "repeats": 2, "aggregate": {"name": "frameworks"}},
-    # Seed 004 done right: the digits CNN in the three frameworks on CPU, three seeds each, ranked by time to the target.
-    "seeds-quick": {"workloads": ["digits"], "frameworks": ["torch", "tensorflow", "jax"], "devices": ["cpu"], "repeats": 3,
-                    "aggregate": {"name": "seeds-quick"}},
-}
-

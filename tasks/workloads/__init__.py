@@ -98,6 +98,9 @@ class Workload:
     # report (tasks.common.reporting.Sections: its frameworks compared, its rollouts' tables and figures); None: none
     report: Callable | None = None
     rules: RunRules = RunRules()  # how many runs make a result of one of its cells, and the time each may take
+    # Its cells' sizes in the quick preset where they are not its own (BenchmarkSpec.per_workload's fields: karman trains at the
+    # demo's batch 4 and 8 for 3 epochs there); None: its own sizes (tasks.workloads.presets)
+    quick: dict | None = None
 
     def __post_init__(self):
         """TypeError naming the field of a workload whose part cannot be called as the stages call it (CALLS)."""

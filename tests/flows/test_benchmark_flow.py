@@ -11,6 +11,7 @@ from mlflow.tracking import MlflowClient
 from pydantic import ValidationError
 
 from tasks.common.specs import AggregateSpec, BenchmarkSpec, GenerateSpec, InferOptions, TrainOptions
+from tasks.workloads.presets import quick_benchmark
 from tests.conftest import run_cli, write_sweep
 from tests.flows.test_cli import assert_refused
 
@@ -21,6 +22,7 @@ TINY = BenchmarkSpec(
     batch_sizes=[4, 500],  # 500 is more than the training pairs: that cell fails, the others go on
     infer=InferOptions(steps=3, halo=4),
     modes=["full", "mapreduce"], workers=[1, 2],
+    repeats=1,  # one run a cell (the workload's run rules would give karman five)
     aggregate=AggregateSpec(name="tiny-bench"),
 )
 
@@ -114,7 +116,7 @@ def test_a_gpu_sweep_is_the_gpu_pools_dataset_cell(monkeypatch):
     from flows.matrix import check_deployments, deployment_for
     from tasks.common.errors import UserError
 
-    spec = BenchmarkSpec.quick().model_copy(update={"generate": GenerateSpec(device="cuda"), "pools": {"cuda": "gpu"}})
+    spec = quick_benchmark().model_copy(update={"generate": GenerateSpec(device="cuda"), "pools": {"cuda": "gpu"}})
     assert deployment_for("generate", spec.generate.device, spec.pools) == "generate/gpu"
     assert deployment_for("generate", "cpu", spec.pools) is None  # a cpu sweep runs where the benchmark runs
     monkeypatch.delenv("PREFECT_API_URL", raising=False)
@@ -172,7 +174,7 @@ def test_both_frameworks_are_compared_cell_by_cell_and_a_rerun_skips_the_tensorf
 def test_a_har_sweep_of_layers_by_units_is_one_matrix_and_other_workloads_ignore_it():
     from flows.matrix import benchmark_matrix
 
-    spec = BenchmarkSpec.quick().model_copy(update={"workloads": ["har", "digits"], "frameworks": ["torch", "tensorflow"],
+    spec = quick_benchmark().model_copy(update={"workloads": ["har", "digits"], "frameworks": ["torch", "tensorflow"],
                                                     "layers": [1, 2], "units": [16, 32, 64]})
     har, digits = benchmark_matrix(spec)
     assert har.sizes == [{"layers": l, "units": u} for l in (1, 2) for u in (16, 32, 64)]
@@ -182,3 +184,18 @@ def test_a_har_sweep_of_layers_by_units_is_one_matrix_and_other_workloads_ignore
     assert benchmark_matrix(spec.model_copy(update={"layers": None, "units": None}))[0].sizes == [{}]
     with pytest.raises(ValidationError, match="layers"):
         BenchmarkSpec(layers=[0])
+
+
+def test_a_benchmark_without_repeats_trains_each_cell_as_often_as_its_workloads_run_rules_ask():
+    from flows.matrix import plan_benchmark
+    from tasks.workloads import get_workload
+
+    plan = plan_benchmark(BenchmarkSpec(workloads=["digits", "har"], frameworks=["torch", "jax"]))
+    for part in plan.workloads:
+        runs = get_workload(part.cells.workload.name).rules.runs
+        assert part.cells.repeats == runs == 5
+        seeds = sorted(job.spec.seed for job in part.train if job.spec.framework == "torch")
+        assert seeds == list(range(runs))  # seeds 0..4 of each cell
+    assert "5 seed(s) each" in plan.description
+    assert {p.cells.repeats for p in plan_benchmark(BenchmarkSpec(workloads=["digits"], repeats=2)).workloads} == {2}
+    assert {p.cells.repeats for p in plan_benchmark(quick_benchmark().model_copy(update={"workloads": ["digits"]})).workloads} == {1}

@@ -51,6 +51,7 @@ import gpu_accelerator  # noqa: E402
 def test_every_gpu_accelerator_step_is_a_valid_command(name):
     from flows.cli import build_parser
     from tasks.common.specs import BenchmarkSpec
+    from tasks.workloads.presets import quick_benchmark
 
     command, limit = gpu_accelerator._steps(ROOT)[name]
     assert 0 < limit <= 600
@@ -64,7 +65,7 @@ def test_every_gpu_accelerator_step_is_a_valid_command(name):
         assert spec.device == "cuda" and args.json
     elif command[1:3] == ["-m", "flows"]:  # the benchmark flow: its options build its spec over the quick matrix, cuda on a local pool
         args = build_parser().parse_args(command[3:])
-        spec = spec_from_args(BenchmarkSpec, args, BenchmarkSpec.quick())
+        spec = spec_from_args(BenchmarkSpec, args, quick_benchmark())
         assert spec.devices == ["cuda"] and spec.pools == {"cuda": "local"} and args.json
     elif command[2] == "--calo":
         assert all(int(b) > 0 for b in command[3].split(",")) and set(command[4:]) <= set(gpu_accelerator.CALO_VARIANTS)

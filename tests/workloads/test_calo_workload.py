@@ -205,14 +205,15 @@ def test_a_batch_carries_the_steps_randomness_from_numpy():
 
 
 def test_a_benchmark_trains_calo_on_a_dataset_named_after_the_fields_it_changes():
-    from tasks.common.specs import BenchmarkSpec, GenerateSpec
+    from tasks.common.specs import GenerateSpec
+    from tasks.workloads.presets import quick_benchmark
     from tasks.workloads import benchmark_dataset, get_workload
 
     calo, har = get_workload("calo"), get_workload("har")
     assert benchmark_dataset(calo, GenerateSpec()) == ("calo", {})
-    assert benchmark_dataset(calo, BenchmarkSpec.quick().generate) == ("calo-events400", {"events": 400})
+    assert benchmark_dataset(calo, quick_benchmark().generate) == ("calo-events400", {"events": 400})
     assert benchmark_dataset(calo, GenerateSpec(energy=[120.0, 180.0])) == ("calo-energy120-180", {"energy": [120.0, 180.0]})
-    assert benchmark_dataset(har, BenchmarkSpec.quick().generate) == ("har", {})
+    assert benchmark_dataset(har, quick_benchmark().generate) == ("har", {})
 
 
 def test_the_ranks_shares_of_a_batch_differ_and_together_are_the_one_device_batch():
