@@ -85,13 +85,14 @@ def _check_aggregate(settings, spec: AggregateSpec) -> None:
 
 
 def _check_validation(settings, spec: ValidateSpec) -> None:
+    from models.solver import backend_from_name
     from tasks.common import probe
     from tasks.common.launch import run_child
     from tasks.validate.task import setups
 
     setups(spec)
     kind = spec.device.split(":")[0]
-    if spec.backend == "triton" and kind != "cuda":
+    if backend_from_name(spec.backend).batched and kind != "cuda":  # the fused kernel: CUDA only
         raise UserError(f"device {spec.device!r} is not offered by the triton backend; use cuda")
     if kind != "cpu":  # the device is there (asked in a child process: this one imports no framework)
         run_child("probe", probe.BODY, {"device": kind}, _log())

@@ -15,10 +15,27 @@ NO_PROBES = np.zeros((0, 2), np.int64)
 
 
 class Backend(str, Enum):
+    """A solver backend, and what the stages ask of it (never by its name)."""
+
     NUMPY = "numpy"
     NUMBA = "numba"
     TORCH = "torch"
     TRITON = "triton"
+
+    @property
+    def on_device(self) -> bool:
+        """It runs on the solver's device (a CUDA GPU through torch); the others run on the CPU whatever device is named."""
+        return self in (Backend.TORCH, Backend.TRITON)
+
+    @property
+    def batched(self) -> bool:
+        """It steps a batch of simulations in one fused launch (SolverBatch) and reads a one-byte cell flag per cell."""
+        return self is Backend.TRITON
+
+    @property
+    def single_threaded(self) -> bool:
+        """The reference operators: one thread, so a roofline holds it against a one-thread copy."""
+        return self is Backend.NUMPY
 
 
 def backend_from_name(name: str) -> Backend:

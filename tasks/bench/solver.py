@@ -7,7 +7,7 @@ from dataclasses import replace
 
 import numpy as np
 
-from models.solver import ChannelSolver, FlowConfig, Obstacle, SolverBatch
+from models.solver import Backend, ChannelSolver, FlowConfig, Obstacle, SolverBatch, backend_from_name
 from models.solver import roofline
 from models.solver.timing import timed_advances
 from tasks.bench.specs import BenchSolverSpec
@@ -48,23 +48,24 @@ def bench_solver(spec: BenchSolverSpec) -> dict:
     """Median MLUPS over ``spec.repeats`` timed runs of ``spec.steps`` steps, after an untimed run that compiles
     (and, for triton on cuda, captures the CUDA graphs)."""
     nx, ny, steps, backend, dtype, repeats, device = spec.nx, spec.ny, spec.steps, spec.backend, spec.dtype, spec.repeats, spec.device
-    if backend == "triton":
+    kind = backend_from_name(backend)
+    if kind.batched:
         solver = _Batch(spec)
     else:
         solver = ChannelSolver(bench_config(nx, ny, dtype), backend=backend, device=device)
     itemsize = np.dtype(dtype).itemsize
-    flag_bytes = 1 if backend == "triton" else 0  # the fused kernel reads a one-byte cell flag
-    copier = _copier(backend, device, spec.batch * roofline.population_bytes(ny, nx, itemsize))
+    flag_bytes = 1 if kind.batched else 0  # the fused kernel reads a one-byte cell flag
+    copier = _copier(kind, device, spec.batch * roofline.population_bytes(ny, nx, itemsize))
     copies: list[float] = []
     between = (lambda: copies.extend(copier.once() for _ in range(COPIES))) if copier else None
-    seconds = timed_advances(solver, steps, repeats, _synchroniser(backend, device), warmup=steps, between=between)
+    seconds = timed_advances(solver, steps, repeats, _synchroniser(kind, device), warmup=steps, between=between)
     rates = [spec.batch * nx * ny * steps / t / 1e6 for t in seconds]
     return {
         "mlups": statistics.median(rates), "backend": backend, "dtype": dtype, "batch": spec.batch,
         "steps_per_second": steps / statistics.median(seconds),  # of each simulation
         "bytes_per_update": roofline.bytes_per_cell(itemsize, flag_bytes),  # nine populations read and written (and the cell flag)
         "nx": nx, "ny": ny, "steps": steps, "repeats": repeats, "mlups_runs": [round(r, 1) for r in rates],
-        "device": device if backend in ("torch", "triton") else "cpu",
+        "device": device if kind.on_device else "cpu",
         **_roofline(rates, copies, roofline.bytes_per_cell(itemsize, flag_bytes), copier),
     }
 
@@ -73,14 +74,14 @@ GPU_COPY_BYTES = 1 << 30  # each copy buffer on a GPU at least (an H100's L2 hol
 COPIES = 10  # copies timed before each solver run and after the last (at 4096 x 1024, about a tenth of a second)
 
 
-def _copier(backend: str, device: str, nbytes: int) -> roofline.NumbaCopy | roofline.TorchCopy | None:
+def _copier(backend: Backend, device: str, nbytes: int) -> roofline.NumbaCopy | roofline.TorchCopy | None:
     """The copy the solver's run is held against: on a CUDA GPU torch's device-to-device copy, on the CPU
     numba's parallel copy on the solver's threads (the NumPy reference runs on one); none on other devices."""
     if device.startswith("cuda"):  # from device memory: buffers far larger than any L2 cache
         return roofline.TorchCopy(max(nbytes, GPU_COPY_BYTES), device)
-    if device != "cpu" or backend == "triton":  # XLA devices; Triton's CPU interpreter is no measure of a CPU
+    if device != "cpu" or backend.batched:  # XLA devices; Triton's CPU interpreter is no measure of a CPU
         return None
-    return roofline.NumbaCopy(nbytes, threads=1 if backend == "numpy" else None)
+    return roofline.NumbaCopy(nbytes, threads=1 if backend.single_threaded else None)
 
 
 def _roofline(rates: list[float], copies: list[float], cell_bytes: int, copier) -> dict:
@@ -105,8 +106,8 @@ def _roofline(rates: list[float], copies: list[float], cell_bytes: int, copier) 
     return {**out, "cpu": cpu_name(), "threads": copier.threads}
 
 
-def _synchroniser(backend: str, device: str):
-    if backend in ("torch", "triton") and device.startswith("cuda"):
+def _synchroniser(backend: Backend, device: str):
+    if backend.on_device and device.startswith("cuda"):
         import torch
 
         return torch.cuda.synchronize

@@ -91,9 +91,12 @@ class BenchSolverSpec(BenchSpec):
 
     @model_validator(mode="after")
     def _backend_offers(self) -> "BenchSolverSpec":
-        if self.batch > 1 and self.backend != "triton":
+        from models.solver import backend_from_name
+
+        backend = backend_from_name(self.backend)
+        if self.batch > 1 and not backend.batched:
             raise ValueError(f"batch {self.batch}: many simulations per launch are offered by the triton backend only; use batch 1 with {self.backend}")
-        if self.backend in ("numba", "numpy") and self.device != "cpu":
+        if not backend.on_device and self.device != "cpu":
             raise ValueError(f"device {self.device!r}: the {self.backend} backend runs on the cpu; use --backend triton or torch for {self.device}")
         return self
 

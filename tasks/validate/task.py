@@ -9,6 +9,7 @@ from pathlib import Path
 import numpy as np
 from prefect import get_run_logger, task
 
+from models.solver import backend_from_name
 from models.solver.benchmark import REFERENCE, Setup, within
 from tasks.common.errors import UserError
 from tasks.common.launch import run_child
@@ -30,7 +31,7 @@ FUSED_CELLS = {"2D-1": 40, "2D-2": 90}
 
 def cells_per_diameter(spec: ValidateSpec) -> int:
     """The finest resolution: the one asked for, else the case's default for the backend."""
-    return spec.cells_per_diameter or (FUSED_CELLS if spec.backend == "triton" else DEFAULT_CELLS)[spec.case]
+    return spec.cells_per_diameter or (FUSED_CELLS if backend_from_name(spec.backend).batched else DEFAULT_CELLS)[spec.case]
 
 
 def resolutions(spec: ValidateSpec) -> list[int]:
