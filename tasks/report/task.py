@@ -20,19 +20,37 @@ from tasks.report.render import build_report, embed, write_html
 __all__ = ["ablation_row", "aggregate_runs", "check_report_source", "publish_artifacts", "write_ablation"]
 
 
+ARTIFACT_COLUMNS = 8  # columns of one table artifact at the most: wider ones run off the right edge of Prefect's artifact view
+
+
+def narrow_tables(rows: list[dict], width: int = ARTIFACT_COLUMNS) -> list[list[dict]]:
+    """``rows`` as tables of at most ``width`` columns, cells formatted: the columns that hold a value in some row, in their
+    order, ``width - 1`` a table after the first column (the run), which every table repeats so that its rows join up."""
+    if not rows:
+        return []
+    cells = [{k: fmt(v) for k, v in r.items() if k not in ("setting", "shared_setting")} for r in rows]
+    key, *rest = [c for c in cells[0] if any(row.get(c, "–") not in ("–", "") for row in cells)] or list(cells[0])[:1]
+    step = max(1, width - 1)
+    return [[{c: row.get(c, "–") for c in (key, *rest[i:i + step])} for row in cells] for i in range(0, max(len(rest), 1), step)]
+
+
 def publish_artifacts(report: dict) -> None:
     """The report that ``aggregate_runs`` returned (figures inline) and its tables as Prefect artifacts of the
-    running flow, under keys from the report's name; called once per report, by the flow whose run owns it."""
+    running flow, under keys from the report's name; called once per report, by the flow whose run owns it. A wide
+    table is published in parts of ``ARTIFACT_COLUMNS`` columns (``-training``, ``-training-2``, ...), each keyed by the run."""
     from prefect.artifacts import create_markdown_artifact, create_table_artifact
 
     name = report["name"]
     key = re.sub(r"[^a-z0-9-]+", "-", name.lower()).strip("-") or "report"
-    clean = lambda rows: [{k: fmt(v) for k, v in r.items() if k not in ("setting", "shared_setting")} for r in rows]  # noqa: E731
     create_markdown_artifact(markdown=report["markdown"], key=f"{key}-report", description=f"Kármán Bench report {name}")
-    create_table_artifact(table=clean(report["train_rows"]) or [{"status": "no training runs"}], key=f"{key}-training",
-                          description="Training runs: setting, device, batch size, time per epoch")
-    create_table_artifact(table=clean(report["infer_rows"]) or [{"status": "no rollouts"}], key=f"{key}-inference",
-                          description="Rollouts: mode x workers -> frames/s, accuracy, solver comparison")
+    for kind, rows, what, empty in (("training", report["train_rows"], "Training runs: setting, device, batch size, time per epoch, results",
+                                     "no training runs"),
+                                    ("inference", report["infer_rows"], "Rollouts: mode x workers -> frames/s, accuracy, solver comparison",
+                                     "no rollouts")):
+        parts = narrow_tables(rows) or [[{"status": empty}]]
+        for i, table in enumerate(parts, 1):
+            create_table_artifact(table=table, key=f"{key}-{kind}" + (f"-{i}" if i > 1 else ""),
+                                  description=what + (f" (part {i} of {len(parts)}, joined by run)" if len(parts) > 1 else ""))
 
 
 @task(name="aggregate-runs", task_run_name="report {spec.name}")
