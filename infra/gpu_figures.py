@@ -59,7 +59,7 @@ def sweep(work: Path) -> dict:
 
     from tasks.common.specs import GenerateSpec
     from tasks.common.store import Manifest
-    from tasks.generate.simulation import expand, run_simulation, simulate_batch_job
+    from tasks.workloads.karman.simulate import expand, run_simulation, simulate_batch_job
 
     times = {}
     for name, device in (("gpu", "cuda"), ("cpu", "cpu")):

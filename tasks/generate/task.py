@@ -1,64 +1,23 @@
-"""Prefect tasks (flow process): a workload's dataset — karman's sweep (a GenerateSpec expanded into simulations, the missing ones run on Dask, recorded) or a workload's own generate."""
+"""Prefect tasks (flow process): a workload's dataset, written by the workload's own ``generate`` (karman's: a solver sweep, tasks.workloads.karman.sweep)."""
 
-import logging
-import shutil
-import time
+from prefect import task
 
-from prefect import get_run_logger, task
-from prefect.cache_policies import NO_CACHE
-
-from tasks.common.cluster import dask_task_runner, finished, worth_retrying
 from tasks.common.errors import UserError
-from tasks.common.names import Tag
-from tasks.common.progress import Progress
 from tasks.common.settings import Settings
 from tasks.common.specs import GenerateSpec
-from tasks.common.store import Manifest, consolidate, remove_stale_groups, verify_simulation, writer_lock
-from tasks.common.tracking import mlflow_run
-from tasks.generate.simulation import expand, run_simulation
 from tasks.workloads import check_options, get_workload
-from tasks.workloads.karman.simulation import SimulationSpec
-
-
-CALO_FIELDS = ("events", "energy", "angle")  # the calo workload's: not part of a karman sweep
-
-# Fields that became lists; a dataset written while they were scalars recorded the scalar.
-_WERE_SCALARS = ("size", "x_position", "y_offset")
-
-
-def _sweep_key(spec: GenerateSpec) -> dict:
-    """What identifies a dataset's sweep in its manifest. A one-value list of a field that used to be a
-    scalar is recorded as that scalar, so datasets generated before stay the same sweep."""
-    key = spec.model_dump(exclude={"workers", "scheduler", "overwrite", "verify", "dataset", "workload", "device", "cpu_backend", *CALO_FIELDS})
-    for name in _WERE_SCALARS:
-        if len(key[name]) == 1:
-            key[name] = key[name][0]
-    return key
 
 
 def check_generate(settings: Settings, spec: GenerateSpec) -> None:
-    """What a generate request can have refused before anything runs: an unknown workload, what the
-    workload's own generate refuses (a damaged dataset), or (karman) a sweep member that does not validate."""
+    """What a generate request can have refused before anything runs: an unknown workload, another workload's
+    option, a device the workload does not write on, or what the workload's own check refuses (a damaged dataset, a
+    sweep member that does not validate)."""
     workload = get_workload(spec.workload)
     check_options(spec, "generate_options")  # another workload's field set: refused, naming whose it is
-    if workload.generate is None:
-        expand(spec)
-        if spec.device == "cuda":
-            if spec.scheduler:
-                raise UserError(f"--scheduler {spec.scheduler}: a cuda sweep runs batched in one process on this host's GPU, not on Dask workers; drop --scheduler or use --device cpu")
-            _probe_gpu()
-    elif spec.device != "cpu":
+    if spec.device != "cpu" and not workload.swept:
         raise UserError(f"device {spec.device!r}: the {spec.workload} dataset is written on the cpu; use --device cpu")
-    elif workload.check_generate is not None:
+    if workload.check_generate is not None:
         workload.check_generate(settings, spec)
-
-
-def _probe_gpu() -> None:
-    """UserError unless a CUDA GPU is there (asked in a child process: this one imports no framework)."""
-    from tasks.common import probe
-    from tasks.common.launch import run_child
-
-    run_child("probe", probe.BODY, {"device": "cuda"}, logging.getLogger("karman.generate"))
 
 
 @task(name="write-dataset", task_run_name="write {spec.workload} dataset {spec.dataset}", retries=0)
@@ -68,116 +27,9 @@ def write_workload_dataset(settings: Settings, spec: GenerateSpec, parent_run_id
 
 
 def generate_dataset(settings: Settings, spec: GenerateSpec, parent_run_id: str | None = None) -> dict:
-    """The dataset of ``spec.workload``: the workload's own ``generate`` where it has one, else the solver sweep."""
-    if get_workload(spec.workload).generate is not None:
-        return write_workload_dataset(settings, spec, parent_run_id)
-    return run_sweep(settings, spec, parent_run_id)
-
-
-COMPLETE_WAIT_S = 120.0  # how long a sweep of a finished dataset waits for another process's pass over it
-
-
-def _complete(dataset_dir, spec: GenerateSpec, sims: list[SimulationSpec]) -> bool:
-    """Whether the manifest already holds every simulation of the sweep (False where it cannot be read)."""
-    try:
-        manifest = Manifest(dataset_dir, _sweep_key(spec))
-    except (UserError, ValueError, OSError):
-        return False
-    return all(manifest.is_complete(s.sim_id) for s in sims)
-
-
-def run_sweep(settings: Settings, spec: GenerateSpec, parent_run_id: str | None = None) -> dict:
-    """Simulate every missing member of the sweep in parallel on Dask; returns the dataset summary. Not a task
-    itself: each simulation is a task run of the flow (``simulate <sim_id>``), side by side in its graph."""
-    logger = get_run_logger()
-    sims = expand(spec)
-    dataset_dir = settings.dataset_dir(spec.dataset)
-    # One writer per dataset: a second sweep is refused. A sweep with nothing left to simulate only checks
-    # and consolidates, in a second: benchmarks that share a finished dataset wait their turn instead.
-    done = not (spec.overwrite or spec.verify) and _complete(dataset_dir, spec, sims)
-    with writer_lock(dataset_dir, f"dataset {spec.dataset!r}", wait_s=COMPLETE_WAIT_S if done else 0.0):
-        return _sweep(settings, spec, sims, dataset_dir, parent_run_id, logger)
-
-
-def _sweep(settings: Settings, spec: GenerateSpec, sims: list[SimulationSpec], dataset_dir, parent_run_id: str | None, logger) -> dict:
-    if spec.overwrite and dataset_dir.exists():
-        shutil.rmtree(dataset_dir)
-    manifest = Manifest(dataset_dir, _sweep_key(spec))
-    if spec.verify:
-        for sim_id in sorted(s for s in manifest.simulations if manifest.is_complete(s)):
-            problem = verify_simulation(dataset_dir, sim_id, manifest.simulations[sim_id]["digest"])
-            if problem:
-                logger.warning("simulation %s is damaged (%s): it is simulated again", sim_id, problem)
-                manifest.remove(sim_id)
-    todo = [s for s in sims if not manifest.is_complete(s.sim_id)]
-    removed = remove_stale_groups(dataset_dir, {s for s in manifest.simulations if manifest.is_complete(s)})
-    if removed:
-        logger.info("removed %d partial simulation group(s) left by an interrupted run: %s", len(removed), ", ".join(removed))
-    logger.info("dataset %s: %d simulations, %d already complete, %d to run", spec.dataset, len(sims), len(sims) - len(todo), len(todo))
-    params = {**spec.model_dump(), "simulations": len(sims)}
-    description = (f"Lattice-Boltzmann sweep into zarr dataset `{spec.dataset}`: {len(sims)} simulations ({len(todo)} run now, the rest "
-                   f"were complete), {spec.nx}x{spec.ny} cells, {spec.frames} frames every {spec.frame_every} steps.")
-    with mlflow_run(settings, "generate", f"generate-{spec.dataset}", params=params, parent_run_id=parent_run_id, description=description) as run:
-        t0 = time.perf_counter()
-        failures = []
-        if todo and spec.device == "cuda":
-            _run_on_gpu(spec, dataset_dir, todo, manifest, logger)
-        elif todo:
-            failures = _run_on_dask(spec, dataset_dir, todo, manifest, logger)
-        consolidate(dataset_dir)
-        wall = time.perf_counter() - t0
-        done = [s.sim_id for s in sims if manifest.is_complete(s.sim_id)]
-        mlups = [manifest.simulations[s.sim_id]["mlups"] for s in todo if s.sim_id in manifest.simulations]
-        run.log_metrics({"wall_s": wall, "simulations": len(done), "simulated_now": len(todo) - len(failures), **({"mlups_mean": sum(mlups) / len(mlups)} if mlups else {})})
-        run.set_tags({Tag.DATASET: spec.dataset, Tag.DATASET_DIGEST: manifest.digest()})
-        run.log_dataset(spec.dataset, manifest.digest(), dataset_dir, "generated", {"simulations": len(done)})
-        if failures:
-            raise RuntimeError(f"{len(failures)} of {len(todo)} simulations failed: " + "; ".join(failures))
-    return {"dataset": spec.dataset, "path": str(dataset_dir), "digest": manifest.digest(), "simulations": done, "run_id": run.run_id}
-
-
-def _run_on_gpu(spec: GenerateSpec, dataset_dir, todo: list[SimulationSpec], manifest: Manifest, logger) -> None:
-    """Every missing simulation batched on the GPU, in one child process (the fused kernel advances them
-    together, one launch per step); the groups and manifest records are those of the CPU path."""
-    from tasks.common.launch import run_child
-    from tasks.generate.simulation import BATCH_BODY
-
-    dataset_dir.mkdir(parents=True, exist_ok=True)
-    sims = [s.model_dump() for s in todo]
-    result = run_child("simulate", BATCH_BODY, {"sims": sims, "dataset_dir": str(dataset_dir), "device": "cuda"}, logger)
-    for record in result["records"]:
-        manifest.add(record["sim_id"], {k: record[k] for k in ("digest", "frames", "wall_s", "mlups", "steps", "spec")})
-    logger.info("%d simulations batched on cuda: %d steps each in %.1f s (%.0f MLUPS per simulation)", len(todo),
-                result["records"][0]["steps"], result["records"][0]["wall_s"], result["records"][0]["mlups"])
-
-
-# One simulation as a Prefect task run on a Dask worker. Nothing is cached or persisted by Prefect: the zarr
-# group is the result, and the manifest (written by the flow process) says what is complete.
-simulate = task(run_simulation, name="simulate", task_run_name="simulate {spec.sim_id}", retries=2, retry_delay_seconds=[2, 10],
-                retry_condition_fn=worth_retrying, cache_policy=NO_CACHE, persist_result=False)
-
-
-def _run_on_dask(spec: GenerateSpec, dataset_dir, todo: list[SimulationSpec], manifest: Manifest, logger) -> list[str]:
-    """Each missing simulation as a Prefect task run ``simulate <sim_id>`` through the Dask task runner; the manifest
-    records each as it lands (here, in the flow process, only). A simulation whose worker is lost runs again on
-    another; one that fails does not stop the others. Returns the failures, one line each."""
-    dataset_dir.mkdir(parents=True, exist_ok=True)
-    failures = []
-    progress = Progress(f"simulations of dataset {spec.dataset} done")
-    workers = min(spec.workers, len(todo))
-    logger.info("simulating on %s", f"the Dask scheduler at {spec.scheduler}" if spec.scheduler else f"a local Dask cluster of {workers} worker process(es)")
-    with dask_task_runner(workers, spec.scheduler) as runner:
-        # One thread per simulation: numba parallelism inside a worker would oversubscribe the other workers' cores.
-        futures = [runner.submit(simulate, {"dataset_dir": str(dataset_dir), "spec": s.model_copy(update={"threads": 1})}) for s in todo]
-        sims = {f.task_run_id: s for f, s in zip(futures, todo)}
-        for i, (future, record, error) in enumerate(finished(runner, futures), 1):
-            sim = sims[future.task_run_id]
-            if error is not None:  # one failed simulation must not lose the others
-                failures.append(f"{sim.sim_id}: {error}")
-                logger.error("simulation %s failed: %s", sim.sim_id, error)
-                continue
-            manifest.add(sim.sim_id, {k: record[k] for k in ("digest", "frames", "wall_s", "mlups", "steps", "spec")})
-            left = progress.update(i / len(todo))
-            logger.info("[%d/%d] %s done: %d steps at %.0f MLUPS in %.1f s%s", i, len(todo), sim.sim_id, record["steps"], record["mlups"],
-                        record["wall_s"], f"; {left}" if left else "")
-    return failures
+    """The dataset of ``spec.workload``, written by its ``generate``: a sweep runs in the flow itself (each of its
+    simulations a task run), any other as one task run."""
+    workload = get_workload(spec.workload)
+    if workload.swept:
+        return workload.generate(settings, spec, parent_run_id)
+    return write_workload_dataset(settings, spec, parent_run_id)

@@ -71,8 +71,11 @@ class Workload:
     batch_sizes: tuple[int, ...] = (8, 16, 32, 64)  # a benchmark's global batch sizes when it names none
     epochs: int = DEFAULT_EPOCHS  # a benchmark's epoch limit when it sets neither epochs nor a time budget
     # (settings, GenerateSpec, parent MLflow run id or None) -> the dataset's summary (dataset, path, digest, run_id): writes the
-    # workload's dataset into the store as an MLflow generate run; None = the stage's own solver sweep (karman)
+    # workload's dataset into the store as an MLflow generate run
     generate: Callable | None = None
+    # Its dataset is the benchmark's own generate section, a sweep whose simulations are task runs of the flow (Dask, or a GPU
+    # pool's deployment: karman's solver sweep), rather than a dataset its generate writes in one task run
+    swept: bool = False
     check_generate: Callable | None = None  # (settings, GenerateSpec) -> None; UserError for what its generate would refuse, before it starts
     sizes: tuple[str, ...] = ()  # TrainSpec fields a benchmark sweeps for it (BenchmarkSpec fields of the same names; har: layers, units)
     # GenerateSpec fields of the benchmark's generate section that shape this workload's dataset (calo: events, energy, angle);
@@ -117,12 +120,6 @@ class Workload:
     @property
     def synthetic(self) -> bool:
         return "synthetic" in self.data
-
-    @property
-    def swept(self) -> bool:
-        """Its dataset is the benchmark's own generate section (a solver sweep, which may run on a GPU pool's deployment)
-        rather than one the workload writes itself (``generate``)."""
-        return self.generate is None
 
     def target_of(self, spec) -> str:
         """The quality target of a run of ``spec`` (TrainSpec), in words."""

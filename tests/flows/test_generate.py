@@ -14,7 +14,7 @@ import pytest
 from tasks.common.errors import UserError
 from tasks.common.specs import GenerateSpec
 from tasks.common.store import MANIFEST, STORE, VARIABLES, content_digest, open_simulation
-from tasks.generate.task import _sweep_key, expand
+from tasks.workloads.karman.sweep import expand, sweep_key
 from tests.conftest import ROOT, run_cli, run_in_process
 from tests.flows.test_cli import assert_refused
 from tests.tasks.common.test_store import chunk_bytes, flip_byte
@@ -125,9 +125,9 @@ def test_sweep_expands_over_every_combination_and_keeps_the_default_sweep():
     # The default is a single-obstacle sweep of nine Reynolds numbers, recorded in the manifest as before.
     default = expand(GenerateSpec())
     assert [(s.reynolds, s.size, s.cx, s.cy) for s in default] == [(re, 16.0, 24.0, 32.0) for re in (70.0, 80.0, 90.0, 100.0, 110.0, 120.0, 130.0, 140.0, 150.0)]
-    key = _sweep_key(GenerateSpec())
+    key = sweep_key(GenerateSpec())
     assert (key["size"], key["x_position"], key["y_offset"]) == (16.0, 0.375, 0.5)
-    assert _sweep_key(GenerateSpec(size=[8.0, 12.0]))["size"] == [8.0, 12.0]
+    assert sweep_key(GenerateSpec(size=[8.0, 12.0]))["size"] == [8.0, 12.0]
     assert not {"events", "energy", "angle"} & set(key)  # the calo workload's fields are no part of a karman sweep
 
 

@@ -13,7 +13,7 @@ from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
 from flows.pipeline import generate
 from tasks.common.specs import GenerateSpec
 from tasks.common.store import MANIFEST, STORE, VARIABLES, content_digest, open_simulation
-from tasks.generate.task import expand
+from tasks.workloads.karman.simulate import expand
 from tests.conftest import shared_prefect_api
 from tests.flows.test_generate import read_manifest
 

@@ -91,7 +91,7 @@ def batched_sweep(folder: str) -> dict:
     from pathlib import Path
 
     from tasks.common.store import VARIABLES, open_simulation
-    from tasks.generate.simulation import simulate, simulate_batch_job
+    from tasks.workloads.karman.simulate import simulate, simulate_batch_job
 
     sims = [SimulationSpec(nx=32, ny=16, reynolds=re, u_max=0.1, shape=shape, size=5.5, cx=9.3, cy=8.2, warmup_steps=2,
                            frames=2, frame_every=1, seed=7, backend="triton") for re, shape in ((40.0, "circle"), (30.0, "square"))]

@@ -11,7 +11,7 @@ from zarr.storage import LocalStore, WrapperStore
 
 from tasks.common.errors import UserError
 from tasks.common.store import STORE
-from tasks.generate.simulation import run_simulation
+from tasks.workloads.karman.simulate import run_simulation
 from tasks.workloads.karman.data import OUTPUTS, Normalizer, PairSource, StepCodec, load_frames, model_inputs, split_simulations, with_condition
 from tests.tasks.common.test_store import tiny_spec
 

@@ -26,7 +26,7 @@ class SimulationSpec(BaseModel):
     frames: int = Field(gt=0)
     frame_every: int = Field(gt=0)
     seed: int = 0
-    backend: Literal["numba", "numpy", "triton"] = "numba"  # triton: batched on a GPU (tasks.generate.simulation.simulate_batch)
+    backend: Literal["numba", "numpy", "triton"] = "numba"  # triton: batched on a GPU (tasks.workloads.karman.simulate.simulate_batch)
     threads: int = Field(default=1, gt=0)
 
     def flow_config(self) -> FlowConfig:

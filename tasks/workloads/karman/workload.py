@@ -161,6 +161,21 @@ def setting(spec) -> str:
     return f"recipe {recipe.name}" + ("" if "ngf=" in recipe.name else f", ngf {recipe.ngf}") + (f", crop {spec.crop}" if spec.crop else "")
 
 
+def generate(settings, spec, parent_run_id: str | None = None) -> dict:
+    """The solver sweep of ``spec`` (GenerateSpec) into its dataset (tasks.workloads.karman.sweep, imported here: Prefect's
+    task runner and Dask load with it, which a training child never needs)."""
+    from tasks.workloads.karman.sweep import run_sweep
+
+    return run_sweep(settings, spec, parent_run_id)
+
+
+def check_generate(settings, spec) -> None:
+    """What the sweep of ``spec`` refuses before anything runs (tasks.workloads.karman.sweep.check_sweep)."""
+    from tasks.workloads.karman.sweep import check_sweep
+
+    check_sweep(settings, spec)
+
+
 WORKLOAD = Workload(
     name="karman",
     title="Pix2Pix surrogate of a Kármán vortex street",
@@ -178,6 +193,9 @@ WORKLOAD = Workload(
              "l1_weight", "winograd", "channels_last", "val_simulations", "test_simulations"),
     generate_options=("reynolds", "shapes", "nx", "ny", "size", "x_position", "y_offset", "aspect", "u_max", "warmup_steps", "frames",
                       "frame_every", "cpu_backend", "verify"),
+    generate=generate,
+    check_generate=check_generate,
+    swept=True,
     rollouts=True,
     spec_target=spec_target,
     register=register_champion,

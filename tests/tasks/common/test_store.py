@@ -13,7 +13,7 @@ from tasks.common.errors import UserError
 from tasks.workloads.karman.simulation import SimulationSpec
 from tasks.common.store import (STORE, VARIABLES, Manifest, consolidate, content_digest, frame_store, load_manifest, open_frame_arrays,
                                 open_simulation, read_frames, remove_stale_groups, verify_simulation)
-from tasks.generate.simulation import run_simulation, simulate
+from tasks.workloads.karman.simulate import run_simulation, simulate
 
 
 def tiny_spec(**kw):

@@ -16,7 +16,7 @@ import pytest
 from mlflow.tracking import MlflowClient
 
 from tasks.common.store import Manifest, consolidate
-from tasks.generate.simulation import run_simulation
+from tasks.workloads.karman.simulate import run_simulation
 from tests.conftest import ROOT, XLA_CPU_ENV, run_cli, run_in_process, strict_json
 from tests.flows.test_cli import assert_refused
 from tests.tasks.common.test_store import tiny_spec

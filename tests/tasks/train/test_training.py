@@ -23,7 +23,7 @@ from models.recipe import lr_factor
 from tasks.common.data import epoch_order
 from tasks.common.records import RECORD_FILE
 from tasks.common.store import STORE, Manifest, consolidate
-from tasks.generate.simulation import run_simulation
+from tasks.workloads.karman.simulate import run_simulation
 from tasks.workloads.karman.data import split_of
 from tests.conftest import ROOT, XLA_CPU_ENV, run_cli, run_in_process
 from tests.flows.test_cli import assert_refused

@@ -1,4 +1,4 @@
-"""One reference simulation (on a Dask worker), its snapshots stored as an xarray Dataset in the zarr store."""
+"""karman's reference simulations: one on a Dask worker, or a batch on a GPU, its snapshots stored as an xarray Dataset in the zarr store."""
 
 import itertools
 import logging
@@ -141,7 +141,7 @@ def _written(dataset_dir: str, spec: SimulationSpec, ds: xr.Dataset, stats: dict
     return {"sim_id": spec.sim_id, "digest": digest, "frames": spec.frames, "spec": spec.model_dump(), **stats}
 
 
-BATCH_BODY = "tasks.generate.simulation:simulate_batch_job"  # the GPU sweep's body, run in a child process
+BATCH_BODY = "tasks.workloads.karman.simulate:simulate_batch_job"  # the GPU sweep's body, run in a child process
 
 
 def simulate_batch_job(job: dict) -> dict:
