@@ -20,16 +20,10 @@ def check_generate(settings: Settings, spec: GenerateSpec) -> None:
         workload.check_generate(settings, spec)
 
 
-@task(name="write-dataset", task_run_name="write {spec.workload} dataset {spec.dataset}", retries=0)
-def write_workload_dataset(settings: Settings, spec: GenerateSpec, parent_run_id: str | None = None) -> dict:
-    """A workload's own dataset (digits: real images from a package) written by its ``generate``; returns the dataset summary."""
-    return get_workload(spec.workload).generate(settings, spec, parent_run_id)
-
-
 def generate_dataset(settings: Settings, spec: GenerateSpec, parent_run_id: str | None = None) -> dict:
     """The dataset of ``spec.workload``, written by its ``generate``: a sweep runs in the flow itself (each of its
-    simulations a task run), any other as one task run."""
+    simulations a task run), any other as one task run ``write <workload> dataset <name>``."""
     workload = get_workload(spec.workload)
-    if workload.swept:
-        return workload.generate(settings, spec, parent_run_id)
-    return write_workload_dataset(settings, spec, parent_run_id)
+    write = workload.generate if workload.swept else task(workload.generate, name="write-dataset", retries=0,
+                                                          task_run_name=f"write {spec.workload} dataset {spec.dataset}")
+    return write(settings, spec, parent_run_id)
