@@ -190,5 +190,12 @@ def discriminator(cfg: NetConfig, params: dict, stats: dict, condition: jax.Arra
     return h, new_stats
 
 
+def infer(cfg: NetConfig, params: dict, stats: dict, x: jax.Array) -> jax.Array:
+    """The generator in inference mode (running statistics, no dropout) on NCHW, as the data and rollouts hold
+    frames: x (B, in_channels, H, W) -> (B, out_channels, H, W)."""
+    out, _ = generator(cfg, params, stats, jnp.transpose(x, (0, 2, 3, 1)))
+    return jnp.transpose(out, (0, 3, 1, 2))
+
+
 def parameter_count(params: dict) -> int:
     return int(sum(np.prod(v.shape) for v in params.values()))

@@ -9,6 +9,8 @@ torch's step makes them. The generator's first forward is taken once (``jax.vjp`
 discriminator's update and the generator's loss, whose gradient comes back through the saved pullback.
 """
 
+from functools import partial
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -52,7 +54,7 @@ class Pix2PixJax:
         self.adam = optax.scale_by_adam(b1=optim.beta1, b2=BETA2, eps=EPSILON)
         self.ratio = None if optim.delta_ratio is None else jnp.asarray(np.asarray(optim.delta_ratio, np.float32))  # (3,), NHWC's last axis
         self.step = jax.jit(self._step, static_argnums=(5,), donate_argnums=(0,))
-        self.predict = jax.jit(self._predict)
+        self.predict = jax.jit(partial(nets.infer, net))  # (g, g_stats, x (B, Cin, H, W)) -> (B, Cout, H, W), inference mode
 
     def initial_state(self, seed: int) -> dict:
         """Pix2pix's initialisation drawn from ``seed`` (numpy), with fresh Adam states."""
@@ -92,58 +94,82 @@ class Pix2PixJax:
         updates, opt_state = self.adam.update(grads, opt_state, params)
         return jax.tree.map(lambda p, u: p - lr * u, params, updates), opt_state
 
+    def _chain(self, g, stats, cond, start, state, targets, key, first: int):
+        """The unrolled chain's L1 terms as one ``lax.scan`` (XLA compiles the generator's forward and backward once,
+        whatever the unroll): from ``state`` (B, H, W, 3), step n = first, first + 1, ... predicts from the state with
+        cond's mask, is scored against its target, and hands on its prediction, constrained, held (detached) or not
+        (through). Returns (the steps' L1s (n,), the generator's running stats after them)."""
+        o = self.optim
+        hold = (lambda x: x) if o.pushforward == "through" else jax.lax.stop_gradient
+
+        def body(carry, xs):
+            state_n, stats_n = carry
+            target_n, n = xs
+            cond_n = jnp.concatenate([state_n, cond[..., 3:]], axis=-1)  # (B, H, W, Cin)
+            out_n, stats_n = self.generate(g, stats_n, cond_n, jax.random.fold_in(key, n))
+            l1 = jnp.abs(out_n - self.encode_target(cond_n, target_n)).mean()
+            return (self.constrain(hold(self.next_state(cond_n, out_n)), start), stats_n), l1
+
+        steps = jnp.arange(first, first + len(targets))
+        (_, stats), l1s = jax.lax.scan(body, (state, stats), (jnp.stack(targets), steps))
+        return l1s, stats
+
     def _step(self, state: dict, cond: jax.Array, target: jax.Array, lr: jax.Array, key: jax.Array, steps: int):
         """cond (B, Cin, H, W) and target (B, 3·unroll, H, W), NCHW as the data reads; ``steps`` of the unrolled
         targets enter the loss. Returns the new state and the losses (the torch trainer's names)."""
         o = self.optim
         cond, target = jnp.transpose(cond, (0, 2, 3, 1)), jnp.transpose(target, (0, 2, 3, 1))  # NHWC
-        targets = jnp.split(target, o.unroll, axis=-1)[:steps]
-        hold = (lambda x: x) if o.pushforward == "through" else jax.lax.stop_gradient
+        targets = jnp.split(target, o.unroll, axis=-1)[:steps]  # steps × (B, H, W, 3)
         start = cond  # before the noise: the constraints hold the inlet at the clean start's
         if o.noise > 0:  # noise on u, v, p; the mask stays exact
             draw = jax.random.normal(jax.random.fold_in(key, 0), cond[..., :3].shape, cond.dtype)
             cond = jnp.concatenate([cond[..., :3] + o.noise * draw, cond[..., 3:]], axis=-1)
+        d, d_stats, opt_d = state["d"], state["d_stats"], state["opt_d"]
+        zero = jnp.zeros(())
+        if o.gan_weight == 0:  # L1 only: every step, the first included, is one step of the chain
+            def l1_loss(g):
+                l1s, stats = self._chain(g, state["g_stats"], cond, start, cond[..., :3], targets, key, 1)
+                return o.l1_weight * l1s.sum(), (l1s, stats)
+
+            (_, (l1s, g_stats)), grads = jax.value_and_grad(l1_loss, has_aux=True)(state["g"])
+            losses = {"loss_d": zero, "loss_g_gan": zero}
+        else:
+            grads, l1s, g_stats, d, d_stats, opt_d, losses = self._adversarial(state, cond, start, targets, lr, key)
+        g, opt_g = self._adam(state["g"], grads, state["opt_g"], lr)
+        new = {"g": g, "g_stats": g_stats, "d": d, "d_stats": d_stats, "opt_g": opt_g, "opt_d": opt_d}
+        return new, losses | {"loss_l1": l1s[0]} | {f"loss_l1_step{n}": l1s[n - 1] for n in range(2, len(targets) + 1)}
+
+    def _adversarial(self, state: dict, cond, start, targets, lr, key):
+        """The adversarial recipe's step: the generator's first forward once (its output feeds D's update and G's loss,
+        whose gradient comes back through the saved pullback), D's update, then G's gradient from GAN + λ·L1 against
+        the updated D (its weights untouched) and the chain's later steps."""
+        o = self.optim
         out, pullback, g_stats = jax.vjp(lambda g: self.generate(g, state["g_stats"], cond, jax.random.fold_in(key, 1)), state["g"],
                                          has_aux=True)
         fake = self.next_state(cond, out)
-        d, d_stats, opt_d = state["d"], state["d_stats"], state["opt_d"]
-        loss_d = jnp.zeros(())
-        if o.gan_weight > 0:
-            def d_loss(d):
-                real, stats = nets.discriminator(self.net, d, d_stats, cond, targets[0], train=True)
-                fake_logits, stats = nets.discriminator(self.net, d, stats, cond, fake, train=True)
-                return 0.5 * (bce(real, 1.0) + bce(fake_logits, 0.0)), stats
+        d_stats = state["d_stats"]
 
-            (loss_d, d_stats), d_grads = jax.value_and_grad(d_loss, has_aux=True)(d)
-            d, opt_d = self._adam(d, d_grads, opt_d, lr)
+        def d_loss(d):
+            real, stats = nets.discriminator(self.net, d, d_stats, cond, targets[0], train=True)
+            fake_logits, stats = nets.discriminator(self.net, d, stats, cond, fake, train=True)
+            return 0.5 * (bce(real, 1.0) + bce(fake_logits, 0.0)), stats
+
+        (loss_d, d_stats), d_grads = jax.value_and_grad(d_loss, has_aux=True)(state["d"])
+        d, opt_d = self._adam(state["d"], d_grads, state["opt_d"], lr)
 
         def g_loss(g, out):
-            """The generator's loss from the first forward's output ``out`` and the unrolled chain's forwards."""
-            loss_l1 = jnp.abs(out - self.encode_target(cond, targets[0])).mean()
-            loss, losses, stats_d = o.l1_weight * loss_l1, {"loss_l1": loss_l1}, d_stats
+            l1 = jnp.abs(out - self.encode_target(cond, targets[0])).mean()
             fake = self.next_state(cond, out)
-            losses["loss_g_gan"] = jnp.zeros(())
-            if o.gan_weight > 0:  # the updated D, its weights untouched
-                logits, stats_d = nets.discriminator(self.net, d, d_stats, cond, fake, train=True)
-                losses["loss_g_gan"] = bce(logits, 1.0)
-                loss = loss + o.gan_weight * losses["loss_g_gan"]
-            stats_g, state_n = g_stats, self.constrain(hold(fake), start)
-            for n, target_n in enumerate(targets[1:], start=2):
-                cond_n = jnp.concatenate([state_n, cond[..., 3:]], axis=-1)
-                out_n, stats_g = self.generate(g, stats_g, cond_n, jax.random.fold_in(key, n))
-                losses[f"loss_l1_step{n}"] = jnp.abs(out_n - self.encode_target(cond_n, target_n)).mean()
-                loss = loss + o.l1_weight * losses[f"loss_l1_step{n}"]
-                state_n = self.constrain(hold(self.next_state(cond_n, out_n)), start)
-            return loss, (losses, stats_g, stats_d)
+            logits, stats_d = nets.discriminator(self.net, d, d_stats, cond, fake, train=True)
+            gan = bce(logits, 1.0)
+            l1s, stats_g = jnp.stack([l1]), g_stats
+            if len(targets) > 1:
+                held = fake if o.pushforward == "through" else jax.lax.stop_gradient(fake)
+                later, stats_g = self._chain(g, g_stats, cond, start, self.constrain(held, start), targets[1:], key, 2)
+                l1s = jnp.concatenate([l1s, later])
+            return o.l1_weight * l1s.sum() + o.gan_weight * gan, (l1s, gan, stats_g, stats_d)
 
-        (_, (losses, g_stats, d_stats)), (direct, through_out) = jax.value_and_grad(g_loss, argnums=(0, 1), has_aux=True)(state["g"], out)
+        (_, (l1s, gan, g_stats, d_stats)), (direct, through_out) = jax.value_and_grad(g_loss, argnums=(0, 1), has_aux=True)(state["g"], out)
         (first,) = pullback(through_out)
-        g, opt_g = self._adam(state["g"], jax.tree.map(jnp.add, direct, first), state["opt_g"], lr)
-        new = {"g": g, "g_stats": g_stats, "d": d, "d_stats": d_stats, "opt_g": opt_g, "opt_d": opt_d}
-        return new, {"loss_d": loss_d, **losses}
-
-    def _predict(self, g: dict, g_stats: dict, x: jax.Array) -> jax.Array:
-        """The generator in inference mode (running statistics, no dropout): x (B, Cin, H, W) -> (B, Cout, H, W)."""
-        out, _ = nets.generator(self.net, g, g_stats, jnp.transpose(x, (0, 2, 3, 1)))
-        return jnp.transpose(out, (0, 3, 1, 2))
-
+        grads = jax.tree.map(jnp.add, direct, first)
+        return grads, l1s, g_stats, d, d_stats, opt_d, {"loss_d": loss_d, "loss_g_gan": gan}
