@@ -1,7 +1,7 @@
 """The JAX version of karman's training and rollouts through the CLI.
 
 As a user runs it: the jitted Pix2Pix step on one CPU device, the same MLflow names and parameter counts as a torch
-run, the generator's arrays logged under torch's names, and rollouts of the model full-frame and map-reduce. Real zarr
+run, the generator's arrays logged under torch's names, and a map-reduce rollout of the model checked against the whole frame's. Real zarr
 data, a real MLflow store, real child processes (jax trains in the training job's child)."""
 
 import json
@@ -16,7 +16,7 @@ from tests.tasks.train.test_training import NET, client, dataset_root, train, tr
 JAX = ("--framework", "jax")
 
 
-def test_jax_trains_with_torchs_names_logs_its_generator_and_rolls_out_full_and_tiled(trainable):
+def test_jax_trains_with_torchs_names_logs_its_generator_and_rolls_out_tiled_against_the_whole_frame(trainable):
     # a U-Net of depth 3 (the test's frames take 5): XLA's compilation of the whole step, not the steps, is most of a small run's time
     out = train(trainable, *JAX, *NET, "--depth", "3", "--epochs", "2", "--batch-sizes", "4", "--validate-every", "1")
     assert out["world_size"] == 1 and np.isfinite(out["final_l1"])
@@ -41,11 +41,13 @@ def test_jax_trains_with_torchs_names_logs_its_generator_and_rolls_out_full_and_
         assert arrays["down.0.weight"].shape == (8, 4, 4, 4) and arrays["up.2.1.1.weight"].shape == (16, 32, 3, 3)
         assert "up.1.2.running_var" in arrays.files
         assert sum(arrays[k].size for k in arrays.files if "running" not in k) == g
-    for extra in ((), ("--mode", "mapreduce", "--workers", "2", "--tile", "32", "--halo", "8")):
-        proc = run_in_process("infer", "--model-run", out["run_id"], "--steps", "4", *extra, "--json", cwd=trainable)
-        assert proc.returncode == 0, proc.stderr[-3000:]
-        rolled = json.loads(proc.stdout.strip().splitlines()[-1])
-        assert rolled["steps"] == 4 and rolled["frames_per_s"] > 0 and len(rolled["errors"]["vorticity"]) == 4
-        assert client().get_run(rolled["run_id"]).data.tags[Tag.FRAMEWORK] == "jax"
-        if extra:
-            assert rolled["tiles"] == 3 and 0 <= rolled["seam_rel_error"] < 1
+    # map-reduce over two workers, against the whole frame on one (the rollout's reference): both runners in one rollout
+    proc = run_in_process("infer", "--model-run", out["run_id"], "--steps", "4", "--mode", "mapreduce", "--workers", "2", "--tile", "32",
+                          "--halo", "8", "--json", cwd=trainable)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rolled = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert rolled["steps"] == 4 and rolled["frames_per_s"] > 0 and len(rolled["errors"]["vorticity"]) == 4
+    assert client().get_run(rolled["run_id"]).data.tags[Tag.FRAMEWORK] == "jax"
+    # the tiles' blended seams against the whole frame's prediction: float32 rounding, not a shifted or mis-laid tile
+    # the depth-3 U-Net sees little beyond the 8-pixel halo: the blended tiles give the whole frame's prediction (measured 1e-5)
+    assert rolled["tiles"] == 3 and 0 <= rolled["seam_rel_error"] < 1e-3, rolled["seam_rel_error"]
