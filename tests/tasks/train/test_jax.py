@@ -1,10 +1,12 @@
 """The JAX version of karman's training and rollouts through the CLI.
 
 As a user runs it: the jitted Pix2Pix step on one CPU device, the same MLflow names and parameter counts as a torch
-run, the generator's arrays logged under torch's names, and a map-reduce rollout of the model checked against the whole frame's. Real zarr
-data, a real MLflow store, real child processes (jax trains in the training job's child)."""
+run, the generator's arrays logged under torch's names, a map-reduce rollout of the model checked against the whole
+frame's, and both runs in the report. Real zarr data, a real MLflow store, real child processes (jax trains in the
+training job's child)."""
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -50,3 +52,10 @@ def test_jax_trains_with_torchs_names_logs_its_generator_and_rolls_out_tiled_aga
     assert client().get_run(rolled["run_id"]).data.tags[Tag.FRAMEWORK] == "jax"
     # the depth-3 U-Net sees little beyond the 8-pixel halo: the blended tiles give the whole frame's prediction (measured 1e-5)
     assert rolled["tiles"] == 3 and 0 <= rolled["seam_rel_error"] < 1e-3, rolled["seam_rel_error"]
+    # the report: the training run among the runs, with its framework, and the rollout among the rollouts
+    report = run_in_process("aggregate", "--runs", "all", "--name", "karman-jax", "--json", cwd=trainable)
+    assert report.returncode == 0, report.stderr[-3000:]
+    lines = Path(json.loads(report.stdout.strip().splitlines()[-1])["report"]).read_text().splitlines()
+    trained_rows = [line for line in lines if f"`{out['run_id'][:8]}`" in line and "| karman |" in line]
+    assert trained_rows and all("jax" in line for line in trained_rows) and any("FINISHED" in line for line in trained_rows)
+    assert any(f"`{rolled['run_id'][:8]}`" in line and "| jax |" in line for line in lines)
