@@ -1,6 +1,6 @@
 """The scored rollout of a RolloutPlan, whatever the framework (child process, no framework imported): the Predictor steps, metrics, figures, solver comparison and verdict.
 
-The torch job (job.py) and the TensorFlow job (job_keras.py) each build a Predictor for their network and hand it here.
+The torch job (job.py), the TensorFlow job (job_keras.py) and the JAX job (job_jax.py) each build a Predictor for their network and hand it here.
 """
 
 import logging

@@ -11,7 +11,7 @@ from tasks.common.tracking import mlflow_run, run_url
 from tasks.infer.plan import plan_rollout
 
 # Each framework's rollout job body, run in its own child.
-ROLLOUT_BODIES = {"torch": "tasks.infer.job:run_rollout", "tensorflow": "tasks.infer.job_keras:run_rollout"}
+ROLLOUT_BODIES = {"torch": "tasks.infer.job:run_rollout", "tensorflow": "tasks.infer.job_keras:run_rollout", "jax": "tasks.infer.job_jax:run_rollout"}
 
 
 @task(name="rollout", task_run_name=lambda parameters: infer_label(parameters["spec"]))

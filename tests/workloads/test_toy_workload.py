@@ -86,7 +86,7 @@ def test_a_framework_a_workload_lacks_is_refused_by_name():
     from tasks.common.errors import UserError
     from tasks.workloads import check_framework, get_workload
 
-    with pytest.raises(UserError, match="^workload karman has no jax version; it runs in torch, tensorflow$"):
-        check_framework(get_workload("karman"), "jax")
+    with pytest.raises(UserError, match="^workload calo has no jax version; it runs in torch, tensorflow$"):
+        check_framework(get_workload("calo"), "jax")
     with pytest.raises(UserError, match="^unknown workload 'toy'; choose one of calo, digits, har, karman$"):
         get_workload("toy")

@@ -1,6 +1,6 @@
 """The Kármán workload, framework-neutral: its dataset (solver frames in zarr), split, normalisation, networks' shapes, validation rollouts and quality target.
 
-Both framework modules (torch.py, tensorflow.py) train on what ``prepare`` returns, so the two see
+Every framework module (torch.py, tensorflow.py, jax.py) trains on what ``prepare`` returns, so all see
 the same pairs, split, normalisation, recipe and validation.
 """
 
@@ -180,7 +180,7 @@ WORKLOAD = Workload(
     name="karman",
     title="Pix2Pix surrogate of a Kármán vortex street",
     data="lattice-Boltzmann simulations of channel flow past obstacles (python -m flows generate)",
-    frameworks=("torch", "tensorflow"),
+    frameworks=("torch", "tensorflow", "jax"),
     main_loss="loss_l1",
     target="vorticity relative L2 within the target for the first target-steps steps of every validation rollout",
     prepare=prepare,

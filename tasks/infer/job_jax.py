@@ -1,0 +1,55 @@
+"""The JAX rollout job (child process): a JAX generator rolled out full-frame or map-reduce tiled over workers, scored as the torch job scores (tasks.infer.rollout)."""
+
+import json
+import os
+import tempfile
+
+from models.inference import Predictor
+from models.nets.config import NetConfig
+from models.tiling import TilingError
+from tasks.common.errors import UserError
+from tasks.common.settings import Settings
+from tasks.common.tracking import Run, client_for
+from tasks.infer.plan import RolloutPlan, check_model_file, download, weights_file
+from tasks.infer.rollout import run_scored
+
+
+def load_model(settings: Settings, model_run: str) -> tuple[NetConfig, dict, dict, dict]:
+    """The generator's config, params and running statistics (torch's state dict names), and its metadata, from a
+    training run's 'model' artifact."""
+    from tasks.workloads.karman.jax import load_generator
+
+    with tempfile.TemporaryDirectory() as tmp:
+        local = download(settings, model_run, "model", tmp)
+        meta = json.loads((local / "meta.json").read_text())
+        path = local / weights_file(meta)
+        check_model_file(path, model_run, meta)
+        params, stats = load_generator(path)
+    return NetConfig(**meta["net"]), params, stats, meta
+
+
+def run_rollout(job: dict) -> dict:
+    """The rollout job: the plan the parent made (``job['plan']``), carried out and scored."""
+    import jax
+
+    setup, settings = RolloutPlan.from_json(job["plan"]), Settings(**job["settings"])
+    spec = setup.spec
+    if spec.device not in ("cpu", "cuda"):
+        raise UserError(f"device {spec.device}: jax rollouts run on cpu or cuda (TPU rollouts are torch_xla's)")
+    from models.inference_jax import JaxRunner
+
+    run = Run(client_for(settings), job["run_id"])
+    cfg, params, stats, _ = load_model(settings, setup.model_run_id)
+    name = f"cpu ({os.cpu_count()} cores, jax {jax.__version__})" if spec.device == "cpu" else f"GPU (jax {jax.__version__})"
+    try:
+        predictor = Predictor(setup.tiles, JaxRunner(cfg, params, stats, spec.device, spec.workers), spec.group)
+        reference = (Predictor(setup.full_frame, JaxRunner(cfg, params, stats, spec.device, 1))
+                     if spec.mode == "mapreduce" and setup.full_frame is not None else None)
+    except (ValueError, TilingError) as exc:
+        raise UserError(str(exc)) from None
+    try:
+        return run_scored(spec, settings, run, setup, name, predictor, reference, job)
+    finally:
+        if reference is not None:
+            reference.close()
+        predictor.close()
