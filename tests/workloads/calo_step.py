@@ -37,7 +37,7 @@ def steps(framework: str, dtype: str) -> dict:
         import torch
 
         torch.set_default_dtype(getattr(torch, dtype))
-    else:
+    elif framework == "tensorflow":
         import keras
 
         keras.config.set_floatx(dtype)
@@ -47,12 +47,13 @@ def steps(framework: str, dtype: str) -> dict:
 
     cfg = replace(SMALL, dropout=0.0, width=0.25, pool=3, energy_scaled=True, average=0.9, profile=1.0, schedule="cosine")
     module = framework_module(get_workload("calo"), framework)
-    trainer_class = module.CaloTorch if framework == "torch" else module.CaloKeras
+    trainer_class = {"torch": "CaloTorch", "tensorflow": "CaloKeras", "jax": "CaloJax"}[framework]
+    trainer_class = getattr(module, trainer_class)
     data, spec, runtime = data_of(), TrainSpec(workload="calo", dataset="calo", framework=framework, seed=0), runtime_of(framework)
     trainer = trainer_class(data, spec, BATCH, runtime, cfg)
     trainer.calibration_batches = 5  # (a run takes 100: at about 0.2 s a Keras forward pass here, they would take most of the test)
     batches = trainer.batches(1, 1)
-    weights_of = (lambda: trainer.g.weights()) if framework == "torch" else (lambda: module.weights_of(trainer.g))  # noqa: E731
+    weights_of = {"torch": lambda: trainer.g.weights(), "tensorflow": lambda: module.weights_of(trainer.g), "jax": lambda: trainer.live_weights()}[framework]  # noqa: E731
     live = lambda: {k: np.array(v) for k, v in weights_of().items()}  # noqa: E731  (copies: torch's arrays share the tensors' memory)
     before = live()
     first, flags = trainer.step(next(batches), [0.0, 0.0, 1.5], 0.0)
@@ -71,8 +72,9 @@ def steps(framework: str, dtype: str) -> dict:
                        for a, b in zip(trainer.weights()[net].values(), fresh.weights()[net].values()))
         batch = next(trainer.batches(2, 1))
         second, second_fresh = trainer.step(batch, [0.0] * 3, 0.5)[0], fresh.step(batch, [0.0] * 3, 0.5)[0]
-    optimisers = (trainer.opt_g, trainer.opt_d)
-    rates = [trainer.learning_rate()] + [float(o.lr) if framework == "torch" else float(o.learning_rate) for o in optimisers]
+    optimisers = (trainer.opt_g, trainer.opt_d) if framework != "jax" else ()
+    rates = [trainer.learning_rate()] + (trainer.rates() if framework == "jax" else
+                                         [float(o.lr) if framework == "torch" else float(o.learning_rate) for o in optimisers])
     shares = module.step_shares(trainer, 1) if framework == "torch" else {}
     return {"shares": shares, "averaged": averaged, "statistics": statistics, "recalibrated": recalibrated, "first": first, "second": second, "second_fresh": second_fresh, "flags": flags, "restored": restored, "rates": rates,
             "scores": trainer.evaluate(), "generated_sum": float(trainer.generate("val").sum())}

@@ -13,7 +13,7 @@ from tests.conftest import ROOT, run_cli, run_in_process
 from tests.flows.test_cli import assert_refused
 from tests.tasks.train.interrupt import resumes_to_its_end
 
-FRAMEWORKS = ("torch", "tensorflow")
+FRAMEWORKS = ("torch", "tensorflow", "jax")
 
 
 @pytest.fixture(scope="module")
@@ -34,18 +34,19 @@ def stepped() -> dict[str, dict]:
     return out
 
 
-def test_torch_and_keras_take_the_same_four_tape_step(stepped):
-    torch_, keras_ = stepped["torch"], stepped["tensorflow"]
+@pytest.mark.parametrize("other", ["tensorflow", "jax"])
+def test_keras_and_jax_take_torchs_four_tape_step(stepped, other):
+    torch_, other_ = stepped["torch"], stepped[other]
     assert set(torch_["first"]) == {"loss_d_real", "loss_d_fake", "loss_g_first", "loss_g_second", "loss_g"}
     for name, value in torch_["first"].items():  # the four tapes of step 1, the updates between them included
-        assert keras_["first"][name] == pytest.approx(value, rel=1e-5), name
+        assert other_["first"][name] == pytest.approx(value, rel=1e-5), name
     # the average's batch-norm statistics after step 1, recomputed over the calibration batches: the same in both
-    assert set(torch_["statistics"]) == set(keras_["statistics"]) and len(torch_["statistics"]) == 10
+    assert set(torch_["statistics"]) == set(other_["statistics"]) and len(torch_["statistics"]) == 10
     for name, value in torch_["statistics"].items():
-        assert keras_["statistics"][name] == pytest.approx(value, rel=1e-3, abs=1e-6), name  # float32 weights a step apart
+        assert other_["statistics"][name] == pytest.approx(value, rel=1e-3, abs=1e-6), name  # float32 weights a step apart
     # step 2 starts from weights that RMSprop's first, nearly sign-like update moved: float32 rounding grows to about 1e-3
     for name, value in torch_["second"].items():
-        assert keras_["second"][name] == pytest.approx(value, rel=1e-2), name
+        assert other_["second"][name] == pytest.approx(value, rel=1e-2), name
     assert torch_["second"]["loss_g"] < torch_["first"]["loss_g"]  # the generator learns (its energy sum first)
     for r in stepped.values():
         assert r["rates"] == pytest.approx([1e-3 * (0.01 + 0.99 * 0.5)] * 3, rel=1e-6)  # halfway along the cosine: both optimisers
