@@ -11,6 +11,8 @@ from mlflow.tracking import MlflowClient
 
 from tests.conftest import ROOT, run_cli, run_in_process
 from tests.flows.test_cli import assert_refused
+from tasks.workloads.calo.nets import parameter_counts
+from tasks.workloads.calo.workload import CPU
 from tests.tasks.train.interrupt import resumes_to_its_end
 
 FRAMEWORKS = ("torch", "tensorflow", "jax")
@@ -96,6 +98,22 @@ def test_tensorflow_trains_over_two_multiworker_workers(showers):
     out = json.loads(proc.stdout.strip().splitlines()[-1])
     assert (out["world_size"], out["strategy"], out["steps"]) == (2, "multiworker", 1) and "2 workers" in out["device"]
     assert out["final_d_real"] > 0 and out["final_g"] > 0 and out["test_sampling_fraction_err"] > 0
+
+
+def test_jax_trains_through_the_cli_is_logged_and_scores_the_test_split(showers):
+    proc = run_in_process("train", "--workload", "calo", "--dataset", "showers", "--framework", "jax", "--batch-sizes", "4",
+                          "--max-steps", "2", "--threads", "1", "--json", cwd=showers)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    client = MlflowClient(tracking_uri=os.environ["MLFLOW_TRACKING_URI"])
+    run = client.get_run(out["run_id"])
+    metrics, params = run.data.metrics, run.data.params
+    assert run.info.status == "FINISHED" and out["steps"] == 2 and (params["workload"], params["framework"]) == ("calo", "jax")
+    assert params["generator_parameters"] == str(parameter_counts(CPU)["generator"]["trainable"])
+    assert out["final_d_real"] > 0 and out["final_g"] > 0 and "val_longitudinal_err" in metrics
+    assert metrics["test_longitudinal_err"] > 0 and metrics["test_sampling_fraction_err"] > 0 and metrics["test_resolution_err"] > 0
+    artifacts = {a.path for a in client.list_artifacts(run.info.run_id)} | {a.path for a in client.list_artifacts(run.info.run_id, "model")}
+    assert {"shower_profiles.png", "model/generator.npz"} <= artifacts
 
 
 @pytest.mark.parametrize("args, message", [

@@ -198,39 +198,46 @@ def rmsprop(w: dict, opt: dict, grads: dict, rate: jax.Array) -> tuple[dict, dic
 def four_tapes(net: Net, s: dict, b: dict, rate: jax.Array, decay: jax.Array, key: jax.Array) -> tuple[dict, dict]:
     """The published step on the trainer's state ``s`` (both networks, their statistics, optimisers and the generator's
     average) and a batch ``b``: D on real images, D on images of G in training mode (no gradient), then two generator
-    updates through the frozen D (inference mode: moving statistics, no dropout). -> (the new state, the losses)."""
-    def d_loss(wd, image, label, ecal, k):
-        heads, found = discriminator(net, wd, s["d_stats"], image, True, k)
-        return weighted_loss(heads, label, b["energy"], b["angle"], ecal), found
+    updates through the frozen D (inference mode: moving statistics, no dropout). -> (the new state, the losses).
 
-    d_grad = jax.value_and_grad(d_loss, has_aux=True)
+    G's images for the second tape come first (D's update does not touch G), so that each network's two updates are
+    one body scanned twice: XLA compiles each once, which halves the step's compile time, and computes what the
+    four tapes in order would."""
     s = dict(s)
-    (loss_real, found), grads = d_grad(s["d"], b["image"], b["real_label"], b["ecal"], jax.random.fold_in(key, 0))
-    s["d_stats"] = moved(s["d_stats"], found)
-    s["d"], s["opt_d"] = rmsprop(s["d"], s["opt_d"], grads, rate)
     fake, found = generator(net, s["g"], s["g_stats"], b["latent"][0], True)
     s["g_stats"] = moved(s["g_stats"], found)
-    (loss_fake, found), grads = d_grad(s["d"], jax.lax.stop_gradient(fake), b["fake_label"], b["ecal_fit"], jax.random.fold_in(key, 1))
-    s["d_stats"] = moved(s["d_stats"], found)
-    s["d"], s["opt_d"] = rmsprop(s["d"], s["opt_d"], grads, rate)
 
-    def g_loss(wg, latent):
-        made, found = generator(net, wg, s["g_stats"], latent, True)
+    def d_loss(wd, stats, image, label, ecal, k):
+        heads, found = discriminator(net, wd, stats, image, True, k)
+        return weighted_loss(heads, label, b["energy"], b["angle"], ecal), found
+
+    def d_tape(carry, tape):  # (1) real images, (2) generated ones
+        wd, stats, opt = carry
+        (loss, found), grads = jax.value_and_grad(d_loss, has_aux=True)(wd, stats, *tape)
+        wd, opt = rmsprop(wd, opt, grads, rate)
+        return (wd, moved(stats, found), opt), loss
+
+    tapes = (jnp.stack([b["image"], jax.lax.stop_gradient(fake).astype(b["image"].dtype)]), jnp.stack([b["real_label"], b["fake_label"]]),
+             jnp.stack([b["ecal"], b["ecal_fit"]]), jnp.stack([jax.random.fold_in(key, 0), jax.random.fold_in(key, 1)]))
+    (s["d"], s["d_stats"], s["opt_d"]), loss_d = jax.lax.scan(d_tape, (s["d"], s["d_stats"], s["opt_d"]), tapes)
+
+    def g_loss(wg, stats, latent):
+        made, found = generator(net, wg, stats, latent, True)
         heads, _ = discriminator(net, s["d"], s["d_stats"], made, False)
         loss = weighted_loss(heads, jnp.ones_like(b["real_label"]), b["energy"], b["angle"], b["ecal_fit"])
         return (loss + net.cfg.profile * profile_loss(made, b["image"], b["energy"]) if net.cfg.profile else loss), found
 
-    loss_g = []
-    for latent in b["latent"][1:]:
-        (loss, found), grads = jax.value_and_grad(g_loss, has_aux=True)(s["g"], latent)
-        loss_g.append(loss)
-        s["g_stats"] = moved(s["g_stats"], found)
-        s["g"], s["opt_g"] = rmsprop(s["g"], s["opt_g"], grads, rate)
+    def g_tape(carry, latent):  # (3, 4) G through the frozen D
+        wg, stats, opt = carry
+        (loss, found), grads = jax.value_and_grad(g_loss, has_aux=True)(wg, stats, latent)
+        wg, opt = rmsprop(wg, opt, grads, rate)
+        return (wg, moved(stats, found), opt), loss
+
+    (s["g"], s["g_stats"], s["opt_g"]), loss_g = jax.lax.scan(g_tape, (s["g"], s["g_stats"], s["opt_g"]), jnp.stack(b["latent"][1:]))
     if "avg" in s:  # the generator's moving average (nets.average_decay); its statistics copied
         s["avg"] = jax.tree.map(lambda a, p: decay * a + (1.0 - decay) * p, s["avg"], s["g"])
         s["avg_stats"] = s["g_stats"]
-    losses = {"loss_d_real": loss_real, "loss_d_fake": loss_fake, "loss_g_first": loss_g[0], "loss_g_second": loss_g[1],
-              "loss_g": (loss_g[0] + loss_g[1]) / 2}
+    losses = {"loss_d_real": loss_d[0], "loss_d_fake": loss_d[1], "loss_g_first": loss_g[0], "loss_g_second": loss_g[1], "loss_g": loss_g.mean()}
     return s, losses
 
 
