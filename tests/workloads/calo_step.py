@@ -76,8 +76,27 @@ def steps(framework: str, dtype: str) -> dict:
     rates = [trainer.learning_rate()] + (trainer.rates() if framework == "jax" else
                                          [float(o.lr) if framework == "torch" else float(o.learning_rate) for o in optimisers])
     shares = module.step_shares(trainer, 1) if framework == "torch" else {}
-    return {"shares": shares, "averaged": averaged, "statistics": statistics, "recalibrated": recalibrated, "first": first, "second": second, "second_fresh": second_fresh, "flags": flags, "restored": restored, "rates": rates,
+    folded = folded_error(module, cfg) if framework == "jax" else None
+    return {"folded": folded, "shares": shares, "averaged": averaged, "statistics": statistics, "recalibrated": recalibrated, "first": first, "second": second, "second_fresh": second_fresh, "flags": flags, "restored": restored, "rates": rates,
             "scores": trainer.evaluate(), "generated_sum": float(trainer.generate("val").sum())}
+
+
+def folded_error(module, cfg) -> float:
+    """The largest difference, relative to the outputs' largest magnitude, between JAX's convolutions folded into 2-D
+    ones and XLA's 3-D convolutions, over every layer of both networks of ``cfg`` (random inputs, nets.py's weights)."""
+    import jax.numpy as jnp
+
+    from tasks.workloads.calo.nets import discriminator_convs, generator_convs, initial_weights
+
+    weights, rng, worst = initial_weights(cfg, 0), np.random.default_rng(2), 0.0
+    first = {"generator": tuple(s * u for s, u in zip(cfg.seed_grid, cfg.upsample)), "discriminator": cfg.image}  # (x, y, z)
+    for net, convs in (("generator", generator_convs(cfg)), ("discriminator", discriminator_convs(cfg))):
+        w = {k: jnp.asarray(v) for k, v in weights[net].items()}
+        for c, (nx, ny, nz) in zip(convs, [first[net]] + [c.out for c in convs]):  # each layer's input cells
+            x = jnp.asarray(rng.standard_normal((BATCH, nz, nx, ny, c.cin)), jnp.float32)  # (B, z, x, y, cin)
+            native, folded = module.conv(x, w, c, False), module.conv(x, w, c, True)
+            worst = max(worst, float(jnp.abs(native - folded).max() / jnp.abs(native).max()))
+    return worst
 
 
 if __name__ == "__main__":

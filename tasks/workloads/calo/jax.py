@@ -44,8 +44,8 @@ def conv(x: jax.Array, w: dict, c, folded: bool) -> jax.Array:
 
     ``folded``: as one 2-D convolution over (x, y) of every output depth, its kernel's depth folded into the input
     channels (the kz shifted depth slices side by side), rather than XLA's 3-D convolution, which its CPU backend runs
-    on a slow generic path: 7 to 18 times the folded form's time forward, 5 to 18 times with the gradients, at the
-    CPU network's layer shapes (docs/har-and-calo.md). Elsewhere the 3-D convolution itself."""
+    on a slow generic path (the whole step of the CPU network took several times as long with it on this project's
+    2-core host). The same sums (tests/workloads/calo_step.py compares the two). Elsewhere the 3-D convolution itself."""
     kernel, bias = w[f"{c.name}/kernel"], w[f"{c.name}/bias"]  # (kx, ky, kz, cin, cout)
     (px, py, pz), (kx, ky, kz) = c.pad, c.kernel
     if not folded:
