@@ -37,7 +37,7 @@ def steps(framework: str, dtype: str) -> dict:
         import torch
 
         torch.set_default_dtype(getattr(torch, dtype))
-    else:
+    elif framework == "tensorflow":
         import keras
 
         keras.config.set_floatx(dtype)
@@ -47,12 +47,13 @@ def steps(framework: str, dtype: str) -> dict:
 
     cfg = replace(SMALL, dropout=0.0, width=0.25, pool=3, energy_scaled=True, average=0.9, profile=1.0, schedule="cosine")
     module = framework_module(get_workload("calo"), framework)
-    trainer_class = module.CaloTorch if framework == "torch" else module.CaloKeras
+    trainer_class = {"torch": "CaloTorch", "tensorflow": "CaloKeras", "jax": "CaloJax"}[framework]
+    trainer_class = getattr(module, trainer_class)
     data, spec, runtime = data_of(), TrainSpec(workload="calo", dataset="calo", framework=framework, seed=0), runtime_of(framework)
     trainer = trainer_class(data, spec, BATCH, runtime, cfg)
     trainer.calibration_batches = 5  # (a run takes 100: at about 0.2 s a Keras forward pass here, they would take most of the test)
     batches = trainer.batches(1, 1)
-    weights_of = (lambda: trainer.g.weights()) if framework == "torch" else (lambda: module.weights_of(trainer.g))  # noqa: E731
+    weights_of = {"torch": lambda: trainer.g.weights(), "tensorflow": lambda: module.weights_of(trainer.g), "jax": lambda: trainer.live_weights()}[framework]  # noqa: E731
     live = lambda: {k: np.array(v) for k, v in weights_of().items()}  # noqa: E731  (copies: torch's arrays share the tensors' memory)
     before = live()
     first, flags = trainer.step(next(batches), [0.0, 0.0, 1.5], 0.0)
@@ -71,11 +72,31 @@ def steps(framework: str, dtype: str) -> dict:
                        for a, b in zip(trainer.weights()[net].values(), fresh.weights()[net].values()))
         batch = next(trainer.batches(2, 1))
         second, second_fresh = trainer.step(batch, [0.0] * 3, 0.5)[0], fresh.step(batch, [0.0] * 3, 0.5)[0]
-    optimisers = (trainer.opt_g, trainer.opt_d)
-    rates = [trainer.learning_rate()] + [float(o.lr) if framework == "torch" else float(o.learning_rate) for o in optimisers]
+    optimisers = (trainer.opt_g, trainer.opt_d) if framework != "jax" else ()
+    rates = [trainer.learning_rate()] + (trainer.rates() if framework == "jax" else
+                                         [float(o.lr) if framework == "torch" else float(o.learning_rate) for o in optimisers])
     shares = module.step_shares(trainer, 1) if framework == "torch" else {}
-    return {"shares": shares, "averaged": averaged, "statistics": statistics, "recalibrated": recalibrated, "first": first, "second": second, "second_fresh": second_fresh, "flags": flags, "restored": restored, "rates": rates,
+    folded = folded_error(module, cfg) if framework == "jax" else None
+    return {"folded": folded, "shares": shares, "averaged": averaged, "statistics": statistics, "recalibrated": recalibrated, "first": first, "second": second, "second_fresh": second_fresh, "flags": flags, "restored": restored, "rates": rates,
             "scores": trainer.evaluate(), "generated_sum": float(trainer.generate("val").sum())}
+
+
+def folded_error(module, cfg) -> float:
+    """The largest difference, relative to the outputs' largest magnitude, between JAX's convolutions folded into 2-D
+    ones and XLA's 3-D convolutions, over every layer of both networks of ``cfg`` (random inputs, nets.py's weights)."""
+    import jax.numpy as jnp
+
+    from tasks.workloads.calo.nets import discriminator_convs, generator_convs, initial_weights
+
+    weights, rng, worst = initial_weights(cfg, 0), np.random.default_rng(2), 0.0
+    first = {"generator": tuple(s * u for s, u in zip(cfg.seed_grid, cfg.upsample)), "discriminator": cfg.image}  # (x, y, z)
+    for net, convs in (("generator", generator_convs(cfg)), ("discriminator", discriminator_convs(cfg))):
+        w = {k: jnp.asarray(v) for k, v in weights[net].items()}
+        for c, (nx, ny, nz) in zip(convs, [first[net]] + [c.out for c in convs]):  # each layer's input cells
+            x = jnp.asarray(rng.standard_normal((BATCH, nz, nx, ny, c.cin)), jnp.float32)  # (B, z, x, y, cin)
+            native, folded = module.conv(x, w, c, False), module.conv(x, w, c, True)
+            worst = max(worst, float(jnp.abs(native - folded).max() / jnp.abs(native).max()))
+    return worst
 
 
 if __name__ == "__main__":

@@ -1,6 +1,6 @@
 """The calo workload, framework-neutral: its split, networks, scores, target, trainer and table entry.
 
-Its synthetic dataset is dataset.py's. Training (CaloTrainer, with torch.py and tensorflow.py) runs the published
+Its synthetic dataset is dataset.py's. Training (CaloTrainer, with torch.py, tensorflow.py and jax.py) runs the published
 four-tape GAN step through the one loop.
 """
 
@@ -298,7 +298,7 @@ WORKLOAD = Workload(
     name="calo",
     title="3-D convolutional GAN of calorimeter showers",
     data=DATA,
-    frameworks=("torch", "tensorflow"),
+    frameworks=("torch", "tensorflow", "jax"),
     main_loss="loss_g",
     target=TARGET,
     prepare=prepare,
