@@ -8,7 +8,8 @@ sides in one process, with the same threads and heap: our trainer (the workload'
 the framework's own documentation teaches. Both start from the workload's initial weights, and the child first
 checks that they give the same loss on the same batch. Then timed blocks of ``steps`` optimiser steps alternate
 between the sides (which goes first alternating too), after one untimed block each (tracing, compilation,
-allocator warm-up); each side reports the median block.
+allocator warm-up); each side reports the median block. With ``--profile``, one more block of each side runs
+under the framework's own profiler (tasks.bench.profiles): its ops with the most self time.
 
 Ours is timed as the loop times an epoch (``epoch_time_s``: its batches in the epoch's order, moved to the device,
 each step with its losses read back and checked); the reference from its shuffle to its last step's end (Keras:
@@ -102,9 +103,14 @@ def frameworks_job(job: dict) -> dict:
     for r in range(repeats):
         for key in (("ours", "reference") if r % 2 == 0 else ("reference", "ours")):
             times[key].append(sides[key]())
+    profiles = {}
+    if job["profile"]:
+        from tasks.bench.profiles import profile_block
+
+        profiles = {key: profile_block(framework, run, steps) for key, run in sides.items()}
     return {"framework": framework, "version": runtime.version, "device_name": runtime.description, "threads": runtime.threads,
             "train_samples": trainer.samples, "steps": steps, "reference": reference.words, "first_loss": first,
-            "warmup_s": warmup, "seconds": times}
+            "warmup_s": warmup, "seconds": times, "profile": profiles}
 
 
 def _check_dataset(spec: BenchFrameworksSpec, batch_size: int) -> tuple[str, dict]:
@@ -144,7 +150,7 @@ def bench_frameworks(spec: BenchFrameworksSpec) -> dict:
     for fw in spec.frameworks:
         env = device_env(spec.device, framework=fw) | ({"OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)} if threads else {})
         job = {"spec": train_spec(spec, fw, batch_size).model_copy(update={"dataset": dataset}).model_dump(mode="json"),
-               "steps": spec.steps, "repeats": spec.repeats, "threads": threads}
+               "steps": spec.steps, "repeats": spec.repeats, "threads": threads, "profile": spec.profile}
         child = run_child(KIND, BODY, job, log, env=env, framework=fw)
         rows[fw] = _row(child, batch_size)
         log.info("%s %s: ours %.0f samples/s, reference %.0f, ours / reference %.3f", spec.workload, fw,
@@ -169,4 +175,4 @@ def _row(child: dict, batch_size: int) -> dict:
             "ratio_runs": [round(r / o, 4) for o, r in zip(ours, ref)], "steps": child["steps"], "train_samples": child["train_samples"],
             "first_loss": child["first_loss"], "reference": child["reference"], "version": child["version"],
             "device_name": child["device_name"], "threads": child["threads"],
-            "warmup_s": {k: round(v, 4) for k, v in child["warmup_s"].items()}}
+            "warmup_s": {k: round(v, 4) for k, v in child["warmup_s"].items()}, **({"profile": child["profile"]} if child["profile"] else {})}

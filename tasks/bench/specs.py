@@ -245,3 +245,4 @@ class BenchFrameworksSpec(BenchSpec):
     repeats: PositiveInt = Field(default=3, description="Timed blocks per side; medians are reported")
     seed: NonNegativeInt = Field(default=0, description="Seed of the initial weights and the batches' order")
     threads: OptionalPositiveInt = Field(default=None, description="CPU threads of each framework (default: all cores)")
+    profile: bool = Field(default=False, description="Then run one more block of each side under the framework's own profiler and report its ops with the most self time")

@@ -33,7 +33,7 @@ def _digits_dataset(workdir):
 
 def test_a_tiny_run_prints_ours_and_the_references_samples_per_s_and_their_ratio(workdir):
     _digits_dataset(workdir)
-    proc = run_cli("bench-frameworks", "--workload", "digits", "--steps", "2", "--repeats", "2", "--json", cwd=workdir)
+    proc = run_cli("bench-frameworks", "--workload", "digits", "--steps", "2", "--repeats", "2", "--profile", "--json", cwd=workdir)
     assert proc.returncode == 0, proc.stderr[-3000:]
     out = strict_json(proc.stdout.strip().splitlines()[-1])
     assert (out["workload"], out["dataset"], out["batch_size"], out["repeats"], out["synthetic"]) == ("digits", "digits", 64, 2, False)
@@ -47,6 +47,20 @@ def test_a_tiny_run_prints_ours_and_the_references_samples_per_s_and_their_ratio
         assert row["ratio"] == pytest.approx(row["samples_per_s"] / row["reference_samples_per_s"])
         assert row["first_loss"]["reference"] == pytest.approx(row["first_loss"]["ours"], abs=1e-5)
         assert row["reference"] and row["version"]
+        for side in ("ours", "reference"):  # one more block of each under the framework's profiler: its busiest ops
+            profile = row["profile"][side]
+            assert profile["busy_ms_per_step"] > 0 and 0 < len(profile["ops"]) <= 8, (framework, side)
+            assert sum(op["share"] for op in profile["ops"]) <= 1.0001
+            assert [op["ms_per_step"] for op in profile["ops"]] == sorted((op["ms_per_step"] for op in profile["ops"]), reverse=True)
+    assert any(op["op"].startswith("aten::") for op in out["frameworks"]["torch"]["profile"]["ours"]["ops"])  # torch.profiler's operators
+
+
+def test_self_time_is_an_events_duration_less_the_events_nested_in_it_on_its_thread():
+    from tasks.bench.profiles import self_times
+
+    thread_a = [("step", 0, 10), ("dot", 2, 3), ("fusion", 6, 2), ("copy", 20, 1)]  # dot and fusion inside step; copy after it
+    thread_b = [("step", 0, 4)]
+    assert self_times([thread_a, thread_b]) == {"step": (10 - 3 - 2 + 4, 2), "dot": (3, 1), "fusion": (2, 1), "copy": (1, 1)}
 
 
 @pytest.mark.parametrize("args, message", [
