@@ -75,3 +75,24 @@ def test_bad_input_is_one_line_and_exit_2_with_nothing_started(workdir, args, me
     assert proc.stdout == ""
     line = proc.stderr.strip()
     assert len(line.splitlines()) == 1 and line.startswith("python -m flows bench-frameworks: error: ") and message in line, line
+
+
+def test_the_command_process_imports_no_framework(workdir):
+    """The parent checks the request and the dataset, and starts its children, without loading torch, TensorFlow or JAX."""
+    import os
+    import subprocess
+    import sys
+
+    from tests.conftest import ROOT
+
+    _digits_dataset(workdir)
+    code = ("import sys\n"
+            "import tasks.bench.frameworks as f\n"
+            "from tasks.bench.specs import BenchFrameworksSpec\n"
+            "spec = BenchFrameworksSpec(workload='digits')\n"
+            "print(f._check_dataset(spec, 64)[0], f.train_spec(spec, 'jax', 64).framework)\n"
+            "import tasks.common.launch, tasks.common.ceiling\n"
+            "print([m for m in ('torch', 'tensorflow', 'keras', 'jax', 'prefect', 'mlflow') if m in sys.modules])\n")
+    proc = subprocess.run([sys.executable, "-c", code], cwd=workdir, capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.split("\n")[:2] == ["digits jax", "[]"]
