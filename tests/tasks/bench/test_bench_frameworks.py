@@ -45,6 +45,7 @@ def test_a_tiny_run_prints_ours_and_the_references_samples_per_s_and_their_ratio
         a, b = row["samples_per_s_runs"]
         assert row["samples_per_s"] == pytest.approx(2 / (1 / a + 1 / b), rel=1e-3)  # the median of two blocks' seconds
         assert row["ratio"] == pytest.approx(row["samples_per_s"] / row["reference_samples_per_s"])
+        assert row["ratio_of_pairs_median"] == pytest.approx(sum(row["ratio_runs"]) / 2, rel=1e-3)  # each repeat's pair of blocks
         assert row["first_loss"]["reference"] == pytest.approx(row["first_loss"]["ours"], abs=1e-5)
         assert row["reference"] and row["version"]
         for side in ("ours", "reference"):  # one more block of each under the framework's profiler: its busiest ops
