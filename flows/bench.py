@@ -14,7 +14,7 @@ from pydantic import BaseModel, ValidationError
 
 from flows.jsonline import json_line
 from flows.options import OneLineParser, add_spec_options, spec_from_args, validation_message
-from tasks.bench.specs import BenchInferSpec, BenchMatmulSpec, BenchQualitySpec, BenchSolverSpec, BenchTrainSpec, CompareDatasetsSpec, HistorySpec
+from tasks.bench.specs import BenchFrameworksSpec, BenchInferSpec, BenchMatmulSpec, BenchQualitySpec, BenchSolverSpec, BenchTrainSpec, CompareDatasetsSpec, HistorySpec
 
 JSON_HELP = "Print a one-line JSON summary as the last line of stdout"
 
@@ -41,6 +41,12 @@ def _quality(spec: BenchQualitySpec) -> dict:
     from tasks.bench.quality import bench_quality
 
     return bench_quality(spec)
+
+
+def _frameworks(spec: BenchFrameworksSpec) -> dict:
+    from tasks.bench.frameworks import bench_frameworks
+
+    return bench_frameworks(spec)
 
 
 def _compare(spec: CompareDatasetsSpec) -> dict:
@@ -84,6 +90,8 @@ BENCH_COMMANDS: dict[str, BenchCommand] = {
                                   "then score rollouts and compare with the solver", _quality),
     "bench-matmul": BenchCommand(BenchMatmulSpec, "The FLOP ceiling: square matmuls (TFLOP/s, cold and warm) per framework and dtype, "
                                  "against the device's peak", _matmul),
+    "bench-frameworks": BenchCommand(BenchFrameworksSpec, "Each framework's training of a workload against that framework's idiomatic "
+                                     "reference (samples/s, ours / reference), in one run", _frameworks),
     "compare-datasets": BenchCommand(CompareDatasetsSpec, "How far two datasets of one sweep differ, frame by frame (a GPU sweep "
                                      "against the CPU's)", _compare),
     "history": BenchCommand(HistorySpec, "Each cell's results across code and framework versions (the experiment's training runs), "

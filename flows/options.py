@@ -61,7 +61,7 @@ def _help(model: type[BaseModel], field, is_list: bool) -> str | None:
         return None
     as_written = getattr(model, "cli_help_as_written", False)
     text = field.description
-    if "(default:" not in text and not (as_written and (field.default is None or field.default == [])):
+    if "(default:" not in text and not field.is_required() and not (as_written and (field.default is None or field.default == [])):
         text += f" (default: {field.default})"
     return text + (" — comma-separated" if is_list and not as_written else "")
 

@@ -224,3 +224,28 @@ class HistorySpec(BenchSpec):
     min_change: float = Field(default=0.10, gt=0, lt=10, description="The smallest relative change of a cell's median flagged "
                               "(a larger one where the versions' runs scatter: three times their half range)")
 
+
+
+def _has_reference(name: str) -> str:
+    from tasks.bench.references import workloads
+
+    known = workloads()
+    if name not in known:
+        raise PydanticCustomError("bench_reference", f"bench-frameworks has idiomatic references for {', '.join(known)} only")
+    return name
+
+
+class BenchFrameworksSpec(BenchSpec):
+    """Time each framework's training of a workload against that framework's idiomatic reference (samples/s, ours / reference), in one run."""
+
+    workload: Annotated[str, AfterValidator(_has_reference)] = Field(description="Workload, one with idiomatic references: digits or har")
+    frameworks: Annotated[list[MatmulFramework], AfterValidator(_unique)] = Field(
+        default=["torch", "tensorflow", "jax"], min_length=1, description="Frameworks, each in its own process, one after the other; comma-separated (default: torch,tensorflow,jax)")
+    device: Literal["cpu", "cuda"] = Field(default="cpu", description="Device kind")
+    dataset: str | None = Field(default=None, pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$", description="Stored dataset to train on (default: the workload's own, as generate writes it)")
+    batch_size: OptionalPositiveInt = Field(default=None, description="Batch size (default: the workload's benchmark batch, 64)")
+    steps: OptionalPositiveInt = Field(default=None, description="Optimiser steps per timed block (default: one epoch's)")
+    repeats: PositiveInt = Field(default=3, description="Timed blocks per side; medians are reported")
+    seed: NonNegativeInt = Field(default=0, description="Seed of the initial weights and the batches' order")
+    threads: OptionalPositiveInt = Field(default=None, description="CPU threads of each framework (default: all cores)")
+    profile: bool = Field(default=False, description="Then run one more block of each side under the framework's own profiler and report its ops with the most self time")

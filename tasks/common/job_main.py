@@ -21,7 +21,7 @@ from pathlib import Path
 USER_ERROR = 3
 RUN_FAILED = 4
 STOPPED = 5
-KINDS = ("train", "rollout", "probe", "matmul", "simulate", "validate")
+KINDS = ("train", "rollout", "probe", "matmul", "simulate", "validate", "bench")
 
 
 def job_body(name: str):

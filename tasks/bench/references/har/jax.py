@@ -1,0 +1,86 @@
+"""The har BiLSTM in JAX as optax's and flax's documentation teach: an LSTM cell scanned over time with ``lax.scan`` (the backward direction on the reversed sequence, its outputs put back in order, as flax's ``nn.RNN(reverse=True, keep_order=True)``), ``jax.jit`` over the whole training step, optax's Adam.
+
+Flax is not installed here: the cell is written as flax's fused LSTM cell computes it (one product of the step's
+input and one of the hidden state for all four gates, inside the scan).
+"""
+
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+from tasks.workloads.har.workload import EPSILON, LEARNING_RATE, network_of
+
+
+def lstm_cell(params, carry, x_t):
+    """One step: carry (h, c) each (B, H), input (B, in) -> the new carry and h; gates i, f, g, o."""
+    h, c = carry
+    z = x_t @ params["kernel"] + h @ params["recurrent"] + params["bias"]  # (B, 4H)
+    i, f, g, o = jnp.split(z, 4, axis=-1)
+    c = jax.nn.sigmoid(f) * c + jax.nn.sigmoid(i) * jnp.tanh(g)
+    h = jax.nn.sigmoid(o) * jnp.tanh(c)
+    return (h, c), h
+
+
+def rnn(params, xs, reverse: bool):
+    """One direction over (B, T, in) -> (B, T, H)."""
+    xs = jnp.swapaxes(xs, 0, 1)  # (T, B, in): scan runs over the leading axis
+    if reverse:
+        xs = jnp.flip(xs, 0)
+    units = params["recurrent"].shape[0]
+    zeros = jnp.zeros((xs.shape[1], units), xs.dtype)
+    _, hs = jax.lax.scan(lambda carry, x_t: lstm_cell(params, carry, x_t), (zeros, zeros), xs)
+    if reverse:
+        hs = jnp.flip(hs, 0)
+    return jnp.swapaxes(hs, 0, 1)
+
+
+def model(params, x):
+    """Windows (B, T, in) -> logits (B, classes)."""
+    for layer in params["lstm"]:
+        x = jnp.concatenate([rnn(layer["fw"], x, False), rnn(layer["bw"], x, True)], axis=-1)  # (B, T, 2H)
+    return x.mean(axis=1) @ params["dense"]["kernel"] + params["dense"]["bias"]
+
+
+def loss_fn(params, x, y):
+    return optax.softmax_cross_entropy_with_integer_labels(model(params, x), y).mean()
+
+
+optimizer = optax.adam(LEARNING_RATE, eps=EPSILON)
+
+
+@jax.jit
+def train_step(params, opt_state, x, y):
+    loss, grads = jax.value_and_grad(loss_fn)(params, x, y)
+    updates, opt_state = optimizer.update(grads, opt_state, params)
+    return optax.apply_updates(params, updates), opt_state, loss
+
+
+class Reference:
+    words = ("JAX + optax: an LSTM cell under lax.scan (backward direction on the flipped sequence, as flax's nn.RNN), "
+             "jax.jit over the whole step, optax.adam, numpy batches in a permuted order")
+
+    def __init__(self, spec, weights: dict[str, np.ndarray], x: np.ndarray, y: np.ndarray, batch_size: int):
+        network = network_of(spec)
+        self.params = {
+            "lstm": [{d: {part: jnp.asarray(weights[f"lstm{layer}/{d}/{part}"]) for part in ("kernel", "recurrent", "bias")} for d in ("fw", "bw")}
+                     for layer in range(network.layers)],
+            "dense": {"kernel": jnp.asarray(weights["dense/kernel"]), "bias": jnp.asarray(weights["dense/bias"])},
+        }
+        self.opt_state = optimizer.init(self.params)
+        self.x, self.y, self.batch_size = x, y.astype(np.int32), batch_size
+        self.rng = np.random.default_rng(spec.seed)
+
+    def train(self, steps: int) -> float:
+        t0 = time.perf_counter()
+        order = self.rng.permutation(len(self.y))
+        for i in range(steps):
+            take = order[i * self.batch_size: (i + 1) * self.batch_size]
+            self.params, self.opt_state, loss = train_step(self.params, self.opt_state, self.x[take], self.y[take])
+        jax.block_until_ready(self.params)
+        return time.perf_counter() - t0
+
+    def loss(self, x: np.ndarray, y: np.ndarray) -> float:
+        return float(jax.jit(loss_fn)(self.params, x, y.astype(np.int32)))

@@ -1,0 +1,99 @@
+"""bench-frameworks: each idiomatic reference computes our loss from our weights and takes our optimiser step; the command's JSON on a tiny run; bad input refused in one line with exit 2, before any child starts."""
+
+import pytest
+
+from tests.conftest import run_cli, strict_json
+from tests.workloads.digits_step import stepped_in_children
+
+FRAMEWORKS = ("torch", "tensorflow", "jax")
+
+
+@pytest.fixture(scope="module")
+def stepped() -> dict[str, dict]:
+    """Per framework (each in its own process), per workload: ours and the reference's losses before and after one step."""
+    return stepped_in_children("tests.tasks.bench.frameworks_step", FRAMEWORKS)
+
+
+@pytest.mark.parametrize("framework", FRAMEWORKS)
+@pytest.mark.parametrize("workload", ["digits", "har"])
+def test_each_reference_computes_our_loss_and_takes_our_step_from_the_same_weights(stepped, workload, framework):
+    r = stepped[framework][workload]
+    # the tolerances of the cross-framework tests (tests/workloads/test_har_workload.py, test_digits_workload.py)
+    assert r["before"]["reference"] == pytest.approx(r["before"]["ours"], abs=1e-5)  # the same network from the same weights
+    assert r["after"]["ours"] < r["before"]["ours"] - 0.01  # the step learned something
+    assert r["after"]["reference"] == pytest.approx(r["after"]["ours"], abs=1e-5)  # the same optimiser step
+    assert r["seconds"] > 0
+
+
+def _digits_dataset(workdir):
+    from tasks.workloads.digits.workload import write_dataset
+
+    write_dataset(workdir / "data" / "datasets" / "digits")
+
+
+def test_a_tiny_run_prints_ours_and_the_references_samples_per_s_and_their_ratio(workdir):
+    _digits_dataset(workdir)
+    proc = run_cli("bench-frameworks", "--workload", "digits", "--steps", "2", "--repeats", "2", "--profile", "--json", cwd=workdir)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = strict_json(proc.stdout.strip().splitlines()[-1])
+    assert (out["workload"], out["dataset"], out["batch_size"], out["repeats"], out["synthetic"]) == ("digits", "digits", 64, 2, False)
+    assert out["cpu_name"] and set(out["load_average"]) == {"before", "after"}
+    assert list(out["frameworks"]) == list(FRAMEWORKS)
+    for framework, row in out["frameworks"].items():
+        assert row["steps"] == 2 and row["train_samples"] == 3500, framework
+        assert len(row["samples_per_s_runs"]) == len(row["reference_samples_per_s_runs"]) == 2
+        a, b = row["samples_per_s_runs"]
+        assert row["samples_per_s"] == pytest.approx(2 / (1 / a + 1 / b), rel=1e-3)  # the median of two blocks' seconds
+        assert row["ratio"] == pytest.approx(row["samples_per_s"] / row["reference_samples_per_s"])
+        assert row["ratio_of_pairs_median"] == pytest.approx(sum(row["ratio_runs"]) / 2, rel=1e-3)  # each repeat's pair of blocks
+        assert row["first_loss"]["reference"] == pytest.approx(row["first_loss"]["ours"], abs=1e-5)
+        assert row["reference"] and row["version"]
+        for side in ("ours", "reference"):  # one more block of each under the framework's profiler: its busiest ops
+            profile = row["profile"][side]
+            assert profile["busy_ms_per_step"] > 0 and 0 < len(profile["ops"]) <= 8, (framework, side)
+            assert sum(op["share"] for op in profile["ops"]) <= 1.0001
+            assert [op["ms_per_step"] for op in profile["ops"]] == sorted((op["ms_per_step"] for op in profile["ops"]), reverse=True)
+    assert any(op["op"].startswith("aten::") for op in out["frameworks"]["torch"]["profile"]["ours"]["ops"])  # torch.profiler's operators
+
+
+def test_self_time_is_an_events_duration_less_the_events_nested_in_it_on_its_thread():
+    from tasks.bench.profiles import self_times
+
+    thread_a = [("step", 0, 10), ("dot", 2, 3), ("fusion", 6, 2), ("copy", 20, 1)]  # dot and fusion inside step; copy after it
+    thread_b = [("step", 0, 4)]
+    assert self_times([thread_a, thread_b]) == {"step": (10 - 3 - 2 + 4, 2), "dot": (3, 1), "fusion": (2, 1), "copy": (1, 1)}
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--workload", "karman"], "--workload: bench-frameworks has idiomatic references for digits, har only (got 'karman')"),
+    (["--workload", "digits", "--frameworks", "torch,mxnet"], "--frameworks: Input should be 'torch', 'tensorflow' or 'jax' (got 'mxnet')"),
+    (["--workload", "digits", "--dataset", "absent"], "no digits dataset 'absent' in"),
+    (["--workload", "digits", "--batch-size", "0"], "--batch-size: 0 must be a positive integer (got '0')"),
+])
+def test_bad_input_is_one_line_and_exit_2_with_nothing_started(workdir, args, message):
+    proc = run_cli("bench-frameworks", *args, "--json", cwd=workdir)
+    assert proc.returncode == 2
+    assert proc.stdout == ""
+    line = proc.stderr.strip()
+    assert len(line.splitlines()) == 1 and line.startswith("python -m flows bench-frameworks: error: ") and message in line, line
+
+
+def test_the_command_process_imports_no_framework(workdir):
+    """The parent checks the request and the dataset, and starts its children, without loading torch, TensorFlow or JAX."""
+    import os
+    import subprocess
+    import sys
+
+    from tests.conftest import ROOT
+
+    _digits_dataset(workdir)
+    code = ("import sys\n"
+            "import tasks.bench.frameworks as f\n"
+            "from tasks.bench.specs import BenchFrameworksSpec\n"
+            "spec = BenchFrameworksSpec(workload='digits')\n"
+            "print(f._check_dataset(spec, 64)[0], f.train_spec(spec, 'jax', 64).framework)\n"
+            "import tasks.common.launch, tasks.common.ceiling\n"
+            "print([m for m in ('torch', 'tensorflow', 'keras', 'jax', 'prefect', 'mlflow') if m in sys.modules])\n")
+    proc = subprocess.run([sys.executable, "-c", code], cwd=workdir, capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.split("\n")[:2] == ["digits jax", "[]"]
