@@ -20,7 +20,8 @@ def one_step(framework: str, batch: int = 24) -> dict:
     """Losses on ``batch`` synthetic windows (4 of each activity, 1 subject) before and after one step of the framework's trainer (seed 0)."""
     from tasks.common.specs import TrainSpec
     from tasks.workloads import framework_module, get_workload
-    from tasks.workloads.har.workload import HarData, synthesize
+    from tasks.workloads.har.synthetic import synthesize
+    from tasks.workloads.har.workload import HarData
 
     x, y, _ = synthesize(per_activity=batch // 6, subjects=1)  # (b, 128, 9), (b,)
     y = y.astype(np.int64)

@@ -34,7 +34,9 @@ def test_torch_keras_and_jax_train_the_same_parameters_take_the_same_first_step_
 
 
 def test_the_generator_is_deterministic_balanced_and_split_by_subject():
-    from tasks.workloads.har.workload import CHANNELS, CLASSES, SPLIT, SUBJECTS, content_digest, subject_split, synthesize
+    from tasks.workloads.har.synthetic import SPLIT, subject_split, synthesize
+    from tasks.workloads.har.windows import CHANNELS, CLASSES, SUBJECTS
+    from tasks.workloads.har.workload import content_digest
 
     windows, activities, subjects = synthesize(per_activity=2, subjects=6)
     assert windows.shape == (72, 128, len(CHANNELS)) and windows.dtype == np.float32 and np.isfinite(windows).all()
