@@ -19,6 +19,7 @@ from pathlib import Path
 import numpy as np
 import zarr
 
+from models.recipe import lr_factor
 from tasks.common.datasets import check_batches, read_checked, record_generate, refuse_damaged, write_once
 from tasks.common.errors import UserError
 from tasks.common.store import MANIFEST, STORE, workload_manifest, write_json_atomic
@@ -46,6 +47,9 @@ DIRECTIONS = ("fw", "bw")
 # after it, so Keras' epsilon acts 1 / sqrt(1 - 0.999^t) times larger (32x at the first step): at Keras' default
 # 1e-7 the two frameworks' first steps differ by 4e-5 in the loss; at 1e-10 they agree to float precision.
 LEARNING_RATE, EPSILON = 3e-3, 1e-10
+# The rate over the run: models.recipe.lr_factor of the loop's progress (0 to 1), set before every step in each framework.
+# The seed's is constant; TrainSpec.schedule (--schedule cosine) takes half a cosine down to a hundredth of it instead.
+SCHEDULE = "constant"
 TARGET_F1 = 0.85  # synthetic data: validation macro-F1 (4 held-out subjects, 384 windows); see WORKLOAD.epochs for what the default reaches
 # real data (UCI HAPT): validation macro-F1 on 4 volunteers no training window comes from (processing.VAL_VOLUNTEERS), set from
 # validation figures only (docs/har-and-calo.md)
@@ -121,6 +125,11 @@ class Network:
         macs = self.multiply_adds()
         first_input = len(DIRECTIONS) * STEPS * 4 * self.units * self.inputs
         return float(2 * sum(macs) + 2 * sum(macs) + 2 * (sum(macs) - first_input))
+
+
+def schedule_of(spec) -> str:
+    """The learning-rate schedule a training spec asks for: TrainSpec.schedule, None for SCHEDULE."""
+    return spec.schedule or SCHEDULE
 
 
 def network_of(spec) -> Network:
@@ -315,7 +324,8 @@ def dataset_info(settings, dataset: str) -> tuple[str, dict]:
 
 def setting(spec) -> str:
     target = (f"{TARGET_F1:g}" if TARGET_F1 == TARGET_F1_REAL else f"{TARGET_F1_REAL:g} on real data (UCI HAPT), {TARGET_F1:g} on synthetic")
-    return f"{network_of(spec).words}, Adam lr {LEARNING_RATE:g}, target validation macro-F1 {target}"  # the report adds the run's data
+    rate = f"Adam lr {LEARNING_RATE:g}" + ("" if schedule_of(spec) == "constant" else f" {schedule_of(spec)}")
+    return f"{network_of(spec).words}, {rate}, target validation macro-F1 {target}"  # the report adds the run's data
 
 
 class HarTrainer(Classifier):
@@ -329,14 +339,20 @@ class HarTrainer(Classifier):
         super().__init__(data, spec, batch_size, rank, world)
         self.network = network_of(spec)
         self.headline = HEADLINE
+        self.rate, self.schedule = LEARNING_RATE, schedule_of(spec)
         self.flops_per_sample = self.network.train_flops_per_sample()
         self.params = {"network": self.network.words, "network_layers": self.network.layers, "network_units": self.network.units,
                        "parameters": self.network.parameter_count(), "optimizer": f"Adam eps {EPSILON:g}", "learning_rate": LEARNING_RATE,
-                       "f1_target": data.target, "flops_per_sample": self.flops_per_sample,
+                       "learning_rate_schedule": self.schedule, "f1_target": data.target, "flops_per_sample": self.flops_per_sample,
                        "synthetic_data": data.source == "synthetic", "data": SOURCES[data.source]}
 
     def learning_rate(self) -> float:
-        return LEARNING_RATE
+        return self.rate
+
+    def rate_at(self, progress: float) -> float:
+        """The learning rate for a step at ``progress`` (0 to 1) of the run, by the run's schedule; also learning_rate's value from then on."""
+        self.rate = LEARNING_RATE * lr_factor(self.schedule, progress)
+        return self.rate
 
     def reached(self, scores: dict[str, float]) -> bool:
         return scores["f1"] >= self.data.target
@@ -368,7 +384,7 @@ WORKLOAD = Workload(
     generate=generate,
     check_generate=check_generate,
     sizes=("layers", "units"),  # seed 002's axes: a benchmark's --layers x --units
-    options=("layers", "units"),
+    options=("layers", "units", "schedule"),  # schedule: TrainSpec's, shared with karman's recipe
     generate_fields=("source",),  # a benchmark with --source synthetic trains on dataset har-sourcesynthetic
     generate_options=("source",),
     learned_nothing=at_chance(CLASSES),
