@@ -1,4 +1,4 @@
-"""Child body of the har tests: one framework's trainer takes one Adam step on a fixed batch of synthetic windows; prints its parameter count and the losses as JSON.
+"""Child body of the har tests: one framework's trainer takes one Adam step on a fixed batch of synthetic windows (and one at the end of a cosine schedule); prints its parameter count, the losses and the rates as JSON.
 
 Run as ``python -m tests.workloads.har_step FRAMEWORK``, one process per framework (tensorflow and torch
 apart), with the framework's device environment (tasks.common.launch.device_env).
@@ -20,7 +20,8 @@ def one_step(framework: str, batch: int = 24) -> dict:
     """Losses on ``batch`` synthetic windows (4 of each activity, 1 subject) before and after one step of the framework's trainer (seed 0)."""
     from tasks.common.specs import TrainSpec
     from tasks.workloads import framework_module, get_workload
-    from tasks.workloads.har.workload import HarData, synthesize
+    from tasks.workloads.har.synthetic import synthesize
+    from tasks.workloads.har.workload import HarData
 
     x, y, _ = synthesize(per_activity=batch // 6, subjects=1)  # (b, 128, 9), (b,)
     y = y.astype(np.int64)
@@ -41,11 +42,17 @@ def one_step(framework: str, batch: int = 24) -> dict:
         batch2 = next(trainer.batches(2, 1))  # one batch for both: the other seed would order it otherwise (and round otherwise)
         second = [trainer.step(batch2, [0.0] * 3, 0.0)[0]["loss_ce"],
                   fresh.step(batch2, [0.0] * 3, 0.0)[0]["loss_ce"]]  # Adam's moments came along too
+    # the schedule: one step at the run's end under cosine takes Adam's first step, each weight moved by the rate, which is
+    # a hundredth of the initial one there
+    late = module.build(data, spec.model_copy(update={"schedule": "cosine"}), batch, runtime)
+    start = late.weights()
+    late.step(next(late.batches(1, 1)), [0.0] * 3, 1.0)
+    moved = max(float(np.abs(v - start[k]).max()) for k, v in late.weights().items())
     trained = trainer.net.parameters() if framework == "torch" else trainer.w.values() if framework == "jax" else trainer.net.trainable_variables
     counted = sum(int(np.prod(tuple(p.shape))) for p in trained if getattr(p, "requires_grad", True))
     return {"restored": restored, "second_steps": second, "parameters": int(sum(v.size for v in weights.values())), "trainable": counted,
             "params": trainer.params["parameters"], "before": before, "step_loss": step_losses["loss_ce"], "after": trainer.score("train")["loss"],
-            "flags": flags, "scores": trainer.score("train")}
+            "flags": flags, "scores": trainer.score("train"), "rate": trainer.learning_rate(), "late_rate": late.learning_rate(), "late_moved": moved}
 
 
 if __name__ == "__main__":

@@ -1,4 +1,4 @@
-"""The har workload: the synthetic generator (deterministic, balanced, split by subject), the macro scores, the BiLSTM's FLOPs against torch's counter, torch, Keras and JAX from the same weights (parameters, one Adam step, checkpoint), and what a spec refuses."""
+"""The har workload: the synthetic generator (deterministic, balanced, split by subject), the macro scores, the BiLSTM's FLOPs against torch's counter, torch, Keras and JAX from the same weights (parameters, one Adam step, checkpoint, the learning-rate schedule), and what a spec refuses."""
 
 import numpy as np
 import pytest
@@ -33,8 +33,21 @@ def test_torch_keras_and_jax_train_the_same_parameters_take_the_same_first_step_
         assert r["restored"] and r["second_steps"][0] == pytest.approx(r["second_steps"][1], abs=1e-6), framework  # moments too
 
 
+def test_the_learning_rate_schedule_is_the_same_in_every_framework(stepped):
+    from tasks.workloads.har.workload import LEARNING_RATE, SCHEDULE
+
+    assert SCHEDULE == "constant"  # the seed's: every step at LEARNING_RATE unless the run asks for cosine
+    for framework, r in stepped.items():
+        assert r["rate"] == pytest.approx(LEARNING_RATE), framework
+        # at the end of a cosine run the rate is a hundredth (models.recipe.LR_FLOOR); Adam's first step moves a weight by it
+        assert r["late_rate"] == pytest.approx(LEARNING_RATE / 100), framework
+        assert r["late_moved"] == pytest.approx(LEARNING_RATE / 100, rel=0.01), framework  # float32 weights near 0.5: ulp 6e-8
+
+
 def test_the_generator_is_deterministic_balanced_and_split_by_subject():
-    from tasks.workloads.har.workload import CHANNELS, CLASSES, SPLIT, SUBJECTS, content_digest, subject_split, synthesize
+    from tasks.workloads.har.synthetic import SPLIT, subject_split, synthesize
+    from tasks.workloads.har.windows import CHANNELS, CLASSES, SUBJECTS
+    from tasks.workloads.har.workload import content_digest
 
     windows, activities, subjects = synthesize(per_activity=2, subjects=6)
     assert windows.shape == (72, 128, len(CHANNELS)) and windows.dtype == np.float32 and np.isfinite(windows).all()

@@ -42,9 +42,14 @@ class HarJax(HarTrainer, JaxClassifier):
     def __init__(self, data: HarData, spec, batch_size: int, runtime):
         super().__init__(data, spec, batch_size)
         layers = self.network.layers
-        # optax adds epsilon to sqrt(v) after the bias correction, as torch does: the same step
-        self._jit(runtime, self.network.initial_weights(spec.seed), optax.adam(LEARNING_RATE, eps=EPSILON),
+        # optax adds epsilon to sqrt(v) after the bias correction, as torch does: the same step; the rate is a state
+        # entry (inject_hyperparams), set before every step as torch's and Keras' are
+        self._jit(runtime, self.network.initial_weights(spec.seed), optax.inject_hyperparams(optax.adam)(learning_rate=LEARNING_RATE, eps=EPSILON),
                   lambda w, x: forward(w, x, layers))
+
+    def step(self, batch, flags: list[float], progress: float):
+        self.opt_state.hyperparams["learning_rate"] = jax.device_put(jnp.asarray(self.rate_at(progress), jnp.float32), self.replicated)
+        return super().step(batch, flags, progress)
 
 
 def build(data: HarData, spec, batch_size: int, runtime) -> HarJax:

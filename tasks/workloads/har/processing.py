@@ -17,7 +17,7 @@ windows crossing a postural transition (7-12) or an unlabelled stretch (-1) are 
 
 import numpy as np
 
-from tasks.workloads.har.workload import CHANNELS, ROLES, SAMPLE_HZ, STEPS
+from tasks.workloads.har.windows import CHANNELS, ROLES, SAMPLE_HZ, STEPS
 
 MEDIAN = 3  # samples
 NOISE_HZ, GRAVITY_HZ, ORDER = 20.0, 0.3, 3

@@ -45,6 +45,10 @@ class HarKeras(HarTrainer, KerasClassifier):
         self.load_weights(self.network.initial_weights(spec.seed))
         self._compile(spec)
 
+    def step(self, batch, flags: list[float], progress: float):
+        self.opt.learning_rate = self.rate_at(progress)  # the optimiser's rate variable, assigned outside the traced step
+        return super().step(batch, flags, progress)
+
 
 def build(data: HarData, spec, batch_size: int, runtime) -> HarKeras:
     return HarKeras(data, spec, batch_size, runtime)

@@ -64,6 +64,11 @@ class HarTorch(HarTrainer, TorchClassifier):
         self._place(runtime, net)
         self.opt = torch.optim.Adam([p for p in self.net.parameters() if p.requires_grad], lr=LEARNING_RATE, eps=EPSILON)
 
+    def step(self, batch, flags: list[float], progress: float):
+        for group in self.opt.param_groups:
+            group["lr"] = self.rate_at(progress)
+        return super().step(batch, flags, progress)
+
 
 def build(data: HarData, spec, batch_size: int, runtime) -> HarTorch:
     return HarTorch(data, spec, batch_size, runtime)

@@ -4,28 +4,11 @@ Two sources (GenerateSpec.source; a dataset's manifest records which, and every 
   * ``hapt`` (the default): REAL recordings, UCI HAPT's (the extended release of UCI HAR's experiment: the same 30
     volunteers and smartphone), from the pinned registry package read by hapt.py, processed as UCI HAR was by
     processing.py, split by person with UCI HAR's test volunteers;
-  * ``synthetic``: windows drawn from the sensor model below.
+  * ``synthetic``: windows drawn from the sensor model of synthetic.py.
 
-The synthetic data: UCI HAR (30 volunteers, a waist-worn smartphone, six activities, 2.56 s
-windows of 9 inertial channels at 50 Hz) is the format; the numbers come from the sensor model
-below, drawn from a fixed seed, so every machine writes the same dataset with the same digest.
-
-Sensor model (units: g for accelerations, rad/s for angular rates; body frame x up, y lateral, z forward):
-  * gravity, seen by the sensor through the posture (standing and the walking classes upright,
-    sitting tilted back by a subject's own 8-16 degrees, lying at about 90 degrees with a roll), the
-    subject's fixed mounting offset (roll, pitch, yaw each about 7 degrees) and a small sway per window;
-  * gait for the dynamic classes at a subject's cadence of 1.6-1.95 steps/s: upstairs 0.9x slower,
-    downstairs 1.12x faster (1.45-2.2 Hz overall); vertical acceleration at the step frequency with
-    2nd and 3rd harmonics (stairs up push harder, stairs down land harder: more harmonics), lateral
-    sway at half the step frequency, forward surge, angular rates in step with them, and the trunk's
-    pitch rocking the gravity vector;
-  * per subject: per-axis gains (about 4 %), a gait amplitude scale, noise levels; per window: phases,
-    amplitude and cadence jitter, white noise.
-Sitting and standing differ only by the tilt, which the mounting offsets blur, so they overlap.
-``body_acc`` is the total acceleration less gravity (as UCI's filter separates them); ``total_acc`` includes it.
-
-The framework modules (torch.py, tensorflow.py) train the one network described here from the same
-initial weights (drawn once in numpy from the run's seed), with the same optimiser, loss and batch order.
+The data's format (UCI HAR's) is windows.py's. The framework modules (torch.py, tensorflow.py, jax.py) train the one
+network described here from the same initial weights (drawn once in numpy from the run's seed), with the same
+optimiser, loss and batch order.
 """
 
 import hashlib
@@ -36,31 +19,20 @@ from pathlib import Path
 import numpy as np
 import zarr
 
+from models.recipe import lr_factor
 from tasks.common.datasets import check_batches, read_checked, record_generate, refuse_damaged, write_once
 from tasks.common.errors import UserError
 from tasks.common.store import MANIFEST, STORE, workload_manifest, write_json_atomic
 from tasks.common.training.classifier import Classifier, ClassifierData, at_chance
 from tasks.workloads import RunRules, Workload
+from tasks.workloads.har.synthetic import DATA_SEED, SENSOR_MODEL, SOURCE, SPLIT, subject_split, synthesize
+from tasks.workloads.har.windows import ACTIVITIES, CHANNELS, CLASSES, ROLES, SAMPLE_HZ, STEPS, SUBJECTS
 
 log = logging.getLogger("karman.har")
 
-# ---- the data's format (UCI HAR's) ------------------------------------------------------------------------------
+# ---- the data's sources -----------------------------------------------------------------------------------------
 
-SAMPLE_HZ, STEPS = 50, 128  # 2.56 s windows
-CHANNELS = ("body_acc_x", "body_acc_y", "body_acc_z", "body_gyro_x", "body_gyro_y", "body_gyro_z",
-            "total_acc_x", "total_acc_y", "total_acc_z")  # UCI HAR's Inertial Signals, in its order
-ACTIVITIES = ("walking", "walking_upstairs", "walking_downstairs", "sitting", "standing", "lying")
-CLASSES = len(ACTIVITIES)
-SUBJECTS = 30
-WINDOWS_PER_ACTIVITY = 16  # per subject: 30 x 6 x 16 = 2,880 windows
-SPLIT = {"train": 21, "val": 4, "test": 5}  # subjects per role: no subject's windows in two roles
-ROLES = tuple(SPLIT)
-DATA_SEED = 20_240_702  # fixed: the dataset and its split are the dataset's, not a run's
-SOURCE = ("synthetic: windows in UCI HAR's format (50 Hz, 128 samples x 9 channels, 6 activities, 30 subjects) "
-          "drawn from a stated sensor model (gravity through posture and per-subject mounting, gait with harmonics, "
-          "per-subject gains and noise); not the UCI HAR recordings")
 SOURCES = {"hapt": "real (UCI HAPT)", "synthetic": "synthetic"}  # GenerateSpec.source -> how runs and reports name the data
-SENSOR_MODEL = __doc__.split("Sensor model", 1)[1].split("The framework modules", 1)[0].strip()
 
 # ---- the network ------------------------------------------------------------------------------------------------
 # Stacked bidirectional LSTMs (every layer returns its whole sequence), the last layer's (B, T, 2H) outputs
@@ -75,6 +47,9 @@ DIRECTIONS = ("fw", "bw")
 # after it, so Keras' epsilon acts 1 / sqrt(1 - 0.999^t) times larger (32x at the first step): at Keras' default
 # 1e-7 the two frameworks' first steps differ by 4e-5 in the loss; at 1e-10 they agree to float precision.
 LEARNING_RATE, EPSILON = 3e-3, 1e-10
+# The rate over the run: models.recipe.lr_factor of the loop's progress (0 to 1), set before every step in each framework.
+# The seed's is constant; TrainSpec.schedule (--schedule cosine) takes half a cosine down to a hundredth of it instead.
+SCHEDULE = "constant"
 TARGET_F1 = 0.85  # synthetic data: validation macro-F1 (4 held-out subjects, 384 windows); see WORKLOAD.epochs for what the default reaches
 # real data (UCI HAPT): validation macro-F1 on 4 volunteers no training window comes from (processing.VAL_VOLUNTEERS), set from
 # validation figures only (docs/har-and-calo.md)
@@ -152,6 +127,11 @@ class Network:
         return float(2 * sum(macs) + 2 * sum(macs) + 2 * (sum(macs) - first_input))
 
 
+def schedule_of(spec) -> str:
+    """The learning-rate schedule a training spec asks for: TrainSpec.schedule, None for SCHEDULE."""
+    return spec.schedule or SCHEDULE
+
+
 def network_of(spec) -> Network:
     """The network a training spec asks for: TrainSpec.layers and .units, each None for the default."""
     return Network(layers=spec.layers or LAYERS, units=spec.units or UNITS)
@@ -178,95 +158,6 @@ def scores(logits: np.ndarray, labels: np.ndarray, classes: int = CLASSES) -> di
     f1 = np.divide(2 * precision * recall, both, out=np.zeros(classes), where=both > 0)
     return {"accuracy": float(hits.sum() / len(labels)), "precision": float(precision.mean()), "recall": float(recall.mean()),
             "f1": float(f1.mean()), "loss": float(-log_p[np.arange(len(labels)), labels].mean())}
-
-
-# ---- the sensor model ---------------------------------------------------------------------------------------------
-
-
-def _rotation(roll: np.ndarray, pitch: np.ndarray, yaw: np.ndarray) -> np.ndarray:
-    """(..., 3, 3) rotations: about x (the vertical axis) by ``yaw``, y (lateral) by ``pitch``, z (forward) by ``roll``; radians."""
-    def about(axis: int, angle: np.ndarray) -> np.ndarray:
-        c, s = np.cos(angle), np.sin(angle)
-        m = np.zeros(angle.shape + (3, 3))
-        i, j = [k for k in range(3) if k != axis]
-        m[..., axis, axis] = 1.0
-        m[..., i, i], m[..., i, j], m[..., j, i], m[..., j, j] = c, -s, s, c
-        return m
-    return about(0, yaw) @ about(1, pitch) @ about(2, roll)
-
-
-def synthesize(seed: int = DATA_SEED, per_activity: int = WINDOWS_PER_ACTIVITY, subjects: int = SUBJECTS) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(windows (N, 128, 9) float32, activities (N,) uint8 0-5, subjects (N,) uint8 1-30) from the sensor
-    model of the module's docstring; N = subjects x 6 x ``per_activity``, in (subject, activity, window) order."""
-    rng = np.random.default_rng(seed)
-    deg = np.pi / 180
-    # per subject
-    mount = rng.normal(0.0, 7 * deg, (subjects, 3))  # roll, pitch, yaw of the phone on the waist
-    cadence = rng.uniform(1.6, 1.95, subjects)  # steps per second when walking
-    gain = 1 + rng.normal(0.0, 0.04, (subjects, 6))  # accelerometer and gyroscope axes
-    stride = rng.uniform(0.8, 1.2, subjects)  # gait amplitude
-    noise_acc, noise_gyro = rng.uniform(0.008, 0.025, subjects), rng.uniform(0.01, 0.04, subjects)
-    sit_tilt = rng.uniform(8, 16, subjects) * deg
-    # per window
-    subject = np.repeat(np.arange(subjects), CLASSES * per_activity)
-    activity = np.tile(np.repeat(np.arange(CLASSES), per_activity), subjects)
-    n = len(subject)
-    t = np.arange(STEPS) / SAMPLE_HZ  # (T,)
-
-    #                      walking upstairs downstairs sitting standing lying
-    rate = np.array([1.0, 0.9, 1.12, 0, 0, 0])[activity] * cadence[subject] * rng.uniform(0.96, 1.04, n)  # Hz, 0 when still
-    vertical = np.array([0.25, 0.32, 0.36, 0, 0, 0])[activity]
-    harmonic2, harmonic3 = np.array([0.3, 0.25, 0.5, 0, 0, 0])[activity], np.array([0.1, 0.1, 0.3, 0, 0, 0])[activity]
-    lean = np.array([0.0, 6.0, -4.0, 0, 0, 90.0])[activity] * deg
-    pitch = lean + np.where(activity == 3, sit_tilt[subject], 0.0) + rng.normal(0, 3 * deg, n)
-    roll = np.where(activity == 5, rng.normal(0, 20 * deg, n), rng.normal(0, 2 * deg, n))
-    amplitude = stride[subject] * rng.uniform(0.9, 1.1, n)
-    phase = rng.uniform(0, 2 * np.pi, (n, 4))
-
-    step = 2 * np.pi * rate[:, None] * t  # (N, T): the step cycle
-    a = amplitude[:, None]
-    body = np.zeros((n, STEPS, 3))  # body frame: x up, y lateral, z forward
-    body[..., 0] = a * vertical[:, None] * (np.sin(step + phase[:, :1]) + harmonic2[:, None] * np.sin(2 * (step + phase[:, :1]) + 0.6)
-                                            + harmonic3[:, None] * np.sin(3 * (step + phase[:, :1]) + 1.3))
-    body[..., 1] = a * 0.08 * (rate > 0)[:, None] * np.sin(step / 2 + phase[:, 1:2])
-    body[..., 2] = a * 0.14 * (rate > 0)[:, None] * np.sin(step + phase[:, :1] + np.pi / 2)
-    gyro = np.zeros((n, STEPS, 3))
-    moving = (rate > 0)[:, None] * a
-    gyro[..., 0] = moving * 0.2 * np.sin(step / 2 + phase[:, 1:2] + 0.4)  # yaw
-    gyro[..., 1] = moving * np.array([0.3, 0.45, 0.5, 0, 0, 0])[activity][:, None] * np.sin(step + phase[:, :1] + 0.9)  # pitch
-    gyro[..., 2] = moving * 0.15 * np.sin(step / 2 + phase[:, 1:2] + 2.0)  # roll
-    # the still classes sway slowly
-    still = (rate == 0)[:, None]
-    sway = 2 * np.pi * rng.uniform(0.2, 0.5, n)[:, None] * t + phase[:, 2:3]
-    body[..., 2] += still * 0.006 * np.sin(sway)
-    gyro[..., 1] += still * 0.02 * np.sin(sway + 0.5)
-
-    # gravity through the posture, the trunk's rocking and the mounting
-    rocking = pitch[:, None] + moving * 2.5 * deg * np.sin(step + phase[:, 3:4])  # (N, T)
-    posture = _rotation(np.broadcast_to(roll[:, None], rocking.shape), rocking, np.zeros_like(rocking))  # (N, T, 3, 3)
-    gravity = posture[..., :, 0]  # (N, T, 3): the body-frame image of up, R @ [1, 0, 0]
-    m = mount[subject]
-    to_sensor = _rotation(m[:, 0], m[:, 1], m[:, 2])[:, None]  # (N, 1, 3, 3)
-    body_acc = np.einsum("ntij,ntj->nti", to_sensor, body)
-    g_sensor = np.einsum("ntij,ntj->nti", to_sensor, gravity)
-    gyro_s = np.einsum("ntij,ntj->nti", to_sensor, gyro)
-
-    g = gain[subject]  # (N, 6)
-    body_acc = body_acc * g[:, None, :3] + rng.normal(0, 1, body_acc.shape) * noise_acc[subject][:, None, None]
-    gyro_s = gyro_s * g[:, None, 3:] + rng.normal(0, 1, gyro_s.shape) * noise_gyro[subject][:, None, None]
-    total = body_acc + g_sensor * g[:, None, :3]
-    windows = np.concatenate([body_acc, gyro_s, total], axis=2).astype(np.float32)  # (N, 128, 9)
-    return windows, activity.astype(np.uint8), (subject + 1).astype(np.uint8)
-
-
-def subject_split(seed: int = DATA_SEED, subjects: int = SUBJECTS) -> dict[str, np.ndarray]:
-    """Sorted subject numbers (1-based) of each role: a permutation from ``seed`` cut in SPLIT's sizes
-    (scaled down for fewer subjects, at least one each)."""
-    order = np.random.default_rng([seed, 1]).permutation(np.arange(1, subjects + 1))
-    val = max(1, round(subjects * SPLIT["val"] / SUBJECTS))
-    test = max(1, round(subjects * SPLIT["test"] / SUBJECTS))
-    cut = {"train": order[: subjects - val - test], "val": order[subjects - val - test: subjects - test], "test": order[subjects - test:]}
-    return {role: np.sort(cut[role]).astype(np.uint8) for role in ROLES}
 
 
 def content_digest(windows: np.ndarray, activities: np.ndarray, subjects: np.ndarray, split: dict[str, np.ndarray]) -> str:
@@ -433,7 +324,8 @@ def dataset_info(settings, dataset: str) -> tuple[str, dict]:
 
 def setting(spec) -> str:
     target = (f"{TARGET_F1:g}" if TARGET_F1 == TARGET_F1_REAL else f"{TARGET_F1_REAL:g} on real data (UCI HAPT), {TARGET_F1:g} on synthetic")
-    return f"{network_of(spec).words}, Adam lr {LEARNING_RATE:g}, target validation macro-F1 {target}"  # the report adds the run's data
+    rate = f"Adam lr {LEARNING_RATE:g}" + ("" if schedule_of(spec) == "constant" else f" {schedule_of(spec)}")
+    return f"{network_of(spec).words}, {rate}, target validation macro-F1 {target}"  # the report adds the run's data
 
 
 class HarTrainer(Classifier):
@@ -447,14 +339,20 @@ class HarTrainer(Classifier):
         super().__init__(data, spec, batch_size, rank, world)
         self.network = network_of(spec)
         self.headline = HEADLINE
+        self.rate, self.schedule = LEARNING_RATE, schedule_of(spec)
         self.flops_per_sample = self.network.train_flops_per_sample()
         self.params = {"network": self.network.words, "network_layers": self.network.layers, "network_units": self.network.units,
                        "parameters": self.network.parameter_count(), "optimizer": f"Adam eps {EPSILON:g}", "learning_rate": LEARNING_RATE,
-                       "f1_target": data.target, "flops_per_sample": self.flops_per_sample,
+                       "learning_rate_schedule": self.schedule, "f1_target": data.target, "flops_per_sample": self.flops_per_sample,
                        "synthetic_data": data.source == "synthetic", "data": SOURCES[data.source]}
 
     def learning_rate(self) -> float:
-        return LEARNING_RATE
+        return self.rate
+
+    def rate_at(self, progress: float) -> float:
+        """The learning rate for a step at ``progress`` (0 to 1) of the run, by the run's schedule; also learning_rate's value from then on."""
+        self.rate = LEARNING_RATE * lr_factor(self.schedule, progress)
+        return self.rate
 
     def reached(self, scores: dict[str, float]) -> bool:
         return scores["f1"] >= self.data.target
@@ -486,7 +384,7 @@ WORKLOAD = Workload(
     generate=generate,
     check_generate=check_generate,
     sizes=("layers", "units"),  # seed 002's axes: a benchmark's --layers x --units
-    options=("layers", "units"),
+    options=("layers", "units", "schedule"),  # schedule: TrainSpec's, shared with karman's recipe
     generate_fields=("source",),  # a benchmark with --source synthetic trains on dataset har-sourcesynthetic
     generate_options=("source",),
     learned_nothing=at_chance(CLASSES),
