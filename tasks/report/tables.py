@@ -43,6 +43,9 @@ def train_rows(entries: list[Entry]) -> list[dict]:
                      "time_to_target_s": s.time_to_target_s if timed else nan,
                      "cost_to_target": e.record.energy.cost_of(s.time_to_target_s) if timed and e.record.energy is not None else nan,
                      "resumes": s.resumes if done else 0,
+                     # what the convergence check reads (tasks.report.convergence)
+                     "epochs_to_target": s.epochs_to_target if done else None, "validate_every": c.spec.validate_every if done else None,
+                     "target": target_words(e.record),
                      "val_horizon_vorticity": _number(s.validation.get("horizon_vorticity")) if done else nan,
                      "test_accuracy": _number(e.record.test.get("accuracy")) if done else nan,
                      "test_f1": _number(e.record.test.get("f1")) if done else nan,

@@ -1,0 +1,85 @@
+"""Reference convergence points: the bound MLPerf's RCP checker computes, olympic means, interpolation and pruning between batch sizes, and the verdict on a cell's runs."""
+
+import math
+
+import pytest
+
+from tasks.report.convergence import (Point, ReferenceRuns, References, at_cadence, half_width, interpolate, judge, load_references, olympic,
+                                      point, pruned, reference_for)
+
+TARGET = "validation accuracy at least 0.95"
+
+
+def refs(points: dict[tuple[str, int], list[int]]) -> References:
+    return References(workload="digits", target=TARGET, epoch_limit=12, device="cpu", made_by="python -m flows rcp --workload digits",
+                      made_at="-", benchmark_run="-", code_version="-", host="-",
+                      references=[ReferenceRuns(framework=f, batch_size=b, framework_version="-", epochs_to_target=e, seeds=list(range(len(e))))
+                                  for (f, b), e in points.items()])
+
+
+def row(epochs_to_target: int | None, epochs: int = 8, every: int = 1, target: str = TARGET) -> dict:
+    return {"epochs_to_target": epochs_to_target, "epochs": epochs, "validate_every": every, "target": target}
+
+
+def test_the_accepted_minimum_is_the_one_mlperfs_rcp_checker_finds():
+    """mlperf-logging's checker finds the smallest accepted mean by bisection on scipy's t-test; ours is its closed form."""
+    from mlperf_logging.rcp_checker.rcp_checker import RCP_Checker
+
+    checker = RCP_Checker.__new__(RCP_Checker)  # its statistics only: no rules file
+    checker.alpha, checker.tolerance = 0.05, 1e-7
+    for mean, sd, n_ref, runs in ((3.0, 0.5, 6, 5), (12.5, 1.7, 18, 10), (40.0, 4.0, 8, 3)):
+        checker.submission_runs = runs
+        theirs = checker._find_min_acceptable_mean(mean, sd, n_ref)
+        ours = mean - half_width(Point(batch_size=1, mean=mean, sd=sd, n=n_ref, basis=""), runs - 2)
+        assert ours == pytest.approx(theirs, abs=1e-5)
+
+
+def test_olympic_means_drop_the_fastest_and_slowest_from_three_runs_on():
+    assert olympic([5, 1, 3, 9]) == [3, 5] and olympic([4, 2]) == [2, 4]
+    p = point(ReferenceRuns(framework="torch", batch_size=64, framework_version="-", epochs_to_target=[3, 3, 2, 4, 3, 3], seeds=[0] * 6), 1)
+    assert (p.mean, p.n) == (3.0, 4) and p.sd == pytest.approx(math.sqrt(1 / 3))  # the deviation of every run, as MLPerf's
+    # all alike: at least the measure's own resolution (a validation every k epochs), so that a neighbour is not rejected outright
+    alike = point(ReferenceRuns(framework="torch", batch_size=64, framework_version="-", epochs_to_target=[3] * 5, seeds=[0] * 5), 2)
+    assert (alike.mean, alike.sd) == (4.0, pytest.approx(2 / math.sqrt(12)))  # at cadence 2, epoch 3 shows at the validation of epoch 4
+    assert [at_cadence(e, 2) for e in (1, 2, 3)] == [2, 2, 4]
+
+
+def test_batch_sizes_between_references_are_interpolated_over_the_pruned_points():
+    p = {b: Point(batch_size=b, mean=m, sd=0.5, n=4, basis="") for b, m in ((16, 4.0), (32, 2.0), (64, 3.5), (128, 4.0), (256, 8.0))}
+    kept = [q.batch_size for q in pruned(list(p.values()))]
+    assert kept == [32, 128, 256]  # 16: below the fastest (32); 64: slower than the line from 32 to 128 (2.67)
+    mid = interpolate(96, p[64], p[128])
+    assert (mid.mean, mid.sd, mid.basis) == (3.75, 0.5, "interpolated between batch 64 and 128")
+    r = refs({("torch", 32): [2, 2, 3, 2, 2], ("torch", 128): [4, 4, 5, 4, 4]})
+    ref, slow_side, _ = reference_for(r, "torch", 64, 1)
+    assert ref.mean == pytest.approx(2 + (4 - 2) * (64 - 32) / (128 - 32)) and slow_side
+    ref, slow_side, _ = reference_for(r, "torch", 16, 1)
+    assert ref.batch_size == 32 and not slow_side  # below every reference: only the fast side is judged (MLPerf)
+    assert reference_for(r, "torch", 256, 1)[0] is None and "above the referenced batch sizes (32, 128)" in reference_for(r, "torch", 256, 1)[2]
+    assert reference_for(r, "jax", 32, 1)[2] == "no reference points for jax"
+
+
+def test_a_cell_is_within_fast_or_slow_and_a_missed_run_counts_as_never():
+    r = refs({("torch", 64): [3, 3, 2, 4, 3, 3]})
+    assert judge([row(3), row(3), row(4)], r, "torch", 64)["verdict"] == "within"
+    fast = judge([row(1), row(1), row(1)], r, "torch", 64)
+    assert fast["verdict"] == "fast" and fast["epochs_mean"] == 1 and fast["low"] > 1
+    slow = judge([row(6), row(7), row(6)], r, "torch", 64)
+    assert slow["verdict"] == "slow" and slow["high"] < 6
+    # one run that never reached the target is dropped as the slowest; two are a failure to converge
+    assert judge([row(3), row(3), row(3), row(None)], r, "torch", 64)["verdict"] == "within"
+    never = judge([row(3), row(None), row(None)], r, "torch", 64)
+    assert never["verdict"] == "slow" and never["why"].startswith("2 of 3 runs never reached the target")
+    # a run that stopped before any accepted mean cannot be judged slow for missing
+    short = judge([row(None, epochs=3)], r, "torch", 64)
+    assert short["verdict"] == "not judged" and "ended within" in short["why"]
+    assert judge([row(3, target="validation accuracy at least 0.9")], r, "torch", 64)["verdict"] == "not judged"
+    assert judge([row(4, every=2)], r, "torch", 64)["verdict"] == "within"  # epoch 3 of the references shows at 4 every 2 epochs
+
+
+def test_the_committed_references_of_digits_read():
+    digits = load_references("digits")
+    assert digits is not None and digits.workload == "digits" and digits.made_by.startswith("python -m flows rcp --workload digits")
+    assert {r.framework for r in digits.references} == {"torch", "tensorflow", "jax"}
+    assert all(len(r.epochs_to_target) + len(r.missed) >= 5 for r in digits.references)
+    assert load_references("no-such-workload") is None
