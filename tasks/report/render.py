@@ -16,6 +16,7 @@ from tasks.report.convergence import check as check_convergence
 from tasks.report.convergence import mark as convergence_mark
 from tasks.report.convergence import section as convergence_section
 from tasks.report.energy import ENERGY_NOTE, cheapest_to_target, energy_notes, scopes_line
+from tasks.report.history import trend_section
 from tasks.report.profiles import section as profile_section
 from tasks.report.ranking import ranking, ranking_columns, resumed_line, unranked_line
 from tasks.report.reading import Entry, rollout_records, training_records
@@ -102,6 +103,8 @@ def build_report(settings: Settings, name: str, scope: str, runs, exp_id: str, o
     text += profile_blocks
     figures += profile_figures
     text += convergence_section(trains, verdicts)
+    trend_blocks, trends = trend_section(client, exp_id, entries)
+    text += trend_blocks
     text += ["### Every training run\n", "s/epoch is the median epoch time without the first epoch (which carries the warm-up).\n",
              table_markdown(trains, TRAIN_SETTINGS_COLUMNS, link), "Their results:\n", table_markdown(trains, TRAIN_RESULT_COLUMNS, link) + scopes_line(trains),
              ENERGY_NOTE + energy_notes(trains),
@@ -117,7 +120,7 @@ def build_report(settings: Settings, name: str, scope: str, runs, exp_id: str, o
     if left_out:
         text.append(f"## Runs left out\n\n{len(left_out)} recorded run(s) not reported:\n" + "".join(f"\n- {line}" for line in left_out) + "\n")
     text += [f"![{f.stem}]({f.name})\n" for f in figures]
-    tables = {"train_rows": trains, "infer_rows": rollouts, "quality_rows": quality, "convergence_rows": verdicts,
+    tables = {"train_rows": trains, "infer_rows": rollouts, "quality_rows": quality, "convergence_rows": verdicts, "trend_rows": trends,
               "ranking_rows": [row | {"workload": w} for w, table in ranked.items() for row in table]}
     for s in own:
         for key, rows in s.tables.items():
