@@ -101,3 +101,14 @@ def test_a_cells_trend_shows_its_versions_and_flags_a_step_with_the_versions_on_
     assert rows["digits b32"]["change"] == "**+220%** (git:a torch 2.9 → src:b torch 2.9, beyond 10%)"
     assert rows["digits b32"]["versions"] == "git:a torch 2.9 (2) → src:b torch 2.9 (1)"
     assert rows["digits b128"]["change"] == "within the noise" and not rows["digits b128"]["flagged"]
+
+
+def test_rcp_refuses_bad_input_in_one_line_before_anything_trains(workdir):
+    from tests.conftest import run_in_process
+    from tests.flows.test_cli import assert_refused
+
+    assert_refused(run_in_process("rcp", "--workload", "nope", cwd=workdir), "unknown workload 'nope'", "digits")
+    assert_refused(run_in_process("rcp", "--workload", "digits", "--seeds", "3", cwd=workdir), "--seeds", "(got '3')")
+    assert_refused(run_in_process("rcp", "--workload", "karman", "--frameworks", "jax", cwd=workdir), "workload karman has no jax version")
+    assert_refused(run_in_process("rcp", "--workload", "digits", "--out", str(workdir / "nowhere"), cwd=workdir), "is not a folder")
+    assert not any((workdir / "data").iterdir())  # nothing trained, nothing written
