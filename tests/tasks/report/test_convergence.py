@@ -112,3 +112,10 @@ def test_rcp_refuses_bad_input_in_one_line_before_anything_trains(workdir):
     assert_refused(run_in_process("rcp", "--workload", "karman", "--frameworks", "jax", cwd=workdir), "workload karman has no jax version")
     assert_refused(run_in_process("rcp", "--workload", "digits", "--out", str(workdir / "nowhere"), cwd=workdir), "is not a folder")
     assert not any((workdir / "data").iterdir())  # nothing trained, nothing written
+
+
+def test_below_every_referenced_batch_size_only_converging_too_fast_is_flagged():
+    r = refs({("torch", 64): [3, 3, 2, 4, 3, 3], ("torch", 128): [4, 4, 5, 4, 4, 4]})
+    assert judge([row(1), row(1), row(1)], r, "torch", 32)["verdict"] == "fast"
+    slower = judge([row(None, epochs=12), row(None, epochs=12)], r, "torch", 32)
+    assert slower["verdict"] == "within" and slower["why"].endswith("(slower is not judged here)")
