@@ -2,7 +2,8 @@
 
 A workload's references live in its own folder as ``convergence.json`` (found through the workload table, so a
 workload needs no code for them), written by ``python -m flows rcp``, which trains the runs through the benchmark
-and records its own command line, the runs, their code and framework versions in the file.
+and records its own command line, the runs, their code and framework versions in the file; a later command that
+measures other (framework, batch size) pairs adds its points beside the earlier ones, each naming its command.
 
 The test is MLPerf's (mlperf-logging's rcp_checker), in this project's terms:
 
@@ -97,6 +98,9 @@ class ReferenceRuns(BaseModel):
     seeds: list[int] = Field(description="Their seeds")
     missed: list[int] = Field(default_factory=list, description="Seeds of the runs that did not reach the target within the epoch limit")
     runs: list[str] = Field(default_factory=list, description="Their MLflow run ids")
+    made_by: str = Field(description="The command that measured them")
+    benchmark_run: str = Field(description="The benchmark run (MLflow) whose training runs they are")
+    code_version: str
 
 
 class References(BaseModel):
@@ -109,10 +113,8 @@ class References(BaseModel):
     validate_every: int = Field(default=1, description="Epochs between the reference runs' validations")
     epoch_limit: int
     device: str
-    made_by: str = Field(description="The command that measured them")
+    made_by: list[str] = Field(description="The commands that measured them (each point names its own)")
     made_at: str
-    benchmark_run: str = Field(description="The benchmark run (MLflow) whose training runs they are")
-    code_version: str
     host: str
     references: list[ReferenceRuns]
 
@@ -366,11 +368,24 @@ def references_from(entries, spec: ConvergenceSpec, benchmark_run: str) -> Refer
         points.append(ReferenceRuns(framework=framework, batch_size=batch, framework_version=members[0].record.config.framework_version,
                                     epochs_to_target=[m.record.summary.epochs_to_target for m in hit],
                                     seeds=[m.record.config.spec.seed for m in hit],
-                                    missed=[m.record.config.spec.seed for m in members if m not in hit], runs=[m.run_id for m in members]))
+                                    missed=[m.record.config.spec.seed for m in members if m not in hit], runs=[m.run_id for m in members],
+                                    made_by=spec.command(), benchmark_run=benchmark_run, code_version=members[0].record.config.code_version))
     first = mine[0].record.config
     return References(workload=spec.workload, target=targets.pop(), epoch_limit=first.spec.epoch_limit, device=first.device,
-                      made_by=spec.command(), made_at=dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
-                      benchmark_run=benchmark_run, code_version=first.code_version, host=first.host, references=points)
+                      made_by=[spec.command()], made_at=dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+                      host=first.host, references=points)
+
+
+def merged(old: References | None, new: References) -> References:
+    """``new``'s points, with those of ``old`` at the (framework, batch size) pairs ``new`` did not measure kept where both are
+    references of one target, cadence and device (so that a workload's points can be measured a command at a time); else ``new``."""
+    if old is None or (old.workload, old.target, old.validate_every, old.device) != (new.workload, new.target, new.validate_every, new.device):
+        return new
+    measured = {(r.framework, r.batch_size) for r in new.references}
+    points = sorted([r for r in old.references if (r.framework, r.batch_size) not in measured] + list(new.references),
+                    key=lambda r: (r.framework, r.batch_size))
+    commands = list(dict.fromkeys(r.made_by for r in points))
+    return new.model_copy(update={"references": points, "made_by": commands, "epoch_limit": max(old.epoch_limit, new.epoch_limit)})
 
 
 def check_spec(spec: ConvergenceSpec) -> None:
@@ -394,12 +409,16 @@ def write_references(settings, spec: ConvergenceSpec, benchmark: dict) -> dict:
     client = client_for(settings)
     ids = [c["run_id"] for c in benchmark["cells"] if c.get("kind") == "train" and c.get("run_id") and c["status"] != "FAILED"]
     entries, _ = training_records(client, [client.get_run(i) for i in ids])
-    refs = references_from(entries, spec, benchmark["benchmark_run_id"])
     path = (Path(spec.out) if spec.out else reference_file(spec.workload).parent) / FILE
+    try:
+        before = References.model_validate_json(path.read_text()) if path.is_file() else None
+    except ValueError:  # a file of another version: replaced whole
+        before = None
+    refs = merged(before, references_from(entries, spec, benchmark["benchmark_run_id"]))
     write_json_atomic(path, refs.model_dump(mode="json"))
     summary = []
     for r in refs.references:
         p = point(r, refs.validate_every)
         summary.append({"framework": r.framework, "batch_size": r.batch_size, "epochs_to_target": r.epochs_to_target, "missed": r.missed,
                         "mean": p.mean if p else None, "sd": p.sd if p else None})
-    return {"file": str(path), "made_by": refs.made_by, "benchmark_run_id": refs.benchmark_run, "references": summary}
+    return {"file": str(path), "made_by": spec.command(), "benchmark_run_id": benchmark["benchmark_run_id"], "references": summary}

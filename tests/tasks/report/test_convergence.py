@@ -11,10 +11,13 @@ TARGET = "validation accuracy at least 0.95"
 
 
 def refs(points: dict[tuple[str, int], list[int]]) -> References:
-    return References(workload="digits", target=TARGET, epoch_limit=12, device="cpu", made_by="python -m flows rcp --workload digits",
-                      made_at="-", benchmark_run="-", code_version="-", host="-",
-                      references=[ReferenceRuns(framework=f, batch_size=b, framework_version="-", epochs_to_target=e, seeds=list(range(len(e))))
-                                  for (f, b), e in points.items()])
+    return References(workload="digits", target=TARGET, epoch_limit=12, device="cpu", made_by=["python -m flows rcp --workload digits"],
+                      made_at="-", host="-", references=[runs(f, b, e) for (f, b), e in points.items()])
+
+
+def runs(framework: str, batch: int, epochs: list[int], command: str = "python -m flows rcp --workload digits") -> ReferenceRuns:
+    return ReferenceRuns(framework=framework, batch_size=batch, framework_version="-", epochs_to_target=epochs, seeds=list(range(len(epochs))),
+                         made_by=command, benchmark_run="-", code_version="-")
 
 
 def row(epochs_to_target: int | None, epochs: int = 8, every: int = 1, target: str = TARGET) -> dict:
@@ -36,10 +39,10 @@ def test_the_accepted_minimum_is_the_one_mlperfs_rcp_checker_finds():
 
 def test_olympic_means_drop_the_fastest_and_slowest_from_three_runs_on():
     assert olympic([5, 1, 3, 9]) == [3, 5] and olympic([4, 2]) == [2, 4]
-    p = point(ReferenceRuns(framework="torch", batch_size=64, framework_version="-", epochs_to_target=[3, 3, 2, 4, 3, 3], seeds=[0] * 6), 1)
+    p = point(runs("torch", 64, [3, 3, 2, 4, 3, 3]), 1)
     assert (p.mean, p.n) == (3.0, 4) and p.sd == pytest.approx(math.sqrt(1 / 3))  # the deviation of every run, as MLPerf's
     # all alike: at least the measure's own resolution (a validation every k epochs), so that a neighbour is not rejected outright
-    alike = point(ReferenceRuns(framework="torch", batch_size=64, framework_version="-", epochs_to_target=[3] * 5, seeds=[0] * 5), 2)
+    alike = point(runs("torch", 64, [3] * 5), 2)
     assert (alike.mean, alike.sd) == (4.0, pytest.approx(2 / math.sqrt(12)))  # at cadence 2, epoch 3 shows at the validation of epoch 4
     assert [at_cadence(e, 2) for e in (1, 2, 3)] == [2, 2, 4]
 
@@ -79,7 +82,7 @@ def test_a_cell_is_within_fast_or_slow_and_a_missed_run_counts_as_never():
 
 def test_the_committed_references_of_digits_read():
     digits = load_references("digits")
-    assert digits is not None and digits.workload == "digits" and digits.made_by.startswith("python -m flows rcp --workload digits")
+    assert digits is not None and digits.workload == "digits" and all(c.startswith("python -m flows rcp --workload digits") for c in digits.made_by)
     assert {r.framework for r in digits.references} == {"torch", "tensorflow", "jax"}
     assert all(len(r.epochs_to_target) + len(r.missed) >= 5 for r in digits.references)
     assert load_references("no-such-workload") is None
@@ -119,3 +122,17 @@ def test_below_every_referenced_batch_size_only_converging_too_fast_is_flagged()
     assert judge([row(1), row(1), row(1)], r, "torch", 32)["verdict"] == "fast"
     slower = judge([row(None, epochs=12), row(None, epochs=12)], r, "torch", 32)
     assert slower["verdict"] == "within" and slower["why"].endswith("(slower is not judged here)")
+
+
+def test_a_later_command_adds_its_points_beside_the_earlier_ones_each_naming_its_command():
+    from tasks.report.convergence import merged
+
+    first = refs({("torch", 64): [3, 3, 3, 3, 3], ("torch", 128): [4, 4, 4, 4, 4]})
+    later = refs({("torch", 128): [5, 5, 5, 5, 5], ("jax", 64): [3, 3, 3, 3, 3]})
+    later = later.model_copy(update={"references": [r.model_copy(update={"made_by": "python -m flows rcp --workload digits --seeds 5"})
+                                                    for r in later.references], "made_by": ["python -m flows rcp --workload digits --seeds 5"]})
+    both = merged(first, later)
+    assert [(r.framework, r.batch_size, r.epochs_to_target[0]) for r in both.references] == [("jax", 64, 3), ("torch", 64, 3), ("torch", 128, 5)]
+    assert both.made_by == ["python -m flows rcp --workload digits --seeds 5", "python -m flows rcp --workload digits"]
+    other = later.model_copy(update={"target": "validation accuracy at least 0.9"})
+    assert merged(first, other) == other  # another target: the earlier points do not hold for it
