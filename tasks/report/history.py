@@ -83,7 +83,8 @@ def trend_rows(cells: list[dict]) -> list[dict]:
             continue
         medians = [v["median"] for v in c["versions"]]
         steps = "; ".join(f"**{f['change']:+.0%}** ({f['from']} → {f['to']}, beyond {f['noise']:.0%})" for f in c["flags"])
-        rows.append({"cell": c["cell"], "versions": " → ".join(f"{v['version']} ({v['runs']})" for v in c["versions"]),
+        # the cell's parts joined by a dot: a pipe would end the table's cell
+        rows.append({"cell": c["cell"].replace(" | ", " · "), "versions": " → ".join(f"{v['version']} ({v['runs']})" for v in c["versions"]),
                      "trend": sparkline(medians), "medians": " → ".join(f"{m:.3g}" for m in medians), "change": steps or "within the noise",
                      "flagged": bool(c["flags"])})
     return rows
