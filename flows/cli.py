@@ -20,6 +20,7 @@ from flows.options import OneLineParser, add_spec_options, spec_from_args, valid
 from tasks.common.errors import UserError
 from tasks.workloads.presets import quick_benchmark
 from tasks.common.specs import AblationSpec, AggregateSpec, BenchmarkSpec, DemoSpec, GenerateSpec, InferSpec, TrainSpec, ValidateSpec
+from tasks.report.convergence import ConvergenceSpec
 
 EXIT_USAGE = 2
 
@@ -78,6 +79,13 @@ def _check_benchmark(settings, spec: BenchmarkSpec) -> None:
     check_deployments(spec)
 
 
+def _check_references(settings, spec: ConvergenceSpec) -> None:
+    from tasks.report.convergence import check_spec
+
+    check_spec(spec)
+    _check_benchmark(settings, spec.benchmark_spec())
+
+
 def _check_aggregate(settings, spec: AggregateSpec) -> None:
     from tasks.report.task import check_report_source
 
@@ -106,11 +114,24 @@ def _only(*keys: str) -> Callable[[dict], dict]:
     return lambda result: {k: result[k] for k in keys}
 
 
+def _with_convergence(summary: Callable[[dict], dict]) -> Callable[[dict], dict]:
+    """``summary`` with the report's convergence verdicts (its folder's convergence.json: one per judged cell)."""
+    def summarise(result: dict) -> dict:
+        from tasks.report.task import convergence_verdicts
+
+        return summary(result) | {"convergence": convergence_verdicts(result["report"])}
+    return summarise
+
+
 def _flow(name: str) -> Callable[[], Callable]:
     """The pipeline's flow ``name``, imported when the command runs (Prefect loads only then)."""
     def load() -> Callable:
         from flows import pipeline
 
+        if name == "rcp":
+            from flows.references import make_references
+
+            return make_references
         return {"demo": pipeline.demo, "generate": pipeline.generate, "train": pipeline.train, "infer": pipeline.infer,
                 "aggregate": pipeline.aggregate, "validate_solver": pipeline.validate_solver, "ablate": pipeline.ablate,
                 "benchmark": pipeline.benchmark}[name]
@@ -139,14 +160,18 @@ COMMANDS: dict[str, Command] = {
     "infer": Command(InferSpec, "Roll a trained model out against the reference solver", _flow("infer"), _check_infer,
                      _without("seam_errors", "vorticity_correlation", "energy_ratio")),
     "aggregate": Command(AggregateSpec, "Write comparison tables, figures and a report from MLflow runs", _flow("aggregate"), _check_aggregate,
-                         lambda r: {"report": r["report"], "run_id": r["run_id"], "train_rows": len(r["train_rows"]), "infer_rows": len(r["infer_rows"])}),
+                         _with_convergence(lambda r: {"report": r["report"], "run_id": r["run_id"], "train_rows": len(r["train_rows"]),
+                                                      "infer_rows": len(r["infer_rows"])})),
     # the benchmark's figures; the checks and the run id are in MLflow
     "validate-solver": Command(ValidateSpec, "Check the solver against the Schäfer-Turek cylinder benchmark", _flow("validate_solver"),
                                _check_validation, _without("run_id", "checks")),
     "ablate": Command(AblationSpec, "Train each recipe variant on the same data and budget and tabulate rollout quality", _flow("ablate"),
                       _check_ablation, _only("report", "run_id", "rows")),
     "benchmark": Command(BenchmarkSpec, "Run the benchmark matrix: generate, train (frameworks x devices x batch sizes), roll out (modes x workers), report",
-                         _flow("benchmark"), _check_benchmark, _only("dataset", "cells", "report", "benchmark_run_id", "aggregate_run_id", "failed")),
+                         _flow("benchmark"), _check_benchmark,
+                         _with_convergence(_only("dataset", "cells", "report", "benchmark_run_id", "aggregate_run_id", "failed"))),
+    "rcp": Command(ConvergenceSpec, "Measure a workload's reference convergence points (epochs to its target per framework and batch size, "
+                   "several seeds, through the benchmark) into its folder's convergence.json", _flow("rcp"), _check_references),
 }
 
 

@@ -65,6 +65,10 @@ HEADLINE_TAGS = {"karman.workload": "workload", "karman.framework": "framework",
 HEADLINE_METRICS = {"time_to_target_s": "time to target [s]", "samples_per_s": "samples/s",
                     "mfu_ceiling": "share of the measured ceiling"}
 COST_METRICS = {"energy_j": "energy [J]", "cost": "cost"}
+# Beside the energy, what it covers (GPU board, CPU package or not measured): energies of different scopes are not comparable,
+# so the view charts none of them against each other (no energy chart), and the column names each one's scope.
+ENERGY_SCOPE_PARAM = "energy_scope"
+UNCHARTED = {"energy_j"}
 MAX_TEST_METRICS = 6  # the test-score columns and charts a view shows at most
 
 
@@ -76,13 +80,13 @@ def benchmark_view(test_metrics: list[str]) -> dict:
     """The runs page's state (facets and UI state, the keys MLflow's UI persists) that shows a benchmark's
     answer: the training runs (a filter lists them flat, not under their benchmark), grouped by workload,
     sorted by time to target; columns workload, framework, device, batch, time to target, samples/s, share
-    of the ceiling, ``test_metrics``, energy and cost; charts comparing the runs on those metrics, one
-    chart per metric and time to target against cost, before MLflow's own sections (collapsed)."""
+    of the ceiling, ``test_metrics``, energy with its scope, and cost; charts comparing the runs on those metrics (not energy:
+    its scopes may differ), one chart per metric and time to target against cost, before MLflow's own sections (collapsed)."""
     metrics = [*HEADLINE_METRICS, *test_metrics[:MAX_TEST_METRICS], *COST_METRICS]
     section = "karman-headline"
     charts = [{"uuid": f"karman-bar-{key}", "type": "BAR", "metricKey": key, "displayName": key,
                "metricSectionId": section, "runsCountToCompare": 100, "deleted": False, "isGenerated": False}
-              for key in metrics]
+              for key in metrics if key not in UNCHARTED]
     charts.insert(2, {"uuid": "karman-scatter-target-cost", "type": "SCATTER", "metricSectionId": section,
                       "xaxis": {"key": "time_to_target_s", "type": "METRIC"}, "yaxis": {"key": "cost", "type": "METRIC"},
                       "runsCountToCompare": 100, "deleted": False, "isGenerated": False})
@@ -90,7 +94,11 @@ def benchmark_view(test_metrics: list[str]) -> dict:
                  "isGenerated": False}]
     sections += [{"uuid": f"karman-{name.split()[0].lower()}", "name": name, "display": False, "isReordered": False,
                   "deleted": False, "isGenerated": True} for name in ("Model metrics", "System metrics")]
-    columns = [_column("tags", key) for key in HEADLINE_TAGS] + [_column("metrics", key) for key in metrics]
+    columns = [_column("tags", key) for key in HEADLINE_TAGS]
+    for key in metrics:
+        columns.append(_column("metrics", key))
+        if key == "energy_j":
+            columns.append(_column("params", ENERGY_SCOPE_PARAM))
     return {
         "searchFilter": TRAIN_FILTER, "orderByKey": _column("metrics", "time_to_target_s"), "orderByAsc": True,
         "selectedColumns": columns, "columnOrder": columns,

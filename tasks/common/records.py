@@ -99,15 +99,27 @@ def energy_params(source: str, price_per_device_hour: float, currency: str) -> d
     return {"energy_source": source, "price_per_device_hour": f"{price_per_device_hour!r}", "currency": currency}
 
 
+ENERGY_SCOPES = {"nvml": "GPU board", "rapl": "CPU package"}  # the counter -> what its energy covers
+NOT_MEASURED = "not measured"
+
+
 class Energy(Record):
     """What a finished run's training took: energy from the devices' counters, device-hours, and their cost at the user's price."""
 
     joules: float | None = Field(description="Energy of the run's devices over training; None where no counter could be read (see source)")
     source: str = Field(description="The counter read ('nvml: ...', 'rapl: ...'), or 'unavailable: <the reason>'")
+    samples: int | None = Field(default=None, description="Readings of the counter over training (the first included); None: a run "
+                                "recorded before they were counted")
     devices: float = Field(description="Devices the run held: GPUs or TPU chips; on a CPU, the share of the host's cores it used")
     device_hours: float = Field(description="train_time_s x devices / 3600")
     price_per_device_hour: float = Field(description="From the user's price table (settings)")
     currency: str
+
+    @property
+    def scope(self) -> str:
+        """What the energy covers: 'GPU board' (NVML: the whole board of each of the run's GPUs), 'CPU package' (RAPL: whole CPU
+        packages, every process on the host) or 'not measured'. Energies of different scopes are never compared."""
+        return ENERGY_SCOPES.get(self.source.split(":", 1)[0], NOT_MEASURED) if self.joules is not None else NOT_MEASURED
 
     @property
     def cost(self) -> float:
@@ -118,10 +130,11 @@ class Energy(Record):
         return self.price_per_device_hour * self.devices * seconds / 3600
 
     def mlflow_params(self) -> dict[str, str]:
-        return energy_params(self.source, self.price_per_device_hour, self.currency)
+        return energy_params(self.source, self.price_per_device_hour, self.currency) | {"energy_scope": self.scope}
 
     def mlflow_metrics(self) -> dict[str, float]:
-        return {"device_hours": self.device_hours, "cost": self.cost, **({"energy_j": self.joules} if self.joules is not None else {})}
+        return {"device_hours": self.device_hours, "cost": self.cost, **({"energy_j": self.joules} if self.joules is not None else {}),
+                **({"energy_samples": self.samples} if self.samples is not None else {})}
 
 
 class TrainRecord(Record):

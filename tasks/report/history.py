@@ -64,6 +64,59 @@ def history(entries: list[Entry], metric: str = "time_per_epoch_s", min_change: 
     return out
 
 
+BARS = "▁▂▃▄▅▆▇█"
+TREND_COLUMNS = {"cell": "cell", "versions": "versions (runs)", "trend": "trend", "medians": "s/epoch by version", "change": "change"}
+
+
+def sparkline(values: list[float]) -> str:
+    """``values`` as a small bar per value, from the smallest (▁) to the largest (█) of them."""
+    low, high = min(values), max(values)
+    return "".join(BARS[0 if high == low else round((v - low) / (high - low) * (len(BARS) - 1))] for v in values)
+
+
+def trend_rows(cells: list[dict]) -> list[dict]:
+    """One row per cell of ``history``'s result that ran at more than one version: its versions, a sparkline of their medians, and each
+    flagged step with the versions on both sides."""
+    rows = []
+    for c in cells:
+        if len(c["versions"]) < 2:
+            continue
+        medians = [v["median"] for v in c["versions"]]
+        steps = "; ".join(f"**{f['change']:+.0%}** ({f['from']} → {f['to']}, beyond {f['noise']:.0%})" for f in c["flags"])
+        # the cell's parts joined by a dot: a pipe would end the table's cell
+        rows.append({"cell": c["cell"].replace(" | ", " · "), "versions": " → ".join(f"{v['version']} ({v['runs']})" for v in c["versions"]),
+                     "trend": sparkline(medians), "medians": " → ".join(f"{m:.3g}" for m in medians), "change": steps or "within the noise",
+                     "flagged": bool(c["flags"])})
+    return rows
+
+
+def trend_section(client, exp_id: str, entries: list[Entry], min_change: float = 0.10) -> tuple[list[str], list[dict]]:
+    """The report's history of its own cells: per cell of ``entries``, its seconds per epoch at every code and framework version the
+    experiment's training runs of its workload recorded, a sparkline, and each step beyond the noise flagged with the versions on both
+    sides (``python -m flows history``'s test). Returns the blocks and the rows."""
+    mine = {cell_of(e) for e in entries if e.status == "FINISHED" and e.record.summary is not None}
+    if not mine:
+        return [], []
+    runs = []
+    for workload in sorted({e.record.config.workload for e in entries}):
+        runs += client.search_runs([exp_id], f"tags.`{Tag.STAGE}` = 'train' and tags.`{Tag.WORKLOAD}` = '{workload}'",
+                                   order_by=["attributes.start_time ASC"], max_results=5000)
+    past, _ = training_records(client, sorted(runs, key=lambda r: r.info.start_time))
+    rows = trend_rows([c for c in history(past, min_change=min_change) if c["cell"] in mine])
+    blocks = ["## History of these cells\n",
+              "Each cell's median seconds per epoch at every code and framework version its workload's training runs in this "
+              f"experiment recorded, oldest first (the code's git commit or sources' digest, and the framework's version); a step "
+              f"between consecutive versions is flagged where it passes {min_change:.0%} and three times the larger of the two "
+              "versions' spreads (`python -m flows history` lists every cell of the experiment).\n"]
+    if rows:
+        from tasks.common.reporting import table_markdown
+
+        blocks.append(table_markdown(rows, TREND_COLUMNS))
+    else:
+        blocks.append("Every cell of this report ran at one code and framework version so far: no history to compare.\n")
+    return blocks, rows
+
+
 def history_of_experiment(settings: Settings, metric: str, min_change: float) -> dict:
     """``history`` over every training run of the settings' experiment."""
     client = client_for(settings)

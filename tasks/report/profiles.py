@@ -1,4 +1,4 @@
-"""Performance profiles over a benchmark's workloads, as AlgoPerf scores its submissions: each framework on each device a submission, by time and by cost to the target.
+"""Performance profiles over a benchmark's workloads, as AlgoPerf scores its submissions: each framework on each device a submission, by time, by cost and (per energy scope) by energy to the target.
 
 Per workload, a submission's result is its best cell's (over batch sizes and settings) median time to the workload's
 quality target over its runs that reached it, or its cost at that time; a submission that has no finished, useful run
@@ -54,11 +54,22 @@ def rho(ratios: dict[str, float], tau: float) -> float:
     return sum(r <= tau for r in ratios.values()) / len(ratios) if ratios else math.nan
 
 
+def measures(rows: list[dict]) -> list[tuple[str, str, str, list[dict]]]:
+    """(file stem, row key, words, the rows it scores) of each profile: by time and by cost over every row, and by energy to the
+    target once per energy scope, over the runs measured in that scope only (energies of different scopes are never compared)."""
+    out = [(measure, key, words, rows) for measure, (key, words) in MEASURES.items()]
+    for scope in sorted({r["energy_scope"] for r in rows if r.get("energy_to_target_j", math.nan) == r.get("energy_to_target_j", math.nan)
+                         and r.get("energy_scope")}):
+        stem = "energy_" + scope.lower().replace(" ", "_")
+        out.append((stem, "energy_to_target_j", f"energy to target ({scope})", [r for r in rows if r.get("energy_scope") == scope]))
+    return out
+
+
 def section(rows: list[dict], out: Path) -> tuple[list[str], list[Path]]:
     """The report's section (markdown blocks) and its figure, or nothing where fewer than two submissions or no workload can be scored."""
     blocks, figures = [], []
-    for measure, (key, words) in MEASURES.items():
-        prof = profiles(rows, key)
+    for measure, key, words, scored in measures(rows):
+        prof = profiles(scored, key)
         if len(prof["scores"]) < 2 or not prof["workloads"]:
             continue
         if not blocks:
@@ -66,7 +77,9 @@ def section(rows: list[dict], out: Path) -> tuple[list[str], list[Path]]:
                           "submission; per workload its best cell's median time (or cost) to the target over the runs that reached it, "
                           "against the best submission's. ρ(τ) is the share of the workloads within τ times the best, and the score the "
                           f"area under ρ from τ = 1 to {TAU_MAX:g}, over {TAU_MAX - 1:g}: 1 for the best on every workload. A workload a "
-                          "submission has no useful run of, or never reached the target on, counts as never reached.\n")
+                          "submission has no useful run of, or never reached the target on, counts as never reached. By energy, one profile "
+                          "per energy scope over the runs measured in it (the run's energy over training at its mean power, until the "
+                          "target), never one across scopes.\n")
         header = "| submission | score | " + " | ".join(f"{w} ratio" for w in prof["workloads"]) + " |"
         lines = [f"**By {words}** over {', '.join(prof['workloads'])}:\n", header, "|" + "---|" * (2 + len(prof["workloads"]))]
         for s, score in sorted(prof["scores"].items(), key=lambda kv: -kv[1]):

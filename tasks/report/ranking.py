@@ -7,7 +7,7 @@ from tasks.report.energy import cell_energy
 from tasks.workloads import RunRules
 
 RANKING_COLUMNS = {"rank": "rank", "framework": "framework", "size": "network (layers x units)", "device": "device", "batch_size": "batch",
-                   "runs": "runs", "reached": "reached", "result": "result (run rules)", "time_to_target_s": "to target [s]", "target_spread": "to target over seeds",
+                   "runs": "runs", "reached": "reached", "result": "result (run rules)", "convergence": "convergence (RCP)", "time_to_target_s": "to target [s]", "target_spread": "to target over seeds",
                    "test_accuracy": "test accuracy [%]", "accuracy_spread": "accuracy over seeds", "test_f1": "test macro-F1 [%]",
                    "test_longitudinal_err": "test longitudinal max error [%]", "test_sampling_fraction_err": "test sampling-fraction max error [%]",
                    "time_per_epoch_s": "s/epoch", "samples_per_s": "samples/s",
@@ -23,15 +23,17 @@ def ranking_columns(table: list[dict]) -> dict[str, str]:
     # column -> the value whose presence shows it (accuracy's spread goes with accuracy)
     optional = {k: k for k in ("size", "test_accuracy", "test_f1", "test_longitudinal_err", "test_sampling_fraction_err")}
     optional["accuracy_spread"] = "test_accuracy"
+    optional["convergence"] = "convergence"
     return {k: v for k, v in RANKING_COLUMNS.items() if k not in optional or shown(optional[k])}
 
 
-def ranking(rows: list[dict]) -> dict[str, list[dict]]:
+def ranking(rows: list[dict], convergence: dict[tuple, str] | None = None) -> dict[str, list[dict]]:
     """Per workload the ranking takes (``ranked``), seed 004's table done right: per (framework, device, batch
     size), over its repeated runs, the median time to the quality target with its spread (min-max), the runs that
     reached it within the workload's max_runtime, whether they make a result by its run rules (``result``: complete, or
     indicative and why), the median test accuracy at the end and its spread, s/epoch, samples/s, TFLOPS and utilisation;
-    ranked by median time to target (cells that never reached it last)."""
+    ranked by median time to target (cells that never reached it last). ``convergence``: each cell's verdict against its workload's
+    reference convergence points (tasks.report.convergence), by its key (workload, framework, device, batch size, setting)."""
     nan = float("nan")
     groups: dict[tuple, list[dict]] = {}
     for r in rows:
@@ -47,12 +49,12 @@ def ranking(rows: list[dict]) -> dict[str, list[dict]]:
         return f"{values[0]:.{digits}g}–{values[-1]:.{digits}g}" if len(values) > 1 else "–"
 
     out: dict[str, list[dict]] = {}
-    for (workload, framework, device, batch, _), members in groups.items():
+    for (workload, framework, device, batch, shared), members in groups.items():
         rules = rules_of(workload)
         reached = [m for m in members if rules.reached(m["time_to_target_s"])]  # (within the workload's max_runtime)
         out.setdefault(workload, []).append({
             "framework": framework, "size": members[0]["size"], "device": device, "batch_size": batch, "runs": len(members), "reached": len(reached),
-            "result": rules.verdict(len(members), len(reached)),
+            "result": rules.verdict(len(members), len(reached)), "convergence": (convergence or {}).get((workload, framework, device, batch, shared), ""),
             "time_to_target_s": median(reached, "time_to_target_s") if reached else nan, "target_spread": spread(reached, "time_to_target_s"),
             "test_accuracy": 100 * median(members, "test_accuracy"), "accuracy_spread": spread(members, "test_accuracy", 100, 4),
             "test_f1": 100 * median(members, "test_f1"),

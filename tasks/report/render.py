@@ -11,7 +11,12 @@ from tasks.common.settings import Settings
 from tasks.common.tracking import client_for, run_url
 from tasks.report.capabilities import workload_of, workload_words
 from tasks.report.ceiling import ceiling_section
-from tasks.report.energy import ENERGY_NOTE, cheapest_to_target, energy_notes
+from tasks.report.convergence import cell_of as convergence_cell
+from tasks.report.convergence import check as check_convergence
+from tasks.report.convergence import mark as convergence_mark
+from tasks.report.convergence import section as convergence_section
+from tasks.report.energy import ENERGY_NOTE, cheapest_to_target, energy_notes, scopes_line
+from tasks.report.history import trend_section
 from tasks.report.profiles import section as profile_section
 from tasks.report.ranking import ranking, ranking_columns, resumed_line, unranked_line
 from tasks.report.reading import Entry, rollout_records, training_records
@@ -76,11 +81,12 @@ def build_report(settings: Settings, name: str, scope: str, runs, exp_id: str, o
             "a speedup is one device over the slowest device at the same batch size and setting.\n",
             "## Training: device × batch size\n"]
     for i, (setting, table) in enumerate(compared.items(), 1):
-        text += [f"**Setting [{i}]**: {setting}\n", table_markdown(table, COMPARE_COLUMNS)]
+        text += [f"**Setting [{i}]**: {setting}\n", table_markdown(table, COMPARE_COLUMNS) + scopes_line(table)]
     if not compared:
         text.append("_no finished training runs_\n")
     text += [block for s in own for block in s.training]
-    ranked = ranking(trains)
+    verdicts = check_convergence(trains)  # every cell of a workload with reference convergence points
+    ranked = ranking(trains, {convergence_cell(v | {"shared_setting": v["setting"]}): convergence_mark(v) for v in verdicts})
     for workload, table in ranked.items():
         text += [f"## {workload_words(workload, 'title')}: frameworks and devices ranked by time to target\n",
                  f"Data: {workload_words(workload, 'data')}. Target: {workload_words(workload, 'target')}, judged on the validation split "
@@ -88,7 +94,7 @@ def build_report(settings: Settings, name: str, scope: str, runs, exp_id: str, o
                  "held-out test split's after the last epoch. Medians over the repeated runs "
                  "(seeds), with their range; TFLOPS are the network's training FLOPs at the run's samples/s, % of ceiling against the "
                  "warm matmul ceiling of the same device, framework and dtype, % of peak against the device's datasheet (CPU: derived) peak.\n",
-                 table_markdown(table, ranking_columns(table))]
+                 table_markdown(table, ranking_columns(table)) + scopes_line(table)]
     if excluded := unranked_line(trains):
         text.append(excluded)
     if resumed := resumed_line(trains):
@@ -96,13 +102,16 @@ def build_report(settings: Settings, name: str, scope: str, runs, exp_id: str, o
     profile_blocks, profile_figures = profile_section(trains, out)
     text += profile_blocks
     figures += profile_figures
+    text += convergence_section(trains, verdicts)
+    trend_blocks, trends = trend_section(client, exp_id, entries)
+    text += trend_blocks
     text += ["### Every training run\n", "s/epoch is the median epoch time without the first epoch (which carries the warm-up).\n",
-             table_markdown(trains, TRAIN_SETTINGS_COLUMNS, link), "Their results:\n", table_markdown(trains, TRAIN_RESULT_COLUMNS, link),
+             table_markdown(trains, TRAIN_SETTINGS_COLUMNS, link), "Their results:\n", table_markdown(trains, TRAIN_RESULT_COLUMNS, link) + scopes_line(trains),
              ENERGY_NOTE + energy_notes(trains),
              "## Time to quality\n", "Wall-clock seconds of training until the validation rollouts first meet the run's quality "
              "target (the mean over repeated runs, without the fastest and slowest when three or more reached it); energy and cost "
              "to target are medians over the runs:\n",
-             table_markdown(quality, QUALITY_COLUMNS), cheapest_to_target(entries, link)]
+             table_markdown(quality, QUALITY_COLUMNS) + scopes_line(quality), cheapest_to_target(entries, link)]
     text += [block for s in own for block in s.rollouts]
     text.append(f"## Failed runs\n\n{len(failed)} failed run(s)" + (": " + ", ".join(f"{r.info.run_name} ({link(r.info.run_id)})" for r in failed) if failed else "") + "\n")
     text.append(ceiling_section(client, exp_id))
@@ -111,7 +120,7 @@ def build_report(settings: Settings, name: str, scope: str, runs, exp_id: str, o
     if left_out:
         text.append(f"## Runs left out\n\n{len(left_out)} recorded run(s) not reported:\n" + "".join(f"\n- {line}" for line in left_out) + "\n")
     text += [f"![{f.stem}]({f.name})\n" for f in figures]
-    tables = {"train_rows": trains, "infer_rows": rollouts, "quality_rows": quality,
+    tables = {"train_rows": trains, "infer_rows": rollouts, "quality_rows": quality, "convergence_rows": verdicts, "trend_rows": trends,
               "ranking_rows": [row | {"workload": w} for w, table in ranked.items() for row in table]}
     for s in own:
         for key, rows in s.tables.items():

@@ -42,7 +42,13 @@ def train_rows(entries: list[Entry]) -> list[dict]:
                      "final_l1": main_loss if main_loss is not None else nan,
                      "time_to_target_s": s.time_to_target_s if timed else nan,
                      "cost_to_target": e.record.energy.cost_of(s.time_to_target_s) if timed and e.record.energy is not None else nan,
+                     # the run's energy at its mean power over training, until the target (its scope: energy_scope)
+                     "energy_to_target_j": (e.record.energy.joules * s.time_to_target_s / s.train_time_s
+                                            if timed and e.record.energy is not None and e.record.energy.joules is not None and s.train_time_s else nan),
                      "resumes": s.resumes if done else 0,
+                     # what the convergence check reads (tasks.report.convergence)
+                     "epochs_to_target": s.epochs_to_target if done else None, "validate_every": c.spec.validate_every if done else None,
+                     "target": target_words(e.record),
                      "val_horizon_vorticity": _number(s.validation.get("horizon_vorticity")) if done else nan,
                      "test_accuracy": _number(e.record.test.get("accuracy")) if done else nan,
                      "test_f1": _number(e.record.test.get("f1")) if done else nan,

@@ -4,12 +4,14 @@ The report's parts live by job beside this module: reading.py (the runs and thei
 ranking.py, render.py (report.md and report.html) and ablation.py; a workload's own sections live in its folder
 (tasks.workloads.Workload.report)."""
 
+import math
 import re
 
 from prefect import get_run_logger, task
 
 from tasks.common.reporting import fmt
 from tasks.common.settings import Settings
+from tasks.common.store import write_json_atomic
 from tasks.common.specs import AggregateSpec
 from tasks.common.tracking import client_for, experiment_id, mlflow_run
 from tasks.report.ablation import ablation_row, write_ablation
@@ -17,7 +19,18 @@ from tasks.report.reading import check_report_source, covered_runs
 from tasks.report.render import build_report, embed, write_html
 
 # The flows import these from here: the CLI's check before a report, and the ablate flow's rows and writer.
-__all__ = ["ablation_row", "aggregate_runs", "check_report_source", "publish_artifacts", "write_ablation"]
+__all__ = ["ablation_row", "aggregate_runs", "check_report_source", "convergence_verdicts", "publish_artifacts", "write_ablation"]
+
+CONVERGENCE_FILE = "convergence.json"  # beside report.md: each judged cell's verdict against its reference convergence points
+
+
+def convergence_verdicts(report: str) -> list[dict]:
+    """The convergence verdicts written beside the report ``report`` (report.md's path); [] where none were."""
+    import json
+    from pathlib import Path
+
+    path = Path(report).parent / CONVERGENCE_FILE
+    return json.loads(path.read_text())["cells"] if path.is_file() else []
 
 
 ARTIFACT_COLUMNS = 8  # columns of one table artifact at the most: wider ones run off the right edge of Prefect's artifact view
@@ -28,7 +41,7 @@ def narrow_tables(rows: list[dict], width: int = ARTIFACT_COLUMNS) -> list[list[
     order, ``width - 1`` a table after the first column (the run), which every table repeats so that its rows join up."""
     if not rows:
         return []
-    cells = [{k: fmt(v) for k, v in r.items() if k not in ("setting", "shared_setting")} for r in rows]
+    cells = [{k: fmt(v) for k, v in r.items() if k not in ("setting", "shared_setting", "target")} for r in rows]
     key, *rest = [c for c in cells[0] if any(row.get(c, "–") not in ("–", "") for row in cells)] or list(cells[0])[:1]
     step = max(1, width - 1)
     return [[{c: row.get(c, "–") for c in (key, *rest[i:i + step])} for row in cells] for i in range(0, max(len(rest), 1), step)]
@@ -68,12 +81,15 @@ def aggregate_runs(settings: Settings, spec: AggregateSpec, parent_run_id: str |
     text, figures, tables = build_report(settings, spec.name, scope, runs, exp_id, out, left_out)
     report = out / "report.md"
     report.write_text(text)
+    verdicts = out / CONVERGENCE_FILE
+    finite = lambda v: None if isinstance(v, float) and not math.isfinite(v) else v  # noqa: E731  (JSON has no NaN or infinity)
+    write_json_atomic(verdicts, {"cells": [{k: finite(v) for k, v in c.items() if k != "setting"} for c in tables["convergence_rows"]]})
     html_report = write_html(report, f"Kármán Bench report {spec.name}")
     embedded = embed(text, out)
     with mlflow_run(settings, "aggregate", f"aggregate-{spec.name}", params=spec.model_dump(), parent_run_id=parent_run_id,
                     description=f"Report `{spec.name}` over {scope}.") as run:
         run.log_metrics({"train_runs": len(tables["train_rows"]), "infer_runs": len(tables["infer_rows"])})
-        for path in [report, html_report, *figures]:
+        for path in [report, html_report, verdicts, *figures]:
             run.log_artifact(path, "report")
     logger.info("report over %s: %d training and %d rollout rows, written to %s", scope, len(tables["train_rows"]),
                 len(tables["infer_rows"]), report)

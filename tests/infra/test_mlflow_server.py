@@ -77,6 +77,9 @@ def test_the_benchmark_view_uses_the_storage_and_state_keys_the_installed_ui_rea
             "metrics.`test_f1`", "metrics.`energy_j`", "metrics.`cost`"} <= set(view["selectedColumns"])
     charts = {c.get("metricKey") for c in view["compareRunCharts"]}
     assert {"samples_per_s", "time_to_target_s"} <= charts
+    # each energy beside its scope, and no chart of energies side by side (their scopes may differ: GPU board, CPU package)
+    energy = view["selectedColumns"].index("metrics.`energy_j`")
+    assert view["selectedColumns"][energy + 1] == "params.`energy_scope`" and "energy_j" not in charts
 
 
 BENCH = "bench-view"  # the project's experiment on the tests' server (KARMAN_EXPERIMENT)
@@ -157,6 +160,7 @@ def benchmark(server):
         for key, value in {"time_to_target_s": seconds, "samples_per_s": 600 / seconds, "mfu_ceiling": 0.02, "test_accuracy": 0.9,
                            "test_loss": 0.3, "energy_j": 40 * seconds, "cost": 1e-4 * seconds}.items():
             client.log_metric(run.info.run_id, key, value, step=0)
+        client.log_param(run.info.run_id, "energy_scope", "CPU package")
         client.set_terminated(run.info.run_id)
     client.set_terminated(parent.info.run_id)
     return exp

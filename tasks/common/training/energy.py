@@ -125,11 +125,11 @@ def _gpus(nvml, count: int) -> tuple[list, list[str]]:
 
 class EnergyMeter:
     """Energy of a block's run on ``devices`` of kind ``device``: ``with meter: ...``, then ``meter.joules``
-    (None where unavailable) and ``meter.source`` (the counter, or 'unavailable: <reason>'), which is known
-    as soon as the meter is made."""
+    (None where unavailable), ``meter.source`` (the counter, or 'unavailable: <reason>'), which is known
+    as soon as the meter is made, and ``meter.samples``, the counter's readings (the first, every few seconds, the last)."""
 
     def __init__(self, device: str, devices: int, powercap: Path = POWERCAP, every_s: float = RAPL_EVERY_S):
-        self.counter, self.every_s, self.joules = None, every_s, None
+        self.counter, self.every_s, self.joules, self.samples = None, every_s, None, 0
         try:
             if device == "cuda":
                 self.counter = NvmlCounter(devices)
@@ -145,6 +145,7 @@ class EnergyMeter:
     def __enter__(self) -> "EnergyMeter":
         if self.counter is not None:
             self.counter.start()
+            self.samples = 1
             self._stop = threading.Event()
             self._thread = threading.Thread(target=self._poll, name="energy-meter", daemon=True)
             self._thread.start()
@@ -158,6 +159,7 @@ class EnergyMeter:
         """Read the counter once; False (and the source says why) when it no longer reads."""
         try:
             self.counter.sample()
+            self.samples += 1
             return True
         except Exception as exc:  # a counter that stops reading mid-run: say so rather than report a part
             self.source = f"unavailable: the counter stopped reading during training ({exc})"
@@ -174,10 +176,10 @@ class EnergyMeter:
 
 
 def energy_record(meter: EnergyMeter, summary: TrainSummary, device: str, devices: float, settings: Settings) -> Energy:
-    """The run's Energy: the meter's joules and source, ``devices`` (GPUs, chips, or a CPU host's share) times
+    """The run's Energy: the meter's joules, source and readings (its scope follows from the source), ``devices`` (GPUs, chips, or a CPU host's share) times
     the training time in hours, at the settings' price of ``device``."""
     hours = devices * summary.train_time_s / 3600
-    return Energy(joules=meter.joules, source=meter.source, devices=devices, device_hours=hours,
+    return Energy(joules=meter.joules, source=meter.source, samples=meter.samples, devices=devices, device_hours=hours,
                   price_per_device_hour=settings.prices[device], currency=settings.currency)
 
 

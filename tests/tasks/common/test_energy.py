@@ -41,6 +41,9 @@ def test_rapl_sums_the_packages_across_a_wraparound_and_leaves_subzones_and_psys
             (other / "energy_uj").write_text("900000000\n")
         (p1 / "energy_uj").write_text("15000000\n")  # +10 J
     assert meter.joules == pytest.approx(1 + 500 + 2 + 10)
+    assert meter.samples == 2  # the meter's own readings: the first and the last (its hourly poll never came)
+    energy = energy_record(meter, SUMMARY, "cpu", 1.0, Settings.from_env())
+    assert (energy.scope, energy.samples, energy.mlflow_params()["energy_scope"]) == ("CPU package", 2, "CPU package")
 
 
 def test_a_counter_this_user_may_not_read_makes_energy_unavailable_with_the_reason(tmp_path, monkeypatch):
@@ -76,7 +79,7 @@ def test_on_a_host_without_powercap_energy_is_unavailable_with_the_reason_never_
         pass
     assert meter.joules is None and meter.source.startswith("unavailable: no /sys/class/powercap on this host")
     energy = energy_record(meter, SUMMARY, "cpu", 0.5, Settings.from_env())
-    assert energy.joules is None and "energy_j" not in energy.mlflow_metrics()
+    assert energy.joules is None and "energy_j" not in energy.mlflow_metrics() and energy.scope == "not measured"
     assert energy.mlflow_params()["energy_source"].startswith("unavailable: no /sys/class/powercap")
 
 
@@ -122,7 +125,9 @@ def test_nvml_sums_the_total_energy_of_the_runs_gpus(monkeypatch, visible, world
     assert meter.joules == pytest.approx(joules) and fake.shut
     energy = energy_record(meter, SUMMARY, "cuda", float(world), Settings.from_env().model_copy(update={"prices": parse_prices("cuda=2.5")}))
     assert energy.device_hours == pytest.approx(0.5 * world) and energy.cost == pytest.approx(1.25 * world)
-    assert energy.mlflow_metrics() == {"energy_j": pytest.approx(joules), "device_hours": pytest.approx(0.5 * world), "cost": pytest.approx(1.25 * world)}
+    assert energy.mlflow_metrics() == {"energy_j": pytest.approx(joules), "device_hours": pytest.approx(0.5 * world), "cost": pytest.approx(1.25 * world),
+                                       "energy_samples": 2}
+    assert energy.scope == "GPU board"
 
 
 def test_without_the_nvml_library_energy_is_unavailable_with_the_reason(monkeypatch):

@@ -171,15 +171,17 @@ def test_a_rollout_logged_before_records_reads_back_into_its_row(workdir):
     assert row["verdict"] == "slower than the solver" and row["seam_rel_error"] == 0.02
 
 
-def _priced(device: str, world: int, reached: float | None, price: float, joules: float | None, run_id: str):
-    """A finished run's entry (read back as the report reads it) with its energy and price."""
+def _priced(device: str, world: int, reached: float | None, price: float, joules: float | None, run_id: str, samples: int | None = 7):
+    """A finished run's entry (read back as the report reads it) with its energy (the counter its device has: NVML on cuda, RAPL
+    on cpu, ``samples`` readings) and price."""
     from tasks.common.records import Energy, TrainRecord
     from tasks.report.reading import Entry
 
     metrics = {"time_per_epoch_s": 5.0, "train_time_s": 600.0, "target_reached": float(reached is not None),
                **({"time_to_target_s": reached} if reached is not None else {})}
     record = TrainRecord.from_mlflow({"device": device, "world_size": str(world), "batch_size": "8", "framework": "torch"}, metrics, True)
-    energy = Energy(joules=joules, source="nvml: total energy of GPU(s) 0" if joules is not None else "unavailable: no /sys/class/powercap on this host",
+    source = "nvml: total energy of GPU(s) 0" if device == "cuda" else "rapl: package-0 (whole CPU packages: every process on the host counts)"
+    energy = Energy(joules=joules, source=source if joules is not None else "unavailable: no /sys/class/powercap on this host", samples=samples,
                     devices=float(world), device_hours=world * 600.0 / 3600, price_per_device_hour=price, currency="EUR")
     return Entry(run_id, "train", "FINISHED", "", record.model_copy(update={"energy": energy}))
 
@@ -196,12 +198,32 @@ def test_energy_cost_and_the_cheapest_device_to_the_target_are_shown_or_said_to_
     assert "**cpu x1** (torch, batch 8, run cccccccc) for 0.02 EUR: 0.1 EUR per device-hour x 1 device(s) x 720 s to the target" in line
     rows = train_rows([cpu, gpu])
     table = table_markdown(rows, TRAIN_RESULT_COLUMNS)
-    assert "| 5000 J | 0.333 | 1 EUR |" in table and "| unavailable | 0.167 | 0.0167 EUR |" in table
-    assert energy_notes(rows) == "Energy unavailable for cccccccc: no /sys/class/powercap on this host.\n"
+    assert "| 5000 J (GPU board, 7 readings) | 0.333 | 1 EUR |" in table and "| not measured | 0.167 | 0.0167 EUR |" in table
+    assert energy_notes(rows) == "Energy not measured for cccccccc: no /sys/class/powercap on this host.\n"
     by_device = {r["device"]: r for r in quality_table([cpu, gpu])}
-    assert (by_device["cuda x2"]["energy"], by_device["cuda x2"]["cost_to_target"]) == ("5000 J", "0.06 EUR")
-    assert (by_device["cpu x1"]["energy"], by_device["cpu x1"]["cost_to_target"]) == ("unavailable", "0.02 EUR")
+    assert (by_device["cuda x2"]["energy"], by_device["cuda x2"]["cost_to_target"]) == ("5000 J (GPU board, 1 run, 7 readings)", "0.06 EUR")
+    assert (by_device["cpu x1"]["energy"], by_device["cpu x1"]["cost_to_target"]) == ("not measured", "0.02 EUR")
     assert "no run reached the target, so no device is named" in cheapest_to_target([slow])
+
+
+def test_energies_of_different_scopes_are_each_named_never_pooled_and_said_not_comparable():
+    from tasks.report.energy import cell_energy, run_energy, scopes_line
+    from tasks.report.tables import quality_table, train_rows
+
+    gpu = _priced("cuda", 1, 40.0, 3.00, 5000.0, "g" * 32, samples=9)
+    cpu = _priced("cpu", 1, 700.0, 0.10, 80_000.0, "c" * 32, samples=141)
+    old = _priced("cpu", 1, 710.0, 0.10, 90_000.0, "o" * 32, samples=None)  # recorded before readings were counted
+    assert gpu.record.energy.scope == "GPU board" and cpu.record.energy.scope == "CPU package"
+    assert gpu.record.energy.mlflow_params()["energy_scope"] == "GPU board" and gpu.record.energy.mlflow_metrics()["energy_samples"] == 9
+    rows = train_rows([gpu, cpu, old])
+    assert {r["energy"] for r in rows} == {"5000 J (GPU board, 9 readings)", "80,000 J (CPU package, 141 readings)",
+                                           "90,000 J (CPU package, readings not counted)"}
+    assert scopes_line(rows).startswith("The energies above are of different scopes (CPU package, GPU board)")
+    assert scopes_line([r for r in rows if r["device"] == "cpu x1"]) == ""  # one scope: nothing to say
+    # one cell whose runs were measured by different counters: a median per scope, never one across them
+    mixed = cell_energy([run_energy(gpu.record.energy), run_energy(cpu.record.energy), run_energy(old.record.energy)])
+    assert mixed["energy"] == "85,000 J (CPU package, 2 runs, 141 readings); 5000 J (GPU board, 1 run, 9 readings)"
+    assert scopes_line([mixed]) != "" and scopes_line(quality_table([cpu, old])) == ""
 
 
 def test_the_verdict_names_the_smallest_stride_at_which_the_surrogate_is_cheaper_or_says_none_is():

@@ -1,4 +1,4 @@
-"""python -m flows history: each cell's results across code versions from the experiment's runs; a slowdown injected into the training loop of one cell is flagged, an unchanged cell is not."""
+"""python -m flows history: each cell's results across code versions from the experiment's runs; a slowdown injected into the training loop of one cell is flagged, an unchanged cell is not, and the report shows the flagged cell's trend."""
 
 import json
 import shutil
@@ -48,3 +48,13 @@ def test_a_slower_step_after_a_code_change_is_flagged_and_an_unchanged_cell_is_n
     assert flag["change"] > 2.0 and flag["to"].startswith("src:")
     assert cells["128"]["flags"] == [] and [c["cell"] for c in result["flagged"]] == [cells["32"]["cell"]]
     assert "FLAGGED" in out.stderr and out.stderr.count("FLAGGED") == 1
+    # the report shows each cell's trend over both versions and flags the slower one's step with the versions on both sides
+    # (at the report's 10 %, which a loaded host's drift may pass at batch 128 too: only the injected step is asserted)
+    done = run_cli("aggregate", "--runs", "all", "--name", "history", "--json", cwd=workdir)
+    assert done.returncode == 0, done.stderr[-3000:]
+    report = (workdir / "data" / "reports" / "history" / "report.md").read_text()
+    section = report.split("## History of these cells", 1)[1].split("\n## ", 1)[0]
+    (row,) = [line for line in section.splitlines() if line.startswith("| ") and line.split(" | ")[0].endswith("batch 32")]
+    assert f"{flag['from']} (1) → {flag['to']} (1)" in row and "▁█" in row
+    assert f"**{flag['change']:+.0%}** ({flag['from']} → {flag['to']}, beyond" in row
+    assert any(line.split(" | ")[0].endswith("batch 128") for line in section.splitlines() if line.startswith("| "))

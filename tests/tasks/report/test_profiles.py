@@ -70,3 +70,20 @@ def test_a_cell_is_a_complete_result_only_by_its_workloads_run_rules():
     assert table["jax"]["result"] == "indicative: 3 of 5 runs"
     assert table["tensorflow"]["result"] == "indicative: 2 missed the target (1 may)"
     assert table["slow"]["reached"] == 4 and table["slow"]["result"] == "complete"  # past max_runtime counts as missed
+
+
+def test_energy_is_profiled_per_scope_never_across_scopes(tmp_path):
+    def measured(workload, framework, device, joules, scope):
+        return {**row(workload, framework, 10.0, device=device), "energy_to_target_j": joules, "energy_scope": scope}
+
+    rows = [measured("digits", "torch", "cuda x1", 500.0, "GPU board"), measured("digits", "jax", "cuda x1", 1000.0, "GPU board"),
+            measured("digits", "torch", "cpu x1", 90.0, "CPU package"), measured("digits", "jax", "cpu x1", 45.0, "CPU package"),
+            {**row("digits", "tensorflow", 10.0), "energy_to_target_j": float("nan"), "energy_scope": "not measured"}]
+    blocks, figures = section(rows, tmp_path)
+    text = "\n".join(blocks)
+    gpu = text.split("**By energy to target (GPU board)**", 1)[1].split("**By", 1)[0]
+    cpu = text.split("**By energy to target (CPU package)**", 1)[1].split("**By", 1)[0]
+    # each scope's submissions only: the CPU package's 45 J is never set against the GPU board's 500 J
+    assert "| torch cuda x1 | 1.000 | 1.00 |" in gpu and "| jax cuda x1 | 0.667 | 2.00 |" in gpu and "cpu" not in gpu
+    assert "| jax cpu x1 | 1.000 | 1.00 |" in cpu and "| torch cpu x1 | 0.667 | 2.00 |" in cpu and "cuda" not in cpu and "tensorflow" not in cpu
+    assert {f.name for f in figures} >= {"performance_profile_energy_gpu_board.png", "performance_profile_energy_cpu_package.png"}
