@@ -44,7 +44,7 @@ GENERATE = {"dataset": DATASET, "reynolds": [40.0, 50.0, 60.0], "nx": 64, "ny": 
 
 def benchmark_spec(index: int, epochs: int) -> dict:
     """Benchmark ``index`` of the soak: one training cell (seed ``index``) and one rollout cell."""
-    return {"generate": GENERATE, "batch_sizes": [4], "modes": ["full"], "workers": [1],
+    return {"generate": GENERATE, "batch_sizes": [4], "repeats": 1, "modes": ["full"], "workers": [1],
             "train": {"dataset": DATASET, "ngf": 8, "ndf": 8, "epochs": epochs, "threads": 1, "seed": index},
             "infer": {"steps": 3, "halo": 4}, "aggregate": {"name": f"soak-{index}"}}
 
