@@ -159,7 +159,7 @@ def _energy_and_cost_are_logged_and_reported(workdir, run):
     assert row["cost"] == pytest.approx(metrics["cost"]) and row["cost_text"].endswith(" USD") and row["cost_text"] in text
     assert "| energy | device-hours | cost |" in text and "Cheapest device to the quality target" in text
     if "energy_j" not in metrics:
-        assert f"Energy unavailable for {run.info.run_id[:8]}: {params['energy_source'].removeprefix('unavailable: ')}." in text
+        assert f"Energy not measured for {run.info.run_id[:8]}: {params['energy_source'].removeprefix('unavailable: ')}." in text
 
 
 def test_jax_on_a_device_it_has_no_backend_for_is_refused_in_one_line(generated):
