@@ -6,15 +6,13 @@ import tempfile
 import torch
 
 from models.device import resolve_device
-from models.inference import Predictor, make_runner
+from models.inference import make_runner
 from models.nets.config import NetConfig
 from models.nets.pix2pix import build_generator
-from models.tiling import TilingError
-from tasks.common.errors import UserError
 from tasks.common.settings import Settings
 from tasks.common.tracking import Run, client_for
 from tasks.infer.plan import RolloutPlan, check_model_file, download
-from tasks.infer.rollout import run_scored
+from tasks.infer.rollout import roll_out
 
 
 def load_model(settings: Settings, model_run: str, device) -> tuple[torch.nn.Module, dict]:
@@ -36,17 +34,6 @@ def run_rollout(job: dict) -> dict:
     run = Run(client_for(settings), job["run_id"])
     generator, _ = load_model(settings, setup.model_run_id, "cpu")
     ctx = resolve_device(spec.device, data_parallel=spec.device == "xla" and spec.workers > 1)
-    try:
-        predictor = Predictor(setup.tiles, make_runner(generator, ctx, spec.workers), spec.group)
-        reference = (Predictor(setup.full_frame, make_runner(generator, ctx, 1))
-                     if spec.mode == "mapreduce" and setup.full_frame is not None else None)
-    except (ValueError, TilingError) as exc:
-        raise UserError(str(exc)) from None
-    try:
-        return run_scored(spec, settings, run, setup, ctx.description, predictor, reference, job)
-    finally:
-        if reference is not None:
-            reference.close()
-        predictor.close()
+    return roll_out(spec, settings, run, setup, ctx.description, lambda workers: make_runner(generator, ctx, workers), job)
 
 

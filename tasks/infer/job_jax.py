@@ -4,14 +4,12 @@ import json
 import os
 import tempfile
 
-from models.inference import Predictor
 from models.nets.config import NetConfig
-from models.tiling import TilingError
 from tasks.common.errors import UserError
 from tasks.common.settings import Settings
 from tasks.common.tracking import Run, client_for
 from tasks.infer.plan import RolloutPlan, check_model_file, download, weights_file
-from tasks.infer.rollout import run_scored
+from tasks.infer.rollout import roll_out
 
 
 def load_model(settings: Settings, model_run: str) -> tuple[NetConfig, dict, dict, dict]:
@@ -41,15 +39,4 @@ def run_rollout(job: dict) -> dict:
     run = Run(client_for(settings), job["run_id"])
     cfg, params, stats, _ = load_model(settings, setup.model_run_id)
     name = f"cpu ({os.cpu_count()} cores, jax {jax.__version__})" if spec.device == "cpu" else f"GPU (jax {jax.__version__})"
-    try:
-        predictor = Predictor(setup.tiles, JaxRunner(cfg, params, stats, spec.device, spec.workers), spec.group)
-        reference = (Predictor(setup.full_frame, JaxRunner(cfg, params, stats, spec.device, 1))
-                     if spec.mode == "mapreduce" and setup.full_frame is not None else None)
-    except (ValueError, TilingError) as exc:
-        raise UserError(str(exc)) from None
-    try:
-        return run_scored(spec, settings, run, setup, name, predictor, reference, job)
-    finally:
-        if reference is not None:
-            reference.close()
-        predictor.close()
+    return roll_out(spec, settings, run, setup, name, lambda workers: JaxRunner(cfg, params, stats, spec.device, workers), job)

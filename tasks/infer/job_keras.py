@@ -5,13 +5,11 @@ import os
 import tempfile
 
 from models.host import cpu_cores
-from models.inference import Predictor
-from models.tiling import TilingError
 from tasks.common.errors import UserError
 from tasks.common.settings import Settings
 from tasks.common.tracking import Run, client_for
 from tasks.infer.plan import RolloutPlan, check_model_file, download, weights_file
-from tasks.infer.rollout import run_scored
+from tasks.infer.rollout import roll_out
 
 
 def load_model(settings: Settings, model_run: str):
@@ -42,15 +40,4 @@ def run_rollout(job: dict) -> dict:
     run = Run(client_for(settings), job["run_id"])
     generator, _ = load_model(settings, setup.model_run_id)
     name = f"cpu ({os.cpu_count()} cores, tensorflow {tf.__version__})" if spec.device == "cpu" else f"GPU (tensorflow {tf.__version__})"
-    try:
-        predictor = Predictor(setup.tiles, KerasRunner(generator, spec.device, spec.workers), spec.group)
-        reference = (Predictor(setup.full_frame, KerasRunner(generator, spec.device, 1))
-                     if spec.mode == "mapreduce" and setup.full_frame is not None else None)
-    except (ValueError, TilingError) as exc:
-        raise UserError(str(exc)) from None
-    try:
-        return run_scored(spec, settings, run, setup, name, predictor, reference, job)
-    finally:
-        if reference is not None:
-            reference.close()
-        predictor.close()
+    return roll_out(spec, settings, run, setup, name, lambda workers: KerasRunner(generator, spec.device, workers), job)

@@ -12,6 +12,8 @@ import numpy as np
 
 from models.flow_metrics import RolloutScore, relative_l2
 from models.inference import Predictor, StepTimes
+from models.tiling import TilingError
+from tasks.common.errors import UserError
 from tasks.common.plots import error_curves, rollout_animation, vorticity_panels
 from tasks.common.records import RECORD_FILE, RolloutConfig, RolloutRecord, RolloutSummary
 from tasks.common.settings import Settings
@@ -129,3 +131,20 @@ def surrogate_verdict(summary: dict, dt: float, threshold: float, stride: int, s
             f"per unit of simulated time, at an accuracy of vorticity relative L2 <= {threshold:g} for {horizon} steps "
             f"({horizon * dt:.3g} D/U, {periods}); the surrogate would break even at k >= "
             f"{summary['crossover_stride']:.0f}.")
+
+
+def roll_out(spec: InferSpec, settings: Settings, run: Run, setup: RolloutPlan, device_name: str, runner_for, job: dict) -> dict:
+    """The plan's model rolled out by the runners ``runner_for(workers)`` makes (the tiles on the spec's workers; for
+    map-reduce, the full frame on one as well, for the seam error), scored and logged (run_scored); UserError for tiles that
+    cannot be made; the predictors closed whatever happens."""
+    try:
+        predictor = Predictor(setup.tiles, runner_for(spec.workers), spec.group)
+        reference = Predictor(setup.full_frame, runner_for(1)) if spec.mode == "mapreduce" and setup.full_frame is not None else None
+    except (ValueError, TilingError) as exc:
+        raise UserError(str(exc)) from None
+    try:
+        return run_scored(spec, settings, run, setup, device_name, predictor, reference, job)
+    finally:
+        if reference is not None:
+            reference.close()
+        predictor.close()
