@@ -89,8 +89,8 @@ def test_each_allowed_exception_is_still_needed():
     ("tasks/common/store.py", "tasks.common.errors", True),
     ("tasks/train/task.py", "tasks.report.task", False),
     ("tasks/train/task.py", "tasks.train.plan", True),
-    ("tasks/infer/rollout.py", "tasks.generate", False),
-    ("tasks/infer/rollout.py", "models.solver", True),
+    ("tasks/workloads/karman/infer/rollout.py", "tasks.generate", False),
+    ("tasks/workloads/karman/infer/rollout.py", "models.solver", True),
     ("tasks/report/task.py", "flows.pipeline", False),
     ("tasks/report/task.py", "prefect", True),
 ])

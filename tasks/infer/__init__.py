@@ -1,1 +1,1 @@
-"""Stage infer: the Prefect task (task.py) and the rollout plan (plan.py) in the flow process, the rollout job (job.py) in the child process."""
+"""Stage infer: the Prefect task (task.py) and the dispatch of a rollout request to the plan of the workload that trained its model (plan.py), in the flow process; the plans and the rollout jobs are the workloads' own (Workload.rollouts)."""

@@ -10,9 +10,6 @@ from tasks.common.store import load_manifest
 from tasks.common.tracking import mlflow_run, run_url
 from tasks.infer.plan import plan_rollout
 
-# Each framework's rollout job body, run in its own child.
-ROLLOUT_BODIES = {"torch": "tasks.infer.job:run_rollout", "tensorflow": "tasks.infer.job_keras:run_rollout", "jax": "tasks.infer.job_jax:run_rollout"}
-
 
 @task(name="rollout", task_run_name=lambda parameters: infer_label(parameters["spec"]))
 def rollout(settings: Settings, spec: InferSpec, parent_run_id: str | None = None) -> dict:
@@ -34,5 +31,5 @@ def rollout(settings: Settings, spec: InferSpec, parent_run_id: str | None = Non
         run.log_dataset(dataset, load_manifest(dataset_dir)["digest"], dataset_dir, "evaluation")
         logger.info("MLflow run: %s", run_url(settings, run.run_id))
         job = {"plan": plan.to_json(), "settings": settings.model_dump(mode="json"), "run_id": run.run_id}
-        result = run_child("rollout", ROLLOUT_BODIES[plan.framework], job, logger, env=device_env(spec.device, spec.workers, plan.framework), framework=plan.framework)
+        result = run_child("rollout", plan.body, job, logger, env=device_env(spec.device, spec.workers, plan.framework), framework=plan.framework)
     return {**result, "run_id": run.run_id, "model_run_id": model_run_id}

@@ -88,7 +88,10 @@ class Workload:
     options: tuple[str, ...] = ()
     generate_options: tuple[str, ...] = ()
     # Capabilities: what some workloads have (karman today) and the shared stages ask for by these names, never by a workload's name.
-    rollouts: bool = False  # its trained models are rolled out by the infer stage: a benchmark adds rollout cells, bench-quality extra datasets
+    # (settings, InferSpec, the training run, logger) -> the checked plan of a rollout of its model (with the child's job ``body``,
+    # ``framework``, ``model_run_id``, ``dataset``, ``simulation``, ``to_json()``), where the infer stage rolls its trained models
+    # out: a benchmark adds rollout cells, bench-quality extra datasets; None: its models are not rolled out
+    rollouts: Callable | None = None
     spec_target: Callable | None = None  # (TrainSpec) -> the run's quality target in words where its spec sets one; None: ``target``
     # (settings, training run ids) -> what was registered (tasks.workloads.karman.registry.register_champion's dictionary): a benchmark
     # registers its best trained model in the Model Registry and moves the alias 'champion' to it where it beats the holder; None: none
@@ -138,6 +141,7 @@ CALLS = {
     "register": ("settings", "run_ids"),
     "learned_nothing": ("test",),
     "report": ("trains", "rollouts", "link", "out"),
+    "rollouts": ("settings", "spec", "model", "log"),
 }
 BUILD = ("data", "spec", "batch_size", "runtime")  # a framework module's build(...) -> the loop's Trainer
 

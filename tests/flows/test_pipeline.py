@@ -91,7 +91,7 @@ def test_rollout_feeds_predictions_back(demo_result, workdir):
 
     from tasks.workloads.karman.data import StepCodec, load_frames
     from models.flow_metrics import relative_l2
-    from tasks.infer.job import load_model
+    from tasks.workloads.karman.infer.torch import load_model
     from tasks.common.settings import Settings
 
     settings = Settings.from_env()

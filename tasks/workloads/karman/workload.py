@@ -169,6 +169,14 @@ def generate(settings, spec, parent_run_id: str | None = None) -> dict:
     return run_sweep(settings, spec, parent_run_id)
 
 
+def rollouts(settings, spec, model, log):
+    """The checked plan of a rollout of training run ``model`` (tasks.workloads.karman.infer.plan, imported here: the
+    training child never needs it)."""
+    from tasks.workloads.karman.infer.plan import plan_rollout
+
+    return plan_rollout(settings, spec, model, log)
+
+
 def check_generate(settings, spec) -> None:
     """What the sweep of ``spec`` refuses before anything runs (tasks.workloads.karman.sweep.check_sweep)."""
     from tasks.workloads.karman.sweep import check_sweep
@@ -196,7 +204,7 @@ WORKLOAD = Workload(
     generate=generate,
     check_generate=check_generate,
     swept=True,
-    rollouts=True,
+    rollouts=rollouts,
     spec_target=spec_target,
     register=register_champion,
     report=report_sections,

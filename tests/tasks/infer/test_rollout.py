@@ -152,6 +152,35 @@ def test_unknown_model_runs_and_models_with_other_channels_are_refused(trained):
                    f"model run {other} maps 3 channels (u, v, p)", "dataset 'tiny' gives 4 (u, v, p, mask), or 5 with each simulation's Reynolds")
 
 
+def test_infer_rolls_out_models_of_workloads_with_rollouts_only(trained, monkeypatch):
+    """A finished training run of a workload whose models are not rolled out (digits) is refused by name, in one line;
+    'latest' passes over it to the newest run of a workload with rollouts (the infer stage asks the workload table)."""
+    from tasks.common.errors import UserError
+    from tasks.common.names import Tag
+    from tasks.common.settings import Settings
+    from tasks.common.specs import InferSpec
+    from tasks.infer.plan import plan_rollout, rolled_model
+
+    root, env, run_id = trained
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    c = client(trained)
+    experiment = c.get_experiment_by_name("rollout-tests").experiment_id
+    newest_karman = c.search_runs([experiment], f"tags.`{Tag.STAGE}` = 'train' and attributes.status = 'FINISHED'",
+                                  order_by=["attributes.start_time DESC"], max_results=1)[0].info.run_id
+    digits = c.create_run(experiment, run_name="digits-torch-cpu-b64",
+                          tags={Tag.STAGE: "train", Tag.WORKLOAD: "digits"}).info.run_id
+    try:
+        c.set_terminated(digits, "FINISHED")  # the newest finished training run of the experiment
+        with pytest.raises(UserError, match=f"training run {digits} trained workload digits, whose models are not rolled out; "
+                                            "infer rolls out models of karman"):
+            plan_rollout(Settings.from_env(), InferSpec(model_run=digits, mode="full"), None)
+        workload, model = rolled_model(Settings.from_env(), "latest")
+        assert (workload.name, model.info.run_id) == ("karman", newest_karman)
+    finally:
+        c.delete_run(digits)
+
+
 def test_a_model_conditioned_on_the_reynolds_number_rolls_out_with_each_simulations_own(trained):
     """--condition reynolds: the model's fifth input holds the rolled-out simulation's Reynolds number (the training
     range mapped onto [-1, 1]); full-frame and map-reduce rollouts take it, and so does the logged MLflow model."""
@@ -236,7 +265,8 @@ print(sorted(m for m in {FRAMEWORKS!r} if m in sys.modules))
 def test_a_rollout_plan_travels_to_the_job_as_json_unchanged(trained, monkeypatch):
     from tasks.common.settings import Settings
     from tasks.common.specs import InferSpec
-    from tasks.infer.plan import RolloutPlan, plan_rollout
+    from tasks.infer.plan import plan_rollout
+    from tasks.workloads.karman.infer.plan import RolloutPlan
 
     root, env, run_id = trained
     for key, value in env.items():

@@ -1,6 +1,6 @@
 """The scored rollout of a RolloutPlan, whatever the framework (child process, no framework imported): the Predictor steps, metrics, figures, solver comparison and verdict.
 
-The torch job (job.py), the TensorFlow job (job_keras.py) and the JAX job (job_jax.py) each build a Predictor for their network and hand it here.
+The torch job (torch.py), the TensorFlow job (tensorflow.py) and the JAX job (jax.py) each build a Predictor for their network and hand it here.
 """
 
 import logging
@@ -19,7 +19,7 @@ from tasks.common.records import RECORD_FILE, RolloutConfig, RolloutRecord, Roll
 from tasks.common.settings import Settings
 from tasks.common.specs import InferSpec
 from tasks.common.tracking import Run
-from tasks.infer.plan import RolloutPlan
+from tasks.workloads.karman.infer.plan import RolloutPlan
 from tasks.workloads.karman.data import OUTPUTS, StepCodec, load_frames, with_condition
 from tasks.workloads.karman.scoring import roll, rollout_steps, step_time
 from tasks.workloads.karman.simulation import SimulationSpec

@@ -1,4 +1,4 @@
-"""The TensorFlow rollout job (child process): a Keras generator rolled out full-frame or map-reduce tiled over workers, scored as the torch job scores (tasks.infer.rollout)."""
+"""The TensorFlow rollout job (child process): a Keras generator rolled out full-frame or map-reduce tiled over workers, scored as the torch job scores (tasks.workloads.karman.infer.rollout)."""
 
 import json
 import os
@@ -8,8 +8,9 @@ from models.host import cpu_cores
 from tasks.common.errors import UserError
 from tasks.common.settings import Settings
 from tasks.common.tracking import Run, client_for
-from tasks.infer.plan import RolloutPlan, check_model_file, download, weights_file
-from tasks.infer.rollout import roll_out
+from tasks.common.model_files import check_model_file, download, weights_file
+from tasks.workloads.karman.infer.plan import RolloutPlan
+from tasks.workloads.karman.infer.rollout import roll_out
 
 
 def load_model(settings: Settings, model_run: str):

@@ -11,8 +11,9 @@ from models.nets.config import NetConfig
 from models.nets.pix2pix import build_generator
 from tasks.common.settings import Settings
 from tasks.common.tracking import Run, client_for
-from tasks.infer.plan import RolloutPlan, check_model_file, download
-from tasks.infer.rollout import roll_out
+from tasks.common.model_files import check_model_file, download
+from tasks.workloads.karman.infer.plan import RolloutPlan
+from tasks.workloads.karman.infer.rollout import roll_out
 
 
 def load_model(settings: Settings, model_run: str, device) -> tuple[torch.nn.Module, dict]:
