@@ -1,5 +1,7 @@
-"""A rollout request turned into its workload's checked plan, in the flow process (no framework imported): the model
-run it names, the workload that trained it, and that workload's own plan (Workload.rollouts)."""
+"""A rollout request turned into the checked plan of the workload that trained its model, in the flow process.
+
+It resolves the model run the request names and asks that run's workload for its own plan (Workload.rollouts); no
+framework is imported here."""
 
 from tasks.common import plans
 from tasks.common.errors import UserError

@@ -103,6 +103,10 @@ class Workload:
     # (its training rows, its rollout runs' entries, run id -> Markdown link, the report's folder) -> its own sections of the
     # report (tasks.common.reporting.Sections: its frameworks compared, its rollouts' tables and figures); None: none
     report: Callable | None = None
+    # (settings, BenchQualitySpec, TrainSpec, torch runtime, train, dataset folders) -> bench-quality's result, where the workload
+    # scores its trained models itself (karman: rollouts, the surrogate's step against the solver's); ``train(spec)`` is the
+    # stage's training through the loop: (data, trainer, loop summary, validations, seconds). None: the test split's scores
+    bench_quality: Callable | None = None
     rules: RunRules = RunRules()  # how many runs make a result of one of its cells, and the time each may take
     # Its cells' sizes in the quick preset where they are not its own (BenchmarkSpec.per_workload's fields: karman trains at the
     # demo's batch 4 and 8 for 3 epochs there); None: its own sizes (tasks.workloads.presets)
@@ -142,6 +146,7 @@ CALLS = {
     "learned_nothing": ("test",),
     "report": ("trains", "rollouts", "link", "out"),
     "rollouts": ("settings", "spec", "model", "log"),
+    "bench_quality": ("settings", "bench", "spec", "runtime", "train", "folders"),
 }
 BUILD = ("data", "spec", "batch_size", "runtime")  # a framework module's build(...) -> the loop's Trainer
 

@@ -177,6 +177,13 @@ def rollouts(settings, spec, model, log):
     return plan_rollout(settings, spec, model, log)
 
 
+def bench_quality(settings, bench, spec, runtime, train, folders) -> dict:
+    """bench-quality's scoring of karman's models (tasks.workloads.karman.bench.quality, imported here with torch)."""
+    from tasks.workloads.karman.bench.quality import bench_quality as scored
+
+    return scored(settings, bench, spec, runtime, train, folders)
+
+
 def check_generate(settings, spec) -> None:
     """What the sweep of ``spec`` refuses before anything runs (tasks.workloads.karman.sweep.check_sweep)."""
     from tasks.workloads.karman.sweep import check_sweep
@@ -205,6 +212,7 @@ WORKLOAD = Workload(
     check_generate=check_generate,
     swept=True,
     rollouts=rollouts,
+    bench_quality=bench_quality,
     spec_target=spec_target,
     register=register_champion,
     report=report_sections,
