@@ -6,7 +6,7 @@ description. The benchmark flow (flows.pipeline) runs what this plans."""
 import itertools
 from dataclasses import dataclass
 
-from tasks.common.specs import BenchmarkSpec, GenerateSpec
+from tasks.common.specs import BenchmarkSpec, GenerateSpec, InferSpec, TrainSpec
 
 
 @dataclass
@@ -41,9 +41,11 @@ def benchmark_matrix(spec: BenchmarkSpec) -> list[WorkloadCells]:
     for name in spec.workloads:
         workload = get_workload(name)
         dataset = spec.generate.dataset if workload.swept else benchmark_dataset(workload, spec.generate)[0]
+        own = spec.per_workload.get(name)  # a preset's sizes of this workload's cells, where they are not its own
         matrix.append(WorkloadCells(workload, [f for f in spec.frameworks if f in workload.frameworks],
-                                    spec.cell_batch_sizes(name, workload.batch_sizes), dataset, spec.cell_epochs(name, workload.epochs), _sizes(spec, workload),
-                                    spec.cell_repeats(workload.rules.runs)))
+                                    list(spec.batch_sizes or (own.batch_sizes if own else None) or workload.batch_sizes), dataset,
+                                    (own.epochs if own else None) or spec.train.epochs or workload.epochs, _sizes(spec, workload),
+                                    spec.repeats or workload.rules.runs))
     unused = [f for f in spec.frameworks if not any(f in m.frameworks for m in matrix)]
     if unused:
         raise UserError(f"framework(s) {', '.join(unused)}: no workload of the benchmark ({', '.join(spec.workloads)}) has a version in them; "
@@ -144,6 +146,24 @@ class BenchmarkPlan:
     skipped: dict[str, list[str]]  # workload -> the frameworks asked for that it has no version in
 
 
+def train_cell(train: TrainSpec, device: str, batch_size: int, seed: int, framework: str, workload: str, dataset: str | None = None,
+               epochs: int | None = None, size: dict | None = None) -> TrainSpec:
+    """The training spec of a cell: the benchmark's train section ``train`` with the cell's device, batch size, seed,
+    framework, workload and its dataset, its network ``size`` and, where given, the epoch limit of the workload's cells
+    (the strategy is kept for a framework that has it, else auto)."""
+    from tasks.common.training.frameworks import FRAMEWORKS
+
+    strategy = train.strategy if train.strategy in FRAMEWORKS[framework].strategies else "auto"
+    values = {"device": device, "batch_sizes": [batch_size], "seed": seed, "framework": framework, "strategy": strategy,
+              "workload": workload, "dataset": dataset or train.dataset, **({"epochs": epochs} if epochs is not None else {}), **(size or {})}
+    return TrainSpec(**(train.model_dump() | values))
+
+
+def infer_cell(infer: InferSpec, device: str, mode: str, workers: int, model_run: str = "latest") -> InferSpec:
+    """The rollout spec of a cell (device, mode, workers) from the benchmark's infer section, for the trained model ``model_run``."""
+    return InferSpec(**(infer.model_dump() | {"model_run": model_run, "device": device, "mode": mode, "workers": workers}))
+
+
 def _job(kind: str, spec, shown: dict, pools: dict[str, str]) -> Job:
     deployment = deployment_for(kind, spec.device, pools)
     return Job(kind, spec, shown, deployment, pools.get(spec.device) if deployment else None)
@@ -160,15 +180,15 @@ def plan_benchmark(spec: BenchmarkSpec) -> BenchmarkPlan:
     for m in matrix:
         name = m.workload.name
         gen = generate_spec(spec, m)
+        own = reset_foreign(m.workload, spec.train)  # the train section with the other workloads' options at their defaults
         train = []
         for framework, device, batch, size in itertools.product(m.frameworks, spec.devices, m.batch_sizes, m.sizes):
             for seed in range(spec.train.seed, spec.train.seed + m.repeats):
-                cell = spec.train_cell(device, batch, seed, framework, name, m.dataset, m.epochs)
-                cell = reset_foreign(m.workload, cell).model_copy(update=size)  # the train section's other workloads' options at their defaults
+                cell = train_cell(own, device, batch, seed, framework, name, m.dataset, None if spec.train.time_budget else m.epochs, size)
                 train.append(_job("train", cell, {"workload": name, "framework": framework, "device": device, "batch_size": batch, "seed": seed},
                                   spec.pools))
-        rollouts = [_job("infer", spec.infer_cell("latest", device, mode, workers), {"framework": framework, "device": device, "mode": mode,
-                                                                               "workers": workers}, spec.pools)
+        rollouts = [_job("infer", infer_cell(spec.infer, device, mode, workers), {"framework": framework, "device": device, "mode": mode,
+                                                                             "workers": workers}, spec.pools)
                     for framework in m.frameworks for device, mode, workers in spec.infer_cells()] if m.workload.rollouts else []
         plans.append(WorkloadPlan(m, gen, deployment_for("generate", gen.device, spec.pools) if m.workload.swept else None, train, rollouts))
     return BenchmarkPlan(spec.aggregate.name, plans, sum(len(p.train) + len(p.rollouts) for p in plans), benchmark_description(spec, matrix),

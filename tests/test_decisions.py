@@ -122,21 +122,18 @@ def test_a_rollout_has_one_name_in_mlflow_and_prefect():
 
 def test_no_two_runs_of_a_benchmark_share_a_name_and_each_says_what_ran():
     """Every training cell of a benchmark over every workload, framework, seed and har size, named as the flow names them."""
-    import itertools
-
-    from flows.matrix import benchmark_matrix
+    from flows.matrix import plan_benchmark
     from tasks.common.names import train_label, train_run_name
-    from tasks.workloads import reset_foreign
 
     bench = BenchmarkSpec(workloads=["karman", "digits", "har", "calo"], frameworks=["torch", "tensorflow", "jax"], devices=["cpu"],
                           batch_sizes=[8, 16], repeats=2, layers=[1, 2], units=[16])
     names, labels = [], []
-    for m in benchmark_matrix(bench):
-        for framework, batch, size, seed in itertools.product(m.frameworks, m.batch_sizes, m.sizes, range(bench.repeats)):
-            cell = reset_foreign(m.workload, bench.train_cell("cpu", batch, seed, framework, m.workload.name, m.dataset)).model_copy(update=size)
+    for planned in plan_benchmark(bench).workloads:
+        for job in planned.train:
+            cell, batch, framework = job.spec, job.shown["batch_size"], job.shown["framework"]
             names.append(train_run_name(cell, batch))
             labels.append(train_label(cell))
-            assert names[-1].startswith(f"{m.workload.name}-{framework}-cpu-b{batch}") and labels[-1].startswith(f"train {m.workload.name} {framework}")
+            assert names[-1].startswith(f"{planned.cells.workload.name}-{framework}-cpu-b{batch}") and labels[-1].startswith(f"train {planned.cells.workload.name} {framework}")
     assert len(names) == len(set(names)) == len(set(labels)) == 2 * 2 * (3 + 3 + 3 * 2 + 3)  # every workload in 3 frameworks, har: 2 sizes
 
 
@@ -146,9 +143,13 @@ def test_the_quick_matrix_is_its_preset():
     quick = quick_benchmark()
     assert quick == benchmark_preset("quick") == BenchmarkSpec.model_validate(presets()["quick"])
     assert (quick.batch_sizes, quick.train.epochs, quick.infer.steps, quick.aggregate.name) == (None, None, 40, "quick")
+    from flows.matrix import benchmark_matrix
+
+    def sizes(bench: BenchmarkSpec) -> dict:
+        return {m.workload.name: (m.batch_sizes, m.epochs) for m in benchmark_matrix(bench.model_copy(update={"workloads": ["karman", "digits"]}))}
+
     # karman's cells at the demo's sizes; every other workload at its own (digits: batch 64, 8 epochs)
-    assert (quick.cell_batch_sizes("karman", (8, 16)), quick.cell_epochs("karman", 5)) == ([4, 8], 3)
-    assert (quick.cell_batch_sizes("digits", (64,)), quick.cell_epochs("digits", 8)) == ([64], 8)
-    assert quick.model_copy(update={"batch_sizes": [16]}).cell_batch_sizes("karman", (8,)) == [16]  # the user's, for every workload
+    assert sizes(quick) == {"karman": ([4, 8], 3), "digits": ([64], 8)}
+    assert sizes(quick.model_copy(update={"batch_sizes": [16]})) == {"karman": ([16], 3), "digits": ([16], 8)}  # the user's, for every workload
     with pytest.raises(ValueError, match="unknown benchmark preset 'fast'; choose one of quick, frameworks, seeds-quick"):
         benchmark_preset("fast")

@@ -397,42 +397,14 @@ class BenchmarkSpec(Spec):
         from pydantic import ValidationError
 
         try:  # the checks of a whole training spec (recipe, target, strategy) hold for the shared settings
-            for framework in self.frameworks:
-                self.train_cell(self.devices[0], (self.batch_sizes or [8])[0], self.train.seed, framework)
+            for framework in self.frameworks:  # as a cell of it would be (flows.matrix.train_cell): tensorflow's strategy only
+                strategy = self.train.strategy if self.train.strategy in FRAMEWORKS[framework].strategies else "auto"
+                TrainSpec(**(self.train.model_dump() | {"device": self.devices[0], "batch_sizes": [(self.batch_sizes or [8])[0]], "framework": framework,
+                                                        "strategy": strategy}))
         except ValidationError as exc:
             err = exc.errors()[0]
             raise ValueError(f"train: {err.get('ctx', {}).get('error', err['msg'])}") from None
         return self
-
-    def train_cell(self, device: str, batch_size: int, seed: int, framework: str = "torch", workload: str = DEFAULT_WORKLOAD,
-                   dataset: str | None = None, epochs: int | None = None) -> TrainSpec:
-        """The training spec of the cell (device, batch size, seed, framework, workload and its dataset; the
-        strategy is tensorflow's only); ``epochs``: the epoch limit of the workload's cells (``cell_epochs``), where the
-        benchmark sets no time budget."""
-        strategy = self.train.strategy if self.train.strategy in FRAMEWORKS[framework].strategies else "auto"
-        values = {"device": device, "batch_sizes": [batch_size], "seed": seed, "framework": framework, "strategy": strategy,
-                  "workload": workload, "dataset": dataset or self.train.dataset}
-        if epochs is not None and self.train.time_budget is None:
-            values["epochs"] = epochs
-        return TrainSpec(**(self.train.model_dump() | values))
-
-    def cell_epochs(self, workload: str, own: int) -> int:
-        """The epoch limit of ``workload``'s cells: its per_workload epochs, else train.epochs, else its ``own``."""
-        settings = self.per_workload.get(workload)
-        return (settings.epochs if settings else None) or self.train.epochs or own
-
-    def cell_repeats(self, own: int) -> int:
-        """The training runs of each of a workload's cells: the benchmark's repeats, else its run rules' ``own`` count."""
-        return self.repeats or own
-
-    def cell_batch_sizes(self, workload: str, own: tuple[int, ...]) -> list[int]:
-        """The batch sizes of ``workload``'s cells: the benchmark's, else its per_workload ones, else its ``own``."""
-        settings = self.per_workload.get(workload)
-        return list(self.batch_sizes or (settings.batch_sizes if settings else None) or own)
-
-    def infer_cell(self, model_run: str, device: str, mode: str, workers: int) -> InferSpec:
-        """The rollout spec of the cell (device, mode, workers) for the trained model ``model_run``."""
-        return InferSpec(**(self.infer.model_dump() | {"model_run": model_run, "device": device, "mode": mode, "workers": workers}))
 
     def infer_cells(self) -> list[tuple[str, str, int]]:
         """(device, mode, workers) of every rollout cell; full-frame only at one worker."""

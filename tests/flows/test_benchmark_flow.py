@@ -128,13 +128,14 @@ def test_a_training_cell_killed_after_a_validated_epoch_is_resumed_by_the_next_b
     import signal
 
     from flows import pipeline
+    from flows.matrix import plan_benchmark
     from tasks.common.cells import cell_key
     from tests.tasks.train.interrupt import stop_after_epoch
 
     spec = TINY.model_copy(update={"train": TINY.train.model_copy(update={"epochs": 3, "validate_every": 1}), "batch_sizes": [4],
                                    "modes": ["full"], "workers": [1]})
     digest = pipeline.generate(spec.generate)["digest"]
-    cell = spec.train_cell("cpu", 4, spec.train.seed)
+    cell = plan_benchmark(spec).workloads[0].train[0].spec  # the benchmark's one training cell
     key = cell_key("train/torch", cell, digest)
     killed = stop_after_epoch(workdir, ("--dataset", spec.generate.dataset, "--ngf", "8", "--ndf", "8", "--epochs", "3", "--threads", "1",
                                         "--batch-sizes", "4", "--validate-every", "1", "--cell", key), 1, signal.SIGKILL)

@@ -45,7 +45,7 @@ def test_own_options_and_defaults_pass():
 
 
 def test_a_benchmark_gives_each_workloads_cells_their_own_options():
-    from flows.matrix import benchmark_matrix, generate_spec
+    from flows.matrix import benchmark_matrix, generate_spec, train_cell
 
     bench = BenchmarkSpec(workloads=["karman", "calo"], generate={"events": 300}, train={"recipe": "paper", "layers": 3})
     cells = {m.workload.name: m for m in benchmark_matrix(bench)}
@@ -53,8 +53,8 @@ def test_a_benchmark_gives_each_workloads_cells_their_own_options():
     assert karman_data.events == GenerateSpec().events and calo_data.events == 300
     check_options(karman_data, "generate_options")
     check_options(calo_data, "generate_options")
-    calo_cell = reset_foreign(get_workload("calo"), bench.train_cell("cpu", 8, 0, "torch", "calo", "calo"))
-    karman_cell = reset_foreign(get_workload("karman"), bench.train_cell("cpu", 8, 0, "torch", "karman"))
+    calo_cell = train_cell(reset_foreign(get_workload("calo"), bench.train), "cpu", 8, 0, "torch", "calo", "calo")
+    karman_cell = train_cell(reset_foreign(get_workload("karman"), bench.train), "cpu", 8, 0, "torch", "karman")
     assert (calo_cell.recipe, calo_cell.layers) == ("default", None) and (karman_cell.recipe, karman_cell.layers) == ("paper", None)
     check_options(calo_cell)
     check_options(karman_cell)
