@@ -16,8 +16,10 @@ from tasks.common.tracking import client_for, experiment_id
 
 
 def cell_key(kind: str, spec: BaseModel, dataset_digest: str) -> str:
-    """16 hex digits of SHA-256 over the cell's kind, its full spec and the dataset's digest."""
-    payload = {"kind": kind, "spec": spec.model_dump(mode="json", exclude={"cell"}), "dataset_digest": dataset_digest}
+    """16 hex digits of SHA-256 over the cell's kind, its full spec (as its ``key_fields()`` gives it, where it has them)
+    and the dataset's digest."""
+    fields = spec.key_fields() if hasattr(spec, "key_fields") else spec.model_dump(mode="json", exclude={"cell"})
+    payload = {"kind": kind, "spec": fields, "dataset_digest": dataset_digest}
     return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:16]
 
 

@@ -180,6 +180,12 @@ class TrainSpec(Spec):
         """The frame stride it trains at: the one given, else the recipe's."""
         return self.resolved_recipe().frame_stride
 
+    def key_fields(self) -> dict:
+        """Its fields as a cell's key hashes them (tasks.common.cells.cell_key): the frame stride resolved, so that a spec
+        that leaves it to the recipe and one that names the recipe's own stride (as every spec did before a recipe could
+        set it) are one cell."""
+        return self.model_dump(mode="json", exclude={"cell"}) | {"frame_stride": self.stride}
+
     def resolved_recipe(self):
         """The models.recipe.Recipe this spec trains with: the named recipe and its overrides."""
         from models.recipe import get_recipe
