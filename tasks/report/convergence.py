@@ -261,7 +261,9 @@ def judge(runs: list[dict], refs: References | None, framework: str, batch: int)
     judged = reached + [math.inf] * (len(missed) - len(short))
     out |= {"reference_mean": ref.mean, "basis": ref.basis, "validate_every": every}
     if not judged:
-        return out | {"why": f"its runs ended within {reach:.3g} epochs without reaching the target"}
+        longest = max((r["epochs"] for r in short), default=0)
+        return out | {"why": f"too short to judge: its runs ended by epoch {longest:g} without reaching the target, within the "
+                             f"{reach:.3g} epochs the reference allows"}
     kept = olympic(judged)
     width = half_width(ref, len(kept))
     low, high = ref.mean - width, (ref.mean + width if slow_side else math.inf)

@@ -75,7 +75,7 @@ def test_a_cell_is_within_fast_or_slow_and_a_missed_run_counts_as_never():
     assert never["verdict"] == "slow" and never["why"].startswith("2 of 3 runs never reached the target")
     # a run that stopped before any accepted mean cannot be judged slow for missing
     short = judge([row(None, epochs=3)], r, "torch", 64)
-    assert short["verdict"] == "not judged" and "ended within" in short["why"]
+    assert short["verdict"] == "not judged" and short["why"].startswith("too short to judge: its runs ended by epoch 3 without reaching the target")
     assert judge([row(3, target="validation accuracy at least 0.9")], r, "torch", 64)["verdict"] == "not judged"
     assert judge([row(4, every=2)], r, "torch", 64)["verdict"] == "within"  # epoch 3 of the references shows at 4 every 2 epochs
 
