@@ -25,7 +25,8 @@ def _layer(x: jax.Array, w: dict, layer: int) -> jax.Array:
 
     @jax.checkpoint
     def cell(carry, x_t):
-        h, c = carry  # each (2, B, H)
+        """One step of both directions: carry (h, c), each (2, B, H), and input (2, B, in) -> the new carry and h."""
+        h, c = carry
         z = jnp.einsum("dbi,dig->dbg", jnp.concatenate([x_t, h], axis=-1), weights) + bias  # (2, B, 4H)
         i, f, g, o = jnp.split(z, 4, axis=-1)
         c = jax.nn.sigmoid(f) * c + jax.nn.sigmoid(i) * jnp.tanh(g)
