@@ -30,10 +30,11 @@ from tasks.common.tracking import mlflow_run, reap_orphans, run_url
 from tasks.common.training.frameworks import DEFAULT
 from tasks.generate.task import generate_dataset
 from tasks.infer.task import rollout
-from tasks.report.task import ablation_row, aggregate_runs, publish_artifacts, write_ablation
+from tasks.report.task import aggregate_runs, publish_artifacts, write_ablation
 from tasks.train.plan import plan_training, resume_plan
 from tasks.train.task import log_study_table, register_surrogate, sweep_run, train_model
 from tasks.validate.task import validate_solver as run_validation
+from tasks.workloads import get_workload
 
 # The MLflow run id to file a flow's run under as a child. The benchmark and the demo set it; run forms
 # leave it out (no JSON schema), and the flow still takes it.
@@ -219,7 +220,12 @@ def ablate(spec: AblationSpec = AblationSpec()) -> dict:
     logger = get_run_logger()
     # the extra dataset is read before anything trains: a missing one ends the command at once
     extra = sorted(load_manifest(settings.dataset_dir(spec.extra_dataset))["simulations"]) if spec.extra_dataset else []
-    rows, simulation = [], "?"
+    workload = get_workload(spec.train_spec(spec.variants[0], spec.seed).workload)  # whose recipe the variants change
+    if workload.ablation is None:
+        from tasks.common.errors import UserError
+
+        raise UserError(f"workload {workload.name} has no training recipe to ablate")
+    results, simulation = [], "?"
     for variant, seed in itertools.product(spec.variants, spec.seeds()):
         try:
             trained = train(spec.train_spec(variant, seed))
@@ -228,15 +234,16 @@ def ablate(spec: AblationSpec = AblationSpec()) -> dict:
                     for sim in extra]
         except Exception as exc:  # one failed variant does not stop the others; its row says so
             logger.error("variant %s, seed %d failed: %s", variant, seed, exc)
-            rows.append(ablation_row(variant, seed, {"run_id": "FAILED", "epochs": 0}, {}, []))
+            results.append((variant, seed, {"run_id": "FAILED", "epochs": 0}, {}, []))
             continue
         simulation = rolled["simulation"]
-        rows.append(ablation_row(variant, seed, trained, rolled, long))
-        logger.info("variant %s, seed %d: vorticity horizon %d steps, one-step vorticity error %.3g", variant, seed,
-                    rows[-1]["horizon_vorticity"], rows[-1]["one_step_rel_l2_vorticity"])
-    if all(r["train_run"] == "FAILED" for r in rows):
+        results.append((variant, seed, trained, rolled, long))
+        logger.info("variant %s, seed %d: vorticity horizon %s steps, one-step vorticity error %.3g", variant, seed,
+                    rolled.get("horizon_vorticity"), rolled.get("one_step_rel_l2_vorticity", float("nan")))
+    if all(trained["run_id"] == "FAILED" for _, _, trained, _, _ in results):
         raise RuntimeError("every variant of the ablation failed; see the log")
-    return write_ablation(settings, spec.name, spec.model_dump(), rows, simulation, extra)
+    rows, markdown = workload.ablation(spec.name, spec.model_dump(), results, simulation, extra)
+    return write_ablation(settings, spec.name, spec.model_dump(), rows, markdown)
 
 
 @flow(name="demo", flow_run_name="demo")

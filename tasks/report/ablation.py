@@ -1,7 +1,7 @@
-"""Prefect task (flow process): the training recipe ablation's table, written under the report folder and logged to MLflow.
+"""Prefect task (flow process): an ablation's table, written under the report folder and logged to MLflow.
 
-The ablate flow varies karman's training recipe, so its rows and text are karman's own (tasks/workloads/karman/report.py);
-this writes and logs them."""
+The ablate flow varies a workload's training recipe, so its rows and text are the workload's own
+(``Workload.ablation``: karman's in tasks/workloads/karman/report.py); this writes and logs them."""
 
 import json
 
@@ -9,15 +9,14 @@ from prefect import task
 
 from tasks.common.settings import Settings
 from tasks.common.tracking import mlflow_run
-from tasks.workloads.karman.report import ablation_markdown, ablation_row  # noqa: F401  (the ablate flow's rows: task.py passes them on)
 
 
 @task(name="write-ablation")
-def write_ablation(settings: Settings, name: str, params: dict, rows: list[dict], simulation: str, extra: list[str] = ()) -> dict:
-    """``ablation.md`` and ``ablation.json`` under the report folder, logged to an MLflow run of stage ablation."""
+def write_ablation(settings: Settings, name: str, params: dict, rows: list[dict], markdown: str) -> dict:
+    """``ablation.md`` (``markdown``) and ``ablation.json`` (``rows``) under the report folder, logged to an MLflow run of stage ablation."""
     out = settings.report_dir(name)
     out.mkdir(parents=True, exist_ok=True)
-    (out / "ablation.md").write_text(ablation_markdown(name, params, rows, simulation, extra))
+    (out / "ablation.md").write_text(markdown)
     (out / "ablation.json").write_text(json.dumps(rows, indent=2))
     with mlflow_run(settings, "ablation", f"ablation-{name}", params=params) as run:
         for path in (out / "ablation.md", out / "ablation.json"):

@@ -14,12 +14,12 @@ from tasks.common.settings import Settings
 from tasks.common.store import write_json_atomic
 from tasks.common.specs import AggregateSpec
 from tasks.common.tracking import client_for, experiment_id, mlflow_run
-from tasks.report.ablation import ablation_row, write_ablation
+from tasks.report.ablation import write_ablation
 from tasks.report.reading import check_report_source, covered_runs
 from tasks.report.render import build_report, embed, write_html
 
 # The flows import these from here: the CLI's check before a report, and the ablate flow's rows and writer.
-__all__ = ["ablation_row", "aggregate_runs", "check_report_source", "convergence_verdicts", "publish_artifacts", "write_ablation"]
+__all__ = ["aggregate_runs", "check_report_source", "convergence_verdicts", "publish_artifacts", "write_ablation"]
 
 CONVERGENCE_FILE = "convergence.json"  # beside report.md: each judged cell's verdict against its reference convergence points
 

@@ -107,6 +107,9 @@ class Workload:
     # scores its trained models itself (karman: rollouts, the surrogate's step against the solver's); ``train(spec)`` is the
     # stage's training through the loop: (data, trainer, loop summary, validations, seconds). None: the test split's scores
     bench_quality: Callable | None = None
+    # (report name, the ablation's params, results: (variant, seed, training result, test rollout, extra rollouts) each, the test
+    # simulation, the extra simulations) -> (rows, Markdown) of the ablate flow's table, where its training recipe can be ablated
+    ablation: Callable | None = None
     rules: RunRules = RunRules()  # how many runs make a result of one of its cells, and the time each may take
     # Its cells' sizes in the quick preset where they are not its own (BenchmarkSpec.per_workload's fields: karman trains at the
     # demo's batch 4 and 8 for 3 epochs there); None: its own sizes (tasks.workloads.presets)
@@ -147,6 +150,7 @@ CALLS = {
     "report": ("trains", "rollouts", "link", "out"),
     "rollouts": ("settings", "spec", "model", "log"),
     "bench_quality": ("settings", "bench", "spec", "runtime", "train", "folders"),
+    "ablation": ("name", "params", "results", "simulation", "extra"),
 }
 BUILD = ("data", "spec", "batch_size", "runtime")  # a framework module's build(...) -> the loop's Trainer
 

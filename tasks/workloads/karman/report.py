@@ -224,3 +224,11 @@ def ablation_markdown(name: str, params: dict, rows: list[dict], simulation: str
         text += "\n## Medians over the seeds\n\nPer variant, the median of each column over its runs that finished.\n\n"
         text += markdown_table([shown(m) for m in ablation_medians(rows)])
     return text
+
+
+def ablation_table(name: str, params: dict, results: list[tuple], simulation: str, extra: list[str] = ()) -> tuple[list[dict], str]:
+    """The recipe ablation's rows and its Markdown (the ablate flow's report): ``results`` holds (variant, seed, training
+    result, rollout on the test simulation, rollouts on the extra simulations) for each trained variant and seed."""
+    rows = [ablation_row(*result) for result in results]
+    return rows, ablation_markdown(name, params, rows, simulation, extra)
+

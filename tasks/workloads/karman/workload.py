@@ -19,7 +19,7 @@ from tasks.common.store import file_sha256, load_manifest
 from tasks.workloads import RunRules, Workload
 from tasks.workloads.karman.data import IN_MEMORY_BYTES, OUTPUTS, Normalizer, PairSource, StepCodec, model_inputs, split_of, training_net
 from tasks.workloads.karman.registry import register_champion, spec_target
-from tasks.workloads.karman.report import sections as report_sections
+from tasks.workloads.karman.report import ablation_table, sections as report_sections
 
 
 HEADLINE = {"horizon_vorticity": "vorticity horizon", "horizon_u": "u horizon"}  # the validation scores an epoch's line shows, in words
@@ -213,6 +213,7 @@ WORKLOAD = Workload(
     swept=True,
     rollouts=rollouts,
     bench_quality=bench_quality,
+    ablation=ablation_table,
     spec_target=spec_target,
     register=register_champion,
     report=report_sections,

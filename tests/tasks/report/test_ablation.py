@@ -1,6 +1,8 @@
 """The ablation's rows: the worst of the long rollouts per score, and medians over seeds."""
 
+import json
 import math
+from pathlib import Path
 
 from tasks.workloads.karman.report import ablation_medians, ablation_row
 
@@ -49,15 +51,19 @@ def test_medians_are_per_variant_over_the_runs_that_finished():
 def test_the_written_ablation_has_the_long_columns_only_with_long_rollouts_and_medians_only_over_seeds(workdir):
     from tasks.common.settings import Settings
     from tasks.report.ablation import write_ablation
+    from tasks.workloads import get_workload
 
     settings = Settings.from_env()
     params = {"time_budget": 300.0, "dataset": "demo", "ngf": 16, "batch_size": 8, "steps": 60, "extra_dataset": "long", "extra_steps": 600}
-    rows = [ablation_row("default", s, {"run_id": f"{s}" * 32, "epochs": 10 + s}, rollout(), [rollout(correlation_periods=9.0 + s)])
-            for s in (0, 1, 2)]
-    text = open(write_ablation.fn(settings, "two", params, rows, "sim-110", ["sim-105"])["report"]).read()
+    results = [("default", s, {"run_id": f"{s}" * 32, "epochs": 10 + s}, rollout(), [rollout(correlation_periods=9.0 + s)]) for s in (0, 1, 2)]
+    rows, markdown = get_workload("karman").ablation("two", params, results, "sim-110", ["sim-105"])  # the ablate flow's table
+    assert json.dumps(rows) == json.dumps([ablation_row(*result) for result in results])  # (NaN where a score is missing)
+    written = write_ablation.fn(settings, "two", params, rows, markdown)
+    text = open(written["report"]).read()
+    assert Path(written["report"]).with_name("ablation.json").read_text() == json.dumps(rows, indent=2)
     assert "seeds 0, 1, 2" in text and "600 steps on every simulation of dataset `long` (sim-105)" in text
     medians = text.split("## Medians over the seeds")[1]
     assert "long_correlation_periods" in medians and "| default | 3 | 11 |" in medians  # runs, median epochs
-    single = open(write_ablation.fn(settings, "one", params | {"extra_dataset": None}, [ablation_row("default", 0, {"run_id": "0" * 32, "epochs": 3}, rollout(), [])],
-                                    "sim-110")["report"]).read()
+    one = get_workload("karman").ablation("one", params | {"extra_dataset": None}, [("default", 0, {"run_id": "0" * 32, "epochs": 3}, rollout(), [])], "sim-110")
+    single = open(write_ablation.fn(settings, "one", params | {"extra_dataset": None}, *one)["report"]).read()
     assert "long_" not in single and "Medians" not in single and "seeds 0," not in single

@@ -1,5 +1,7 @@
-"""karman's part of bench-quality: each seed's generator scored on the test simulation's rollout (and every simulation
-of the extra datasets), its step timed against the solver's on the same device, the seeds summarised."""
+"""karman's part of bench-quality: each seed's generator scored on its rollouts, its step timed against the solver's.
+
+The test simulation's rollout and every simulation of the extra datasets are scored; the network's step is timed
+against the solver's on the same device; the seeds are summarised."""
 
 import math
 import statistics
