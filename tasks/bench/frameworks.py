@@ -119,7 +119,7 @@ def _check_dataset(spec: BenchFrameworksSpec, batch_size: int) -> tuple[str, dic
     from tasks.workloads import get_workload
 
     settings, workload = Settings.from_env(), get_workload(spec.workload)
-    dataset = spec.dataset or workload.dataset or train_spec(spec, "torch", batch_size).dataset  # karman's: TrainSpec's default, the demo sweep
+    dataset = spec.dataset or workload.dataset or train_spec(spec, "torch", batch_size).dataset  # a swept workload names none: TrainSpec's default
     if not (settings.dataset_dir(dataset) / "manifest.json").is_file():
         raise UserError(f"no {spec.workload} dataset {dataset!r} in {settings.data_root}; "
                         f"make one with python -m flows generate --workload {spec.workload} --dataset {dataset}")
