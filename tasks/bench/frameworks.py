@@ -83,10 +83,10 @@ def frameworks_job(job: dict) -> dict:
     steps = job["steps"] or per_epoch
     if steps > per_epoch:
         raise UserError(f"--steps {steps}: an epoch of dataset {spec.dataset!r} has {per_epoch} steps at batch {batch_size}; use at most {per_epoch}")
-    x, y = data.x["train"], data.y["train"]
-    reference = reference_module(spec.workload, framework).Reference(spec, trainer.weights(), x, y, batch_size)
-    first = {"ours": float(trainer.scores_of(trainer.logits(x[:batch_size]), y[:batch_size])["loss"]),
-             "reference": float(reference.loss(x[:batch_size], y[:batch_size]))}
+    module = reference_module(spec.workload, framework)
+    x, y = module.arrays(data)
+    reference = module.Reference(spec, module.ours_weights(trainer), x, y, batch_size)
+    first = {"ours": module.ours_loss(trainer, x[:batch_size], y[:batch_size]), "reference": float(reference.loss(x[:batch_size], y[:batch_size]))}
     if not abs(first["ours"] - first["reference"]) <= LOSS_TOLERANCE:
         raise RunFailed(f"the {framework} reference's loss on the first batch, {first['reference']:.6g}, is not ours, {first['ours']:.6g}, "
                            "from the same weights: it is not the same network")
@@ -119,7 +119,7 @@ def _check_dataset(spec: BenchFrameworksSpec, batch_size: int) -> tuple[str, dic
     from tasks.workloads import get_workload
 
     settings, workload = Settings.from_env(), get_workload(spec.workload)
-    dataset = spec.dataset or workload.dataset
+    dataset = spec.dataset or workload.dataset or train_spec(spec, "torch", batch_size).dataset  # a swept workload names none: TrainSpec's default
     if not (settings.dataset_dir(dataset) / "manifest.json").is_file():
         raise UserError(f"no {spec.workload} dataset {dataset!r} in {settings.data_root}; "
                         f"make one with python -m flows generate --workload {spec.workload} --dataset {dataset}")

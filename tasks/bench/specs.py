@@ -238,12 +238,12 @@ def _has_reference(name: str) -> str:
 class BenchFrameworksSpec(BenchSpec):
     """Time each framework's training of a workload against that framework's idiomatic reference (samples/s, ours / reference), in one run."""
 
-    workload: Annotated[str, AfterValidator(_has_reference)] = Field(description="Workload, one with idiomatic references: digits or har")
+    workload: Annotated[str, AfterValidator(_has_reference)] = Field(description="Workload, one with idiomatic references: digits, har or karman (the default recipe's step, on the karman-demo sweep unless --dataset names another)")
     frameworks: Annotated[list[MatmulFramework], AfterValidator(_unique)] = Field(
         default=["torch", "tensorflow", "jax"], min_length=1, description="Frameworks, each in its own process, one after the other; comma-separated (default: torch,tensorflow,jax)")
     device: Literal["cpu", "cuda"] = Field(default="cpu", description="Device kind")
     dataset: str | None = Field(default=None, pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$", description="Stored dataset to train on (default: the workload's own, as generate writes it)")
-    batch_size: OptionalPositiveInt = Field(default=None, description="Batch size (default: the workload's benchmark batch, 64)")
+    batch_size: OptionalPositiveInt = Field(default=None, description="Batch size (default: the workload's first benchmark batch: 64 for digits and har, 8 for karman)")
     steps: OptionalPositiveInt = Field(default=None, description="Optimiser steps per timed block (default: one epoch's)")
     repeats: PositiveInt = Field(default=3, description="Timed blocks per side; medians are reported")
     seed: NonNegativeInt = Field(default=0, description="Seed of the initial weights and the batches' order")

@@ -1,7 +1,8 @@
 """Child body of the bench-frameworks tests: per workload, our trainer and the framework's idiomatic reference from the same weights, their losses on one batch before and after one optimiser step; prints them as JSON.
 
 Run as ``python -m tests.tasks.bench.frameworks_step FRAMEWORK``, one process per framework (tensorflow and jax
-apart), with the framework's device environment (tasks.common.launch.device_env).
+apart), with the framework's device environment (tasks.common.launch.device_env); karman reads the tiny sweep
+``KARMAN_DATASET`` of the data root in the environment (the tests write it).
 """
 
 import json
@@ -29,23 +30,45 @@ def _har(batch: int):
     return HarData({r: x for r in ("train", "val", "test")}, {r: y for r in ("train", "val", "test")}, {}, "-", 0.85), {"layers": 2, "units": 8}
 
 
-def stepped(framework: str, workload: str, batch: int = 24) -> dict:
-    """Ours and the reference on one batch of ``batch`` samples: the loss before, and after one step on that batch."""
-    from tasks.bench.references import reference_module
+def _karman(framework: str):
+    """The tiny sweep's training pairs, all in one batch, under the default recipe without its input noise (the sides draw
+    their own), so that one step is the same step in both."""
+    import os
+
+    from tasks.common.settings import Settings
     from tasks.common.specs import TrainSpec
-    from tasks.workloads import framework_module, get_workload
+    from tasks.workloads import get_workload
+
+    spec = TrainSpec(workload="karman", dataset=os.environ["KARMAN_DATASET"], framework=framework, seed=3, noise=0.0, validate_every=0, threads=1)
+    data = get_workload("karman").prepare(Settings.from_env(), spec)
+    return data, spec, len(data.train)
+
+
+def _classifier(framework: str, workload: str, batch: int = 24):
+    from tasks.common.specs import TrainSpec
 
     data, sizes = {"digits": _digits, "har": _har}[workload](batch)
-    spec = TrainSpec(workload=workload, dataset=workload, framework=framework, seed=3, **sizes)
-    trainer = framework_module(get_workload(workload), framework).build(data, spec, batch, runtime_of(framework))
-    x, y = data.x["train"], data.y["train"]
-    reference = reference_module(workload, framework).Reference(spec, trainer.weights(), x, y, batch)
-    before = {"ours": trainer.score("train")["loss"], "reference": reference.loss(x, y)}
+    return data, TrainSpec(workload=workload, dataset=workload, framework=framework, seed=3, **sizes), batch
+
+
+def stepped(framework: str, workload: str) -> dict:
+    """Ours and the reference on one batch (all the training samples): the loss before, and after one step on that batch."""
+    from tasks.bench.references import reference_module
+    from tasks.workloads import framework_module, get_workload
+
+    data, spec, batch = _karman(framework) if workload == "karman" else _classifier(framework, workload)
+    runtime = runtime_of(framework)
+    runtime.seed_epoch(spec.seed, 1)
+    trainer = framework_module(get_workload(workload), framework).build(data, spec, batch, runtime)
+    module = reference_module(workload, framework)
+    x, y = module.arrays(data)
+    reference = module.Reference(spec, module.ours_weights(trainer), x, y, batch)
+    before = {"ours": module.ours_loss(trainer, x, y), "reference": reference.loss(x, y)}
     trainer.step(next(trainer.batches(1, 1)), [0.0] * 3, 0.0)
     seconds = reference.train(1)
-    after = {"ours": trainer.score("train")["loss"], "reference": reference.loss(x, y)}
+    after = {"ours": module.ours_loss(trainer, x, y), "reference": reference.loss(x, y)}
     return {"before": before, "after": after, "seconds": seconds, "words": reference.words}
 
 
 if __name__ == "__main__":
-    print(json.dumps({workload: stepped(sys.argv[1], workload) for workload in ("digits", "har")}))
+    print(json.dumps({workload: stepped(sys.argv[1], workload) for workload in ("digits", "har", "karman")}))

@@ -1,27 +1,48 @@
 """bench-frameworks: each idiomatic reference computes our loss from our weights and takes our optimiser step; the command's JSON on a tiny run; bad input refused in one line with exit 2, before any child starts."""
 
+import shutil
+
 import pytest
 
-from tests.conftest import run_cli, strict_json
+from tasks.common.specs import GenerateSpec
+from tests.conftest import run_cli, strict_json, write_sweep
 from tests.workloads.digits_step import stepped_in_children
 
 FRAMEWORKS = ("torch", "tensorflow", "jax")
 
 
+# a tiny sweep: one training simulation of 64x32 cells, 8 frames (5 pairs of a three-step loss)
+KARMAN_TINY = GenerateSpec(dataset="karman-tiny", reynolds=[40.0, 50.0, 60.0], nx=64, ny=32, size=[6.0], warmup_steps=400, frames=8, frame_every=20)
+
+
 @pytest.fixture(scope="module")
-def stepped() -> dict[str, dict]:
+def karman_root(tmp_path_factory):
+    """A data root holding the tiny karman sweep."""
+    root = tmp_path_factory.mktemp("karman-data")
+    write_sweep(root, KARMAN_TINY)
+    return root
+
+
+@pytest.fixture(scope="module")
+def stepped(karman_root) -> dict[str, dict]:
     """Per framework (each in its own process), per workload: ours and the reference's losses before and after one step."""
-    return stepped_in_children("tests.tasks.bench.frameworks_step", FRAMEWORKS)
+    with pytest.MonkeyPatch.context() as env:
+        env.setenv("KARMAN_DATA_ROOT", str(karman_root))
+        env.setenv("KARMAN_DATASET", KARMAN_TINY.dataset)
+        return stepped_in_children("tests.tasks.bench.frameworks_step", FRAMEWORKS)
 
 
 @pytest.mark.parametrize("framework", FRAMEWORKS)
-@pytest.mark.parametrize("workload", ["digits", "har"])
+@pytest.mark.parametrize("workload", ["digits", "har", "karman"])
 def test_each_reference_computes_our_loss_and_takes_our_step_from_the_same_weights(stepped, workload, framework):
     r = stepped[framework][workload]
     # the tolerances of the cross-framework tests (tests/workloads/test_har_workload.py, test_digits_workload.py)
     assert r["before"]["reference"] == pytest.approx(r["before"]["ours"], abs=1e-5)  # the same network from the same weights
     assert r["after"]["ours"] < r["before"]["ours"] - 0.01  # the step learned something
-    assert r["after"]["reference"] == pytest.approx(r["after"]["ours"], abs=1e-5)  # the same optimiser step
+    # karman: Adam's first step moves every weight by about ±lr whatever the size of its gradient, so rounding in the
+    # gradients near zero moves the loss after it: ours in TensorFlow moves by 6e-5 (of 2.77) with oneDNN's kernels on or off
+    after = 2e-4 if workload == "karman" else 1e-5
+    assert r["after"]["reference"] == pytest.approx(r["after"]["ours"], abs=after)  # the same optimiser step
     assert r["seconds"] > 0
 
 
@@ -56,6 +77,21 @@ def test_a_tiny_run_prints_ours_and_the_references_samples_per_s_and_their_ratio
     assert any(op["op"].startswith("aten::") for op in out["frameworks"]["torch"]["profile"]["ours"]["ops"])  # torch.profiler's operators
 
 
+def test_a_tiny_karman_run_trains_the_default_recipe_against_its_references(workdir, karman_root):
+    shutil.copytree(karman_root / "datasets", workdir / "data" / "datasets")
+    # torch alone: the step test above takes each framework's reference through the same interface
+    proc = run_cli("bench-frameworks", "--workload", "karman", "--dataset", KARMAN_TINY.dataset, "--frameworks", "torch", "--batch-size", "2",
+                   "--steps", "1", "--repeats", "1", "--threads", "1", "--json", cwd=workdir)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = strict_json(proc.stdout.strip().splitlines()[-1])
+    assert (out["workload"], out["dataset"], out["batch_size"], out["synthetic"]) == ("karman", "karman-tiny", 2, False)
+    assert list(out["frameworks"]) == ["torch"]
+    for framework, row in out["frameworks"].items():
+        assert row["steps"] == 1 and row["train_samples"] == 5, framework
+        assert row["first_loss"]["reference"] == pytest.approx(row["first_loss"]["ours"], abs=1e-5), framework
+        assert row["samples_per_s"] > 0 and row["reference_samples_per_s"] > 0 and row["reference"], framework
+
+
 def test_self_time_is_an_events_duration_less_the_events_nested_in_it_on_its_thread():
     from tasks.bench.profiles import self_times
 
@@ -65,7 +101,7 @@ def test_self_time_is_an_events_duration_less_the_events_nested_in_it_on_its_thr
 
 
 @pytest.mark.parametrize("args, message", [
-    (["--workload", "karman"], "--workload: bench-frameworks has idiomatic references for digits, har only (got 'karman')"),
+    (["--workload", "calo"], "--workload: bench-frameworks has idiomatic references for digits, har, karman only (got 'calo')"),
     (["--workload", "digits", "--frameworks", "torch,mxnet"], "--frameworks: Input should be 'torch', 'tensorflow' or 'jax' (got 'mxnet')"),
     (["--workload", "digits", "--dataset", "absent"], "no digits dataset 'absent' in"),
     (["--workload", "digits", "--batch-size", "0"], "--batch-size: 0 must be a positive integer (got '0')"),
