@@ -156,7 +156,7 @@ def register_surrogate(settings: Settings, workload: str, run_ids: list[str]) ->
     dataset digest and target)."""
     result = get_workload(workload).register(settings, run_ids)
     if result["version"] is None:
-        get_run_logger().info("no model registered: %s", result["reason"])
+        get_run_logger().info("%s", result["reason"])  # it says that no model was registered, and why
     else:
         get_run_logger().info("registered %s version %d (run %s, %s): %s; %s", result["name"], result["version"], result["run_id"],
                               result["score"], "now the champion" if result["champion"] else "not the champion", result["reason"])

@@ -129,7 +129,7 @@ def register_champion(settings: Settings, run_ids: list[str]) -> dict:
     client, name = client_for(settings), settings.registered_model
     offered = [c for rid in dict.fromkeys(run_ids) if (c := candidate(client, rid)) is not None]
     if not offered:
-        return {"name": name, "version": None, "champion": False, "reason": "no finished karman training run with a logged model"}
+        return {"name": name, "version": None, "champion": False, "reason": "no model registered: no finished karman training run with a logged model"}
     best = max(offered, key=Candidate.rank)
     if not best.eligible:  # a model that missed the target and holds the flow for too few steps is registered nowhere
         return {"name": name, "version": None, "champion": False, "run_id": best.run_id, "score": best.score,
