@@ -153,8 +153,7 @@ def train_cell(train: TrainSpec, device: str, batch_size: int, seed: int, framew
     (the strategy is kept for a framework that has it, else auto)."""
     from tasks.common.training.frameworks import FRAMEWORKS
 
-    strategy = train.strategy if train.strategy in FRAMEWORKS[framework].strategies else "auto"
-    values = {"device": device, "batch_sizes": [batch_size], "seed": seed, "framework": framework, "strategy": strategy,
+    values = {"device": device, "batch_sizes": [batch_size], "seed": seed, "framework": framework, "strategy": FRAMEWORKS[framework].strategy_of(train.strategy),
               "workload": workload, "dataset": dataset or train.dataset, **({"epochs": epochs} if epochs is not None else {}), **(size or {})}
     return TrainSpec(**(train.model_dump() | values))
 

@@ -242,8 +242,9 @@ def ablate(spec: AblationSpec = AblationSpec()) -> dict:
                     rolled.get("horizon_vorticity"), rolled.get("one_step_rel_l2_vorticity", float("nan")))
     if all(trained["run_id"] == "FAILED" for _, _, trained, _, _ in results):
         raise RuntimeError("every variant of the ablation failed; see the log")
-    rows, markdown = workload.ablation(spec.name, spec.model_dump(), results, simulation, extra)
-    return write_ablation(settings, spec.name, spec.model_dump(), rows, markdown)
+    params = spec.model_dump()
+    rows, markdown = workload.ablation(spec.name, params, results, simulation, extra)
+    return write_ablation(settings, spec.name, params, rows, markdown)
 
 
 @flow(name="demo", flow_run_name="demo")

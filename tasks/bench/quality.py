@@ -57,7 +57,7 @@ def bench_quality(bench: BenchQualitySpec) -> dict:
     spec, repeats = bench.train_spec(), bench.repeats
     workload = get_workload(spec.workload)
     check_options(spec)
-    if not workload.rollouts and bench.extra_dataset:
+    if bench.extra_dataset and not workload.bench_quality:  # the workload's own part rolls its models out on them
         raise ValueError(f"--extra-dataset rolls out trained models on more datasets; the {spec.workload} workload has no rollouts")
     folders = [settings.dataset_dir(name) for name in [bench.dataset, *bench.extra_dataset]]
     for folder in folders:

@@ -60,6 +60,16 @@ def check_model_file(path: Path, model_run: str, meta: dict) -> None:
                         "from the one recorded when it was written); train again or roll out another run")
 
 
+def checked_weights(settings: Settings, model_run: str, tmp: str) -> tuple[Path, dict]:
+    """A training run's 'model' artifact downloaded under ``tmp``: its weights file, checked against the checksum it was
+    written with, and its metadata."""
+    local = download(settings, model_run, "model", tmp)
+    meta = json.loads((local / "meta.json").read_text())
+    path = local / weights_file(meta)
+    check_model_file(path, model_run, meta)
+    return path, meta
+
+
 def resolve_model_run(settings: Settings, model_run: str, takes: Callable | None = None, which: str = "training run"):
     """The MLflow run of a finished training run: ``model_run`` itself, the newest one for 'latest' (of the newest 200, the
     first that ``takes(run)`` accepts, where it is given; ``which`` says what they are), or the run whose model a registered

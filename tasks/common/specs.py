@@ -404,9 +404,8 @@ class BenchmarkSpec(Spec):
 
         try:  # the checks of a whole training spec (recipe, target, strategy) hold for the shared settings
             for framework in self.frameworks:  # as a cell of it would be (flows.matrix.train_cell): tensorflow's strategy only
-                strategy = self.train.strategy if self.train.strategy in FRAMEWORKS[framework].strategies else "auto"
                 TrainSpec(**(self.train.model_dump() | {"device": self.devices[0], "batch_sizes": [(self.batch_sizes or [8])[0]], "framework": framework,
-                                                        "strategy": strategy}))
+                                                        "strategy": FRAMEWORKS[framework].strategy_of(self.train.strategy)}))
         except ValidationError as exc:
             err = exc.errors()[0]
             raise ValueError(f"train: {err.get('ctx', {}).get('error', err['msg'])}") from None

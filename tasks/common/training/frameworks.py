@@ -89,6 +89,11 @@ class Framework:
             return world if strategy == "multiworker" else 1
         return 1
 
+    def strategy_of(self, requested: str) -> str:
+        """The strategy a benchmark's cell in this framework trains with: the benchmark's ``requested`` one where this
+        framework takes it, else auto (a benchmark's train section names one strategy for every framework)."""
+        return requested if requested in self.strategies else "auto"
+
     def check(self, spec) -> None:
         """ValueError for a strategy, precision or host count this framework does not take (a TrainSpec's validator calls it)."""
         if spec.strategy not in self.strategies:

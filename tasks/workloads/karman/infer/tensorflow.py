@@ -1,6 +1,5 @@
 """The TensorFlow rollout job (child process): a Keras generator rolled out full-frame or map-reduce tiled over workers, scored as the torch job scores (tasks.workloads.karman.infer.rollout)."""
 
-import json
 import os
 import tempfile
 
@@ -8,7 +7,7 @@ from models.host import cpu_cores
 from tasks.common.errors import UserError
 from tasks.common.settings import Settings
 from tasks.common.tracking import Run, client_for
-from tasks.common.model_files import check_model_file, download, weights_file
+from tasks.common.model_files import checked_weights
 from tasks.workloads.karman.infer.plan import RolloutPlan
 from tasks.workloads.karman.infer.rollout import roll_out
 
@@ -18,10 +17,7 @@ def load_model(settings: Settings, model_run: str):
     import keras
 
     with tempfile.TemporaryDirectory() as tmp:
-        local = download(settings, model_run, "model", tmp)
-        meta = json.loads((local / "meta.json").read_text())
-        path = local / weights_file(meta)
-        check_model_file(path, model_run, meta)
+        path, meta = checked_weights(settings, model_run, tmp)
         return keras.saving.load_model(path, compile=False), meta
 
 

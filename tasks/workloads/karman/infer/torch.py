@@ -1,6 +1,5 @@
 """The rollout job (child process): a RolloutPlan carried out, full-frame or map-reduce tiled over workers, and scored against the reference solver."""
 
-import json
 import tempfile
 
 import torch
@@ -11,7 +10,7 @@ from models.nets.config import NetConfig
 from models.nets.pix2pix import build_generator
 from tasks.common.settings import Settings
 from tasks.common.tracking import Run, client_for
-from tasks.common.model_files import check_model_file, download
+from tasks.common.model_files import checked_weights
 from tasks.workloads.karman.infer.plan import RolloutPlan
 from tasks.workloads.karman.infer.rollout import roll_out
 
@@ -19,10 +18,8 @@ from tasks.workloads.karman.infer.rollout import roll_out
 def load_model(settings: Settings, model_run: str, device) -> tuple[torch.nn.Module, dict]:
     """Generator (eval mode) and its metadata from a training run's 'model' artifact."""
     with tempfile.TemporaryDirectory() as tmp:
-        local = download(settings, model_run, "model", tmp)
-        meta = json.loads((local / "meta.json").read_text())
-        check_model_file(local / "generator.pt", model_run, meta)
-        state = torch.load(local / "generator.pt", map_location="cpu", weights_only=True)
+        path, meta = checked_weights(settings, model_run, tmp)
+        state = torch.load(path, map_location="cpu", weights_only=True)
     generator = build_generator(NetConfig(**meta["net"]))
     generator.load_state_dict(state)
     return generator.to(device).eval(), meta
