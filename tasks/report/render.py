@@ -46,6 +46,13 @@ def workload_sections(trains: list[dict], rolled: list[Entry], link, out: Path) 
     return found
 
 
+def failed_section(failed: list, link) -> str:
+    """The failed runs, each with the one-line reason its job gave (``Tag.ERROR``): a run whose loss diverged says so here,
+    and as it is not FINISHED no ranking, profile or registration takes it."""
+    lines = [f"\n- {r.info.run_name} ({link(r.info.run_id)}): {r.data.tags.get(Tag.ERROR, 'no reason recorded')}" for r in failed]
+    return f"## Failed runs\n\n{len(failed)} failed run(s)" + (", none ranked or registered:\n" + "".join(lines) if failed else "") + "\n"
+
+
 def build_report(settings: Settings, name: str, scope: str, runs, exp_id: str, out: Path,
                  left_out: tuple[str, ...] | list[str] = ()) -> tuple[str, list[Path], dict]:
     """report.md's text and figures (written to ``out``) over ``runs``, with a line for each run of the
@@ -113,7 +120,7 @@ def build_report(settings: Settings, name: str, scope: str, runs, exp_id: str, o
              "to target are medians over the runs:\n",
              table_markdown(quality, QUALITY_COLUMNS) + scopes_line(quality), cheapest_to_target(entries, link)]
     text += [block for s in own for block in s.rollouts]
-    text.append(f"## Failed runs\n\n{len(failed)} failed run(s)" + (": " + ", ".join(f"{r.info.run_name} ({link(r.info.run_id)})" for r in failed) if failed else "") + "\n")
+    text.append(failed_section(failed, link))
     text.append(ceiling_section(client, exp_id))
     if older:
         text.append(f"Runs logged before run records existed, read back from their MLflow params: {', '.join(older)}.\n")

@@ -324,3 +324,34 @@ def test_the_champion_alias_moves_only_to_a_better_model_on_the_same_data_and_ta
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert strict_json(proc.stdout.strip().splitlines()[-1])["model_run_id"] == faster
     assert_refused(run_cli("infer", "--model", "models:/surrogate-test@nobody", cwd=root, env=env), "has no models:/surrogate-test@nobody")
+
+
+def test_a_diverging_run_fails_saying_why_and_is_neither_ranked_nor_registered(trained, monkeypatch):
+    """A run injected beside the finished one with a learning rate a million times too large: its loss becomes non-finite
+    within steps; the run is marked failed with that reason (its tag and the report's failed runs), the ranking and the
+    registry pass it over, and the registry takes the finished model offered beside it."""
+    from tasks.common.settings import Settings
+    from tasks.workloads.karman.registry import register_champion
+
+    root, env, run_id = trained
+    proc = run_in_process("train", "--dataset", "tiny", "--ngf", "8", "--ndf", "8", "--threads", "1", "--epochs", "1",
+                          "--batch-sizes", "4", "--lr", "1e6", "--json", cwd=root, env=env)
+    assert proc.returncode != 0 and "loss became non-finite at epoch 1" in proc.stderr
+    c = client(trained)
+    (diverged,) = c.search_runs([c.get_run(run_id).info.experiment_id], "tags.`karman.recipe` LIKE '%lr=1000000.0%'")
+    assert diverged.info.status == "FAILED" and diverged.data.tags["karman.error"].startswith("RunFailed: loss became non-finite")
+    done = run_in_process("aggregate", "--runs", "all", "--name", "diverged", "--json", cwd=root, env=env)
+    assert done.returncode == 0, done.stderr[-3000:]
+    report = (root / "data" / "reports" / "diverged" / "report.md").read_text()
+    failed = report.split("## Failed runs", 1)[1].split("\n## ", 1)[0]
+    assert f"- {diverged.info.run_name} (`{diverged.info.run_id[:8]}`): RunFailed: loss became non-finite at epoch 1" in failed
+    # listed among every training run as FAILED, and in none of the comparisons above them (its setting is not even shown)
+    compared, every_run = report.split("### Every training run", 1)
+    assert diverged.info.run_id[:8] not in compared and "lr=1000000.0" not in compared
+    assert f"| `{diverged.info.run_id[:8]}` | karman | torch | cpu x1 | 4 |" in every_run and "| FAILED |" in every_run
+    for key, value in {**env, "KARMAN_REGISTERED_MODEL": "surrogate-diverged"}.items():
+        monkeypatch.setenv(key, value)
+    offered = _offered(trained, None, True, 50.0, None)
+    registered = register_champion(Settings.from_env(), [diverged.info.run_id, offered])
+    assert (registered["version"], registered["run_id"], registered["champion"]) == (1, offered, True)
+    assert [v.run_id for v in c.search_model_versions("name='surrogate-diverged'")] == [offered]
