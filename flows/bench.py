@@ -1,7 +1,8 @@
 """The bench-… commands' and history's command line, generated from their specs as every command's is; imports no Prefect (history and bench-matmul read or write MLflow).
 
 They run as they are on a machine that has only the compute stack (numpy, numba, torch) and pydantic;
-bench-quality also reads a stored dataset (zarr, xarray).
+bench-quality also reads a stored dataset (zarr, xarray), and bench-train and bench-infer load those two with the
+workload's module (they reach the workload's own part through the workload table) but read no dataset.
 """
 
 import argparse
@@ -26,13 +27,13 @@ def _solver(spec: BenchSolverSpec) -> dict:
 
 
 def _train(spec: BenchTrainSpec) -> dict:
-    from tasks.bench.train import bench_train
+    from tasks.bench.parts import bench_train
 
     return bench_train(spec)
 
 
 def _infer(spec: BenchInferSpec) -> dict:
-    from tasks.bench.infer import bench_infer
+    from tasks.bench.parts import bench_infer
 
     return bench_infer(spec)
 

@@ -43,7 +43,7 @@ def test_the_default_epochs_are_the_specs():
 def test_the_keras_bench_step_gets_the_training_childs_environment(device, monkeypatch):
     """bench-train --framework tensorflow starts its Keras process with the environment a tensorflow
     training child gets (tasks.common.launch.device_env), not a copy of it."""
-    import tasks.bench.train as bench_train
+    import tasks.workloads.karman.bench.train as bench_train
     from tasks.bench.specs import BenchTrainSpec
     from tasks.common.launch import device_env
 

@@ -1,10 +1,23 @@
-"""Wall-clock timing of the solver: the seconds a step costs, the figure a surrogate's rollout is compared with."""
+"""Wall-clock timing of the solver: the seconds a step costs, the figure a surrogate's rollout is compared with, and the benchmark channel it is timed on."""
 
 import statistics
 import time
 
 from models.solver.config import FlowConfig
+from models.solver.geometry import Obstacle
 from models.solver.solver import ChannelSolver
+
+BENCH_TAU = 0.6  # any stable relaxation time: the cost of a step does not depend on it
+
+
+def bench_config(nx: int, ny: int, dtype: str) -> FlowConfig:
+    """The benchmark channel (bench-solver's, and the frame bench-infer's surrogate is timed on): ny x nx nodes with a
+    cylinder an eighth of its height across, a height from the inlet."""
+    size = max(2.0, ny / 8)
+    u_max = 0.1
+    viscosity = (BENCH_TAU - 0.5) / 3
+    return FlowConfig(nx=nx, ny=ny, reynolds=(2 / 3) * u_max * size / viscosity, u_max=u_max, dtype=dtype,
+                      obstacle=Obstacle(shape="circle", cx=min(ny / 2, nx / 4), cy=ny / 2 + 0.25, size=size))
 
 
 def timed_advances(solver: ChannelSolver, steps: int, repeats: int, sync, warmup: int = 2, between=None) -> list[float]:

@@ -7,22 +7,11 @@ from dataclasses import replace
 
 import numpy as np
 
-from models.solver import Backend, ChannelSolver, FlowConfig, Obstacle, SolverBatch, backend_from_name
+from models.solver import Backend, ChannelSolver, FlowConfig, SolverBatch, backend_from_name
 from models.solver import roofline
-from models.solver.timing import timed_advances
+from models.solver.timing import bench_config, timed_advances
 from tasks.bench.specs import BenchSolverSpec
 from tasks.common.ceiling import cpu_name, datasheet_bandwidth
-
-BENCH_TAU = 0.6  # any stable relaxation time: the cost of a step does not depend on it
-
-
-def bench_config(nx: int, ny: int, dtype: str) -> FlowConfig:
-    """A channel of ny x nx nodes with a cylinder an eighth of its height across, a height from the inlet."""
-    size = max(2.0, ny / 8)
-    u_max = 0.1
-    viscosity = (BENCH_TAU - 0.5) / 3
-    return FlowConfig(nx=nx, ny=ny, reynolds=(2 / 3) * u_max * size / viscosity, u_max=u_max, dtype=dtype,
-                      obstacle=Obstacle(shape="circle", cx=min(ny / 2, nx / 4), cy=ny / 2 + 0.25, size=size))
 
 
 def bench_batch_configs(nx: int, ny: int, dtype: str, batch: int) -> list[FlowConfig]:

@@ -1,7 +1,7 @@
 """Typed, validated options of the bench-… commands: one spec per command, from which their command lines are generated.
 
 Like the pipeline's specs (tasks.common.specs), but for standalone measurements: they import only
-pydantic and models, so a bench command loads no Prefect or MLflow. Their descriptions are written for
+pydantic, models and those specs, so a bench command loads no Prefect or MLflow. Their descriptions are written for
 the command line: an option whose default is unset says there what happens then, and a flag that is on
 by default is described by what its ``--no-…`` form does.
 """
@@ -14,6 +14,7 @@ from pydantic_core import PydanticCustomError
 
 from models.host import DeviceKind
 from models.tiling import DEFAULT_HALO
+from tasks.common.specs import DEFAULT_WORKLOAD, WORKLOAD_NAME
 
 
 def _checked_number(value, kind: type, strict: bool):
@@ -111,6 +112,7 @@ class CompareDatasetsSpec(BenchSpec):
 class BenchTrainSpec(BenchSpec):
     """Time Pix2Pix training (samples/s) against a plain eager fp32 step, in one run."""
 
+    workload: str = Field(default=DEFAULT_WORKLOAD, pattern=WORKLOAD_NAME, description="Workload whose training step to time, by name from the workload table; one without a bench-train part of its own is refused, naming those that have one")
     framework: Literal["torch", "tensorflow"] = Field(default="torch", description="torch (our trainer), or tensorflow (the Keras step in its own process, timed against our torch trainer and the plain torch step in the same run)")
     device: Device = Field(default="cpu", description="Device kind")
     size: PositiveInt = Field(default=256, description="Image side; sets the U-Net depth to log2(size)")
@@ -127,6 +129,7 @@ class BenchTrainSpec(BenchSpec):
 class BenchInferSpec(BenchSpec):
     """Time a rollout step (frames/s), full-frame or map-reduce over workers, against the solver."""
 
+    workload: str = Field(default=DEFAULT_WORKLOAD, pattern=WORKLOAD_NAME, description="Workload whose rollout step to time, by name from the workload table; one without a bench-infer part of its own is refused, naming those that have one")
     mode: Literal["full", "mapreduce"] = Field(default="mapreduce", description="full: the whole frame on one worker; mapreduce: tiles over the workers")
     workers: PositiveInt = Field(default=1, description="Compute units: CPU cores (one thread each), GPUs or XLA devices")
     device: Device = Field(default="cpu", description="Device kind")

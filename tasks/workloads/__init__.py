@@ -107,6 +107,12 @@ class Workload:
     # scores its trained models itself (karman: rollouts, the surrogate's step against the solver's); ``train(spec)`` is the
     # stage's training through the loop: (data, trainer, loop summary, validations, seconds). None: the test split's scores
     bench_quality: Callable | None = None
+    # (BenchTrainSpec, seed) -> bench-train's result: its training step's samples/s against a plain step, on synthetic batches
+    # (karman: the Pix2Pix step, torch or Keras). None: it has no bench-train
+    bench_train: Callable | None = None
+    # (BenchInferSpec, seed) -> bench-infer's result: one rollout step's frames/s, full-frame or map-reduce over workers, against
+    # the solver (karman: its generator). None: it has no bench-infer
+    bench_infer: Callable | None = None
     # (report name, the ablation's params, results: (variant, seed, training result, test rollout, extra rollouts) each, the test
     # simulation, the extra simulations) -> (rows, Markdown) of the ablate flow's table, where its training recipe can be ablated
     ablation: Callable | None = None
@@ -150,6 +156,8 @@ CALLS = {
     "report": ("trains", "rollouts", "link", "out"),
     "rollouts": ("settings", "spec", "model", "log"),
     "bench_quality": ("settings", "bench", "spec", "runtime", "train", "folders"),
+    "bench_train": ("bench", "seed"),
+    "bench_infer": ("bench", "seed"),
     "ablation": ("name", "params", "results", "simulation", "extra"),
 }
 BUILD = ("data", "spec", "batch_size", "runtime")  # a framework module's build(...) -> the loop's Trainer
@@ -230,6 +238,17 @@ def get_workload(name: str) -> Workload:
     if name not in known:
         raise UserError(f"unknown workload {name!r}; choose one of {', '.join(sorted(known))}")
     return importlib.import_module(f"{known[name]}.workload").WORKLOAD
+
+
+def part_of(workload: Workload, part: str, command: str) -> Callable:
+    """``workload``'s ``part`` (a capability: a field of CALLS) that ``command`` runs; UserError, in one line, where it has none,
+    naming the workloads that have one."""
+    found = getattr(workload, part)
+    if found is None:
+        having = [name for name in table() if getattr(get_workload(name), part) is not None]
+        raise UserError(f"workload {workload.name} has no {command}; "
+                        + (f"{' and '.join(having)} {'has' if len(having) == 1 else 'have'} one" if having else "no workload has one"))
+    return found
 
 
 def check_framework(workload: Workload, framework: str) -> None:

@@ -184,6 +184,20 @@ def bench_quality(settings, bench, spec, runtime, train, folders) -> dict:
     return scored(settings, bench, spec, runtime, train, folders)
 
 
+def bench_train(bench, seed: int = 0) -> dict:
+    """bench-train of the Pix2Pix step (tasks.workloads.karman.bench.train, imported here: torch loads with it)."""
+    from tasks.workloads.karman.bench.train import bench_train as timed
+
+    return timed(bench, seed)
+
+
+def bench_infer(bench, seed: int = 0) -> dict:
+    """bench-infer of the generator's rollout step (tasks.workloads.karman.bench.infer, imported here: torch loads with it)."""
+    from tasks.workloads.karman.bench.infer import bench_infer as timed
+
+    return timed(bench, seed)
+
+
 def check_generate(settings, spec) -> None:
     """What the sweep of ``spec`` refuses before anything runs (tasks.workloads.karman.sweep.check_sweep)."""
     from tasks.workloads.karman.sweep import check_sweep
@@ -213,6 +227,8 @@ WORKLOAD = Workload(
     swept=True,
     rollouts=rollouts,
     bench_quality=bench_quality,
+    bench_train=bench_train,
+    bench_infer=bench_infer,
     ablation=ablation_table,
     spec_target=spec_target,
     register=register_champion,

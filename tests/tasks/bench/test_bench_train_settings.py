@@ -1,11 +1,11 @@
-"""bench-train's plain step runs under torch's default switches whatever our trainer set in the same process."""
+"""bench-train's plain step (karman's part, tasks.workloads.karman.bench.train) runs under torch's default switches whatever our trainer set in the same process."""
 
 import torch
 
 
 def test_the_plain_step_runs_without_cudnn_benchmark_and_the_setting_comes_back(monkeypatch):
     from models.device import resolve_device
-    from tasks.bench import train
+    from tasks.workloads.karman.bench import train
 
     seen = []
     monkeypatch.setattr(train, "_plain_step", lambda *args: seen.append(torch.backends.cudnn.benchmark))

@@ -1,14 +1,14 @@
-"""bench-train: Pix2Pix training in samples/s against a plain eager fp32 step, in one run; imports no Prefect or MLflow."""
+"""karman's part of bench-train: Pix2Pix training in samples/s against a plain eager fp32 step, in one run; imports no Prefect or MLflow.
+
+torch trains in this process, the Keras step in its own (train_keras.py). ``spec`` is bench-train's
+(tasks.bench.specs.BenchTrainSpec), passed in by the shared command through ``Workload.bench_train``."""
 
 import contextlib
 import json
 import statistics
-import time
-from pathlib import Path
 
-from tasks.bench.specs import BenchTrainSpec
 from tasks.common.launch import device_env
-
+from tasks.common.step_timing import StepProcess, alternate, known_peak, serve_steps, timed_steps
 
 
 def _plain_step(gen, disc, opt_g, opt_d, cond, target, l1_weight: float) -> None:
@@ -62,7 +62,7 @@ class _PlainTrainer:
 
     def run(self, n: int) -> float:
         with textbook_settings():
-            return _timed_steps(self.ctx, n, lambda: _plain_step(self.gen, self.disc, self.opt_g, self.opt_d, self.cond, self.target, 100.0))
+            return timed_steps(self.ctx, n, lambda: _plain_step(self.gen, self.disc, self.opt_g, self.opt_d, self.cond, self.target, 100.0))
 
 
 @contextlib.contextmanager
@@ -77,27 +77,6 @@ def textbook_settings():
         yield
     finally:
         torch.backends.cudnn.benchmark = before
-
-
-def _alternate(sides: dict, repeats: int, steps: int) -> dict[str, list[float]]:
-    """Seconds of ``repeats`` blocks of ``steps`` steps per side, the sides taking turns block by block
-    (so that drifts of the machine hit all alike)."""
-    times = {key: [] for key in sides}
-    for _ in range(repeats):
-        for key, run in sides.items():
-            times[key].append(run(steps))
-    return times
-
-
-def _timed_steps(ctx, n: int, step) -> float:
-    """Seconds for n calls of ``step``, each ending the device's step, the device synchronised at both ends."""
-    ctx.sync()
-    t0 = time.perf_counter()
-    for _ in range(n):
-        step()
-        ctx.step_end()
-    ctx.sync()
-    return time.perf_counter() - t0
 
 
 def plain_step_server() -> None:
@@ -117,70 +96,19 @@ def plain_step_server() -> None:
     serve_steps(plain.run, {})
 
 
-def serve_steps(run, info: dict) -> None:
-    """The step server's loop: answer "ready" with ``info`` (JSON), then for each line holding a step
-    count run that many steps and answer the seconds taken."""
-    import sys
-
-    print("ready " + json.dumps(info), flush=True)
-    for line in sys.stdin:
-        print(repr(run(int(line))), flush=True)
-
-
-class StepProcess:
-    """A training step in a separate process (``server``: 'module:function' reading the config line,
-    e.g. the plain step with default settings, its C heap untouched by ``keep_freed_memory``, or the
-    Keras step), driven block by block from the benchmark process; ``info`` is what it said when ready."""
-
-    def __init__(self, server: str, config: dict, env: dict | None = None, what: str = "plain-step"):
-        import os
-        import subprocess
-        import sys
-
-        module, function = server.split(":")
-        self.what = what
-        self.proc = subprocess.Popen(
-            [sys.executable, "-c", f"from {module} import {function}; {function}()"], env={**os.environ, **(env or {})},
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, cwd=Path(__file__).resolve().parents[2])
-        self._send(json.dumps(config))
-        ready = self._answer()
-        if not ready.startswith("ready"):
-            raise RuntimeError(f"the {what} process did not start")
-        self.info = json.loads(ready[len("ready"):].strip() or "{}")
-
-    def _send(self, line: str) -> None:
-        self.proc.stdin.write(line + "\n")
-        self.proc.stdin.flush()
-
-    def _answer(self) -> str:
-        line = self.proc.stdout.readline().strip()
-        if not line:
-            raise RuntimeError(f"the {self.what} process exited with status {self.proc.wait()}")
-        return line
-
-    def run(self, n: int) -> float:
-        self._send(str(n))
-        return float(self._answer())
-
-    def close(self) -> None:
-        self.proc.stdin.close()
-        if self.proc.wait(timeout=60) != 0:
-            raise RuntimeError(f"the {self.what} process exited with status {self.proc.returncode}")
-
-
 def _plain_process(size: int, batch_size: int, seed: int) -> StepProcess:
     import torch
 
-    return StepProcess("tasks.bench.train:plain_step_server",
+    return StepProcess("tasks.workloads.karman.bench.train:plain_step_server",
                        {"size": size, "batch_size": batch_size, "seed": seed, "threads": torch.get_num_threads()})
 
 
-def bench_train(spec: BenchTrainSpec, seed: int = 0) -> dict:
+def bench_train(spec, seed: int = 0) -> dict:
     """Training samples/s of the spec's framework (torch: ours, below; tensorflow: ``bench_train_keras``)."""
     return {"torch": bench_train_torch, "tensorflow": bench_train_keras}[spec.framework](spec, seed)
 
 
-def bench_train_torch(spec: BenchTrainSpec, seed: int = 0) -> dict:
+def bench_train_torch(spec, seed: int = 0) -> dict:
     """Training samples/s of the default Pix2Pix networks on synthetic (B, 4, size, size) -> (B, 3, ...)
     pairs with the trainer's speed options, against the plain eager fp32 step.
 
@@ -207,7 +135,7 @@ def bench_train_torch(spec: BenchTrainSpec, seed: int = 0) -> dict:
                 child = _plain_process(size, batch_size, seed)
                 stack.callback(child.close)
                 sides["child"] = child.run
-        times = _alternate(sides, repeats, steps)
+        times = alternate(sides, repeats, steps)
 
     def rate(key: str) -> float:
         return batch_size * steps / statistics.median(times[key])
@@ -233,7 +161,7 @@ def bench_train_torch(spec: BenchTrainSpec, seed: int = 0) -> dict:
         if base == "child":
             result |= {"same_process_baseline_samples_per_s": rate("same"), "speedup_same_process": rate("fast") / rate("same"),
                        "same_process_baseline_samples_per_s_runs": runs("same")}
-    peak = peak_tflops or _known_peak(ctx, precision)
+    peak = peak_tflops or known_peak(ctx, precision)
     result["peak_tflops"] = peak
     result["mfu"] = flops * rate("fast") / (peak * 1e12) if (flops and peak) else None
     return result
@@ -259,14 +187,14 @@ def _trainer_side(device: str, size: int, batch_size: int, precision: str, seed:
         cond, target = cond.contiguous(memory_format=torch.channels_last), target.contiguous(memory_format=torch.channels_last)
 
     def run(n: int) -> float:
-        return _timed_steps(ctx, n, lambda: model.train_step(cond, target, ctx.autocast))
+        return timed_steps(ctx, n, lambda: model.train_step(cond, target, ctx.autocast))
 
     compile_s = run(1)
     run(1)
     return net, ctx, options, model, run, compile_s
 
 
-def bench_train_keras(spec: BenchTrainSpec, seed: int = 0) -> dict:
+def bench_train_keras(spec, seed: int = 0) -> dict:
     """Training samples/s of the Keras Pix2Pix step (the same networks and recipe as bench_train_torch's) in
     its own process, against, in the same run, our torch trainer (``torch_samples_per_s``,
     ``vs_torch``: this process) and the plain eager fp32 torch step (``baseline_samples_per_s``,
@@ -287,7 +215,7 @@ def bench_train_keras(spec: BenchTrainSpec, seed: int = 0) -> dict:
     threads = torch.get_num_threads()
     config = {"size": size, "batch_size": batch_size, "seed": seed, "threads": threads, "device": device, "jit_compile": jit_compile}
     with contextlib.ExitStack() as stack:
-        keras = StepProcess("tasks.bench.train_keras:keras_step_server", config, device_env(device, framework="tensorflow"), "Keras-step")
+        keras = StepProcess("tasks.workloads.karman.bench.train_keras:keras_step_server", config, device_env(device, framework="tensorflow"), "Keras-step")
         stack.callback(keras.close)
         sides = {"keras": keras.run}
         if baseline:
@@ -301,7 +229,7 @@ def bench_train_keras(spec: BenchTrainSpec, seed: int = 0) -> dict:
                 same = _PlainTrainer(size, batch_size, seed, ctx)
                 same.run(2)
                 sides["plain"] = same.run
-        times = _alternate(sides, repeats, steps)
+        times = alternate(sides, repeats, steps)
 
     def rate(key: str) -> float:
         return batch_size * steps / statistics.median(times[key])
@@ -330,15 +258,3 @@ def _flops_per_sample(net) -> float:
 
     o = OptimConfig()
     return net.training_flops(net.size, net.size, o.unroll, o.gan_weight > 0)
-
-
-def _known_peak(ctx, precision: str) -> float | None:
-    """The GPU's datasheet bf16 peak (tasks.common.ceiling's table), for bf16 runs on cuda."""
-    if ctx.kind != "cuda" or precision != "bf16":
-        return None
-    import torch
-
-    from tasks.common.ceiling import peak_tflops
-
-    peak = peak_tflops("cuda", torch.cuda.get_device_name(ctx.device), "bf16")
-    return peak[0] if peak else None

@@ -1,4 +1,4 @@
-"""bench-infer: one rollout step in frames/s, full-frame or map-reduce over workers, against the solver; imports no Prefect or MLflow."""
+"""karman's part of bench-infer: one rollout step of its Pix2Pix generator in frames/s, full-frame or map-reduce over workers, against the solver; imports no Prefect or MLflow."""
 
 import statistics
 import time
@@ -6,9 +6,7 @@ import time
 import numpy as np
 
 from models.solver import ChannelSolver
-from models.solver.timing import time_solver
-from tasks.bench.solver import bench_config
-from tasks.bench.specs import BenchInferSpec
+from models.solver.timing import bench_config, time_solver
 
 
 def bench_frame(height: int, width: int, warmup_steps: int = 200) -> np.ndarray:
@@ -22,14 +20,15 @@ def bench_frame(height: int, width: int, warmup_steps: int = 200) -> np.ndarray:
     return frame.astype(np.float32)
 
 
-def bench_infer(spec: BenchInferSpec, seed: int = 0) -> dict:
+def bench_infer(spec, seed: int = 0) -> dict:
     """Frames/s of one rollout step of the Pix2Pix generator (``ngf`` wide, depth log2(train_size),
     weights drawn from ``seed``) on a size x width flow frame, full-frame or map-reduce over ``workers``,
     against the solver advancing the same frame at the same resolution.
 
     In the same process (``compare``) it also times full-frame and map-reduce on one worker; timed
     blocks of ``frames`` autoregressive steps alternate between the configurations, ``repeats`` each,
-    and each reports its median block. ``compile_s`` is the first step's time above a warm step.
+    and each reports its median block. ``compile_s`` is the first step's time above a warm step. ``spec`` is
+    bench-infer's (tasks.bench.specs.BenchInferSpec), passed in by the shared command through ``Workload.bench_infer``.
     """
     mode, workers, size, width, tile, halo = spec.mode, spec.workers, spec.size, spec.width, spec.tile, spec.halo
     train_size, ngf, group, frames, repeats = spec.train_size, spec.ngf, spec.group, spec.frames, spec.repeats
