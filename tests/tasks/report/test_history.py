@@ -3,7 +3,7 @@
 import json
 import shutil
 
-from tests.conftest import ROOT, run_cli
+from tests.conftest import ROOT, run_cli, run_in_process
 
 STEP = '''                values, (over, stop, train_s) = trainer.step(batch, [over, float(signalled or 0), elapsed], fraction)
 '''
@@ -22,20 +22,20 @@ def _code_with_a_slower_step(folder):
     return folder
 
 
-def _train(cwd, env=None):
-    done = run_cli("train", "--workload", "digits", "--dataset", "mnist", "--batch-sizes", "32,128", "--epochs", "2", "--validate-every", "0",
+def _train(cwd, env=None, command=run_in_process):
+    done = command("train", "--workload", "digits", "--dataset", "mnist", "--batch-sizes", "32,128", "--epochs", "1", "--validate-every", "0",
                    "--json", cwd=cwd, env=env)
     assert done.returncode == 0, done.stderr[-3000:]
 
 
 def test_a_slower_step_after_a_code_change_is_flagged_and_an_unchanged_cell_is_not(workdir, tmp_path_factory):
-    done = run_cli("generate", "--workload", "digits", "--dataset", "mnist", "--json", cwd=workdir)
+    done = run_in_process("generate", "--workload", "digits", "--dataset", "mnist", "--json", cwd=workdir)
     assert done.returncode == 0, done.stderr[-3000:]
     _train(workdir)  # this checkout's code: a run of each cell
     changed = _code_with_a_slower_step(tmp_path_factory.mktemp("changed"))
-    _train(changed, env={"PYTHONPATH": str(changed)})
+    _train(changed, env={"PYTHONPATH": str(changed)}, command=run_cli)  # its own process: the changed code imported afresh
     # one run a version: the bound is --min-change alone, 200 %, which a loaded host's drift stays under and the sleep passes
-    out = run_cli("history", "--min-change", "2.0", "--json", cwd=workdir)
+    out = run_in_process("history", "--min-change", "2.0", "--json", cwd=workdir)
     assert out.returncode == 0, out.stderr[-3000:]
     result = json.loads(out.stdout.strip().splitlines()[-1])
     cells = {c["cell"].rsplit("| batch ", 1)[1]: c for c in result["cells"]}
@@ -50,7 +50,7 @@ def test_a_slower_step_after_a_code_change_is_flagged_and_an_unchanged_cell_is_n
     assert "FLAGGED" in out.stderr and out.stderr.count("FLAGGED") == 1
     # the report shows each cell's trend over both versions and flags the slower one's step with the versions on both sides
     # (at the report's 10 %, which a loaded host's drift may pass at batch 128 too: only the injected step is asserted)
-    done = run_cli("aggregate", "--runs", "all", "--name", "history", "--json", cwd=workdir)
+    done = run_in_process("aggregate", "--runs", "all", "--name", "history", "--json", cwd=workdir)
     assert done.returncode == 0, done.stderr[-3000:]
     report = (workdir / "data" / "reports" / "history" / "report.md").read_text()
     section = report.split("## History of these cells", 1)[1].split("\n## ", 1)[0]
