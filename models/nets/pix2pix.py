@@ -67,15 +67,23 @@ class Up(_SmallMapGemm, nn.ConvTranspose2d):
         return out
 
 
+def broadcast_double(x: torch.Tensor) -> torch.Tensor:
+    """Nearest-neighbour doubling, (B, C, H, W) -> (B, C, 2H, 2W), as a broadcast and a reshape: view operations
+    that XLA compiles once (its upsampling kernel recompiled every epoch under SPMD)."""
+    b, c, h, w = x.shape
+    return x[:, :, :, None, :, None].expand(b, c, h, 2, w, 2).reshape(b, c, 2 * h, 2 * w)
+
+
 class NearestDouble(nn.Module):
-    """Nearest-neighbour doubling of height and width, (B, C, H, W) -> (B, C, 2H, 2W), written as a
-    broadcast and a reshape: the same values as nn.Upsample(scale_factor=2, mode="nearest"), but
-    made of view operations that XLA compiles once (its upsampling kernel recompiled every epoch under
-    SPMD)."""
+    """Nearest-neighbour doubling of height and width, (B, C, H, W) -> (B, C, 2H, 2W), the values of
+    nn.Upsample(scale_factor=2, mode="nearest"): torch's own kernel on cpu and cuda, ``broadcast_double`` on an
+    XLA device. On a CPU the broadcast's backward (a strided sum over the copies) costs several times the
+    kernel's (docs/frameworks.md, bench-frameworks)."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        b, c, h, w = x.shape
-        return x[:, :, :, None, :, None].expand(b, c, h, 2, w, 2).reshape(b, c, 2 * h, 2 * w)
+        if x.device.type == "xla":
+            return broadcast_double(x)
+        return F.interpolate(x, scale_factor=2, mode="nearest")
 
 
 class ResizeUp(nn.Sequential):

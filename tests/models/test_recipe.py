@@ -163,11 +163,38 @@ def test_resize_upsampling_keeps_a_constant_input_constant_where_transposed_conv
     assert _checkerboard("transpose") > 1e-4
 
 
-def test_nearest_doubling_equals_torchs_nearest_upsampling():
-    from models.nets.pix2pix import NearestDouble
+def test_the_broadcast_doubling_for_xla_equals_torchs_nearest_upsampling_and_its_gradient():
+    from models.nets.pix2pix import NearestDouble, broadcast_double
 
-    x = torch.randn(2, 3, 5, 7)
-    torch.testing.assert_close(NearestDouble()(x), torch.nn.functional.interpolate(x, scale_factor=2, mode="nearest"), rtol=0, atol=0)
+    x = torch.randn(2, 3, 5, 7, requires_grad=True)
+    grad_out = torch.randn(2, 3, 10, 14)
+    ours, theirs = broadcast_double(x), torch.nn.functional.interpolate(x, scale_factor=2, mode="nearest")
+    torch.testing.assert_close(ours, theirs, rtol=0, atol=0)
+    torch.testing.assert_close(NearestDouble()(x), theirs, rtol=0, atol=0)  # on cpu: torch's own kernel
+    # the backward sums each pixel's four copies, in another order: within a rounding of the float32 sum
+    torch.testing.assert_close(torch.autograd.grad(ours, x, grad_out)[0], torch.autograd.grad(theirs, x, grad_out)[0], rtol=1e-6, atol=1e-6)
+
+
+def test_a_resize_generator_gives_the_same_output_and_gradients_with_the_broadcast_doubling_xla_runs(monkeypatch):
+    from models.nets import pix2pix
+
+    torch.manual_seed(0)
+    net = build_generator(NetConfig(in_channels=4, out_channels=3, size=32, depth=3, ngf=4, upsample="resize", output="linear"))
+    x = torch.randn(2, 4, 32, 64)
+
+    def run():
+        torch.manual_seed(1)  # the same dropout masks
+        net.zero_grad()
+        out = net(x)
+        out.square().mean().backward()
+        return out.detach(), [p.grad.clone() for p in net.parameters()]
+
+    kernel = run()
+    monkeypatch.setattr(pix2pix.NearestDouble, "forward", lambda self, t: pix2pix.broadcast_double(t))
+    broadcast = run()
+    torch.testing.assert_close(broadcast[0], kernel[0], rtol=0, atol=0)
+    for ours, theirs in zip(broadcast[1], kernel[1]):
+        torch.testing.assert_close(ours, theirs, rtol=1e-5, atol=1e-6)
 
 
 def test_the_measured_recipes_are_asked_for_by_name_and_hold_the_flags_docs_measured():
