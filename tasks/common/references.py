@@ -1,8 +1,11 @@
-"""Idiomatic references for bench-frameworks: each workload's network and optimiser written as its framework's own documentation teaches, outside the product's harness.
+"""What bench-frameworks' idiomatic references share, whatever the workload: a Keras epoch's timer and how the bench reads a classifier's side.
 
-One folder per workload, one module per framework in it (``references/<workload>/<framework>.py``, as the workloads
-are laid out). A module defines ``Reference(spec, weights, x, y, batch_size)``: the network from the workload's
-initial ``weights`` (its numpy layout), trained on the training inputs ``x`` and targets ``y`` held in memory, with
+A workload's references live in its own folder, one module per framework (``references/<framework>.py`` beside its
+framework modules; the workload's ``references`` names the frameworks that have one, and
+tasks.workloads.reference_module finds them). Each is the workload's network and optimiser written as its
+framework's own documentation teaches, outside the product's harness, and defines
+``Reference(spec, weights, x, y, batch_size)``: the network from the workload's initial ``weights`` (its numpy
+layout), trained on the training inputs ``x`` and targets ``y`` held in memory, with
 
 * ``words``: how it is written, in one line, for the command's JSON;
 * ``train(steps) -> seconds``: ``steps`` optimiser steps of ``batch_size`` over a fresh shuffle, the device's work
@@ -17,26 +20,8 @@ and how the bench reads our side for it (the classifier's ``classifier_*`` below
 * ``ours_loss(trainer, x, y) -> float``: our trainer's loss of a batch, as ``Reference.loss`` computes it.
 
 The references import the workload's constants and initial weights (numbers, not code): the network itself, its
-step and its data path are written here anew, so that they share nothing with what they are compared with.
+step and its data path are written anew, so that they share nothing with what they are compared with.
 """
-
-import importlib
-import importlib.util
-
-FRAMEWORKS = ("torch", "tensorflow", "jax")
-
-
-def workloads() -> list[str]:
-    """The workloads that have references (a folder here with a module per framework)."""
-    from pathlib import Path
-
-    here = Path(__file__).parent
-    return sorted(p.name for p in here.iterdir() if p.is_dir() and all((p / f"{fw}.py").is_file() for fw in FRAMEWORKS))
-
-
-def reference_module(workload: str, framework: str):
-    """The reference module of ``workload`` in ``framework`` (imports the framework)."""
-    return importlib.import_module(f"{__name__}.{workload}.{framework}")
 
 
 def epoch_timer():

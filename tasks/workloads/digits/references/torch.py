@@ -12,9 +12,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from tasks.bench.references import classifier_arrays as arrays  # noqa: F401 (how the bench reads our side: a classifier's)
-from tasks.bench.references import classifier_loss as ours_loss  # noqa: F401
-from tasks.bench.references import classifier_weights as ours_weights  # noqa: F401
+from tasks.common.references import classifier_arrays as arrays  # noqa: F401 (how the bench reads our side: a classifier's)
+from tasks.common.references import classifier_loss as ours_loss  # noqa: F401
+from tasks.common.references import classifier_weights as ours_weights  # noqa: F401
 from tasks.workloads.digits.workload import CONV2, LEARNING_RATE, MOMENTUM
 
 
