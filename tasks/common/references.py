@@ -20,8 +20,14 @@ and how the bench reads our side for it (the classifier's ``classifier_*`` below
 * ``ours_loss(trainer, x, y) -> float``: our trainer's loss of a batch, as ``Reference.loss`` computes it.
 
 The references import the workload's constants and initial weights (numbers, not code): the network itself, its
-step and its data path are written anew, so that they share nothing with what they are compared with.
+step and its data path are written anew, so that they share nothing with what they are compared with. A classifier's
+references share their framework's training loop and loss here (``TorchClassifierReference``,
+``KerasClassifierReference``, ``JaxClassifierReference``): its network, optimiser and weights' layout are its own.
 """
+
+import time
+
+import numpy as np
 
 
 def epoch_timer():
@@ -56,3 +62,104 @@ def classifier_weights(trainer):
 def classifier_loss(trainer, x, y) -> float:
     """A classifier trainer's mean cross-entropy of a batch (the workload's scores of its logits)."""
     return float(trainer.scores_of(trainer.logits(x), y)["loss"])
+
+
+class TorchClassifierReference:
+    """A classifier's reference in a plain PyTorch loop: batches sliced from tensors in memory in a ``torch.randperm`` order,
+    ``F.cross_entropy``. The workload's ``__init__`` sets ``device``, ``model``, ``optimizer``, ``x`` and ``y`` (on the device),
+    ``batch_size`` and ``generator``; ``inputs`` lays a numpy batch out as its model takes it."""
+
+    def inputs(self, x: np.ndarray):
+        import torch
+
+        return torch.from_numpy(x).to(self.device)
+
+    def _sync(self) -> None:
+        import torch
+
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+
+    def train(self, steps: int) -> float:
+        import torch
+        import torch.nn.functional as F
+
+        self.model.train()
+        self._sync()
+        t0 = time.perf_counter()
+        order = torch.randperm(len(self.y), generator=self.generator).to(self.device)
+        for i in range(steps):
+            take = order[i * self.batch_size: (i + 1) * self.batch_size]
+            inputs, labels = self.x[take], self.y[take]
+            self.optimizer.zero_grad()
+            loss = F.cross_entropy(self.model(inputs), labels)
+            loss.backward()
+            self.optimizer.step()
+        self._sync()
+        return time.perf_counter() - t0
+
+    def loss(self, x: np.ndarray, y: np.ndarray) -> float:
+        import torch
+        import torch.nn.functional as F
+
+        self.model.eval()
+        with torch.no_grad():
+            return float(F.cross_entropy(self.model(self.inputs(x)), torch.from_numpy(y).to(self.device)))
+
+
+class KerasClassifierReference:
+    """A classifier's reference in Keras: ``compile`` with sparse categorical cross-entropy on the logits, ``Model.fit`` on the
+    arrays for an epoch of the steps asked, timed by ``epoch_timer``. The workload's ``__init__`` builds ``model`` with its
+    weights, then calls ``compile_with`` its optimiser."""
+
+    def compile_with(self, optimizer, x: np.ndarray, y: np.ndarray, batch_size: int) -> None:
+        import keras
+
+        self.model.compile(optimizer=optimizer, loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+        self.x, self.y, self.batch_size = x, y, batch_size
+        self.timer = epoch_timer()
+
+    def train(self, steps: int) -> float:
+        n = steps * self.batch_size
+        self.model.fit(self.x[:n], self.y[:n], batch_size=self.batch_size, epochs=1, shuffle=True, verbose=0, callbacks=[self.timer])
+        return self.timer.seconds
+
+    def loss(self, x: np.ndarray, y: np.ndarray) -> float:
+        return float(self.model.evaluate(x, y, batch_size=len(x), verbose=0))
+
+
+class JaxClassifierReference:
+    """A classifier's reference in JAX with optax: ``jax.jit`` over the whole step (loss, gradients, optax update), numpy
+    batches in a permuted order, optax's mean cross-entropy of the logits. The workload's ``__init__`` calls ``start`` with its
+    parameters, its pure ``model(params, x) -> logits`` and its optax optimiser."""
+
+    def start(self, params, model, optimizer, x: np.ndarray, y: np.ndarray, batch_size: int, seed: int) -> None:
+        import jax
+        import optax
+
+        def loss_fn(params, x, y):
+            return optax.softmax_cross_entropy_with_integer_labels(model(params, x), y).mean()
+
+        @jax.jit
+        def train_step(params, opt_state, x, y):
+            loss, grads = jax.value_and_grad(loss_fn)(params, x, y)
+            updates, opt_state = optimizer.update(grads, opt_state, params)
+            return optax.apply_updates(params, updates), opt_state, loss
+
+        self.params, self.opt_state, self.train_step, self.loss_fn = params, optimizer.init(params), train_step, jax.jit(loss_fn)
+        self.x, self.y, self.batch_size = x, y.astype(np.int32), batch_size
+        self.rng = np.random.default_rng(seed)
+
+    def train(self, steps: int) -> float:
+        import jax
+
+        t0 = time.perf_counter()
+        order = self.rng.permutation(len(self.y))
+        for i in range(steps):
+            take = order[i * self.batch_size: (i + 1) * self.batch_size]
+            self.params, self.opt_state, loss = self.train_step(self.params, self.opt_state, self.x[take], self.y[take])
+        jax.block_until_ready(self.params)
+        return time.perf_counter() - t0
+
+    def loss(self, x: np.ndarray, y: np.ndarray) -> float:
+        return float(self.loss_fn(self.params, x, y.astype(np.int32)))
