@@ -4,9 +4,10 @@ The parent imports no framework: it checks the request and the stored dataset, t
 framework (``frameworks_job``), one after the other so that they never share the cores. A child holds both
 sides in one process, with the same threads and heap: our trainer (the workload's framework module, built as
 ``train`` builds it) trained through the one loop (tasks.common.training.loop) exactly as ``train`` and
-``bench-quality`` run it, and the reference (tasks.bench.references), the same network and optimiser written as
-the framework's own documentation teaches. Both start from the workload's initial weights, and the child first
-checks that they give the same loss on the same batch. Then timed blocks of ``steps`` optimiser steps alternate
+``bench-quality`` run it, and the reference (the workload's ``references/<framework>.py``, found through the
+workload table: tasks.workloads.reference_module), the same network and optimiser written as the framework's own
+documentation teaches. Both start from the workload's initial weights, and the child first checks that they give
+the same loss on the same batch. Then timed blocks of ``steps`` optimiser steps alternate
 between the sides (which goes first alternating too), after one untimed block each (tracing, compilation,
 allocator warm-up); each side reports the median block. With ``--profile``, one more block of each side runs
 under the framework's own profiler (tasks.bench.profiles): its ops with the most self time.
@@ -66,12 +67,11 @@ def train_spec(spec: BenchFrameworksSpec, framework: str, batch_size: int):
 def frameworks_job(job: dict) -> dict:
     """Child side: our trainer and the reference of one framework in this process, checked for the same first loss,
     then timed block by block."""
-    from tasks.bench.references import reference_module
     from tasks.common.settings import Settings
     from tasks.common.specs import TrainSpec
     from tasks.common.training import loop
     from tasks.common.training.frameworks import FRAMEWORKS, open_runtime
-    from tasks.workloads import framework_module, get_workload
+    from tasks.workloads import framework_module, get_workload, reference_module
 
     spec = TrainSpec.model_validate(job["spec"])
     framework, batch_size, repeats = spec.framework, spec.batch_sizes[0], job["repeats"]
@@ -83,7 +83,7 @@ def frameworks_job(job: dict) -> dict:
     steps = job["steps"] or per_epoch
     if steps > per_epoch:
         raise UserError(f"--steps {steps}: an epoch of dataset {spec.dataset!r} has {per_epoch} steps at batch {batch_size}; use at most {per_epoch}")
-    module = reference_module(spec.workload, framework)
+    module = reference_module(workload, framework)
     x, y = module.arrays(data)
     reference = module.Reference(spec, module.ours_weights(trainer), x, y, batch_size)
     first = {"ours": module.ours_loss(trainer, x[:batch_size], y[:batch_size]), "reference": float(reference.loss(x[:batch_size], y[:batch_size]))}
@@ -135,11 +135,12 @@ def bench_frameworks(spec: BenchFrameworksSpec) -> dict:
     from models.host import cpu_cores
     from tasks.common.ceiling import cpu_name, this_cpu
     from tasks.common.launch import device_env, run_child
-    from tasks.workloads import check_framework, get_workload
+    from tasks.workloads import check_framework, check_reference, get_workload
 
     workload = get_workload(spec.workload)
     for fw in spec.frameworks:
         check_framework(workload, fw)
+        check_reference(workload, fw)
     if spec.threads is not None and spec.threads > cpu_cores():
         raise UserError(f"--threads {spec.threads}: this host has {cpu_cores()} CPU cores")
     batch_size = spec.batch_size or workload.batch_sizes[0]

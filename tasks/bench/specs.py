@@ -230,9 +230,9 @@ class HistorySpec(BenchSpec):
 
 
 def _has_reference(name: str) -> str:
-    from tasks.bench.references import workloads
+    from tasks.workloads import with_references
 
-    known = workloads()
+    known = with_references()
     if name not in known:
         raise PydanticCustomError("bench_reference", f"bench-frameworks has idiomatic references for {', '.join(known)} only")
     return name

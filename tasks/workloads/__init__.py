@@ -3,6 +3,8 @@
 A workload is a folder: ``workload.py`` holds what is framework-neutral (its data, its quality score
 and target, its record's parameters) as one ``WORKLOAD`` object, and one module per framework
 (``torch.py``, ``tensorflow.py``, ``jax.py``) builds its trainer for the one training loop (tasks.common.training.loop).
+Its ``references/`` package, where it has one, holds bench-frameworks' idiomatic references, one module per
+framework (``references/torch.py``, ...: tasks.common.references says what each defines).
 Adding a workload is that folder and one line below. Workloads kept outside this repository join
 through ``KARMAN_WORKLOADS=name=package.module,...`` (child processes inherit it).
 """
@@ -81,6 +83,9 @@ class Workload:
     # GenerateSpec fields of the benchmark's generate section that shape this workload's dataset (calo: events, energy, angle);
     # a benchmark that sets any of them away from its default trains on a dataset named after them (benchmark_dataset)
     generate_fields: tuple[str, ...] = ()
+    # Frameworks of its own with an idiomatic reference for bench-frameworks in its folder (references/<framework>.py, found by
+    # reference_module); (): bench-frameworks refuses it, naming the workloads that have references
+    references: tuple[str, ...] = ()
     one_device: tuple[str, ...] = ()  # frameworks of its own whose version trains on one device only (no data-parallel world)
     # Its own options: the TrainSpec and GenerateSpec fields only it takes (karman's recipe and widths, har's layers and units,
     # calo's events, energy and angle). A request of another workload that sets one away from its default is refused
@@ -128,6 +133,8 @@ class Workload:
         unknown = [f for f in self.frameworks if f not in FRAMEWORKS]
         if unknown:
             raise TypeError(f"workload {self.name}: frameworks {', '.join(unknown)} are not in the framework table ({', '.join(FRAMEWORKS)})")
+        if set(self.references) - set(self.frameworks):
+            raise TypeError(f"workload {self.name}: references {', '.join(sorted(set(self.references) - set(self.frameworks)))} are not among its frameworks")
         for f in fields(self):
             value = getattr(self, f.name)
             if f.name in CALLS and value is not None:
@@ -161,6 +168,9 @@ CALLS = {
     "ablation": ("name", "params", "results", "simulation", "extra"),
 }
 BUILD = ("data", "spec", "batch_size", "runtime")  # a framework module's build(...) -> the loop's Trainer
+# What a reference module (references/<framework>.py) defines, and how bench-frameworks calls each (tasks.common.references)
+REFERENCE = {"Reference": ("spec", "weights", "x", "y", "batch_size"), "arrays": ("data",), "ours_weights": ("trainer",),
+             "ours_loss": ("trainer", "x", "y")}
 
 
 def callable_as(part, arguments: tuple[str, ...], what: str) -> None:
@@ -262,4 +272,26 @@ def framework_module(workload: Workload, framework: str):
     check_framework(workload, framework)
     module = importlib.import_module(f"{table()[workload.name]}.{framework}")
     callable_as(getattr(module, "build", None), BUILD, f"{module.__name__}.build")
+    return module
+
+
+def with_references() -> list[str]:
+    """The workloads of this process's table that have idiomatic references for bench-frameworks, by name."""
+    return sorted(name for name in table() if get_workload(name).references)
+
+
+def check_reference(workload: Workload, framework: str) -> None:
+    """UserError if ``workload`` has no idiomatic reference in ``framework``, naming those it has (or the workloads that have any)."""
+    if framework not in workload.references:
+        raise UserError(f"workload {workload.name} has no {framework} reference for bench-frameworks; "
+                        + (f"it has {', '.join(workload.references)}" if workload.references else f"{', '.join(with_references())} have references"))
+
+
+def reference_module(workload: Workload, framework: str):
+    """``workload``'s idiomatic reference in ``framework`` (its folder's references/<framework>.py, imported here: its framework
+    loads with it), with every name bench-frameworks calls checked (REFERENCE)."""
+    check_reference(workload, framework)
+    module = importlib.import_module(f"{table()[workload.name]}.references.{framework}")
+    for name, arguments in REFERENCE.items():
+        callable_as(getattr(module, name, None), arguments, f"{module.__name__}.{name}")
     return module

@@ -1,17 +1,20 @@
 """Every registered workload, the toy one included, keeps the contracts the stages rely on.
 
 Its parts callable as they are called, its frameworks in the framework table, each framework module's ``build`` and
-the trainer class it returns with every member of the loop's Trainer; and no workload's trainer is another workload's."""
+the trainer class it returns with every member of the loop's Trainer, each of bench-frameworks' reference modules it
+declares with what the bench calls and none it does not declare; and no workload's trainer is another workload's."""
 
 import dataclasses
 import importlib
 import inspect
 import typing
+from pathlib import Path
 
 import pytest
 
 from tasks.common.training import loop
-from tasks.workloads import BUILD, CALLS, Workload, callable_as, framework_module, get_workload, table
+from tasks.common.errors import UserError
+from tasks.workloads import BUILD, CALLS, Workload, callable_as, framework_module, get_workload, reference_module, table
 
 TOY = "toy=tests.workloads.toy"
 
@@ -44,6 +47,10 @@ def test_every_workload_and_framework_module_keeps_its_contract(every_workload):
                        if base.__module__.startswith(("tasks.workloads.", "tests.workloads."))
                        and not base.__module__.startswith(module.__name__.rpartition(".")[0] + ".")]
             assert not foreign, (name, framework, foreign)
+        for framework in workload.references:  # bench-frameworks' idiomatic references: each with what the bench calls (REFERENCE)
+            reference_module(workload, framework)
+        folder = Path(importlib.import_module(table()[name]).__file__).parent / "references"
+        assert sorted(p.stem for p in folder.glob("*.py") if p.stem != "__init__") == sorted(workload.references), name
 
 
 def test_trainer_protocol_names_what_a_trainer_lacks():
@@ -78,7 +85,26 @@ def test_a_framework_module_without_build_is_refused(monkeypatch, tmp_path):
     (package / "torch.py").write_text("def build(data, spec):\n    return None\n")
     monkeypatch.syspath_prepend(str(tmp_path))
     monkeypatch.setenv("KARMAN_WORKLOADS", "brokenload=brokenload")
-    broken = dataclasses.replace(get_workload("digits"), name="brokenload", frameworks=("torch",))
+    broken = dataclasses.replace(get_workload("digits"), name="brokenload", frameworks=("torch",), references=())
     with pytest.raises(TypeError, match=r"brokenload.torch.build cannot be called with \(" + ", ".join(BUILD)):
         framework_module(broken, "torch")
+    importlib.invalidate_caches()
+
+
+def test_a_workload_without_references_or_a_reference_module_that_does_not_fit_is_refused(monkeypatch, tmp_path):
+    with pytest.raises(UserError, match="workload calo has no torch reference for bench-frameworks; digits, har, karman have references"):
+        reference_module(get_workload("calo"), "torch")
+    with pytest.raises(TypeError, match="workload digits: references mxnet are not among its frameworks"):
+        dataclasses.replace(get_workload("digits"), references=("mxnet",))
+    package = tmp_path / "brokenrefs"
+    (package / "references").mkdir(parents=True)
+    (package / "__init__.py").write_text("")
+    (package / "references" / "__init__.py").write_text("")
+    (package / "references" / "torch.py").write_text("class Reference:\n    def __init__(self, spec, weights, x, y, batch_size): ...\n\n"
+                                                     "def arrays(data): ...\n\ndef ours_weights(trainer): ...\n\ndef ours_loss(trainer, x): ...\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setenv("KARMAN_WORKLOADS", "brokenrefs=brokenrefs")
+    broken = dataclasses.replace(get_workload("digits"), name="brokenrefs", references=("torch",))
+    with pytest.raises(TypeError, match=r"brokenrefs.references.torch.ours_loss cannot be called with \(trainer, x, y\)"):
+        reference_module(broken, "torch")
     importlib.invalidate_caches()

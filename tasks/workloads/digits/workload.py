@@ -262,6 +262,7 @@ WORKLOAD = Workload(
     title="CNN classifying MNIST digits",
     data=f"real: {SOURCE}; {LICENCE}",
     frameworks=("torch", "tensorflow", "jax"),
+    references=("torch", "tensorflow", "jax"),  # bench-frameworks' idiomatic references (references/)
     main_loss="loss_ce",
     target=f"validation accuracy at least {TARGET_ACCURACY}",
     prepare=prepare,

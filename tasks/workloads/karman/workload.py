@@ -210,6 +210,7 @@ WORKLOAD = Workload(
     title="Pix2Pix surrogate of a Kármán vortex street",
     data="lattice-Boltzmann simulations of channel flow past obstacles (python -m flows generate)",
     frameworks=("torch", "tensorflow", "jax"),
+    references=("torch", "tensorflow", "jax"),  # bench-frameworks' idiomatic references (references/)
     main_loss="loss_l1",
     target="vorticity relative L2 within the target for the first target-steps steps of every validation rollout",
     prepare=prepare,

@@ -53,14 +53,14 @@ def _classifier(framework: str, workload: str, batch: int = 24):
 
 def stepped(framework: str, workload: str) -> dict:
     """Ours and the reference on one batch (all the training samples): the loss before, and after one step on that batch."""
-    from tasks.bench.references import reference_module
-    from tasks.workloads import framework_module, get_workload
+    from tasks.workloads import framework_module, get_workload, reference_module
 
     data, spec, batch = _karman(framework) if workload == "karman" else _classifier(framework, workload)
     runtime = runtime_of(framework)
     runtime.seed_epoch(spec.seed, 1)
-    trainer = framework_module(get_workload(workload), framework).build(data, spec, batch, runtime)
-    module = reference_module(workload, framework)
+    found = get_workload(workload)
+    trainer = framework_module(found, framework).build(data, spec, batch, runtime)
+    module = reference_module(found, framework)
     x, y = module.arrays(data)
     reference = module.Reference(spec, module.ours_weights(trainer), x, y, batch)
     before = {"ours": module.ours_loss(trainer, x, y), "reference": reference.loss(x, y)}

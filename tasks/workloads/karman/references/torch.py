@@ -14,7 +14,7 @@ import torch
 from torch import nn
 
 from models.recipe import LR_FLOOR
-from tasks.bench.references.karman import arrays, depth_of, recipe_of, unet_order, widths_of  # noqa: F401 (arrays: how the bench reads our side)
+from tasks.workloads.karman.references import arrays, depth_of, recipe_of, unet_order, widths_of  # noqa: F401 (arrays: how the bench reads our side)
 
 
 class UnetSkipConnectionBlock(nn.Module):

@@ -5,16 +5,14 @@ The windows are held in memory as one (N, 128, 9) tensor and each epoch's batche
 layout), so the second is zero and frozen here too: the same parameters and Adam step.
 """
 
-import time
-
 import numpy as np
 import torch
-import torch.nn.functional as F
 from torch import nn
 
-from tasks.bench.references import classifier_arrays as arrays  # noqa: F401 (how the bench reads our side: a classifier's)
-from tasks.bench.references import classifier_loss as ours_loss  # noqa: F401
-from tasks.bench.references import classifier_weights as ours_weights  # noqa: F401
+from tasks.common.references import TorchClassifierReference
+from tasks.common.references import classifier_arrays as arrays  # noqa: F401 (how the bench reads our side: a classifier's)
+from tasks.common.references import classifier_loss as ours_loss  # noqa: F401
+from tasks.common.references import classifier_weights as ours_weights  # noqa: F401
 from tasks.workloads.har.workload import EPSILON, LEARNING_RATE, network_of
 
 
@@ -29,7 +27,7 @@ class BiLSTM(nn.Module):
         return self.fc(out.mean(dim=1))
 
 
-class Reference:
+class Reference(TorchClassifierReference):
     words = ("PyTorch: nn.LSTM(bidirectional, batch_first) -> mean over time -> nn.Linear, torch.optim.Adam, F.cross_entropy; "
              "batches sliced from tensors in memory in a torch.randperm order")
 
@@ -51,27 +49,3 @@ class Reference:
         self.x, self.y = torch.from_numpy(x).to(self.device), torch.from_numpy(y).to(self.device)  # (N, 128, 9), (N,)
         self.batch_size = batch_size
         self.generator = torch.Generator().manual_seed(spec.seed)
-
-    def _sync(self) -> None:
-        if self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)
-
-    def train(self, steps: int) -> float:
-        self.model.train()
-        self._sync()
-        t0 = time.perf_counter()
-        order = torch.randperm(len(self.y), generator=self.generator).to(self.device)
-        for i in range(steps):
-            take = order[i * self.batch_size: (i + 1) * self.batch_size]
-            inputs, labels = self.x[take], self.y[take]
-            self.optimizer.zero_grad()
-            loss = F.cross_entropy(self.model(inputs), labels)
-            loss.backward()
-            self.optimizer.step()
-        self._sync()
-        return time.perf_counter() - t0
-
-    @torch.no_grad()
-    def loss(self, x: np.ndarray, y: np.ndarray) -> float:
-        self.model.eval()
-        return float(F.cross_entropy(self.model(torch.from_numpy(x).to(self.device)), torch.from_numpy(y).to(self.device)))

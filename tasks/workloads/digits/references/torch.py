@@ -5,16 +5,14 @@ The images are held in memory as one (N, 1, 28, 28) tensor and each epoch's batc
 reference slower than the loop it stands for).
 """
 
-import time
-
 import numpy as np
 import torch
-import torch.nn.functional as F
 from torch import nn
 
-from tasks.bench.references import classifier_arrays as arrays  # noqa: F401 (how the bench reads our side: a classifier's)
-from tasks.bench.references import classifier_loss as ours_loss  # noqa: F401
-from tasks.bench.references import classifier_weights as ours_weights  # noqa: F401
+from tasks.common.references import TorchClassifierReference
+from tasks.common.references import classifier_arrays as arrays  # noqa: F401 (how the bench reads our side: a classifier's)
+from tasks.common.references import classifier_loss as ours_loss  # noqa: F401
+from tasks.common.references import classifier_weights as ours_weights  # noqa: F401
 from tasks.workloads.digits.workload import CONV2, LEARNING_RATE, MOMENTUM
 
 
@@ -26,7 +24,7 @@ def _torch_layout(weights: dict[str, np.ndarray]) -> list[np.ndarray]:
             dense1.T, weights["dense1/bias"], weights["dense2/kernel"].T, weights["dense2/bias"]]
 
 
-class Reference:
+class Reference(TorchClassifierReference):
     words = ("PyTorch: nn.Sequential (NCHW), torch.optim.SGD with momentum, F.cross_entropy; batches sliced from tensors in memory "
              "in a torch.randperm order")
 
@@ -46,27 +44,5 @@ class Reference:
         self.batch_size = batch_size
         self.generator = torch.Generator().manual_seed(spec.seed)
 
-    def _sync(self) -> None:
-        if self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)
-
-    def train(self, steps: int) -> float:
-        self.model.train()
-        self._sync()
-        t0 = time.perf_counter()
-        order = torch.randperm(len(self.y), generator=self.generator).to(self.device)
-        for i in range(steps):
-            take = order[i * self.batch_size: (i + 1) * self.batch_size]
-            inputs, labels = self.x[take], self.y[take]
-            self.optimizer.zero_grad()
-            loss = F.cross_entropy(self.model(inputs), labels)
-            loss.backward()
-            self.optimizer.step()
-        self._sync()
-        return time.perf_counter() - t0
-
-    @torch.no_grad()
-    def loss(self, x: np.ndarray, y: np.ndarray) -> float:
-        self.model.eval()
-        inputs = torch.from_numpy(x).permute(0, 3, 1, 2).to(self.device)
-        return float(F.cross_entropy(self.model(inputs), torch.from_numpy(y).to(self.device)))
+    def inputs(self, x: np.ndarray):
+        return torch.from_numpy(x).permute(0, 3, 1, 2).to(self.device)  # (B, 28, 28, 1) -> (B, 1, 28, 28)

@@ -13,7 +13,7 @@ import time
 import numpy as np
 
 from models.recipe import LR_FLOOR
-from tasks.bench.references.karman import arrays, depth_of, recipe_of, unet_order, widths_of  # noqa: F401 (arrays: how the bench reads our side)
+from tasks.workloads.karman.references import arrays, depth_of, recipe_of, unet_order, widths_of  # noqa: F401 (arrays: how the bench reads our side)
 
 BN = {"momentum": 0.9, "epsilon": 1e-5}
 

@@ -4,16 +4,15 @@ Flax is not installed here: the cell is written as flax's fused LSTM cell comput
 input and one of the hidden state for all four gates, inside the scan).
 """
 
-import time
-
 import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
 
-from tasks.bench.references import classifier_arrays as arrays  # noqa: F401 (how the bench reads our side: a classifier's)
-from tasks.bench.references import classifier_loss as ours_loss  # noqa: F401
-from tasks.bench.references import classifier_weights as ours_weights  # noqa: F401
+from tasks.common.references import JaxClassifierReference
+from tasks.common.references import classifier_arrays as arrays  # noqa: F401 (how the bench reads our side: a classifier's)
+from tasks.common.references import classifier_loss as ours_loss  # noqa: F401
+from tasks.common.references import classifier_weights as ours_weights  # noqa: F401
 from tasks.workloads.har.workload import EPSILON, LEARNING_RATE, network_of
 
 
@@ -47,43 +46,18 @@ def model(params, x):
     return x.mean(axis=1) @ params["dense"]["kernel"] + params["dense"]["bias"]
 
 
-def loss_fn(params, x, y):
-    return optax.softmax_cross_entropy_with_integer_labels(model(params, x), y).mean()
-
-
 optimizer = optax.adam(LEARNING_RATE, eps=EPSILON)
 
 
-@jax.jit
-def train_step(params, opt_state, x, y):
-    loss, grads = jax.value_and_grad(loss_fn)(params, x, y)
-    updates, opt_state = optimizer.update(grads, opt_state, params)
-    return optax.apply_updates(params, updates), opt_state, loss
-
-
-class Reference:
+class Reference(JaxClassifierReference):
     words = ("JAX + optax: an LSTM cell under lax.scan (backward direction on the flipped sequence, as flax's nn.RNN), "
              "jax.jit over the whole step, optax.adam, numpy batches in a permuted order")
 
     def __init__(self, spec, weights: dict[str, np.ndarray], x: np.ndarray, y: np.ndarray, batch_size: int):
         network = network_of(spec)
-        self.params = {
+        params = {
             "lstm": [{d: {part: jnp.asarray(weights[f"lstm{layer}/{d}/{part}"]) for part in ("kernel", "recurrent", "bias")} for d in ("fw", "bw")}
                      for layer in range(network.layers)],
             "dense": {"kernel": jnp.asarray(weights["dense/kernel"]), "bias": jnp.asarray(weights["dense/bias"])},
         }
-        self.opt_state = optimizer.init(self.params)
-        self.x, self.y, self.batch_size = x, y.astype(np.int32), batch_size
-        self.rng = np.random.default_rng(spec.seed)
-
-    def train(self, steps: int) -> float:
-        t0 = time.perf_counter()
-        order = self.rng.permutation(len(self.y))
-        for i in range(steps):
-            take = order[i * self.batch_size: (i + 1) * self.batch_size]
-            self.params, self.opt_state, loss = train_step(self.params, self.opt_state, self.x[take], self.y[take])
-        jax.block_until_ready(self.params)
-        return time.perf_counter() - t0
-
-    def loss(self, x: np.ndarray, y: np.ndarray) -> float:
-        return float(jax.jit(loss_fn)(self.params, x, y.astype(np.int32)))
+        self.start(params, model, optimizer, x, y, batch_size, spec.seed)

@@ -6,14 +6,14 @@ execution); a callback times each epoch from its start to its end, as a multi-ep
 
 import numpy as np
 
-from tasks.bench.references import epoch_timer
-from tasks.bench.references import classifier_arrays as arrays  # noqa: F401 (how the bench reads our side: a classifier's)
-from tasks.bench.references import classifier_loss as ours_loss  # noqa: F401
-from tasks.bench.references import classifier_weights as ours_weights  # noqa: F401
+from tasks.common.references import KerasClassifierReference
+from tasks.common.references import classifier_arrays as arrays  # noqa: F401 (how the bench reads our side: a classifier's)
+from tasks.common.references import classifier_loss as ours_loss  # noqa: F401
+from tasks.common.references import classifier_weights as ours_weights  # noqa: F401
 from tasks.workloads.digits.workload import LEARNING_RATE, MOMENTUM
 
 
-class Reference:
+class Reference(KerasClassifierReference):
     words = ("Keras 3: Sequential of Conv2D/MaxPooling2D/Flatten/Dense, compile(SGD(momentum), SparseCategoricalCrossentropy(from_logits)), "
              "Model.fit(x, y, batch_size, shuffle=True) on the arrays, Keras' defaults")
 
@@ -29,16 +29,4 @@ class Reference:
         ])
         # Keras' layouts are the workload's (kernels HWIO and (in, out), NHWC flattening)
         self.model.set_weights([weights[f"{name}/{part}"] for name in ("conv1", "conv2", "dense1", "dense2") for part in ("kernel", "bias")])
-        self.model.compile(optimizer=keras.optimizers.SGD(LEARNING_RATE, momentum=MOMENTUM),
-                           loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
-        self.x, self.y, self.batch_size = x, y, batch_size
-        self.timer = epoch_timer()
-
-    def train(self, steps: int) -> float:
-        n = steps * self.batch_size
-        self.model.fit(self.x[:n], self.y[:n], batch_size=self.batch_size, epochs=1, shuffle=True, verbose=0, callbacks=[self.timer])
-        return self.timer.seconds
-
-    def loss(self, x: np.ndarray, y: np.ndarray) -> float:
-        return float(self.model.evaluate(x, y, batch_size=len(x), verbose=0))
-
+        self.compile_with(keras.optimizers.SGD(LEARNING_RATE, momentum=MOMENTUM), x, y, batch_size)
