@@ -305,6 +305,10 @@ def main(argv: list[str] | None = None) -> int:
                     raise UserError("--spec and --quick both give the whole matrix; give one")
                 base = spec_file(cmd.spec, args.spec_file)
             spec = spec_from_args(cmd.spec, args, base)
+            if cmd.spec is BenchmarkSpec:  # another workload's option, given here, that no cell would take
+                from tasks.workloads import check_benchmark_options
+
+                check_benchmark_options(spec, base if getattr(args, "quick", False) else None)
         from tasks.common.credentials import Credentials
         from tasks.common.settings import Settings
         from tasks.common.tracking import reap_orphans, tracking_ready

@@ -234,6 +234,23 @@ def check_options(spec, kind: str = "options") -> None:
                         + (f"its own options are {', '.join(map(flag, mine))}" if mine else "it has no options of its own"))
 
 
+def check_benchmark_options(spec, base=None) -> None:
+    """UserError, in one line, where a benchmark ``spec`` sets a workload's option that none of its workloads takes, away
+    from what ``base`` (the preset it started from, else the defaults) gives it: each cell would silently drop it."""
+    flag = lambda section, field: f"{section}.{field}"  # noqa: E731
+    for section, kind in (("train", "options"), ("generate", "generate_options")):
+        given, model = getattr(spec, section), type(getattr(spec, section))
+        start = getattr(base, section) if base is not None else None
+        for field, whose in owners(kind).items():
+            if set(whose) & set(spec.workloads) or field not in model.model_fields:
+                continue
+            value = getattr(given, field)
+            if value == (getattr(start, field) if start is not None else model.model_fields[field].default):
+                continue
+            raise UserError(f"{flag(section, field)} = {value!r} is {' and '.join(whose)}'s option; no workload of this benchmark "
+                            f"({', '.join(spec.workloads)}) takes it: add {' or '.join(whose)} to its workloads, or leave it out")
+
+
 def reset_foreign(workload: Workload, spec, kind: str = "options"):
     """``spec`` with every option of another workload at its default (a benchmark's sections hold every workload's options)."""
     model = type(spec)

@@ -8,7 +8,7 @@ import pytest
 
 from tasks.common.errors import UserError
 from tasks.common.specs import BenchmarkSpec, GenerateSpec, TrainSpec
-from tasks.workloads import check_options, get_workload, own_fields, owners, reset_foreign
+from tasks.workloads import check_benchmark_options, check_options, get_workload, own_fields, owners, reset_foreign
 from tests.conftest import run_cli
 from tests.flows.test_cli import assert_refused
 
@@ -58,6 +58,23 @@ def test_a_benchmark_gives_each_workloads_cells_their_own_options():
     assert (calo_cell.recipe, calo_cell.layers) == ("default", None) and (karman_cell.recipe, karman_cell.layers) == ("paper", None)
     check_options(calo_cell)
     check_options(karman_cell)
+
+
+def test_a_benchmark_option_none_of_its_workloads_takes_is_refused_unless_its_preset_set_it(workdir):
+    from tasks.workloads.presets import quick_benchmark
+
+    with pytest.raises(UserError, match=r"^train\.layers = 3 is har's option; no workload of this benchmark \(karman, calo\) takes it"):
+        check_benchmark_options(BenchmarkSpec(workloads=["karman", "calo"], train={"layers": 3}))
+    with pytest.raises(UserError, match=r"^generate\.events = 300 is calo's option; .* \(digits\) takes it: add calo to its workloads"):
+        check_benchmark_options(BenchmarkSpec(workloads=["digits"], generate={"events": 300}))
+    check_benchmark_options(BenchmarkSpec(workloads=["har", "calo"], train={"layers": 3}, generate={"events": 300}))
+    quick = quick_benchmark()  # the preset's karman widths and calo events stay out of a digits-only quick run's way
+    check_benchmark_options(quick.model_copy(update={"workloads": ["digits"]}), quick)
+    with pytest.raises(UserError, match=r"^train\.ngf = 16 is karman's option"):  # the same values given by hand
+        check_benchmark_options(quick.model_copy(update={"workloads": ["digits"]}))
+    (workdir / "har.json").write_text('{"workloads": ["har"], "train": {"ngf": 8}}')
+    assert_refused(run_cli("benchmark", "--spec", "har.json", cwd=workdir),
+                   "train.ngf = 8 is karman's option; no workload of this benchmark (har) takes it")
 
 
 def test_the_command_line_shows_and_refuses_by_workload(workdir):
