@@ -68,15 +68,14 @@ def _check_infer(settings, spec: InferSpec) -> None:
 
 
 def _check_benchmark(settings, spec: BenchmarkSpec) -> None:
-    from flows.matrix import benchmark_matrix, check_deployments, deployment_for, generate_spec
+    from flows.matrix import benchmark_matrix, check_deployments, deployment_for
 
     matrix = benchmark_matrix(spec)
     for m in matrix:
         if m.workload.swept:
-            gen = generate_spec(spec, m)
-            remote = deployment_for("generate", gen.device, spec.pools) is not None  # its GPU is the pool's, not this host's
-            _check_generate(settings, gen.model_copy(update={"device": "cpu"}) if remote else gen)
-    check_deployments(spec)
+            remote = deployment_for("generate", m.generate.device, spec.pools) is not None  # its GPU is the pool's, not this host's
+            _check_generate(settings, m.generate.model_copy(update={"device": "cpu"}) if remote else m.generate)
+    check_deployments(spec, matrix)
 
 
 def _check_references(settings, spec: ConvergenceSpec) -> None:

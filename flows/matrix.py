@@ -20,47 +20,38 @@ class WorkloadCells:
     epochs: int
     sizes: list[dict]  # the network sizes swept (e.g. {"layers": 2, "units": 64}); [{}]: the workload's own
     repeats: int  # training runs (seeds) per cell: the benchmark's repeats, else the workload's run rules'
+    generate: GenerateSpec  # the dataset its cells train on, as generate makes it
+    train: TrainSpec  # the benchmark's train section with the other workloads' options at their defaults
 
     def train_cells(self, spec: BenchmarkSpec) -> int:
         return len(self.frameworks) * len(spec.devices) * len(self.batch_sizes) * len(self.sizes) * self.repeats
 
 
-def _sizes(spec: BenchmarkSpec, workload) -> list[dict]:
-    """Every combination of the network sizes the benchmark sweeps that ``workload`` takes (its ``sizes``:
-    layers x units for har); [{}] for a workload that takes none, or when the benchmark sweeps none."""
-    axes = {name: getattr(spec, name) for name in workload.sizes if getattr(spec, name) is not None}
-    return [dict(zip(axes, values)) for values in itertools.product(*axes.values())] if axes else [{}]
-
-
 def benchmark_matrix(spec: BenchmarkSpec) -> list[WorkloadCells]:
-    """Each workload's cells; UserError for an unknown workload, or a framework no workload of the matrix has."""
+    """Each workload's cells, with what the workload table says of them (the dataset, made with which generate fields; the
+    train section as its cells take it); UserError for an unknown workload, or a framework no workload of the matrix has."""
     from tasks.common.errors import UserError
-    from tasks.workloads import benchmark_dataset, get_workload
+    from tasks.workloads import benchmark_dataset, get_workload, reset_foreign, swept_sizes
 
     matrix = []
     for name in spec.workloads:
         workload = get_workload(name)
-        dataset = spec.generate.dataset if workload.swept else benchmark_dataset(workload, spec.generate)[0]
+        dataset, fields = benchmark_dataset(workload, spec.generate)
+        if workload.swept:  # its own sweep; the section holds the other workloads' generate options too: at their defaults here
+            dataset, generate = spec.generate.dataset, reset_foreign(workload, spec.generate.model_copy(update={"workload": name}), "generate_options")
+        else:  # its own dataset, made with the generate section's fields of that workload
+            generate = GenerateSpec(workload=name, dataset=dataset, **fields)
+        train, sizes = reset_foreign(workload, spec.train), swept_sizes(workload, spec)
         own = spec.per_workload.get(name)  # a preset's sizes of this workload's cells, where they are not its own
         matrix.append(WorkloadCells(workload, [f for f in spec.frameworks if f in workload.frameworks],
                                     list(spec.batch_sizes or (own.batch_sizes if own else None) or workload.batch_sizes), dataset,
-                                    (own.epochs if own else None) or spec.train.epochs or workload.epochs, _sizes(spec, workload),
-                                    spec.repeats or workload.rules.runs))
+                                    (own.epochs if own else None) or spec.train.epochs or workload.epochs, sizes,
+                                    spec.repeats or workload.rules.runs, generate, train))
     unused = [f for f in spec.frameworks if not any(f in m.frameworks for m in matrix)]
     if unused:
         raise UserError(f"framework(s) {', '.join(unused)}: no workload of the benchmark ({', '.join(spec.workloads)}) has a version in them; "
                         + "; ".join(f"{m.workload.name} runs in {', '.join(m.workload.frameworks)}" for m in matrix))
     return matrix
-
-
-def generate_spec(spec: BenchmarkSpec, cells: WorkloadCells) -> GenerateSpec:
-    """The dataset a workload's cells train on: the benchmark's own sweep for a swept workload, the workload's own
-    dataset for the others (made with the generate section's fields of that workload)."""
-    from tasks.workloads import benchmark_dataset, reset_foreign
-
-    if cells.workload.swept:  # the section holds the other workloads' generate options too: at their defaults here
-        return reset_foreign(cells.workload, spec.generate.model_copy(update={"workload": cells.workload.name}), "generate_options")
-    return GenerateSpec(workload=cells.workload.name, dataset=cells.dataset, **benchmark_dataset(cells.workload, spec.generate)[1])
 
 
 def deployment_for(kind: str, device: str, pools: dict[str, str]) -> str | None:
@@ -69,13 +60,12 @@ def deployment_for(kind: str, device: str, pools: dict[str, str]) -> str | None:
     return None if pool in (None, "local") else f"{kind}/{pool}"
 
 
-def check_deployments(spec: BenchmarkSpec) -> None:
+def check_deployments(spec: BenchmarkSpec, matrix: list[WorkloadCells]) -> None:
     """UserError naming every deployment the matrix needs that the Prefect API does not have."""
     from tasks.common.errors import UserError
     from tasks.common.prefect_api import missing
-    from tasks.workloads import get_workload
 
-    swept = any(get_workload(name).swept for name in spec.workloads)  # only a solver sweep runs on a generate deployment
+    swept = any(m.workload.swept for m in matrix)  # only a solver sweep runs on a generate deployment
     kinds = (("train", spec.devices), ("infer", spec.infer_devices), ("generate", [spec.generate.device] if swept else []))
     needed = sorted({d for kind, devices in kinds for device in devices if (d := deployment_for(kind, device, spec.pools))})
     if not needed:
@@ -91,7 +81,7 @@ def check_deployments(spec: BenchmarkSpec) -> None:
                         "or map the device to 'local' in pools")
 
 
-def benchmark_description(spec: BenchmarkSpec, matrix: list[WorkloadCells]) -> str:
+def benchmark_description(spec: BenchmarkSpec, matrix: list[WorkloadCells], rollout_cells: list[tuple[str, str, int]]) -> str:
     """The benchmark run's description: what each workload trains where, what is rolled out, and how cells are reused."""
     budget = f"{spec.train.time_budget:g} s" if spec.train.time_budget else None
     parts = []
@@ -101,7 +91,7 @@ def benchmark_description(spec: BenchmarkSpec, matrix: list[WorkloadCells]) -> s
                      f"{', '.join(map(str, m.batch_sizes))} ({m.repeats} seed(s) each, {epochs}) on dataset `{m.dataset}`"
                      + (f", data {m.workload.data}" if m.workload.synthetic else ""))
     rollouts = "".join(f" Each framework's first trained {m.workload.title} is rolled out {spec.infer.steps} steps "
-                       f"({', '.join(f'{mode} x{w}' for _, mode, w in spec.infer_cells())}) on {', '.join(spec.infer_devices)}."
+                       f"({', '.join(f'{mode} x{w}' for _, mode, w in rollout_cells)}) on {', '.join(spec.infer_devices)}."
                        for m in matrix if m.workload.rollouts)
     return (f"Benchmark `{spec.aggregate.name}`: " + "; ".join(parts) + "." + rollouts +
             " New cells are child runs; cells that finished in an earlier benchmark are reused (runs.json lists every run the report covers). "
@@ -171,25 +161,23 @@ def _job(kind: str, spec, shown: dict, pools: dict[str, str]) -> Job:
 def plan_benchmark(spec: BenchmarkSpec) -> BenchmarkPlan:
     """Every cell of the benchmark with the dataset it trains on and where it runs; UserError for what cannot run
     (an unknown workload, a framework no workload has, a deployment the Prefect API lacks)."""
-    from tasks.workloads import reset_foreign
-
     matrix = benchmark_matrix(spec)
-    check_deployments(spec)
+    rollout_cells = spec.infer_cells()  # (device, mode, workers)
+    check_deployments(spec, matrix)
     plans = []
     for m in matrix:
         name = m.workload.name
-        gen = generate_spec(spec, m)
-        own = reset_foreign(m.workload, spec.train)  # the train section with the other workloads' options at their defaults
         train = []
         for framework, device, batch, size in itertools.product(m.frameworks, spec.devices, m.batch_sizes, m.sizes):
             for seed in range(spec.train.seed, spec.train.seed + m.repeats):
-                cell = train_cell(own, device, batch, seed, framework, name, m.dataset, None if spec.train.time_budget else m.epochs, size)
+                cell = train_cell(m.train, device, batch, seed, framework, name, m.dataset, None if spec.train.time_budget else m.epochs, size)
                 train.append(_job("train", cell, {"workload": name, "framework": framework, "device": device, "batch_size": batch, "seed": seed},
                                   spec.pools))
         rollouts = [_job("infer", infer_cell(spec.infer, device, mode, workers), {"framework": framework, "device": device, "mode": mode,
                                                                              "workers": workers}, spec.pools)
-                    for framework in m.frameworks for device, mode, workers in spec.infer_cells()] if m.workload.rollouts else []
-        plans.append(WorkloadPlan(m, gen, deployment_for("generate", gen.device, spec.pools) if m.workload.swept else None, train, rollouts))
-    return BenchmarkPlan(spec.aggregate.name, plans, sum(len(p.train) + len(p.rollouts) for p in plans), benchmark_description(spec, matrix),
-                         spec.model_dump(), list(spec.devices), spec.aggregate,
+                    for framework in m.frameworks for device, mode, workers in rollout_cells] if m.workload.rollouts else []
+        plans.append(WorkloadPlan(m, m.generate, deployment_for("generate", m.generate.device, spec.pools) if m.workload.swept else None,
+                                  train, rollouts))
+    return BenchmarkPlan(spec.aggregate.name, plans, sum(len(p.train) + len(p.rollouts) for p in plans),
+                         benchmark_description(spec, matrix, rollout_cells), spec.model_dump(), list(spec.devices), spec.aggregate,
                          {m.workload.name: [f for f in spec.frameworks if f not in m.frameworks] for m in matrix})

@@ -6,7 +6,6 @@ device, batch size, mode), so the Prefect UI's runs list tells them apart and fi
 
 import contextlib
 import contextvars
-import dataclasses
 import itertools
 import os
 import threading
@@ -20,7 +19,7 @@ from pydantic import ValidationError
 from pydantic.json_schema import SkipJsonSchema
 
 from flows.matrix import BenchmarkPlan, Job, WorkloadPlan, plan_benchmark
-from tasks.common.cells import cell_error, cell_key, finished_cell, interrupted_cell, record_failed_cell
+from tasks.common.cells import cell_error, finished_cell, interrupted_cell, keyed, record_failed_cell
 from tasks.common.names import Tag, infer_label, infer_run_name, train_label, train_run_name
 from tasks.common.progress import Progress
 from tasks.common.settings import Settings
@@ -341,12 +340,6 @@ def _dataset_cell(planned: WorkloadPlan, settings: Settings, parent_run: str) ->
     return {"dataset": gen.dataset, "path": str(folder), "digest": load_manifest(folder)["digest"]}
 
 
-def _keyed(job: Job, kind: str, digest: str, **update) -> Job:
-    """The job with its spec's ``update`` and its cell key (over its kind, spec and dataset digest)."""
-    cell = job.spec.model_copy(update=update)
-    return dataclasses.replace(job, spec=cell.model_copy(update={"cell": cell_key(kind, cell, digest)}))
-
-
 @flow(name="benchmark", flow_run_name=_named(BenchmarkSpec, lambda s: f"benchmark {s.aggregate.name}"))
 def benchmark(spec: BenchmarkSpec = BenchmarkSpec()) -> dict:
     """The benchmark matrix: per workload, generate its data and train every (framework, device, batch
@@ -393,7 +386,7 @@ def _run_plan(plan: BenchmarkPlan, settings: Settings) -> dict:
             data = datasets[planned.cells.workload.name] = _dataset_cell(planned, settings, bench.run_id)
             bench.log_dataset(data["dataset"], data["digest"], Path(data["path"]), "training",
                               planned.cells.workload.dataset_info(settings, data["dataset"])[1])
-            train_jobs += [_keyed(job, f"train/{job.shown['framework']}", data["digest"]) for job in planned.train]
+            train_jobs += [keyed(job, f"train/{job.shown['framework']}", data["digest"]) for job in planned.train]
         cells = run_lanes(train_jobs, lambda job: job.lane, run)  # the pools' lanes at the same time
         infer_jobs = []
         for planned in plan.workloads:
@@ -404,7 +397,7 @@ def _run_plan(plan: BenchmarkPlan, settings: Settings) -> dict:
                 if model is None:
                     logger.error("no %s training cell of %s finished; its rollout cells are skipped", framework, name)
                     continue
-                infer_jobs += [_keyed(job, "infer", datasets[name]["digest"], model_run=model) for job in planned.rollouts
+                infer_jobs += [keyed(job, "infer", datasets[name]["digest"], model_run=model) for job in planned.rollouts
                                if job.shown["framework"] == framework]
         cells += run_lanes(infer_jobs, lambda job: job.lane, run)
         bench.client.log_dict(bench.run_id, {"runs": [c["run_id"] for c in cells if c.get("run_id")], "cells": cells}, "runs.json")

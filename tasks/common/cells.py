@@ -23,6 +23,15 @@ def cell_key(kind: str, spec: BaseModel, dataset_digest: str) -> str:
     return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:16]
 
 
+def keyed(job, kind: str, dataset_digest: str, **update):
+    """A planned cell (a dataclass with a ``spec``: flows.matrix.Job) whose spec takes ``update`` and its cell key, over its
+    ``kind``, the updated spec and the digest of the dataset it trains on (known once the dataset is made)."""
+    import dataclasses
+
+    spec = job.spec.model_copy(update=update)
+    return dataclasses.replace(job, spec=spec.model_copy(update={"cell": cell_key(kind, spec, dataset_digest)}))
+
+
 # Lookups are plain calls, not Prefect tasks, so that a benchmark's graph shows its cells, not a dozen
 # lookups. Against a tracking server, MLflow's client retries a request itself when the server is briefly
 # unreachable or answers 408, 429 or 5xx (MLFLOW_HTTP_REQUEST_MAX_RETRIES, MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR,

@@ -1,8 +1,9 @@
-"""What the report and the workloads' own report sections share: cells, tables and sections.
+"""What the report and the workloads' own report sections share: cells, tables, sections and the page.
 
-Table cells, tables with chosen columns, and the sections a workload adds to the report
-(tasks.workloads.Workload.report)."""
+Table cells, tables with chosen columns, the sections a workload adds to the report
+(tasks.workloads.Workload.report), and the report's Markdown as one HTML page with its figures inline."""
 
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -44,3 +45,29 @@ class Sections:
     figures: list[Path] = field(default_factory=list)  # written into the report's folder, shown at its end
     rollout_rows: list[dict] = field(default_factory=list)  # one per finished rollout (the report's infer_rows)
     tables: dict[str, list[dict]] = field(default_factory=dict)  # name -> rows
+
+
+def embed(markdown: str, folder: Path) -> str:
+    """The Markdown with each local figure ![x](name.png) as a data URI, for viewers without the files."""
+    import base64
+
+    def inline(match) -> str:
+        data = base64.b64encode((folder / match.group(2)).read_bytes()).decode()
+        return f"![{match.group(1)}](data:image/png;base64,{data})"
+
+    return re.sub(r"!\[([^\]]*)\]\(([^)/:]+\.png)\)", inline, markdown)
+
+
+def write_html(markdown_path: Path, title: str) -> Path:
+    """``report.html`` beside ``report.md``: the same text, tables and figures (inline, so that it
+    reads alone, in a browser or in MLflow's artifact preview)."""
+    import html
+
+    import markdown
+
+    body = markdown.markdown(embed(markdown_path.read_text(), markdown_path.parent), extensions=["tables"])
+    style = "body{font-family:sans-serif;max-width:70em;margin:2em auto}table{border-collapse:collapse}td,th{border:1px solid #bbb;padding:2px 6px}"
+    out = markdown_path.with_suffix(".html")
+    out.write_text(f"<!doctype html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title>"
+                   f"<style>{style}</style></head><body>{body}</body></html>")
+    return out

@@ -1,7 +1,6 @@
 """report.md's text and figures over one benchmark's runs, and report.html beside it."""
 
 import datetime as dt
-import re
 from pathlib import Path
 
 from tasks.common.names import Tag
@@ -67,6 +66,7 @@ def build_report(settings: Settings, name: str, scope: str, runs, exp_id: str, o
     failed = [r for r in runs if r.info.status == "FAILED"]
     link = lambda rid: run_link(settings, exp_id, rid)  # noqa: E731
     compared = comparison(trains)
+    own = workload_sections(trains, rolled, link, out)  # each workload's own sections; their figures follow the throughput figures
     figures: list[Path] = []
     finished = [r for r in trains if r["status"] == "FINISHED"]
     workloads = sorted({r["workload"] for r in finished})
@@ -78,7 +78,6 @@ def build_report(settings: Settings, name: str, scope: str, runs, exp_id: str, o
         figures.append(bar_chart(labels, [r["samples_per_s"] for r in mine], "samples/s", out / f"{stem}.png",
                                  f"{workload_words(workload, 'title')}: training throughput"
                                  + (" (settings [1], [2], ... as in the report)" if len(compared) > 1 else "")))
-    own = workload_sections(trains, rolled, link, out)
     rollouts = [row for s in own for row in s.rollout_rows]
     figures += [f for s in own for f in s.figures]
     text = [f"# Kármán Bench report `{name}`\n",
@@ -133,29 +132,3 @@ def build_report(settings: Settings, name: str, scope: str, runs, exp_id: str, o
         for key, rows in s.tables.items():
             tables.setdefault(key, []).extend(rows)
     return "\n".join(text), figures, tables
-
-
-def embed(markdown: str, folder: Path) -> str:
-    """The Markdown with each local figure ![x](name.png) as a data URI, for viewers without the files."""
-    import base64
-
-    def inline(match) -> str:
-        data = base64.b64encode((folder / match.group(2)).read_bytes()).decode()
-        return f"![{match.group(1)}](data:image/png;base64,{data})"
-
-    return re.sub(r"!\[([^\]]*)\]\(([^)/:]+\.png)\)", inline, markdown)
-
-
-def write_html(markdown_path: Path, title: str) -> Path:
-    """``report.html`` beside ``report.md``: the same text, tables and figures (inline, so that it
-    reads alone, in a browser or in MLflow's artifact preview)."""
-    import html
-
-    import markdown
-
-    body = markdown.markdown(embed(markdown_path.read_text(), markdown_path.parent), extensions=["tables"])
-    style = "body{font-family:sans-serif;max-width:70em;margin:2em auto}table{border-collapse:collapse}td,th{border:1px solid #bbb;padding:2px 6px}"
-    out = markdown_path.with_suffix(".html")
-    out.write_text(f"<!doctype html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title>"
-                   f"<style>{style}</style></head><body>{body}</body></html>")
-    return out

@@ -9,14 +9,14 @@ import re
 
 from prefect import get_run_logger, task
 
-from tasks.common.reporting import fmt
+from tasks.common.reporting import embed, fmt, write_html
 from tasks.common.settings import Settings
 from tasks.common.store import write_json_atomic
 from tasks.common.specs import AggregateSpec
 from tasks.common.tracking import client_for, experiment_id, mlflow_run
 from tasks.report.ablation import write_ablation
 from tasks.report.reading import check_report_source, covered_runs
-from tasks.report.render import build_report, embed, write_html
+from tasks.report.render import build_report
 
 # The flows import these from here: the CLI's check before a report, and the ablate flow's rows and writer.
 __all__ = ["aggregate_runs", "check_report_source", "convergence_verdicts", "publish_artifacts", "write_ablation"]
@@ -81,11 +81,11 @@ def aggregate_runs(settings: Settings, spec: AggregateSpec, parent_run_id: str |
     text, figures, tables = build_report(settings, spec.name, scope, runs, exp_id, out, left_out)
     report = out / "report.md"
     report.write_text(text)
+    html_report = write_html(report, f"Kármán Bench report {spec.name}")
+    embedded = embed(text, out)
     verdicts = out / CONVERGENCE_FILE
     finite = lambda v: None if isinstance(v, float) and not math.isfinite(v) else v  # noqa: E731  (JSON has no NaN or infinity)
     write_json_atomic(verdicts, {"cells": [{k: finite(v) for k, v in c.items() if k != "setting"} for c in tables["convergence_rows"]]})
-    html_report = write_html(report, f"Kármán Bench report {spec.name}")
-    embedded = embed(text, out)
     with mlflow_run(settings, "aggregate", f"aggregate-{spec.name}", params=spec.model_dump(), parent_run_id=parent_run_id,
                     description=f"Report `{spec.name}` over {scope}.") as run:
         run.log_metrics({"train_runs": len(tables["train_rows"]), "infer_runs": len(tables["infer_rows"])})

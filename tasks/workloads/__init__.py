@@ -194,6 +194,15 @@ def benchmark_dataset(workload: Workload, generate) -> tuple[str, dict]:
     return "-".join([workload.dataset, *(f"{k}{show(v)}" for k, v in changed.items())]), changed
 
 
+def swept_sizes(workload: Workload, spec) -> list[dict]:
+    """Every combination of the network sizes a benchmark ``spec`` sweeps that ``workload`` takes (its ``sizes``: layers x
+    units for har); [{}] for a workload that takes none, or when the benchmark sweeps none."""
+    import itertools
+
+    axes = {name: getattr(spec, name) for name in workload.sizes if getattr(spec, name) is not None}
+    return [dict(zip(axes, values)) for values in itertools.product(*axes.values())] if axes else [{}]
+
+
 def table() -> dict[str, str]:
     """The workloads known in this process: the table and those named in KARMAN_WORKLOADS."""
     extra = {}

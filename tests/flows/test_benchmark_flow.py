@@ -113,7 +113,7 @@ def test_bad_benchmark_requests_are_refused_with_one_line(workdir, args, fragmen
 
 
 def test_a_gpu_sweep_is_the_gpu_pools_dataset_cell(monkeypatch):
-    from flows.matrix import check_deployments, deployment_for
+    from flows.matrix import benchmark_matrix, check_deployments, deployment_for
     from tasks.common.errors import UserError
 
     spec = quick_benchmark().model_copy(update={"generate": GenerateSpec(device="cuda"), "pools": {"cuda": "gpu"}})
@@ -121,7 +121,7 @@ def test_a_gpu_sweep_is_the_gpu_pools_dataset_cell(monkeypatch):
     assert deployment_for("generate", "cpu", spec.pools) is None  # a cpu sweep runs where the benchmark runs
     monkeypatch.delenv("PREFECT_API_URL", raising=False)
     with pytest.raises(UserError, match=r"deployment\(s\) generate/gpu not found"):
-        check_deployments(spec)
+        check_deployments(spec, benchmark_matrix(spec))
 
 
 def test_a_training_cell_killed_after_a_validated_epoch_is_resumed_by_the_next_benchmark(workdir, prefect_harness):

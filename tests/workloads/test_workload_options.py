@@ -8,7 +8,7 @@ import pytest
 
 from tasks.common.errors import UserError
 from tasks.common.specs import BenchmarkSpec, GenerateSpec, TrainSpec
-from tasks.workloads import check_benchmark_options, check_options, get_workload, own_fields, owners, reset_foreign
+from tasks.workloads import check_benchmark_options, check_options, get_workload, own_fields, owners
 from tests.conftest import run_cli
 from tests.flows.test_cli import assert_refused
 
@@ -45,16 +45,16 @@ def test_own_options_and_defaults_pass():
 
 
 def test_a_benchmark_gives_each_workloads_cells_their_own_options():
-    from flows.matrix import benchmark_matrix, generate_spec, train_cell
+    from flows.matrix import benchmark_matrix, train_cell
 
     bench = BenchmarkSpec(workloads=["karman", "calo"], generate={"events": 300}, train={"recipe": "paper", "layers": 3})
     cells = {m.workload.name: m for m in benchmark_matrix(bench)}
-    karman_data, calo_data = generate_spec(bench, cells["karman"]), generate_spec(bench, cells["calo"])
+    karman_data, calo_data = cells["karman"].generate, cells["calo"].generate
     assert karman_data.events == GenerateSpec().events and calo_data.events == 300
     check_options(karman_data, "generate_options")
     check_options(calo_data, "generate_options")
-    calo_cell = train_cell(reset_foreign(get_workload("calo"), bench.train), "cpu", 8, 0, "torch", "calo", "calo")
-    karman_cell = train_cell(reset_foreign(get_workload("karman"), bench.train), "cpu", 8, 0, "torch", "karman")
+    calo_cell = train_cell(cells["calo"].train, "cpu", 8, 0, "torch", "calo", "calo")
+    karman_cell = train_cell(cells["karman"].train, "cpu", 8, 0, "torch", "karman")
     assert (calo_cell.recipe, calo_cell.layers) == ("default", None) and (karman_cell.recipe, karman_cell.layers) == ("paper", None)
     check_options(calo_cell)
     check_options(karman_cell)
