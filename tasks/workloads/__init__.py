@@ -246,7 +246,6 @@ def check_options(spec, kind: str = "options") -> None:
 def check_benchmark_options(spec, base=None) -> None:
     """UserError, in one line, where a benchmark ``spec`` sets a workload's option that none of its workloads takes, away
     from what ``base`` (the preset it started from, else the defaults) gives it: each cell would silently drop it."""
-    flag = lambda section, field: f"{section}.{field}"  # noqa: E731
     for section, kind in (("train", "options"), ("generate", "generate_options")):
         given, model = getattr(spec, section), type(getattr(spec, section))
         start = getattr(base, section) if base is not None else None
@@ -256,7 +255,7 @@ def check_benchmark_options(spec, base=None) -> None:
             value = getattr(given, field)
             if value == (getattr(start, field) if start is not None else model.model_fields[field].default):
                 continue
-            raise UserError(f"{flag(section, field)} = {value!r} is {' and '.join(whose)}'s option; no workload of this benchmark "
+            raise UserError(f"{section}.{field} = {value!r} is {' and '.join(whose)}'s option; no workload of this benchmark "
                             f"({', '.join(spec.workloads)}) takes it: add {' or '.join(whose)} to its workloads, or leave it out")
 
 
