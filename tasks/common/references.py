@@ -33,8 +33,6 @@ import numpy as np
 def epoch_timer():
     """A Keras callback keeping the seconds of the last epoch, from its start to its end (fit's set-up before it is left
     out, as in every epoch of a multi-epoch fit; the epoch's end reads its logs, so its steps have run)."""
-    import time
-
     import keras
 
     class EpochTimer(keras.callbacks.Callback):
