@@ -11,7 +11,8 @@ from tasks.common.specs import BenchmarkSpec, GenerateSpec, InferSpec, TrainSpec
 
 @dataclass
 class WorkloadCells:
-    """One workload's part of the benchmark matrix: the frameworks it has of those asked for, its batch sizes, dataset and epochs."""
+    """One workload's part of the benchmark matrix: the frameworks it has of those asked for, its batch sizes, dataset (and how it is
+    made), epochs, swept sizes, repeats and the train section its cells take."""
 
     workload: object  # tasks.workloads.Workload
     frameworks: list[str]
