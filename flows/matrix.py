@@ -37,10 +37,10 @@ def benchmark_matrix(spec: BenchmarkSpec) -> list[WorkloadCells]:
     matrix = []
     for name in spec.workloads:
         workload = get_workload(name)
-        dataset, fields = benchmark_dataset(workload, spec.generate)
         if workload.swept:  # its own sweep; the section holds the other workloads' generate options too: at their defaults here
             dataset, generate = spec.generate.dataset, reset_foreign(workload, spec.generate.model_copy(update={"workload": name}), "generate_options")
         else:  # its own dataset, made with the generate section's fields of that workload
+            dataset, fields = benchmark_dataset(workload, spec.generate)
             generate = GenerateSpec(workload=name, dataset=dataset, **fields)
         train, sizes = reset_foreign(workload, spec.train), swept_sizes(workload, spec)
         own = spec.per_workload.get(name)  # a preset's sizes of this workload's cells, where they are not its own
