@@ -17,6 +17,7 @@ from tasks.common.errors import RunFailed, RunStopped, UserError, signal_name
 from tasks.common.lifetime import JOB_DIR_PREFIX, PARENT_ENV, defer, raise_pending, signal_of, stop_child
 from tasks.common.flowrun import flow_run_env
 from tasks.common.training.frameworks import DEFAULT, FRAMEWORKS
+from tasks.common.warm import ForkedChild, warm_enabled
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -109,7 +110,11 @@ def run_child(kind: str, body: str, job: dict, log, env: dict[str, str] | None =
         cmd = launcher(framework, procs, hosts) + ["-m", "tasks.common.job_main", kind, str(job_path), str(result_path)]
         tail: deque[str] = deque(maxlen=30)
         verdicts: list[dict] = []
-        with subprocess.Popen(cmd, cwd=os.getcwd(), env=child_env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) as proc:
+        if warm_enabled(procs, hosts):  # forked from a server that has imported what every job imports (tasks.common.warm)
+            started = ForkedChild([kind, str(job_path), str(result_path)], child_env, os.getcwd(), framework)
+        else:
+            started = subprocess.Popen(cmd, cwd=os.getcwd(), env=child_env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        with started as proc:
             assert proc.stdout is not None
             try:
                 _relay(proc, kind, tail, verdicts, log, on_event)

@@ -1,0 +1,184 @@
+"""Warm children: a job's process forked from a server that has already imported the libraries every job imports.
+
+A training or inference child spends most of a short run importing: torch 1.5–2.5 s of CPU, MLflow and its SQL store
+2–3 s, zarr, xarray and pandas about 1 s, ``torch._dynamo`` (every torch optimizer imports it) 1–2 s. A flow that runs
+many children (a benchmark's cells, a sweep's batch sizes, one rollout per cell) pays that once per child. Here a fork
+server per kind of job (multiprocessing's forkserver, one per preload list, started on first use and gone with this
+process) imports those libraries once; each child is forked from it and is then a job process like any other: its own
+environment (set before any framework import: the frameworks themselves are never preloaded, except torch for torch's
+jobs, whose settings read at import are re-applied below), its own folder, its output on a pipe this process reads
+line by line, its exit code, signals and verdicts as before (tasks.common.job_main), the kernel's SIGTERM when the
+fork server (and so this process) dies. ``ForkedChild`` answers as much of ``subprocess.Popen`` as the launcher uses.
+
+Only one-process jobs on this host are forked; launchers (torchrun, TF_CONFIG workers, srun) start their processes as
+before. ``KARMAN_WARM_CHILDREN=0`` starts every child as a fresh interpreter.
+"""
+
+import io
+import os
+import subprocess
+import sys
+import threading
+import time
+from multiprocessing import connection, context, forkserver, get_context, process, reduction
+
+WARM_ENV = "KARMAN_WARM_CHILDREN"
+
+# What every job imports, none of which reads the job's environment at import; torch's jobs add torch. The job's entry
+# module comes first: the server's command line (and so each forked job's, as ps and psutil show it) names it.
+COMMON = ("tasks.common.job_main", "numpy", "pandas", "xarray", "zarr", "psutil", "pydantic", "mlflow", "mlflow.tracking",
+          "mlflow.store.tracking.sqlalchemy_store", "matplotlib", "matplotlib.figure")
+PRELOAD = {"torch": (*COMMON, "torch", "torch.nn", "torch.optim", "torch._dynamo"), "other": COMMON}
+
+_servers: dict[str, forkserver.ForkServer] = {}
+_lock = threading.Lock()
+
+
+def warm_enabled(procs: int, hosts: int) -> bool:
+    return procs == 1 and hosts == 1 and os.environ.get(WARM_ENV, "1") != "0" and sys.platform == "linux"
+
+
+def _server(framework: str) -> forkserver.ForkServer:
+    key = "torch" if framework == "torch" else "other"
+    with _lock:
+        server = _servers.get(key)
+        if server is None:
+            server = _servers[key] = forkserver.ForkServer()
+            server.set_forkserver_preload(list(PRELOAD[key]))
+        return server
+
+
+def _child(argv: list[str], env: dict[str, str], cwd: str) -> None:
+    """In the forked process: become the job process ``python -m tasks.common.job_main ARGV`` would have been."""
+    out = forkserver.get_inherited_fds()[0]
+    os.dup2(out, 1)
+    os.dup2(out, 2)
+    os.close(out)
+    sys.stdout = io.TextIOWrapper(io.FileIO(1, "w", closefd=False), line_buffering=True, write_through=True)
+    sys.stderr = io.TextIOWrapper(io.FileIO(2, "w", closefd=False), line_buffering=True, write_through=True)
+    from tasks.common.lifetime import PARENT_ENV
+
+    os.environ.clear()
+    os.environ.update(env)
+    os.environ[PARENT_ENV] = str(os.getppid())  # the fork server, whose end (this process's parent's) ends it
+    os.chdir(cwd)
+    for path in reversed([p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p and p not in sys.path]):
+        sys.path.insert(0, path)
+    sys.argv = [sys.argv[0], *argv]
+    _fresh_process_state(env)
+    code = 1
+    try:
+        from tasks.common import job_main
+
+        code = job_main.main(argv)
+    except SystemExit as exc:
+        code = exc.code if isinstance(exc.code, int) else 1
+    finally:
+        import atexit
+
+        atexit._run_exitfuncs()  # as an interpreter's end would: MLflow's and the libraries' own handlers
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except (OSError, ValueError):
+                pass
+        os._exit(code)
+
+
+def _fresh_process_state(env: dict[str, str]) -> None:
+    """What a new interpreter would have that a fork shares with its server: random seeds, and torch's thread count
+    (OpenMP reads OMP_NUM_THREADS when torch is loaded, which here was in the server)."""
+    import random
+
+    random.seed()
+    numpy = sys.modules.get("numpy")
+    if numpy is not None:
+        numpy.random.seed()
+    torch = sys.modules.get("torch")
+    if torch is not None:
+        threads = env.get("OMP_NUM_THREADS", "")
+        torch.set_num_threads(int(threads) if threads.isdigit() and int(threads) > 0 else len(os.sched_getaffinity(0)))
+
+
+class ForkedChild:
+    """A job process forked from a warm server, with the part of ``subprocess.Popen`` the launcher and
+    ``tasks.common.lifetime.stop_child`` use: ``pid``, ``stdout`` (text, the child's stdout and stderr), ``poll``,
+    ``wait``, ``send_signal``, ``kill``, ``returncode``, a context manager."""
+
+    def __init__(self, argv: list[str], env: dict[str, str], cwd: str, framework: str):
+        self.returncode: int | None = None
+        self._lock = threading.Lock()
+        self._fds: list[int] = []
+        read, write = os.pipe()
+        try:
+            self._fds.append(write)
+            proc = get_context("forkserver").Process(target=_child, args=(argv, env, cwd), name=f"job-{argv[0]}", daemon=False)
+            # the child needs only where to find modules and its folder; not the parent's __main__ (a command's
+            # would import Prefect and the CLI into every job)
+            prep = {"sys_path": list(sys.path), "dir": cwd, "authkey": bytes(process.current_process().authkey)}
+            buf = io.BytesIO()
+            context.set_spawning_popen(self)
+            try:
+                reduction.dump(prep, buf)
+                reduction.dump(proc, buf)
+            finally:
+                context.set_spawning_popen(None)
+            self._status, data = _server(framework).connect_to_new_process(self._fds)
+            with open(data, "wb", closefd=True) as f:
+                f.write(buf.getbuffer())
+            self.pid = forkserver.read_signed(self._status)
+        finally:
+            os.close(write)
+        self.stdout = io.TextIOWrapper(io.FileIO(read, "r", closefd=True), errors="replace")
+        self.args = argv
+
+    def duplicate_for_child(self, fd: int) -> int:  # multiprocessing's spawning-popen protocol (fds sent to the server)
+        self._fds.append(fd)
+        return len(self._fds) - 1
+
+    def poll(self) -> int | None:
+        return self._wait(0)
+
+    def wait(self, timeout: float | None = None) -> int:
+        code = self._wait(timeout)
+        if code is None:
+            raise subprocess.TimeoutExpired(self.args, timeout)
+        return code
+
+    def _wait(self, timeout: float | None) -> int | None:
+        """The exit code once the server has said it (it reaps the child), else None after ``timeout`` s; safe
+        from several threads (the launcher's relay and a stopper wait at once)."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while self.returncode is None:
+            left = 0.2 if deadline is None else min(0.2, max(deadline - time.monotonic(), 0.0))
+            if connection.wait([self._status], left):
+                with self._lock:
+                    if self.returncode is None:
+                        try:
+                            self.returncode = forkserver.read_signed(self._status)  # as Popen: -N for death by signal N
+                        except (OSError, EOFError):
+                            self.returncode = 255  # the server died before it could say
+            elif deadline is not None and time.monotonic() >= deadline:
+                break
+        return self.returncode
+
+    def send_signal(self, signum: int) -> None:
+        if self.returncode is None:
+            try:
+                os.kill(self.pid, signum)
+            except ProcessLookupError:
+                pass
+
+    def kill(self) -> None:
+        import signal
+
+        self.send_signal(signal.SIGKILL)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stdout.close()
+        self.wait()
+        os.close(self._status)
+
