@@ -30,7 +30,7 @@ FULL_TIER_MODULES = {"test_deployed.py", "test_end_to_end.py", "test_benchmark_f
 SLOWEST_FIRST = ["test_training.py", "test_rollout.py", "test_calo_training.py", "test_tensorflow.py", "test_benchmark_flow.py", "test_lifetime.py",
                  "test_deployed.py", "test_har_flows.py", "test_digits_flows.py", "test_generate.py", "test_bench_frameworks.py",
                  "test_end_to_end.py", "test_soak.py", "test_history.py", "test_solver_commands.py", "test_bench_quality.py", "test_cli.py",
-                 "test_nets_keras.py", "test_triton_solver.py", "test_pipeline.py", "test_calo_workload.py", "test_pull_steps.py", "test_jax.py",
+                 "test_nets_keras.py", "test_triton_solver.py", "test_pipeline.py", "test_warm.py", "test_calo_workload.py", "test_pull_steps.py", "test_jax.py",
                  "test_nets_jax.py", "test_sweep_tasks.py", "test_mlflow_server.py", "test_convergence_runs.py", "test_toy_workload.py",
                  "test_benchmark.py", "test_server_auth.py", "test_har_workload.py", "test_lanes.py", "test_slurm_cluster.py",
                  "test_digits_workload.py", "test_solver.py", "test_bench_matmul.py", "test_nets.py", "test_wheelhouse.py",

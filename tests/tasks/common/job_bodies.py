@@ -36,3 +36,26 @@ def open_run(job: dict) -> dict:
     with mlflow_run(Settings.from_env(), "linktest", "link-child", description="A run opened by a child job.") as run:
         pass
     return {"run_id": run.run_id, "prefect_loaded": "prefect" in sys.modules}
+
+
+def describe(job: dict) -> dict:
+    """What the process it runs in looks like: its pid and parent, folder, an environment variable, torch's thread count and
+    whether torch was already loaded when the body began, a fresh random draw."""
+    import os
+    import random
+    import sys
+
+    loaded = "torch" in sys.modules
+    import torch
+
+    print(f"line from {os.getpid()}", flush=True)
+    return {"pid": os.getpid(), "ppid": os.getppid(), "cwd": os.getcwd(), "value": os.environ.get("KARMAN_TEST_VALUE"),
+            "threads": torch.get_num_threads(), "torch_preloaded": loaded, "draw": random.random()}
+
+
+def die(job: dict) -> dict:
+    """End as a process killed by ``job['signal']`` ends."""
+    import os
+
+    os.kill(os.getpid(), job["signal"])
+    return {}
