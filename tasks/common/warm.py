@@ -24,13 +24,12 @@ from multiprocessing import connection, context, forkserver, get_context, proces
 
 WARM_ENV = "KARMAN_WARM_CHILDREN"
 
-# What every job imports, none of which reads the job's environment at import; torch's jobs add torch. The job's entry
-# module comes first: the server's command line (and so each forked job's, as ps and psutil show it) names it.
+# What every job imports, none of which reads the job's environment at import; a framework's jobs add what the framework
+# table lets its server preload (torch's). The job's entry module comes first: the server's command line (and so each
+# forked job's, as ps and psutil show it) names it.
 COMMON = ("tasks.common.job_main", "numpy", "pandas", "xarray", "zarr", "psutil", "pydantic", "mlflow", "mlflow.tracking",
           "mlflow.store.tracking.sqlalchemy_store", "matplotlib", "matplotlib.figure")
-PRELOAD = {"torch": (*COMMON, "torch", "torch.nn", "torch.optim", "torch._dynamo"), "other": COMMON}
-
-_servers: dict[str, forkserver.ForkServer] = {}
+_servers: dict[tuple[str, ...], forkserver.ForkServer] = {}
 _lock = threading.Lock()
 
 
@@ -39,12 +38,14 @@ def warm_enabled(procs: int, hosts: int) -> bool:
 
 
 def _server(framework: str) -> forkserver.ForkServer:
-    key = "torch" if framework == "torch" else "other"
+    from tasks.common.training.frameworks import FRAMEWORKS
+
+    preload = (*COMMON, *FRAMEWORKS[framework].preload)  # frameworks that preload nothing share one server
     with _lock:
-        server = _servers.get(key)
+        server = _servers.get(preload)
         if server is None:
-            server = _servers[key] = forkserver.ForkServer()
-            server.set_forkserver_preload(list(PRELOAD[key]))
+            server = _servers[preload] = forkserver.ForkServer()
+            server.set_forkserver_preload(list(preload))
         return server
 
 

@@ -80,6 +80,7 @@ class Framework:
     host_strategies: tuple[str, ...] = ("auto",)  # the strategies it takes over several hosts
     local_launcher: tuple[str, ...] = ()  # python -m MODULE ARGS that starts N processes on this host ({procs} is N); () where it needs none
     check_device: Callable | None = None  # (spec) -> None; ValueError for a strategy that does not suit the spec's device or world
+    preload: tuple[str, ...] = ()  # its modules a warm server may import for its jobs, none reading the job's environment on import (tasks.common.warm)
 
     def procs(self, device: str, world: int, strategy: str) -> int:
         """Processes a run of ``world`` devices launches on each host."""
@@ -132,7 +133,8 @@ FRAMEWORKS = {
     "torch": Framework(
         "torch", "tasks.common.training.runtime_torch", "tasks.common.probe:probe_torch", "checkpoint.pt", "torch", processes="device",
         env=_torch_env, strategy_words="auto (DDP on cpu and cuda, SPMD on xla)", precisions=("fp32", "bf16"), hosts="rendezvous",
-        local_launcher=("-m", "torch.distributed.run", "--standalone", "--nproc-per-node={procs}")),
+        local_launcher=("-m", "torch.distributed.run", "--standalone", "--nproc-per-node={procs}"),
+        preload=("torch", "torch.nn", "torch.optim", "torch._dynamo")),
     "tensorflow": Framework(
         "tensorflow", "tasks.common.training.runtime_keras", "tasks.common.probe:probe_tensorflow", "checkpoint.npz", "npz", processes="strategy",
         env=_tensorflow_env, resolve_strategy=_tensorflow_strategy, strategies=("auto", "default", "mirrored", "multiworker", "tpu"),
