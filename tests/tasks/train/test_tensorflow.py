@@ -21,7 +21,7 @@ from tests.tasks.train.interrupt import assert_same_result, stopped_and_resumed
 from tests.tasks.train.test_training import NET, client, dataset_root, train, trainable  # noqa: F401
 
 TF = ("--framework", "tensorflow")
-WHOLE = (*NET, "--epochs", "6", "--batch-sizes", "4", "--validate-every", "1")  # every checkpoint holds a validation
+WHOLE = (*NET, "--epochs", "4", "--batch-sizes", "4", "--validate-every", "1")  # every checkpoint holds a validation
 PHASES = {"forward_s", "backward_s", "optimizer_s"}  # torch's step split; a tf.function is one call
 
 
@@ -42,7 +42,7 @@ def keras_weights(workdir, *run_ids: str) -> list[list[np.ndarray]]:
 
 @pytest.fixture(scope="module")
 def trained(module_workdir, dataset_root):
-    """A store with a torch run and a TensorFlow run of the same network; the TensorFlow run (six epochs) is also
+    """A store with a torch run and a TensorFlow run of the same network; the TensorFlow run (four epochs) is also
     the uninterrupted run that a killed and resumed one must end equal to."""
     shutil.copytree(dataset_root / "datasets", module_workdir / "data" / "datasets")
     torch_out = train(module_workdir, *NET, "--epochs", "2", "--batch-sizes", "4")
@@ -102,7 +102,7 @@ def test_mirrored_over_two_logical_cpus_and_multiworker_over_two_processes_compl
 
 def test_a_tensorflow_run_stopped_and_killed_after_validated_epochs_resumes_to_the_uninterrupted_result(trained):
     trainable, _, whole = trained
-    resumed = stopped_and_resumed(trainable, ("--dataset", "tiny", *TF, *WHOLE), 6, kill_after=4)
+    resumed = stopped_and_resumed(trainable, ("--dataset", "tiny", *TF, *WHOLE), 4, kill_after=3)
     assert client().get_run(resumed["run_id"]).info.status == "FINISHED"
     for a, b in zip(*keras_weights(trainable, whole["run_id"], resumed["run_id"]), strict=True):
         np.testing.assert_allclose(a, b, rtol=0, atol=1e-5)

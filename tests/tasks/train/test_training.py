@@ -113,23 +113,23 @@ def as_the_previous_version_wrote_it(path: Path) -> None:
 def test_cpu_run_stopped_and_killed_after_validated_epochs_resumes_to_the_uninterrupted_result(trainable):
     # The paper's recipe trains D; ndf 16 makes D's stride-1 layer 64 -> 128 channels, wide enough for its
     # Winograd path on CPU. Every epoch validates, so every checkpoint holds validation scores.
-    args = ("--dataset", "tiny", "--recipe", "paper", "--ngf", "8", "--ndf", "16", "--threads", "1", "--epochs", "12", "--batch-sizes", "4",
+    args = ("--dataset", "tiny", "--recipe", "paper", "--ngf", "8", "--ndf", "16", "--threads", "1", "--epochs", "6", "--batch-sizes", "4",
             "--validate-every", "1")
     whole = trained(trainable, *args)
     killed = stop_after_epoch(trainable, args, 2, signal.SIGTERM)
     assert client().get_run(killed).info.status == "KILLED"
     # a resume is refused if its options contradict the run (checked before anything is touched)
-    assert_refused(run_cli("train", "--resume", killed, "--epochs", "3", cwd=trainable), "--epochs 3 differs from the run being resumed (12)")
+    assert_refused(run_cli("train", "--resume", killed, "--epochs", "3", cwd=trainable), "--epochs 3 differs from the run being resumed (6)")
     stop_after_epoch(trainable, ("--resume", killed), 4, signal.SIGKILL)
     assert client().get_run(killed).info.status == "RUNNING"  # SIGKILL left no chance to close it
     as_the_previous_version_wrote_it(trainable / "data" / "runs" / killed / "checkpoint.pt")
     resumed = train(trainable, "--resume", killed)
-    assert resumed["run_id"] == killed and resumed["epochs"] == 12
+    assert resumed["run_id"] == killed and resumed["epochs"] == 6
     assert_same_weights(generator_state(trainable, whole["run_id"]), generator_state(trainable, killed))
     assert_same_result(killed, whole["run_id"])
     run = client().get_run(killed)
     assert run.info.status == "FINISHED"
-    assert sorted({m.step for m in client().get_metric_history(killed, "epoch_time_s")}) == list(range(1, 13))
+    assert sorted({m.step for m in client().get_metric_history(killed, "epoch_time_s")}) == list(range(1, 7))
     p, m = run.data.params, run.data.metrics
     assert (p["framework"], p["device"], p["world_size"], p["batch_size"], p["precision"]) == ("torch", "cpu", "1", "4", "fp32")
     assert p["image_height"] == "32" and p["image_width"] == "64" and p["code_version"].count("src:") == 1
