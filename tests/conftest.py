@@ -113,8 +113,8 @@ def module_workdir(tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def prefect_harness():
-    """A real Prefect API for in-process flow runs: the test process's shared server (``shared_prefect_api``),
-    which the commands the tests run report to as well (one server per test process, not two)."""
+    """A real Prefect API for in-process flow runs: the session's shared server (``shared_prefect_api``),
+    which the commands the tests run report to as well (one server, not two)."""
     from prefect.context import _temporary_global_settings_context, get_settings_context
     from prefect.settings import PREFECT_API_URL, temporary_settings
 
@@ -125,43 +125,68 @@ def prefect_harness():
 
 
 _shared_api: list[str] = []
+SHARED_API_ENV = "KARMAN_TEST_PREFECT_API"  # the URL of the server xdist's controller started for its workers
+
+
+def _start_prefect_server() -> tuple[subprocess.Popen, str, Path]:
+    """A real Prefect server on a free port of 127.0.0.1, starting (not yet answering), stopped at this process's exit:
+    the process, its API's URL and its log."""
+    import atexit
+    import socket
+    import tempfile
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    home = tempfile.mkdtemp(prefix="prefect-home-")
+    log = open(Path(home) / "server.log", "w")
+    # No scheduled, late or paused runs, workers or automations reach this server: the services that look
+    # for them every few seconds stay off (the event, task-run and concurrency-lease services run).
+    idle = {f"PREFECT_SERVER_SERVICES_{name}_ENABLED": "false"
+            for name in ("SCHEDULER", "LATE_RUNS", "PAUSE_EXPIRATIONS", "FOREMAN", "CANCELLATION_CLEANUP", "TRIGGERS")}
+    server = subprocess.Popen([sys.executable, "-m", "prefect", "server", "start", "--host", "127.0.0.1", "--port", str(port)],
+                              env={**os.environ, "PREFECT_HOME": home, "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+                                   "PREFECT_UI_ENABLED": "false", **idle}, stdout=log, stderr=subprocess.STDOUT)
+    atexit.register(lambda: (server.terminate(), server.wait(30)))
+    return server, f"http://127.0.0.1:{port}/api", Path(home) / "server.log"
+
+
+def _wait_healthy(url: str, server: subprocess.Popen | None = None, log: Path | None = None, timeout: float = 180) -> None:
+    import time
+    import urllib.request
+
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            with urllib.request.urlopen(url + "/health", timeout=2):
+                return
+        except OSError:
+            if (server is not None and server.poll() is not None) or time.monotonic() > deadline:
+                raise RuntimeError(f"the tests' Prefect server at {url} did not start" + (":\n" + log.read_text()[-3000:] if log else ""))
+            time.sleep(0.5)
+
+
+def pytest_configure(config):
+    """Under xdist (make test), the controller starts one Prefect server that every worker's tests report to, instead of
+    one per worker (each about 12 s of CPU to start and 2 s a minute while it runs); it starts while the workers do."""
+    if getattr(config.option, "numprocesses", None) and not hasattr(config, "workerinput") and SHARED_API_ENV not in os.environ:
+        _, os.environ[SHARED_API_ENV], log = _start_prefect_server()
+        os.environ[SHARED_API_ENV + "_LOG"] = str(log)
 
 
 def shared_prefect_api() -> str:
-    """The URL of one real Prefect server per test process, started on first use and stopped at exit.
-    Commands run by the tests report to it instead of each starting a temporary server of its own
-    (about 5 s of CPU each); the tests that are about the temporary server unset it."""
+    """The URL of one real Prefect server for this test session (xdist's controller's, shared by its workers) or, run
+    without xdist, for this test process, started on first use and stopped at exit. Commands run by the tests report to
+    it instead of each starting a temporary server of its own (about 5 s of CPU each); the tests that are about the
+    temporary server unset it."""
     if not _shared_api:
-        import atexit
-        import socket
-        import tempfile
-        import time
-        import urllib.request
-
-        with socket.socket() as sock:
-            sock.bind(("127.0.0.1", 0))
-            port = sock.getsockname()[1]
-        home = tempfile.mkdtemp(prefix="prefect-home-")
-        log = open(Path(home) / "server.log", "w")
-        # No scheduled, late or paused runs, workers or automations reach this server: the services that look
-        # for them every few seconds stay off (the event, task-run and concurrency-lease services run).
-        idle = {f"PREFECT_SERVER_SERVICES_{name}_ENABLED": "false"
-                for name in ("SCHEDULER", "LATE_RUNS", "PAUSE_EXPIRATIONS", "FOREMAN", "CANCELLATION_CLEANUP", "TRIGGERS")}
-        server = subprocess.Popen([sys.executable, "-m", "prefect", "server", "start", "--host", "127.0.0.1", "--port", str(port)],
-                                  env={**os.environ, "PREFECT_HOME": home, "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
-                                       "PREFECT_UI_ENABLED": "false", **idle}, stdout=log, stderr=subprocess.STDOUT)
-        atexit.register(lambda: (server.terminate(), server.wait(30)))
-        url = f"http://127.0.0.1:{port}/api"
-        deadline = time.monotonic() + 180
-        while True:
-            try:
-                with urllib.request.urlopen(url + "/health", timeout=2):
-                    break
-            except OSError:
-                if server.poll() is not None or time.monotonic() > deadline:
-                    raise RuntimeError("the tests' Prefect server did not start:\n" + (Path(home) / "server.log").read_text()[-3000:])
-                time.sleep(0.5)
-        _shared_api.append(url)
+        if os.environ.get(SHARED_API_ENV):
+            _wait_healthy(os.environ[SHARED_API_ENV], log=Path(os.environ[SHARED_API_ENV + "_LOG"]))
+            _shared_api.append(os.environ[SHARED_API_ENV])
+        else:
+            server, url, log = _start_prefect_server()
+            _wait_healthy(url, server, log)
+            _shared_api.append(url)
     return _shared_api[0]
 
 

@@ -5,6 +5,7 @@ import os
 import subprocess
 import sys
 import time
+from datetime import datetime, timezone
 
 import numpy as np
 import pytest
@@ -64,14 +65,18 @@ def test_the_dataset_is_synthetic_chunked_and_the_same_whatever_the_workers(work
     from tasks.workloads.calo.showers import shower_events
 
     from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import TaskRunFilter, TaskRunFilterName, TaskRunFilterStartTime
     from prefect.settings import PREFECT_API_URL, temporary_settings
 
     spec = GenerateSpec(workload="calo", dataset="showers", events=150, workers=2, seed=4)
+    began = datetime.now(timezone.utc)
     with temporary_settings({PREFECT_API_URL: shared_prefect_api()}):  # each chunk is a Prefect task run, reported there
         out = calo.generate(Settings.from_env(), spec)
         with get_client(sync_client=True) as client:
             for _ in range(60):  # the API records task runs from their events, a moment later
-                names = {r.name for r in client.read_task_runs() if r.state and r.state.is_completed()}
+                chunks = TaskRunFilter(name=TaskRunFilterName(any_=["simulate calo chunk 0", "simulate calo chunk 1"]),
+                                       start_time=TaskRunFilterStartTime(after_=began))  # this test's, not another's on the tests' server
+                names = {r.name for r in client.read_task_runs(task_run_filter=chunks) if r.state and r.state.is_completed()}
                 if {"simulate calo chunk 0", "simulate calo chunk 1"} <= names:
                     break
                 time.sleep(0.5)
