@@ -17,7 +17,7 @@ import psutil
 import pytest
 from mlflow.tracking import MlflowClient
 
-from tests.conftest import ROOT, kill_tree, run_cli, shared_prefect_api
+from tests.conftest import ROOT, kill_tree, run_cli, run_in_process, shared_prefect_api
 from tests.tasks.train.test_training import dataset_root  # noqa: F401  (the module's dataset fixture)
 
 pytestmark = pytest.mark.full
@@ -196,7 +196,7 @@ def test_a_tracking_server_that_is_down_ends_the_command_in_seconds(workdir):
 
 
 def test_a_damaged_model_is_refused_and_a_child_that_crashes_ends_in_one_verdict_line(trainable):
-    proc = run_cli("train", "--dataset", "tiny", "--ngf", "8", "--ndf", "8", "--threads", "1", "--batch-sizes", "2", "--epochs", "1",
+    proc = run_in_process("train", "--dataset", "tiny", "--ngf", "8", "--ndf", "8", "--threads", "1", "--batch-sizes", "2", "--epochs", "1",
                    "--max-steps", "1", "--validate-every", "0", "--json", cwd=trainable)
     assert proc.returncode == 0, proc.stderr[-2000:]
     run_id = json.loads(proc.stdout.strip().splitlines()[-1])["run_id"]
@@ -205,13 +205,13 @@ def test_a_damaged_model_is_refused_and_a_child_that_crashes_ends_in_one_verdict
     infer = ("infer", "--model-run", run_id, "--steps", "2")
     # truncated: refused before any work, from the size recorded when it was written
     model.write_bytes(whole[:100])
-    proc = run_cli(*infer, cwd=trainable)
+    proc = run_in_process(*infer, cwd=trainable)
     assert proc.returncode == 2 and proc.stderr.strip().splitlines() == [
         f"python -m flows infer: error: the model artifact model/generator.pt of training run {run_id} has 100 bytes, not the "
         f"{len(whole)} it was written with: it is truncated or damaged; train again or roll out another run"]
     # a flipped byte: the rollout child refuses it by its checksum, before loading it
     model.write_bytes(whole[:-10] + bytes(b ^ 0xFF for b in whole[-10:]))
-    proc = run_cli(*infer, cwd=trainable)
+    proc = run_in_process(*infer, cwd=trainable)
     assert proc.returncode == 2
     assert "is damaged (its SHA-256 differs from the one recorded when it was written)" in proc.stderr.strip().splitlines()[-1]
     # a run logged without those records (an older one) and a truncated file: the child crashes on it,
@@ -220,7 +220,7 @@ def test_a_damaged_model_is_refused_and_a_child_that_crashes_ends_in_one_verdict
     meta = json.loads(meta_path.read_text())
     meta_path.write_text(json.dumps({k: v for k, v in meta.items() if not k.startswith("generator_")}))
     model.write_bytes(whole[:100])
-    proc = run_cli(*infer, cwd=trainable)
+    proc = run_cli(*infer, cwd=trainable)  # the command's own stderr, the child's traceback relayed into it
     assert proc.returncode == 1
     verdict = proc.stderr.strip().splitlines()[-1]
     assert verdict.startswith("python -m flows infer: failed: rollout child crashed: "), verdict
