@@ -1,5 +1,6 @@
 """Shared fixtures: an isolated working folder with its own data root and MLflow store."""
 
+import contextlib
 import os
 import subprocess
 import sys
@@ -267,12 +268,30 @@ def run_in_process(*args: str, cwd: Path, env: dict | None = None) -> subprocess
         os.environ.update(full_env)
         try:
             with temporary_settings({PREFECT_API_URL: api}), _temporary_global_settings_context(get_settings_context()):
-                with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+                with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err), _logs_to(err):
                     code = cli.main(list(args))
         finally:  # main sets variables of its own (credentials, verbosity): all of them go
             os.environ.clear()
             os.environ.update(saved)
     return subprocess.CompletedProcess(["python", "-m", "flows", *args], code, out.getvalue(), err.getvalue())
+
+
+@contextlib.contextmanager
+def _logs_to(stream):
+    """The log lines a command prints on its stderr, into ``stream``: Prefect's console handler writes to the stderr it
+    found when Prefect configured its logging (this test process's), not to the one redirected for the command."""
+    import logging
+
+    handler = logging.StreamHandler(stream)
+    handler.setFormatter(logging.Formatter("%(asctime)s | %(levelname)s | %(name)s - %(message)s"))
+    loggers = [logging.getLogger(name) for name in ("prefect", "")]
+    for logger in loggers:
+        logger.addHandler(handler)
+    try:
+        yield
+    finally:
+        for logger in loggers:
+            logger.removeHandler(handler)
 
 
 def strict_json(line: str):

@@ -93,7 +93,7 @@ def test_killed_sweep_completes_on_rerun_with_every_simulation_once(workdir):
     (store / unfinished[0] / "zarr.json").write_text('{"zarr_format": 3, "node_type": "group", "attributes": {}}')
     (partial / "0").write_bytes(b"cut short")
 
-    proc = run_cli(*ARGS, cwd=workdir, timeout=300)
+    proc = run_in_process(*ARGS, cwd=workdir)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert f"{len(finished)} already complete, {len(unfinished)} to run" in proc.stderr
     summary = json.loads(proc.stdout.strip().splitlines()[-1])
@@ -154,7 +154,7 @@ def test_a_diverging_simulation_fails_alone_and_is_never_marked_complete(workdir
     args = ["generate", "--dataset", "edge", "--reynolds", "20,240", "--shapes", "square", "--nx", "288", "--ny", "96",
             "--size", "24", "--y-offset", "0", "--warmup-steps", "6000", "--frames", "2", "--frame-every", "10",
             "--workers", "1", "--json"]
-    proc = run_cli(*args, cwd=workdir)
+    proc = run_in_process(*args, cwd=workdir)
     assert proc.returncode == 1, proc.stderr[-2000:]
     failed = [line for line in proc.stderr.splitlines() if line.startswith("python -m flows generate: failed")]
     assert len(failed) == 1, proc.stderr[-2000:]
@@ -183,14 +183,14 @@ def test_damaged_data_is_refused_naming_where_it_is_and_generate_verify_repairs_
     (store / second / "v" / "c" / "0" / "0" / "0").unlink()
     train = ["train", "--dataset", "hurt", "--ngf", "8", "--ndf", "8", "--epochs", "1", "--batch-sizes", "2",
              "--val-simulations", "0", "--test-simulations", "0", "--threads", "1", "--validate-every", "0"]
-    proc = run_cli(*train, cwd=workdir)
+    proc = run_in_process(*train, cwd=workdir)
     assert proc.returncode == 2, proc.stderr[-2000:]
     verdict = proc.stderr.strip().splitlines()[-1]
     assert "dataset 'hurt', simulation" in verdict and "generate --dataset hurt --verify" in verdict, verdict
     assert (f"simulation {first}, variable u, frame 5 cannot be read (ValueError: damaged chunk in file {STORE}/{first}/u/c/0/0/0)" in verdict
             or f"simulation {second}, variable v, frame 0 is missing or not finite (file {STORE}/{second}/v/c/0/0/0)" in verdict), verdict
     assert "Traceback" not in proc.stderr.split("[train]")[0]  # the verdict, not a pile of tracebacks
-    repaired = run_cli(*args[:-1], "--verify", "--json", cwd=workdir)
+    repaired = run_in_process(*args[:-1], "--verify", "--json", cwd=workdir)
     assert repaired.returncode == 0, repaired.stderr[-2000:]
     assert "2 already complete" not in repaired.stderr and "1 already complete, 2 to run" in repaired.stderr, repaired.stderr[-3000:]
     assert run_in_process(*train, cwd=workdir).returncode == 0
@@ -202,7 +202,7 @@ def test_compare_datasets_measures_how_far_two_backends_sweeps_differ(workdir):
     for name, backend in (("by-numba", "numba"), ("by-numpy", "numpy")):
         proc = run_in_process("generate", "--dataset", name, "--cpu-backend", backend, *tiny, cwd=workdir)
         assert proc.returncode == 0, proc.stderr[-2000:]
-    proc = run_cli("compare-datasets", "--first", "by-numba", "--second", "by-numpy", "--json", cwd=workdir)
+    proc = run_in_process("compare-datasets", "--first", "by-numba", "--second", "by-numpy", "--json", cwd=workdir)
     assert proc.returncode == 0, proc.stderr
     result = json.loads(proc.stdout.strip().splitlines()[-1])
     assert result["simulations"] == 1

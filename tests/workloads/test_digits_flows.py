@@ -123,8 +123,8 @@ def test_bench_quality_trains_another_workload_and_scores_its_test_split(generat
     """bench-quality for a workload other than karman: the same loop, its validations against training time and the
     test split's scores as train reports them; no rollouts, and karman's extra rollouts refused."""
     workdir, _ = generated
-    proc = run_cli("bench-quality", "--workload", "digits", "--dataset", "mnist", "--epochs", "2", "--batch-size", "32", "--threads", "1",
-                   "--validate-every", "1", "--json", cwd=workdir)
+    proc = run_in_process("bench-quality", "--workload", "digits", "--dataset", "mnist", "--epochs", "2", "--batch-size", "32", "--threads", "1",
+                          "--validate-every", "1", "--json", cwd=workdir)
     assert proc.returncode == 0, proc.stderr[-3000:]
     out = json.loads(proc.stdout.strip().splitlines()[-1])
     (run,) = out["runs"]

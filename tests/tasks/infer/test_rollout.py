@@ -320,7 +320,7 @@ def test_the_champion_alias_moves_only_to_a_better_model_on_the_same_data_and_ta
     version = client(trained).get_model_version_by_alias("surrogate-test", "champion")
     assert (int(version.version), version.run_id, version.tags["karman.score"]) == (2, faster, "reached the target in 20 s")
     assert version.tags["karman.dataset_digest"] != "f" * 64 and version.tags["karman.quality_target"].startswith("vorticity <= ")
-    proc = run_cli("infer", "--model", "models:/surrogate-test@champion", "--steps", "2", "--json", cwd=root, env=env)
+    proc = run_in_process("infer", "--model", "models:/surrogate-test@champion", "--steps", "2", "--json", cwd=root, env=env)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert strict_json(proc.stdout.strip().splitlines()[-1])["model_run_id"] == faster
     assert_refused(run_cli("infer", "--model", "models:/surrogate-test@nobody", cwd=root, env=env), "has no models:/surrogate-test@nobody")

@@ -186,8 +186,8 @@ def test_a_loss_turning_nan_stops_the_run_and_keeps_the_last_good_checkpoint(tra
     group = zarr.open_group(str(ds_dir / STORE / sim), mode="r+")
     mask = group["mask"][t]
     group["mask"][t] = np.full_like(mask, 3e38)  # finite, so the data check passes it; encoded, it overflows to inf
-    proc = run_cli("train", "--dataset", "tiny", *NET, "--epochs", "3", "--batch-sizes", str(batch), "--val-simulations", "0",
-                   "--unroll", "1", cwd=trainable)
+    proc = run_in_process("train", "--dataset", "tiny", *NET, "--epochs", "3", "--batch-sizes", str(batch), "--val-simulations", "0",
+                          "--unroll", "1", cwd=trainable)
     assert proc.returncode == 1
     last = next(line for line in proc.stderr.splitlines() if line.startswith("python -m flows train: failed:"))
     assert "loss became non-finite at epoch 2" in last and "last good checkpoint (epoch 1) is kept" in last
