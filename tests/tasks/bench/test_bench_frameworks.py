@@ -5,7 +5,7 @@ import shutil
 import pytest
 
 from tasks.common.specs import GenerateSpec
-from tests.conftest import run_cli, strict_json, write_sweep
+from tests.conftest import run_cli, run_in_process, strict_json, write_sweep
 from tests.workloads.digits_step import stepped_in_children
 
 FRAMEWORKS = ("torch", "tensorflow", "jax")
@@ -54,7 +54,7 @@ def _digits_dataset(workdir):
 
 def test_a_tiny_run_prints_ours_and_the_references_samples_per_s_and_their_ratio(workdir):
     _digits_dataset(workdir)
-    proc = run_cli("bench-frameworks", "--workload", "digits", "--steps", "2", "--repeats", "2", "--profile", "--json", cwd=workdir)
+    proc = run_in_process("bench-frameworks", "--workload", "digits", "--steps", "2", "--repeats", "2", "--profile", "--json", cwd=workdir)
     assert proc.returncode == 0, proc.stderr[-3000:]
     out = strict_json(proc.stdout.strip().splitlines()[-1])
     assert (out["workload"], out["dataset"], out["batch_size"], out["repeats"], out["synthetic"]) == ("digits", "digits", 64, 2, False)
@@ -80,8 +80,8 @@ def test_a_tiny_run_prints_ours_and_the_references_samples_per_s_and_their_ratio
 def test_a_tiny_karman_run_trains_the_default_recipe_against_its_references(workdir, karman_root):
     shutil.copytree(karman_root / "datasets", workdir / "data" / "datasets")
     # torch alone: the step test above takes each framework's reference through the same interface
-    proc = run_cli("bench-frameworks", "--workload", "karman", "--dataset", KARMAN_TINY.dataset, "--frameworks", "torch", "--batch-size", "2",
-                   "--steps", "1", "--repeats", "1", "--threads", "1", "--json", cwd=workdir)
+    proc = run_in_process("bench-frameworks", "--workload", "karman", "--dataset", KARMAN_TINY.dataset, "--frameworks", "torch", "--batch-size", "2",
+                          "--steps", "1", "--repeats", "1", "--threads", "1", "--json", cwd=workdir)
     assert proc.returncode == 0, proc.stderr[-3000:]
     out = strict_json(proc.stdout.strip().splitlines()[-1])
     assert (out["workload"], out["dataset"], out["batch_size"], out["synthetic"]) == ("karman", "karman-tiny", 2, False)

@@ -26,7 +26,7 @@ def data(workdir, dataset_root):  # noqa: F811
 
 
 def bench(workdir, *args):
-    proc = run_cli("bench-quality", *TINY, *args, "--json", cwd=workdir)
+    proc = run_in_process("bench-quality", *TINY, *args, "--json", cwd=workdir)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return strict_json(proc.stdout.strip().splitlines()[-1])
 
