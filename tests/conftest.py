@@ -269,7 +269,10 @@ def run_in_process(*args: str, cwd: Path, env: dict | None = None) -> subprocess
         try:
             with temporary_settings({PREFECT_API_URL: api}), _temporary_global_settings_context(get_settings_context()):
                 with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err), _logs_to(err):
-                    code = cli.main(list(args))
+                    try:
+                        code = cli.main(list(args))
+                    except SystemExit as exc:  # argparse's refusals and --help end the command this way
+                        code = exc.code if isinstance(exc.code, int) else 1
         finally:  # main sets variables of its own (credentials, verbosity): all of them go
             os.environ.clear()
             os.environ.update(saved)

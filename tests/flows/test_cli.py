@@ -3,7 +3,7 @@
 import pytest
 
 from tasks.common.errors import UserError
-from tests.conftest import run_cli
+from tests.conftest import run_cli, run_in_process
 
 
 def assert_refused(proc, *fragments):
@@ -23,11 +23,11 @@ def test_help_lists_the_commands(workdir):
 
 
 def test_unknown_command(workdir):
-    assert_refused(run_cli("simulate-everything", cwd=workdir), "invalid choice", "simulate-everything")
+    assert_refused(run_in_process("simulate-everything", cwd=workdir), "invalid choice", "simulate-everything")
 
 
 def test_unknown_device(workdir):
-    assert_refused(run_cli("train", "--device", "tpu", cwd=workdir), "--device", "tpu", "cpu")
+    assert_refused(run_in_process("train", "--device", "tpu", cwd=workdir), "--device", "tpu", "cpu")
 
 
 @pytest.mark.parametrize(
@@ -43,7 +43,7 @@ def test_unknown_device(workdir):
     ],
 )
 def test_zero_or_negative_sizes(workdir, args, fragment):
-    assert_refused(run_cli(*args, cwd=workdir), fragment, "greater than 0")
+    assert_refused(run_in_process(*args, cwd=workdir), fragment, "greater than 0")
     assert not (workdir / "data" / "datasets").exists()
 
 
@@ -61,11 +61,11 @@ def test_obstacle_touching_a_wall_is_refused_before_any_step(workdir):
 
 
 def test_unstable_relaxation_time_is_refused(workdir):
-    assert_refused(run_cli("generate", "--reynolds", "5000", cwd=workdir), "relaxation time", "stable range")
+    assert_refused(run_in_process("generate", "--reynolds", "5000", cwd=workdir), "relaxation time", "stable range")
 
 
 def test_training_on_a_missing_dataset(workdir):
-    assert_refused(run_cli("train", "--dataset", "nowhere", cwd=workdir), "dataset 'nowhere' not found")
+    assert_refused(run_in_process("train", "--dataset", "nowhere", cwd=workdir), "dataset 'nowhere' not found")
 
 
 def test_cuda_without_a_gpu_fails_fast(workdir):
@@ -76,29 +76,29 @@ def test_cuda_without_a_gpu_fails_fast(workdir):
 
 
 def test_a_gpu_sweep_without_a_gpu_or_with_a_dask_scheduler_is_refused_before_anything_is_written(workdir):
-    assert_refused(run_cli("generate", "--device", "cuda", cwd=workdir), "cuda requested but no CUDA GPU")
-    assert_refused(run_cli("generate", "--device", "cuda", "--scheduler", "tcp://127.0.0.1:8786", cwd=workdir),
+    assert_refused(run_in_process("generate", "--device", "cuda", cwd=workdir), "cuda requested but no CUDA GPU")
+    assert_refused(run_in_process("generate", "--device", "cuda", "--scheduler", "tcp://127.0.0.1:8786", cwd=workdir),
                    "--scheduler tcp://127.0.0.1:8786", "not on Dask workers")
-    assert_refused(run_cli("generate", "--workload", "digits", "--device", "cuda", cwd=workdir), "digits dataset is written on the cpu")
-    assert_refused(run_cli("validate-solver", "--backend", "triton", "--device", "cuda", cwd=workdir), "cuda requested but no CUDA GPU")
-    assert_refused(run_cli("validate-solver", "--dtype", "float16s", cwd=workdir), "--dtype", "'float16s'", "'float32', 'float64'")
+    assert_refused(run_in_process("generate", "--workload", "digits", "--device", "cuda", cwd=workdir), "digits dataset is written on the cpu")
+    assert_refused(run_in_process("validate-solver", "--backend", "triton", "--device", "cuda", cwd=workdir), "cuda requested but no CUDA GPU")
+    assert_refused(run_in_process("validate-solver", "--dtype", "float16s", cwd=workdir), "--dtype", "'float16s'", "'float32', 'float64'")
     assert not (workdir / "data" / "datasets").exists()
 
 
 def test_rollout_of_an_unknown_model_run(workdir):
-    assert_refused(run_cli("infer", "--model-run", "0123abcd", cwd=workdir), "unknown model run '0123abcd'")
+    assert_refused(run_in_process("infer", "--model-run", "0123abcd", cwd=workdir), "unknown model run '0123abcd'")
 
 
 @pytest.mark.full  # one of the slowest of its module: the full tier runs it
 def test_a_report_over_runs_that_cannot_be_found_is_refused_before_anything_is_written(workdir):
-    assert_refused(run_cli("aggregate", "--runs", "yesterday", cwd=workdir), "--runs", "yesterday")
-    assert_refused(run_cli("aggregate", cwd=workdir), "experiment 'test' does not exist")
+    assert_refused(run_in_process("aggregate", "--runs", "yesterday", cwd=workdir), "--runs", "yesterday")
+    assert_refused(run_in_process("aggregate", cwd=workdir), "experiment 'test' does not exist")
     assert not (workdir / "data" / "reports").exists()
     from mlflow.tracking import MlflowClient
 
     MlflowClient().create_experiment("test", artifact_location=str(workdir / "mlartifacts"))
-    assert_refused(run_cli("aggregate", "--runs", "latest", cwd=workdir), "no benchmark or demo run in experiment 'test'")
-    assert_refused(run_cli("aggregate", "--runs", "0" * 32, cwd=workdir), f"unknown run '{'0' * 32}'")
+    assert_refused(run_in_process("aggregate", "--runs", "latest", cwd=workdir), "no benchmark or demo run in experiment 'test'")
+    assert_refused(run_in_process("aggregate", "--runs", "0" * 32, cwd=workdir), f"unknown run '{'0' * 32}'")
 
 
 def test_a_spec_file_gives_the_whole_spec_and_the_options_beside_it_win(workdir):
@@ -123,6 +123,6 @@ def test_a_spec_file_gives_the_whole_spec_and_the_options_beside_it_win(workdir)
         assert str(refused.value).replace(str(workdir / name), name).startswith(f"--spec '{name}'"), refused.value
         assert message in str(refused.value)
     # through the command line: one line, exit 2, before anything starts
-    assert_refused(run_cli("train", "--spec", "train.json", cwd=workdir), "--spec 'train.json': epochs: Input should be greater than 0")
-    assert_refused(run_cli("benchmark", "--spec", str(saved), "--quick", cwd=workdir), "--spec and --quick both give the whole matrix; give one")
+    assert_refused(run_in_process("train", "--spec", "train.json", cwd=workdir), "--spec 'train.json': epochs: Input should be greater than 0")
+    assert_refused(run_in_process("benchmark", "--spec", str(saved), "--quick", cwd=workdir), "--spec and --quick both give the whole matrix; give one")
     assert TrainSpec.model_fields.keys().isdisjoint({"spec_file"})

@@ -9,7 +9,7 @@ import pytest
 from mlflow.tracking import MlflowClient
 
 from tasks.common.ceiling import cpu_name
-from tests.conftest import ROOT, run_cli, strict_json
+from tests.conftest import ROOT, run_cli, run_in_process, strict_json
 from tests.flows.test_cli import assert_refused
 
 
@@ -32,9 +32,9 @@ def test_validate_solver_prints_the_figures_and_logs_the_convergence_table(workd
 
 
 def test_validate_solver_refuses_a_resolution_off_the_benchmark_grid(workdir):
-    assert_refused(run_cli("validate-solver", "--cells-per-diameter", "25", cwd=workdir), "cells per diameter 25", "multiple of 10")
-    assert_refused(run_cli("validate-solver", "--case", "3D-1", cwd=workdir), "--case", "3D-1")
-    assert_refused(run_cli("validate-solver", "--lattice-velocity", "0.2", cwd=workdir), "lattice velocity 0.2 must be above 0 and at most 0.1")
+    assert_refused(run_in_process("validate-solver", "--cells-per-diameter", "25", cwd=workdir), "cells per diameter 25", "multiple of 10")
+    assert_refused(run_in_process("validate-solver", "--case", "3D-1", cwd=workdir), "--case", "3D-1")
+    assert_refused(run_in_process("validate-solver", "--lattice-velocity", "0.2", cwd=workdir), "lattice velocity 0.2 must be above 0 and at most 0.1")
 
 
 def test_bench_solver_reports_throughput(workdir):
@@ -64,14 +64,14 @@ def test_bench_solver_loads_no_orchestration_stack():
 
 
 def test_bench_solver_bad_input(workdir):
-    assert_refused(run_cli("bench-solver", "--nx", "0", cwd=workdir), "--nx", "positive")
-    assert_refused(run_cli("bench-solver", "--nx", "16", "--ny", "4", "--steps", "1", cwd=workdir), "grid 16x4 is too small")
-    assert_refused(run_cli("bench-solver", "--backend", "cuda", cwd=workdir), "--backend", "cuda")
-    assert_refused(run_cli("bench-solver", "--backend", "triton", cwd=workdir), "device 'cpu' is not offered by the triton backend")
-    assert_refused(run_cli("bench-solver", "--backend", "triton", "--device", "cuda", cwd=workdir), "no CUDA GPU is visible")
-    assert_refused(run_cli("bench-solver", "--batch", "16", cwd=workdir), "batch 16", "triton backend only")
-    assert_refused(run_cli("bench-solver", "--dtype", "float16s", cwd=workdir), "--dtype", "'float16s'", "'float32', 'float64'")
-    assert_refused(run_cli("bench-solver", "--device", "cuda", cwd=workdir), "the numba backend runs on the cpu")
+    assert_refused(run_in_process("bench-solver", "--nx", "0", cwd=workdir), "--nx", "positive")
+    assert_refused(run_in_process("bench-solver", "--nx", "16", "--ny", "4", "--steps", "1", cwd=workdir), "grid 16x4 is too small")
+    assert_refused(run_in_process("bench-solver", "--backend", "cuda", cwd=workdir), "--backend", "cuda")
+    assert_refused(run_in_process("bench-solver", "--backend", "triton", cwd=workdir), "device 'cpu' is not offered by the triton backend")
+    assert_refused(run_in_process("bench-solver", "--backend", "triton", "--device", "cuda", cwd=workdir), "no CUDA GPU is visible")
+    assert_refused(run_in_process("bench-solver", "--batch", "16", cwd=workdir), "batch 16", "triton backend only")
+    assert_refused(run_in_process("bench-solver", "--dtype", "float16s", cwd=workdir), "--dtype", "'float16s'", "'float32', 'float64'")
+    assert_refused(run_in_process("bench-solver", "--device", "cuda", cwd=workdir), "the numba backend runs on the cpu")
 
 
 def test_bench_train_compares_with_the_plain_step_in_one_run(workdir):
