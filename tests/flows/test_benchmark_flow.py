@@ -12,7 +12,7 @@ from pydantic import ValidationError
 
 from tasks.common.specs import AggregateSpec, BenchmarkSpec, GenerateSpec, InferOptions, TrainOptions
 from tasks.workloads.presets import quick_benchmark
-from tests.conftest import run_cli, write_sweep
+from tests.conftest import run_in_process, write_sweep
 from tests.flows.test_cli import assert_refused
 
 TINY = BenchmarkSpec(
@@ -109,7 +109,7 @@ def test_a_matrix_with_no_cells_is_refused():
     (("--pools", "cuda=a b"), ("pool 'a b' of device cuda is not a work-pool name",)),
 ])
 def test_bad_benchmark_requests_are_refused_with_one_line(workdir, args, fragments):
-    assert_refused(run_cli("benchmark", "--quick", *args, cwd=workdir), *fragments)
+    assert_refused(run_in_process("benchmark", "--quick", *args, cwd=workdir), *fragments)
 
 
 def test_a_gpu_sweep_is_the_gpu_pools_dataset_cell(monkeypatch):

@@ -15,7 +15,7 @@ from tasks.common.errors import UserError
 from tasks.common.specs import GenerateSpec
 from tasks.common.store import MANIFEST, STORE, VARIABLES, content_digest, open_simulation
 from tasks.workloads.karman.sweep import expand, sweep_key
-from tests.conftest import ROOT, run_cli, run_in_process
+from tests.conftest import ROOT, run_in_process
 from tests.flows.test_cli import assert_refused
 from tests.tasks.common.test_store import chunk_bytes, flip_byte
 
@@ -144,7 +144,7 @@ def test_a_bad_sweep_member_is_named_with_its_value():
     (("--frames", "1000000"), ("--frames", "less than or equal to 100000")),
 ])
 def test_bad_sweep_lists_are_refused_on_the_command_line(workdir, args, fragments):
-    assert_refused(run_cli("generate", *args, cwd=workdir), *fragments)
+    assert_refused(run_in_process("generate", *args, cwd=workdir), *fragments)
     assert not (workdir / "data" / "datasets").exists()
 
 
@@ -214,4 +214,4 @@ def test_compare_datasets_measures_how_far_two_backends_sweeps_differ(workdir):
     other.mkdir()
     manifest = json.loads((workdir / "data" / "datasets" / "by-numba" / MANIFEST).read_text())
     (other / MANIFEST).write_text(json.dumps({**manifest, "spec": {**manifest["spec"], "frames": 3}}))
-    assert_refused(run_cli("compare-datasets", "--first", "by-numba", "--second", "other", cwd=workdir), "are different sweeps")
+    assert_refused(run_in_process("compare-datasets", "--first", "by-numba", "--second", "other", cwd=workdir), "are different sweeps")

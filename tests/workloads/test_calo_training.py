@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from mlflow.tracking import MlflowClient
 
-from tests.conftest import ROOT, run_cli, run_in_process
+from tests.conftest import ROOT, run_in_process
 from tests.flows.test_cli import assert_refused
 from tasks.workloads.calo.nets import parameter_counts
 from tasks.workloads.calo.workload import CPU
@@ -123,7 +123,7 @@ def test_jax_trains_through_the_cli_is_logged_and_scores_the_test_split(showers)
     (["--batch-sizes", "61"], "batch size 61 exceeds the 60 training showers of dataset 'showers'"),
 ])
 def test_bad_batches_are_refused_in_one_line(showers, args, message):
-    assert_refused(run_cli("train", "--workload", "calo", "--dataset", "showers", "--framework", "torch", *args, cwd=showers), message)
+    assert_refused(run_in_process("train", "--workload", "calo", "--dataset", "showers", "--framework", "torch", *args, cwd=showers), message)
 
 
 @pytest.fixture(scope="module")

@@ -10,7 +10,7 @@ from datetime import datetime, timezone
 import numpy as np
 import pytest
 
-from tests.conftest import ROOT, run_cli, shared_prefect_api
+from tests.conftest import ROOT, run_in_process, shared_prefect_api
 from tests.flows.test_cli import assert_refused
 
 
@@ -53,7 +53,7 @@ def test_the_metrics_recover_the_sampling_fraction_resolution_and_angle():
     (["--angle", "120,60"], "--angle 120,60: the calo generator covers 60-120 degrees; give two values inside it, the lower first"),
 ])
 def test_ranges_outside_the_generator_are_refused_and_nothing_is_written(workdir, args, message):
-    assert_refused(run_cli("generate", "--workload", "calo", "--dataset", "showers", *args, cwd=workdir), message)
+    assert_refused(run_in_process("generate", "--workload", "calo", "--dataset", "showers", *args, cwd=workdir), message)
     assert not (workdir / "data" / "datasets" / "showers").exists()
 
 

@@ -131,7 +131,7 @@ def test_bench_quality_trains_another_workload_and_scores_its_test_split(generat
     assert (out["workload"], out["synthetic"], out["seeds"], run["epochs"], run["stopped_by"]) == ("digits", False, [0], 2, "epoch limit") or run["time_to_target_s"]
     assert [v["epoch"] for v in run["validations"]] == list(range(1, run["epochs"] + 1)) and 0.5 < run["validations"][-1]["accuracy"] <= 1
     assert 0.5 < run["test"]["accuracy"] <= 1 and run["samples_per_s"] > 0 and "horizon_vorticity" not in json.dumps(out)
-    assert_refused(run_cli("bench-quality", "--workload", "digits", "--dataset", "mnist", "--epochs", "1", "--extra-dataset", "karman-long",
+    assert_refused(run_in_process("bench-quality", "--workload", "digits", "--dataset", "mnist", "--epochs", "1", "--extra-dataset", "karman-long",
                            cwd=workdir), "--extra-dataset rolls out trained models on more datasets; the digits workload has no rollouts")
 
 

@@ -13,7 +13,7 @@ import pytest
 from mlflow.tracking import MlflowClient
 
 from tasks.common.records import RECORD_FILE, TrainRecord
-from tests.conftest import ROOT, run_cli, run_in_process
+from tests.conftest import ROOT, run_in_process
 from tests.flows.test_cli import assert_refused
 from tests.workloads.toy.workload import generate
 
@@ -75,8 +75,8 @@ def test_the_same_workload_trains_in_its_second_framework(toy):
 
 @pytest.mark.full  # trains through the CLI
 def test_the_table_knows_a_workload_only_where_it_is_named(toy):
-    assert_refused(run_cli("train", "--workload", "toy", "--dataset", "blobs", cwd=toy), "unknown workload 'toy'; choose one of calo, digits, har, karman")
-    assert_refused(run_cli("train", "--workload", "toy", "--dataset", "blobs", "--framework", "jax", cwd=toy, env=TOY),
+    assert_refused(run_in_process("train", "--workload", "toy", "--dataset", "blobs", cwd=toy), "unknown workload 'toy'; choose one of calo, digits, har, karman")
+    assert_refused(run_in_process("train", "--workload", "toy", "--dataset", "blobs", "--framework", "jax", cwd=toy, env=TOY),
                    "workload toy has no jax version; it runs in torch, tensorflow")
     names = subprocess.run(["git", "grep", "-l", "-i", "toy", "--", "flows", "tasks", "models", "infra"], cwd=ROOT, capture_output=True, text=True)
     assert names.stdout == ""  # nothing outside the workload's own folder knows it

@@ -9,7 +9,7 @@ import pytest
 from tasks.common.errors import UserError
 from tasks.common.specs import BenchmarkSpec, GenerateSpec, TrainSpec
 from tasks.workloads import check_benchmark_options, check_options, get_workload, own_fields, owners
-from tests.conftest import run_cli
+from tests.conftest import run_cli, run_in_process
 from tests.flows.test_cli import assert_refused
 
 
@@ -73,7 +73,7 @@ def test_a_benchmark_option_none_of_its_workloads_takes_is_refused_unless_its_pr
     with pytest.raises(UserError, match=r"^train\.ngf = 16 is karman's option"):  # the same values given by hand
         check_benchmark_options(quick.model_copy(update={"workloads": ["digits"]}))
     (workdir / "har.json").write_text('{"workloads": ["har"], "train": {"ngf": 8}}')
-    assert_refused(run_cli("benchmark", "--spec", "har.json", cwd=workdir),
+    assert_refused(run_in_process("benchmark", "--spec", "har.json", cwd=workdir),
                    "train.ngf = 8 is karman's option; no workload of this benchmark (har) takes it")
 
 
@@ -85,7 +85,7 @@ def test_the_command_line_shows_and_refuses_by_workload(workdir):
     assert "--recipe" in every.stdout and "--layers" in every.stdout
     calo = run_cli("generate", "--workload=calo", "--help", cwd=workdir)
     assert "--events" in calo.stdout and "--reynolds" not in calo.stdout
-    assert_refused(run_cli("train", "--workload", "har", "--dataset", "har", "--recipe", "paper", cwd=workdir),
+    assert_refused(run_in_process("train", "--workload", "har", "--dataset", "har", "--recipe", "paper", cwd=workdir),
                    "workload har takes no --recipe (karman's option)", "--layers, --units")
-    assert_refused(run_cli("generate", "--workload", "calo", "--dataset", "showers", "--nx", "300", cwd=workdir),
+    assert_refused(run_in_process("generate", "--workload", "calo", "--dataset", "showers", "--nx", "300", cwd=workdir),
                    "workload calo takes no --nx (karman's option)")

@@ -12,7 +12,7 @@ import sys
 
 import pytest
 
-from tests.conftest import ROOT, run_cli, run_in_process, strict_json
+from tests.conftest import ROOT, run_in_process, strict_json
 from tests.flows.test_cli import assert_refused
 from tests.tasks.train.test_training import dataset_root  # noqa: F401  (the module's dataset fixture)
 
@@ -67,7 +67,7 @@ def test_a_missed_target_is_reported_as_such_and_stop_at_target_ends_the_run_the
     (("--epochs", "1", "--batch-size", "500"), "batch size 500 exceeds the"),
 ])
 def test_bad_input_is_refused_with_one_line(data, args, fragment):
-    assert_refused(run_cli("bench-quality", *TINY, *args, cwd=data), fragment)
+    assert_refused(run_in_process("bench-quality", *TINY, *args, cwd=data), fragment)
 
 
 def test_a_run_of_bench_quality_loads_neither_prefect_nor_mlflow(data):

@@ -17,7 +17,7 @@ from mlflow.tracking import MlflowClient
 
 from tasks.common.store import Manifest, consolidate
 from tasks.workloads.karman.simulate import run_simulation
-from tests.conftest import ROOT, XLA_CPU_ENV, run_cli, run_in_process, strict_json
+from tests.conftest import ROOT, XLA_CPU_ENV, run_in_process, strict_json
 from tests.flows.test_cli import assert_refused
 from tests.tasks.common.test_store import tiny_spec
 
@@ -139,16 +139,16 @@ def _model_with_three_inputs(trained) -> str:
 def test_bad_rollout_requests_are_refused_before_any_run(trained, args, fragments):
     root, env, run_id = trained
     before = len(client(trained).search_runs([client(trained).get_experiment_by_name("rollout-tests").experiment_id]))
-    assert_refused(run_cli("infer", "--model-run", run_id, *args, cwd=root, env=env), *fragments)
+    assert_refused(run_in_process("infer", "--model-run", run_id, *args, cwd=root, env=env), *fragments)
     after = len(client(trained).search_runs([client(trained).get_experiment_by_name("rollout-tests").experiment_id]))
     assert after == before  # nothing started
 
 
 def test_unknown_model_runs_and_models_with_other_channels_are_refused(trained):
     root, env, _ = trained
-    assert_refused(run_cli("infer", "--model-run", "f" * 32, cwd=root, env=env), "unknown model run")
+    assert_refused(run_in_process("infer", "--model-run", "f" * 32, cwd=root, env=env), "unknown model run")
     other = _model_with_three_inputs(trained)
-    assert_refused(run_cli("infer", "--model-run", other, cwd=root, env=env),
+    assert_refused(run_in_process("infer", "--model-run", other, cwd=root, env=env),
                    f"model run {other} maps 3 channels (u, v, p)", "dataset 'tiny' gives 4 (u, v, p, mask), or 5 with each simulation's Reynolds")
 
 
@@ -228,9 +228,9 @@ def test_a_model_trained_on_crops_tiles_at_its_crop_side_by_default(trained):
     assert client(trained).get_run(tiled["run_id"]).data.params["tile_shape"] == "32x32"
     full = infer((root, env, run_id), "--mode", "full")
     assert full["tiles"] == 1
-    assert_refused(run_cli("train", "--dataset", "tiny", "--crop", "16", "--depth", "5", cwd=root, env=env),
+    assert_refused(run_in_process("train", "--dataset", "tiny", "--crop", "16", "--depth", "5", cwd=root, env=env),
                    "crop 16: image size 16x16 does not fit a U-Net of depth 5")
-    assert_refused(run_cli("train", "--dataset", "tiny", "--crop", "64", cwd=root, env=env), "crop 64 does not fit the 32x64 frames; use at most 32")
+    assert_refused(run_in_process("train", "--dataset", "tiny", "--crop", "64", cwd=root, env=env), "crop 64 does not fit the 32x64 frames; use at most 32")
 
 
 FRAMEWORKS = ("torch", "torch_xla", "tensorflow", "keras", "jax")
@@ -323,7 +323,7 @@ def test_the_champion_alias_moves_only_to_a_better_model_on_the_same_data_and_ta
     proc = run_in_process("infer", "--model", "models:/surrogate-test@champion", "--steps", "2", "--json", cwd=root, env=env)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert strict_json(proc.stdout.strip().splitlines()[-1])["model_run_id"] == faster
-    assert_refused(run_cli("infer", "--model", "models:/surrogate-test@nobody", cwd=root, env=env), "has no models:/surrogate-test@nobody")
+    assert_refused(run_in_process("infer", "--model", "models:/surrogate-test@nobody", cwd=root, env=env), "has no models:/surrogate-test@nobody")
 
 
 def test_a_diverging_run_fails_saying_why_and_is_neither_ranked_nor_registered(trained, monkeypatch):

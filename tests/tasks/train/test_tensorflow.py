@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from tasks.common.names import Tag
-from tests.conftest import ROOT, run_cli, run_in_process
+from tests.conftest import ROOT, run_in_process
 from tests.flows.test_cli import assert_refused
 from tests.tasks.train.interrupt import assert_same_result, stopped_and_resumed
 from tests.tasks.train.test_training import NET, client, dataset_root, train, trainable  # noqa: F401
@@ -117,4 +117,4 @@ def test_a_tensorflow_run_stopped_and_killed_after_validated_epochs_resumes_to_t
     ((*TF, "--device", "xla"), ("strategy tpu needs a TPU host",)),
 ])
 def test_bad_tensorflow_settings_are_refused_in_one_line(trainable, args, fragments):
-    assert_refused(run_cli("train", "--dataset", "tiny", *NET, *args, cwd=trainable), *fragments)
+    assert_refused(run_in_process("train", "--dataset", "tiny", *NET, *args, cwd=trainable), *fragments)

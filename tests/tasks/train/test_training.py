@@ -119,7 +119,7 @@ def test_cpu_run_stopped_and_killed_after_validated_epochs_resumes_to_the_uninte
     killed = stop_after_epoch(trainable, args, 2, signal.SIGTERM)
     assert client().get_run(killed).info.status == "KILLED"
     # a resume is refused if its options contradict the run (checked before anything is touched)
-    assert_refused(run_cli("train", "--resume", killed, "--epochs", "3", cwd=trainable), "--epochs 3 differs from the run being resumed (6)")
+    assert_refused(run_in_process("train", "--resume", killed, "--epochs", "3", cwd=trainable), "--epochs 3 differs from the run being resumed (6)")
     stop_after_epoch(trainable, ("--resume", killed), 4, signal.SIGKILL)
     assert client().get_run(killed).info.status == "RUNNING"  # SIGKILL left no chance to close it
     as_the_previous_version_wrote_it(trainable / "data" / "runs" / killed / "checkpoint.pt")
@@ -139,7 +139,7 @@ def test_cpu_run_stopped_and_killed_after_validated_epochs_resumes_to_the_uninte
     assert any(k.startswith("system/") for k in m), "no system metrics"
     assert {a.path for a in client().list_artifacts(killed)} >= {"model", "sample_predictions.png"}
     # a finished run is not resumed again
-    assert_refused(run_cli("train", "--resume", killed, cwd=trainable), "already finished")
+    assert_refused(run_in_process("train", "--resume", killed, cwd=trainable), "already finished")
 
 
 def test_xla_spmd_on_two_virtual_devices_trains_and_resumes(trainable):
@@ -197,7 +197,7 @@ def test_a_loss_turning_nan_stops_the_run_and_keeps_the_last_good_checkpoint(tra
     assert run.info.status == "FAILED" and "non-finite" in run.data.tags["karman.error"]
     # a corrupt checkpoint is refused on resume, and left as it was
     (run_dir / "checkpoint.pt").write_bytes(b"not a checkpoint")
-    assert_refused(run_cli("train", "--resume", run_dir.name, cwd=trainable), "is damaged", "start the run afresh")
+    assert_refused(run_in_process("train", "--resume", run_dir.name, cwd=trainable), "is damaged", "start the run afresh")
     assert (run_dir / "checkpoint.pt").read_bytes() == b"not a checkpoint"
 
 
@@ -219,14 +219,14 @@ def test_a_loss_turning_nan_stops_the_run_and_keeps_the_last_good_checkpoint(tra
 )
 def test_bad_training_input_is_refused_with_one_line(trainable, args, env, fragments):
     # (PJRT_DEVICE unset: xla means the TPU runtime, absent here)
-    assert_refused(run_cli("train", "--dataset", "tiny", *NET, *args, cwd=trainable, env=env), *fragments)
+    assert_refused(run_in_process("train", "--dataset", "tiny", *NET, *args, cwd=trainable, env=env), *fragments)
 
 
 def test_a_dataset_without_simulations_is_refused(workdir):
     ds_dir = workdir / "data" / "datasets" / "empty"
     ds_dir.mkdir(parents=True)
     (ds_dir / "manifest.json").write_text('{"spec": {}, "simulations": {}, "digest": "x"}')
-    assert_refused(run_cli("train", "--dataset", "empty", cwd=workdir), "dataset 'empty' has no completed simulations")
+    assert_refused(run_in_process("train", "--dataset", "empty", cwd=workdir), "dataset 'empty' has no completed simulations")
 
 
 def test_a_time_budget_ends_training_at_the_step_that_crosses_it_and_saves_that_model(trainable):
@@ -280,7 +280,7 @@ def test_validation_rollouts_score_quality_over_training_time_and_record_time_to
 
 
 def test_a_target_longer_than_the_validation_rollout_is_refused(trainable):
-    assert_refused(run_cli("train", "--dataset", "tiny", *NET, "--target-steps", "80", "--validate-steps", "60", cwd=trainable),
+    assert_refused(run_in_process("train", "--dataset", "tiny", *NET, "--target-steps", "80", "--validate-steps", "60", cwd=trainable),
                    "target_steps 80 exceeds validate_steps 60")
 
 
@@ -334,6 +334,6 @@ def test_ablate_trains_a_variant_per_seed_and_scores_its_rollouts_on_the_extra_d
 
 
 def test_ablate_refuses_a_missing_extra_dataset_before_it_trains(trainable):
-    assert_refused(run_cli("ablate", "--dataset", "tiny", "--variants", "default", "--extra-dataset", "nowhere", cwd=trainable),
+    assert_refused(run_in_process("ablate", "--dataset", "tiny", "--variants", "default", "--extra-dataset", "nowhere", cwd=trainable),
                    "dataset 'nowhere' not found")
     assert not (trainable / "data" / "runs").exists() or not any((trainable / "data" / "runs").iterdir())
