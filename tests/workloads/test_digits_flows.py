@@ -9,7 +9,7 @@ import pytest
 import zarr
 from mlflow.tracking import MlflowClient
 
-from tests.conftest import run_cli, run_in_process
+from tests.conftest import run_in_process
 from tests.flows.test_cli import assert_refused
 from tests.tasks.train.interrupt import resumes_to_its_end
 
@@ -50,7 +50,7 @@ def test_a_damaged_store_is_refused_and_overwrite_writes_it_afresh(generated):
     workdir, first = generated
     chunk = next(p for p in (workdir / "data" / "datasets" / "mnist" / "store.zarr" / "images").rglob("*") if p.is_file() and p.name != "zarr.json")
     chunk.write_bytes(b"\0" * 64)
-    proc = run_cli("generate", "--workload", "digits", "--dataset", "mnist", cwd=workdir)
+    proc = run_in_process("generate", "--workload", "digits", "--dataset", "mnist", cwd=workdir)
     assert_refused(proc, "dataset 'mnist' is damaged", "--overwrite")
     again = _generate(workdir, "--overwrite")
     assert (again["written"], again["digest"]) == (True, first["digest"])
@@ -115,7 +115,7 @@ def test_jax_over_two_devices_of_one_process_takes_the_one_devices_steps(generat
     assert (out["world_size"], out["strategy"], out["steps"]) == (2, "spmd", 8) and "x2" in out["device"]
     assert out["final_ce"] == pytest.approx(jax_one_device["final_ce"], rel=1e-5)
     assert out["test_accuracy"] == pytest.approx(jax_one_device["test_accuracy"], abs=0.005)
-    refused = run_cli(*SHORT_JAX[:-1], "--world-size", "2", "--batch-sizes", "33", cwd=generated[0])
+    refused = run_in_process(*SHORT_JAX[:-1], "--world-size", "2", "--batch-sizes", "33", cwd=generated[0])
     assert_refused(refused, "batch size 33 does not split evenly over 2 devices")
 
 
@@ -164,7 +164,7 @@ def _energy_and_cost_are_logged_and_reported(workdir, run):
 
 def test_jax_on_a_device_it_has_no_backend_for_is_refused_in_one_line(generated):
     workdir, _ = generated
-    proc = run_cli("train", "--workload", "digits", "--dataset", "mnist", "--framework", "jax", "--device", "cuda", cwd=workdir)
+    proc = run_in_process("train", "--workload", "digits", "--dataset", "mnist", "--framework", "jax", "--device", "cuda", cwd=workdir)
     assert_refused(proc, "device cuda requested but jax", "has no gpu backend here")
 
 

@@ -10,7 +10,7 @@ import pytest
 import zarr
 from mlflow.tracking import MlflowClient
 
-from tests.conftest import ROOT, run_cli, run_in_process, shared_prefect_api
+from tests.conftest import ROOT, run_in_process, shared_prefect_api
 from tests.flows.test_cli import assert_refused
 from tests.tasks.train.interrupt import resumes_to_its_end
 
@@ -114,11 +114,11 @@ def test_jax_over_two_devices_of_one_process_takes_the_same_steps_as_torch_over_
 def test_a_network_without_layers_or_a_batch_that_does_not_split_over_the_workers_is_refused_in_one_line_and_nothing_is_written(generated):
     workdir, _ = generated
     runs = sorted((workdir / "data").rglob("*"))
-    proc = run_cli("train", "--workload", "har", "--dataset", "har", "--layers", "0", cwd=workdir)
+    proc = run_in_process("train", "--workload", "har", "--dataset", "har", "--layers", "0", cwd=workdir)
     assert_refused(proc, "--layers", "greater than 0")
     assert sorted((workdir / "data").rglob("*")) == runs
-    proc = run_cli("train", "--workload", "har", "--dataset", "har", "--framework", "tensorflow", "--strategy", "multiworker", "--world-size", "2",
-                   "--batch-sizes", "63", cwd=workdir)
+    proc = run_in_process("train", "--workload", "har", "--dataset", "har", "--framework", "tensorflow", "--strategy", "multiworker", "--world-size", "2",
+                          "--batch-sizes", "63", cwd=workdir)
     assert_refused(proc, "batch size 63 does not split evenly over 2 devices; use a multiple of 2")
     assert sorted((workdir / "data").rglob("*")) == runs
 

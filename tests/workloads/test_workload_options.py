@@ -9,7 +9,7 @@ import pytest
 from tasks.common.errors import UserError
 from tasks.common.specs import BenchmarkSpec, GenerateSpec, TrainSpec
 from tasks.workloads import check_benchmark_options, check_options, get_workload, own_fields, owners
-from tests.conftest import run_cli, run_in_process
+from tests.conftest import run_in_process
 from tests.flows.test_cli import assert_refused
 
 
@@ -78,12 +78,12 @@ def test_a_benchmark_option_none_of_its_workloads_takes_is_refused_unless_its_pr
 
 
 def test_the_command_line_shows_and_refuses_by_workload(workdir):
-    shown = run_cli("train", "--workload", "har", "--help", cwd=workdir)
+    shown = run_in_process("train", "--workload", "har", "--help", cwd=workdir)
     assert shown.returncode == 0 and "--layers" in shown.stdout and "--units" in shown.stdout
     assert not {"--recipe", "--crop", "--target-vorticity", "--val-simulations", "--target-accuracy"} & set(shown.stdout.split())
-    every = run_cli("train", "--help", cwd=workdir)
+    every = run_in_process("train", "--help", cwd=workdir)
     assert "--recipe" in every.stdout and "--layers" in every.stdout
-    calo = run_cli("generate", "--workload=calo", "--help", cwd=workdir)
+    calo = run_in_process("generate", "--workload=calo", "--help", cwd=workdir)
     assert "--events" in calo.stdout and "--reynolds" not in calo.stdout
     assert_refused(run_in_process("train", "--workload", "har", "--dataset", "har", "--recipe", "paper", cwd=workdir),
                    "workload har takes no --recipe (karman's option)", "--layers, --units")
