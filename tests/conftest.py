@@ -272,7 +272,7 @@ def run_in_process(*args: str, cwd: Path, env: dict | None = None) -> subprocess
                     try:
                         code = cli.main(list(args))
                     except SystemExit as exc:  # argparse's refusals and --help end the command this way
-                        code = exc.code if isinstance(exc.code, int) else 1
+                        code = lifetime.exit_status(exc)
         finally:  # main sets variables of its own (credentials, verbosity): all of them go
             os.environ.clear()
             os.environ.update(saved)

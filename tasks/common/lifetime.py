@@ -69,6 +69,13 @@ def received() -> int | None:
     return _received[-1] if _received else None
 
 
+def exit_status(exc: SystemExit) -> int:
+    """The status an interpreter ending on ``exc`` exits with: 0 for ``sys.exit()``, its number, else 1 (a message)."""
+    if exc.code is None:
+        return 0
+    return exc.code if isinstance(exc.code, int) else 1
+
+
 def signal_of(exc: BaseException | None) -> int | None:
     """The signal behind an exception or the ones it was raised from: Interrupted, Prefect's
     TerminationSignal, KeyboardInterrupt (SIGINT); None if no signal."""

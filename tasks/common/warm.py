@@ -57,7 +57,7 @@ def _child(argv: list[str], env: dict[str, str], cwd: str) -> None:
     os.close(out)
     sys.stdout = io.TextIOWrapper(io.FileIO(1, "w", closefd=False), line_buffering=True, write_through=True)
     sys.stderr = io.TextIOWrapper(io.FileIO(2, "w", closefd=False), line_buffering=True, write_through=True)
-    from tasks.common.lifetime import PARENT_ENV
+    from tasks.common.lifetime import PARENT_ENV, exit_status
 
     os.environ.clear()
     os.environ.update(env)
@@ -73,7 +73,7 @@ def _child(argv: list[str], env: dict[str, str], cwd: str) -> None:
 
         code = job_main.main(argv)
     except SystemExit as exc:
-        code = exc.code if isinstance(exc.code, int) else 1
+        code = exit_status(exc)
     finally:
         import atexit
 
