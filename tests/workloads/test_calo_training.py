@@ -40,15 +40,20 @@ def stepped() -> dict[str, dict]:
 def test_keras_and_jax_take_torchs_four_tape_step(stepped, other):
     torch_, other_ = stepped["torch"], stepped[other]
     assert set(torch_["first"]) == {"loss_d_real", "loss_d_fake", "loss_g_first", "loss_g_second", "loss_g"}
+    # JAX's generator forward differs more from torch's on some hosts (1.5e-6 against Keras's 3e-7 for loss_g_first on an
+    # AVX2 host); G's first RMSprop update, nearly sign-like where a gradient is tiny, amplifies that: after it, JAX's
+    # figures on that host were 1.9e-5 (loss_g_second), 3.8e-3 (the statistics) and 6.9e-3 (step 2); Keras's 1.5e-5 at most
+    after_g = {"tensorflow": (1e-5, 1e-3, 1e-2), "jax": (1e-4, 1e-2, 2e-2)}[other]
     for name, value in torch_["first"].items():  # the four tapes of step 1, the updates between them included
-        assert other_["first"][name] == pytest.approx(value, rel=1e-5), name
+        rel = after_g[0] if name in ("loss_g_second", "loss_g") else 1e-5
+        assert other_["first"][name] == pytest.approx(value, rel=rel), name
     # the average's batch-norm statistics after step 1, recomputed over the calibration batches: the same in both
     assert set(torch_["statistics"]) == set(other_["statistics"]) and len(torch_["statistics"]) == 10
     for name, value in torch_["statistics"].items():
-        assert other_["statistics"][name] == pytest.approx(value, rel=1e-3, abs=1e-6), name  # float32 weights a step apart
+        assert other_["statistics"][name] == pytest.approx(value, rel=after_g[1], abs=1e-6), name  # float32 weights a step apart
     # step 2 starts from weights that RMSprop's first, nearly sign-like update moved: float32 rounding grows to about 1e-3
     for name, value in torch_["second"].items():
-        assert other_["second"][name] == pytest.approx(value, rel=1e-2), name
+        assert other_["second"][name] == pytest.approx(value, rel=after_g[2]), name
     if other == "jax":  # its convolutions folded into 2-D ones on a CPU: XLA's 3-D convolutions' sums (tasks/workloads/calo/jax.py)
         assert other_["folded"] < 1e-5
     assert torch_["second"]["loss_g"] < torch_["first"]["loss_g"]  # the generator learns (its energy sum first)
