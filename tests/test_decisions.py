@@ -66,6 +66,22 @@ def test_the_keras_bench_step_gets_the_training_childs_environment(device, monke
     assert ("CUDA_VISIBLE_DEVICES" in seen["env"]) == (device == "cpu")
 
 
+
+def test_tensorflow_on_an_x86_cpu_takes_onednns_kernels_unless_the_user_chose(monkeypatch):
+    """TensorFlow turns oneDNN on by itself only on CPUs with AVX-512 VNNI, BF16 or AMX; a CPU job of ours asks for it
+    on every x86 host (docs/frameworks.md), keeps a value the user set, and a GPU job leaves it to TensorFlow."""
+    import platform
+
+    from tasks.common.launch import device_env
+
+    monkeypatch.delenv("TF_ENABLE_ONEDNN_OPTS", raising=False)
+    x86 = platform.machine().lower() in ("x86_64", "amd64")
+    assert device_env("cpu", framework="tensorflow").get("TF_ENABLE_ONEDNN_OPTS") == ("1" if x86 else None)
+    assert "TF_ENABLE_ONEDNN_OPTS" not in device_env("cuda", framework="tensorflow")
+    assert "TF_ENABLE_ONEDNN_OPTS" not in device_env("cpu", framework="torch") | device_env("cpu", framework="jax")
+    monkeypatch.setenv("TF_ENABLE_ONEDNN_OPTS", "0")
+    assert device_env("cpu", framework="tensorflow").get("TF_ENABLE_ONEDNN_OPTS") == ("0" if x86 else None)
+
 NAMED_FOLDERS = [(GenerateSpec, "dataset"), (TrainSpec, "dataset"), (InferSpec, "dataset"), (AggregateSpec, "name"), (AblationSpec, "name")]
 
 
