@@ -14,7 +14,7 @@ from pathlib import Path
 from models.host import DeviceKind
 from tasks.common import events
 from tasks.common.errors import RunFailed, RunStopped, UserError, signal_name
-from tasks.common.lifetime import JOB_DIR_PREFIX, PARENT_ENV, defer, raise_pending, signal_of, stop_child
+from tasks.common.lifetime import JOB_DIR_PREFIX, PARENT_ENV, defer, forwarding_to, raise_pending, signal_of, stop_child
 from tasks.common.flowrun import flow_run_env
 from tasks.common.training.frameworks import DEFAULT, FRAMEWORKS
 from tasks.common.warm import ForkedChild, warm_enabled
@@ -114,7 +114,7 @@ def run_child(kind: str, body: str, job: dict, log, env: dict[str, str] | None =
             started = ForkedChild([kind, str(job_path), str(result_path)], child_env, os.getcwd(), framework)
         else:
             started = subprocess.Popen(cmd, cwd=os.getcwd(), env=child_env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-        with started as proc:
+        with started as proc, forwarding_to(proc):
             assert proc.stdout is not None
             try:
                 _relay(proc, kind, tail, verdicts, log, on_event)

@@ -41,12 +41,18 @@ def defer(exc: BaseException) -> None:
 
 
 def raise_pending() -> None:
-    """Raise a signal's exception kept by ``defer``, once."""
+    """Raise a signal's exception kept by ``defer``, once: as Interrupted where a signal is behind it (Prefect's
+    TerminationSignal included), so that the command's ending names it."""
     if _pending:
-        raise _pending.pop()
+        exc = _pending.pop()
+        signum = signal_of(exc)
+        if signum is not None and not isinstance(exc, (Interrupted, KeyboardInterrupt)):
+            raise Interrupted(signum) from exc
+        raise exc
 
 
 _received: list[int] = []  # the signals this command was sent
+_forwards: list = []  # while a child runs (forwarding_to): how to pass it a signal whose exception was swallowed
 
 
 def raise_on_sigterm() -> None:
@@ -62,6 +68,47 @@ def raise_on_sigterm() -> None:
 
     signal.signal(signal.SIGTERM, handler)
     signal.signal(signal.SIGINT, interrupt)
+    keep_swallowed_signals()
+
+
+def keep_swallowed_signals() -> None:
+    """A handler's exception (ours above; Prefect's TerminationSignal while a flow runs) is raised wherever the main
+    thread happens to be. Where Python cannot pass it on (a ``__del__`` the garbage collector runs, a weakref
+    callback: "Exception ignored in ...") the stop would be lost and the command would run on. Kept here instead:
+    noted as received, passed at once to the child that is running (its run stops after its step, as if signalled
+    directly), and raised by ``raise_pending`` before the next child starts or when the flow ends."""
+    previous = sys.unraisablehook
+    if getattr(previous, "keeps_signals", False):
+        return
+
+    def hook(unraisable):
+        signum = signal_of(unraisable.exc_value)
+        if signum not in (signal.SIGTERM, signal.SIGINT):
+            previous(unraisable)
+            return
+        _received.append(signum)
+        defer(unraisable.exc_value)
+        for forward in list(_forwards):
+            forward(signum)
+
+    hook.keeps_signals = True
+    sys.unraisablehook = hook
+
+
+class forwarding_to:
+    """``with forwarding_to(proc):`` a signal this command's handlers could not raise (keep_swallowed_signals) goes
+    on to ``proc`` (``send_signal``) while the block runs."""
+
+    def __init__(self, proc):
+        self._forward = proc.send_signal
+
+    def __enter__(self):
+        _forwards.append(self._forward)
+        return self
+
+    def __exit__(self, *exc):
+        _forwards.remove(self._forward)
+        return False
 
 
 def received() -> int | None:

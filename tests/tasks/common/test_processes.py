@@ -76,3 +76,36 @@ def test_the_guardian_stops_what_a_killed_command_left_running_and_closes_its_ru
     assert closed.data.tags["karman.error"] == (f"its driver ({socket.gethostname()}:{command.pid}) ended without closing it: "
                                                 f"{named} (pid {command.pid}) was killed; its guardian closed the run")
     assert client.get_run(ours).info.status == "RUNNING"
+
+
+SWALLOWED = """
+import os, signal, subprocess, sys, time
+from tasks.common import lifetime
+from tasks.common.errors import Interrupted
+
+class Collected:
+    def __del__(self):  # the signal lands here, as it can in a transport's __del__ the collector runs
+        os.kill(os.getpid(), signal.SIGTERM)
+        for _ in range(1000):
+            pass
+
+lifetime.raise_on_sigterm()
+child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+with lifetime.forwarding_to(child):
+    Collected()  # its handler's Interrupted is swallowed ("Exception ignored in ...") and the command would run on
+    print("ran on", flush=True)
+    child.wait(timeout=20)
+print("child", child.returncode, "received", lifetime.received(), flush=True)
+try:
+    lifetime.raise_pending()
+except Interrupted as exc:
+    print("raised", exc.signum, flush=True)
+"""
+
+
+def test_a_signal_whose_exception_python_swallowed_still_stops_the_child_and_the_command():
+    done = subprocess.run([sys.executable, "-c", SWALLOWED], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines() == ["ran on", f"child {-signal.SIGTERM} received {int(signal.SIGTERM)}",
+                                        f"raised {int(signal.SIGTERM)}"], done.stdout + done.stderr
+    assert "Exception ignored" not in done.stderr  # kept, not printed as lost
