@@ -5,8 +5,9 @@ A training or inference child spends most of a short run importing: torch 1.5–
 many children (a benchmark's cells, a sweep's batch sizes, one rollout per cell) pays that once per child. Here a fork
 server per kind of job (multiprocessing's forkserver, one per preload list, started on first use and gone with this
 process) imports those libraries once; each child is forked from it and is then a job process like any other: its own
-environment (set before any framework import: the frameworks themselves are never preloaded, except torch for torch's
-jobs, whose settings read at import are re-applied below), its own folder, its output on a pipe this process reads
+environment (set before any framework import: the frameworks themselves are preloaded only where their import reads none
+of it (torch for torch's jobs, whose settings read at import are re-applied below), or reads only what the framework's cpu
+environment fixes (TensorFlow for its cpu jobs, a server per set of those values)), its own folder, its output on a pipe this process reads
 line by line, its exit code, signals and verdicts as before (tasks.common.job_main), the kernel's SIGTERM when the
 fork server (and so this process) dies. ``ForkedChild`` answers as much of ``subprocess.Popen`` as the launcher uses.
 
@@ -20,6 +21,7 @@ import subprocess
 import sys
 import threading
 import time
+from pathlib import Path
 from multiprocessing import connection, context, forkserver, get_context, process, reduction
 
 WARM_ENV = "KARMAN_WARM_CHILDREN"
@@ -29,7 +31,7 @@ WARM_ENV = "KARMAN_WARM_CHILDREN"
 # forked job's, as ps and psutil show it) names it.
 COMMON = ("tasks.common.job_main", "numpy", "pandas", "xarray", "zarr", "psutil", "pydantic", "mlflow", "mlflow.tracking",
           "mlflow.store.tracking.sqlalchemy_store", "matplotlib", "matplotlib.figure")
-_servers: dict[tuple[str, ...], forkserver.ForkServer] = {}
+_servers: dict[tuple, forkserver.ForkServer] = {}
 _lock = threading.Lock()
 
 
@@ -37,16 +39,44 @@ def warm_enabled(procs: int, hosts: int) -> bool:
     return procs == 1 and hosts == 1 and os.environ.get(WARM_ENV, "1") != "0" and sys.platform == "linux"
 
 
-def _server(framework: str) -> forkserver.ForkServer:
+def _preload(framework: str, env: dict[str, str]) -> tuple[tuple[str, ...], tuple]:
+    """The modules a warm server for a ``framework`` job of environment ``env`` imports, and what else tells servers apart:
+    a cpu job whose import-time variables are those the framework's cpu environment gives (with this process's own
+    environment, which the server inherits) also takes the framework's ``cpu_preload``, the server keyed by those values."""
     from tasks.common.training.frameworks import FRAMEWORKS
 
-    preload = (*COMMON, *FRAMEWORKS[framework].preload)  # frameworks that preload nothing share one server
+    fw = FRAMEWORKS[framework]
+    preload = (*COMMON, *fw.preload)  # frameworks that preload nothing share one server
+    if fw.cpu_preload:
+        def reads(e):
+            return tuple(sorted((k, v) for k, v in e.items() if k.startswith(fw.import_env)))
+
+        cpu = reads({**os.environ, **fw.env("cpu", None)})
+        if reads(env) == cpu:
+            return (*preload, *fw.cpu_preload), cpu
+    return preload, ()
+
+
+def _server(framework: str, env: dict[str, str]) -> forkserver.ForkServer:
+    key = _preload(framework, env)
     with _lock:
-        server = _servers.get(preload)
+        server = _servers.get(key)
         if server is None:
-            server = _servers[preload] = forkserver.ForkServer()
-            server.set_forkserver_preload(list(preload))
+            _importable_here()
+            server = _servers[key] = forkserver.ForkServer()
+            server.set_forkserver_preload(list(key[0]))
         return server
+
+
+def _importable_here() -> None:
+    """A server imports its preload with the path of a new interpreter in this process's folder (multiprocessing sends
+    it this process's sys.path but, up to Python 3.12, never applies it), and skips a module it cannot import without a
+    word: a command run from another folder would get servers without this project's modules (the job's entry, a
+    framework's preload). This project's root goes on PYTHONPATH, which the servers inherit, as it does for every job."""
+    root = str(Path(__file__).resolve().parents[2])
+    paths = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+    if root not in paths:
+        os.environ["PYTHONPATH"] = os.pathsep.join([root, *paths])
 
 
 def _child(argv: list[str], env: dict[str, str], cwd: str) -> None:
@@ -124,7 +154,7 @@ class ForkedChild:
                 reduction.dump(proc, buf)
             finally:
                 context.set_spawning_popen(None)
-            self._status, data = _server(framework).connect_to_new_process(self._fds)
+            self._status, data = _server(framework, env).connect_to_new_process(self._fds)
             with open(data, "wb", closefd=True) as f:
                 f.write(buf.getbuffer())
             self.pid = forkserver.read_signed(self._status)

@@ -87,6 +87,10 @@ class Framework:
     local_launcher: tuple[str, ...] = ()  # python -m MODULE ARGS that starts N processes on this host ({procs} is N); () where it needs none
     check_device: Callable | None = None  # (spec) -> None; ValueError for a strategy that does not suit the spec's device or world
     preload: tuple[str, ...] = ()  # its modules a warm server may import for its jobs, none reading the job's environment on import (tasks.common.warm)
+    # modules a warm server may import for its cpu jobs in their environment (``env("cpu")``): those whose jobs' variables
+    # starting with an ``import_env`` prefix (what the framework reads on import) are what that environment gives
+    cpu_preload: tuple[str, ...] = ()
+    import_env: tuple[str, ...] = ()
 
     def procs(self, device: str, world: int, strategy: str) -> int:
         """Processes a run of ``world`` devices launches on each host."""
@@ -144,7 +148,8 @@ FRAMEWORKS = {
     "tensorflow": Framework(
         "tensorflow", "tasks.common.training.runtime_keras", "tasks.common.probe:probe_tensorflow", "checkpoint.npz", "npz", processes="strategy",
         env=_tensorflow_env, resolve_strategy=_tensorflow_strategy, strategies=("auto", "default", "mirrored", "multiworker", "tpu"),
-        hosts="workers", host_strategies=("auto", "multiworker"), check_device=_tensorflow_check, local_launcher=("-m", "tasks.common.workers", "{procs}", "{python}")),
+        hosts="workers", host_strategies=("auto", "multiworker"), check_device=_tensorflow_check, local_launcher=("-m", "tasks.common.workers", "{procs}", "{python}"),
+        cpu_preload=("tasks.common.training.tensorflow_preload",), import_env=("TF_", "KERAS_", "CUDA_", "XLA_", "ONEDNN_", "DNNL_")),
     "jax": Framework(
         "jax", "tasks.common.training.runtime_jax", "tasks.common.probe:probe_jax", "checkpoint.npz", "npz", processes="host",
         env=_jax_env, strategy_words="auto (its devices in one process, the batch split over them)"),

@@ -59,3 +59,16 @@ def die(job: dict) -> dict:
 
     os.kill(os.getpid(), job["signal"])
     return {}
+
+
+def describe_tensorflow(job: dict) -> dict:
+    """Whether TensorFlow was already loaded when the body began, and what it computes here (oneDNN's choice as the job's
+    environment says it)."""
+    import os
+    import sys
+
+    loaded = "tensorflow" in sys.modules
+    import tensorflow as tf
+
+    return {"ppid": os.getppid(), "tensorflow_preloaded": loaded, "onednn": os.environ.get("TF_ENABLE_ONEDNN_OPTS"),
+            "sum": float(tf.reduce_sum(tf.range(10.0)).numpy())}

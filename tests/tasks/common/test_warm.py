@@ -44,3 +44,23 @@ def test_a_job_killed_by_a_signal_and_a_refused_job_end_the_same_warm_or_fresh(w
         run_child("probe", "tests.tasks.common.job_bodies:die", {"signal": int(signal.SIGKILL)}, LOG)
     with pytest.raises(UserError, match="has no function nothing"):
         run_child("probe", "tests.tasks.common.job_bodies:nothing", {}, LOG)
+
+
+def test_tensorflows_cpu_jobs_fork_from_a_server_that_imported_it_in_their_environment_and_others_do_not(workdir, monkeypatch, capfd):
+    from tasks.common.launch import device_env
+
+    monkeypatch.delenv(WARM_ENV, raising=False)
+    monkeypatch.delenv("TF_ENABLE_ONEDNN_OPTS", raising=False)
+    body = "tests.tasks.common.job_bodies:describe_tensorflow"
+    cpu = device_env("cpu", framework="tensorflow")
+    first = run_child("probe", body, {}, LOG, env=cpu, framework="tensorflow")
+    second = run_child("probe", body, {}, LOG, env=cpu, framework="tensorflow")
+    assert first["ppid"] == second["ppid"] and first["sum"] == second["sum"] == 45.0
+    # a job whose import-time variables differ from the cpu environment's (another oneDNN choice, a GPU visible)
+    # imports TensorFlow itself, in its own environment
+    other = run_child("probe", body, {}, LOG, env={**cpu, "TF_ENABLE_ONEDNN_OPTS": "0"}, framework="tensorflow")
+    assert not other["tensorflow_preloaded"] and other["onednn"] == "0" and other["ppid"] != first["ppid"] and other["sum"] == 45.0
+    gpu = run_child("probe", body, {}, LOG, env={k: v for k, v in cpu.items() if k != "CUDA_VISIBLE_DEVICES"}, framework="tensorflow")
+    assert not gpu["tensorflow_preloaded"]
+    err = capfd.readouterr().err
+    assert "oneDNN custom operations" not in err and "absl::InitializeLog" not in err  # the server's import stays off the terminal

@@ -1,0 +1,23 @@
+"""What a warm server (tasks.common.warm) imports for TensorFlow's cpu jobs: TensorFlow itself (6-8 s of CPU a job),
+in the environment the framework table gives those jobs, which TensorFlow reads on import (its log level, oneDNN's
+kernels, no GPU). The notices it writes on import before absl's logging starts, whatever TF_CPP_MIN_LOG_LEVEL says,
+go nowhere: the server's stderr is the command's terminal, and a job's own are on its own output anyway."""
+
+import os
+
+from tasks.common.training.frameworks import FRAMEWORKS
+
+os.environ.update(FRAMEWORKS["tensorflow"].env("cpu", None))
+_saved = (os.dup(1), os.dup(2))
+_null = os.open(os.devnull, os.O_WRONLY)
+try:
+    os.dup2(_null, 1)
+    os.dup2(_null, 2)
+    import tensorflow  # noqa: F401,E402
+
+    import keras  # noqa: F401,E402
+finally:
+    os.dup2(_saved[0], 1)
+    os.dup2(_saved[1], 2)
+    for _fd in (*_saved, _null):
+        os.close(_fd)
