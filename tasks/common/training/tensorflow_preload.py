@@ -1,7 +1,9 @@
-"""What a warm server (tasks.common.warm) imports for TensorFlow's cpu jobs: TensorFlow itself (6-8 s of CPU a job),
-in the environment the framework table gives those jobs, which TensorFlow reads on import (its log level, oneDNN's
-kernels, no GPU). The notices it writes on import before absl's logging starts, whatever TF_CPP_MIN_LOG_LEVEL says,
-go nowhere: the server's stderr is the command's terminal, and a job's own are on its own output anyway."""
+"""A warm server's preload for TensorFlow's cpu jobs (tasks.common.warm): TensorFlow imported once, quietly.
+
+TensorFlow costs 6-8 s of CPU to import. It is imported here in the environment the framework table gives its cpu jobs,
+which it reads on import (its log level, oneDNN's kernels, no GPU). The notices it writes on import before absl's
+logging starts, whatever TF_CPP_MIN_LOG_LEVEL says, go nowhere: the server's stderr is the command's terminal, and a
+job's own are on its own output anyway."""
 
 import os
 
