@@ -21,8 +21,8 @@ import subprocess
 import sys
 import threading
 import time
-from pathlib import Path
 from multiprocessing import connection, context, forkserver, get_context, process, reduction
+from pathlib import Path
 
 WARM_ENV = "KARMAN_WARM_CHILDREN"
 
@@ -70,7 +70,7 @@ def _server(framework: str, env: dict[str, str]) -> forkserver.ForkServer:
 
 def _importable_here() -> None:
     """A server imports its preload with the path of a new interpreter in this process's folder (multiprocessing sends
-    it this process's sys.path but, up to Python 3.12, never applies it), and skips a module it cannot import without a
+    it this process's sys.path, which Python 3.11's server never applies), and skips a module it cannot import without a
     word: a command run from another folder would get servers without this project's modules (the job's entry, a
     framework's preload). This project's root goes on PYTHONPATH, which the servers inherit, as it does for every job."""
     root = str(Path(__file__).resolve().parents[2])
