@@ -55,7 +55,7 @@ def test_tensorflows_cpu_jobs_fork_from_a_server_that_imported_it_in_their_envir
     cpu = device_env("cpu", framework="tensorflow")
     first = run_child("probe", body, {}, LOG, env=cpu, framework="tensorflow")
     second = run_child("probe", body, {}, LOG, env=cpu, framework="tensorflow")
-    assert first["ppid"] == second["ppid"] and first["sum"] == second["sum"] == 45.0
+    assert first["tensorflow_preloaded"] and first["ppid"] == second["ppid"] and first["sum"] == second["sum"] == 45.0
     # a job whose import-time variables differ from the cpu environment's (another oneDNN choice, a GPU visible)
     # imports TensorFlow itself, in its own environment
     other = run_child("probe", body, {}, LOG, env={**cpu, "TF_ENABLE_ONEDNN_OPTS": "0"}, framework="tensorflow")
