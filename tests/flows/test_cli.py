@@ -50,12 +50,12 @@ def test_zero_or_negative_sizes(workdir, args, fragment):
 def test_unwritable_data_root(workdir):
     blocker = workdir / "a-file"
     blocker.write_text("not a folder")
-    proc = run_cli("generate", cwd=workdir, env={"KARMAN_DATA_ROOT": str(blocker / "data")})
+    proc = run_in_process("generate", cwd=workdir, env={"KARMAN_DATA_ROOT": str(blocker / "data")})
     assert_refused(proc, "data root", "not writable")
 
 
 def test_obstacle_touching_a_wall_is_refused_before_any_step(workdir):
-    proc = run_cli("generate", "--y-offset", "25", cwd=workdir)
+    proc = run_in_process("generate", "--y-offset", "25", cwd=workdir)
     assert_refused(proc, "touches or crosses a wall")
     assert not (workdir / "data" / "datasets").exists()
 
@@ -71,7 +71,7 @@ def test_training_on_a_missing_dataset(workdir):
 def test_cuda_without_a_gpu_fails_fast(workdir):
     (workdir / "data" / "datasets" / "d").mkdir(parents=True)
     (workdir / "data" / "datasets" / "d" / "manifest.json").write_text('{"simulations": {"s": {"digest": "x"}}, "digest": "x"}')
-    proc = run_cli("train", "--dataset", "d", "--device", "cuda", cwd=workdir)
+    proc = run_in_process("train", "--dataset", "d", "--device", "cuda", cwd=workdir)
     assert_refused(proc, "cuda requested but no CUDA GPU")
 
 
