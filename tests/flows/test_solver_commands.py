@@ -92,7 +92,7 @@ def test_bench_train_compares_with_the_plain_step_in_one_run(workdir):
 
 
 def test_bench_train_refuses_an_image_the_unet_cannot_take(workdir):
-    proc = run_cli("bench-train", "--size", "48", cwd=workdir)
+    proc = run_in_process("bench-train", "--size", "48", cwd=workdir)
     assert proc.returncode == 2
     assert proc.stderr.strip().splitlines()[-1].startswith("python -m flows bench-train: error: image size 48x48 does not fit")
 
@@ -129,7 +129,7 @@ def test_bench_infer_full_frame_has_no_seam(workdir):
     (("--tile", "64x128"), "--tile: '64x128' is not a tile size; write S or H,W"),
 ])
 def test_bench_infer_refuses_bad_input_with_one_line(workdir, args, message):
-    proc = run_cli("bench-infer", "--ngf", "8", *args, cwd=workdir)
+    proc = run_in_process("bench-infer", "--ngf", "8", *args, cwd=workdir)
     assert proc.returncode == 2, proc.stderr
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and message in lines[0], proc.stderr
