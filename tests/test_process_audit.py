@@ -1,0 +1,33 @@
+"""The process audit's hook records a Python process's CPU at its exit, and its report sums the records by kind and by test."""
+
+import json
+import os
+import subprocess
+import sys
+
+from tests.process_audit import ENV, HOOK, kind, main, report
+
+
+def test_the_hook_records_a_process_at_its_exit_and_nothing_without_its_variable(tmp_path):
+    body = HOOK + "\nimport sys\nsum(i * i for i in range(2_000_000))\n"
+    for folder, env in ((tmp_path / "on", {ENV: str(tmp_path / "on"), "PYTEST_CURRENT_TEST": "tests/x.py::t (call)"}), (tmp_path / "off", {})):
+        folder.mkdir()
+        base = {k: v for k, v in os.environ.items() if k not in (ENV, "PYTEST_CURRENT_TEST")}
+        subprocess.run([sys.executable, "-c", body, "a", "b"], env={**base, **env}, check=True)
+    (record,) = [json.loads(p.read_text()) for p in (tmp_path / "on").iterdir()]
+    assert record["argv"] == ["-c", "a", "b"] and record["test"] == "tests/x.py::t (call)"
+    assert 0 < record["cpu_s"] < 60 and record["wall_s"] >= record["cpu_s"] * 0.5 and record["libraries"] == []
+    assert not list((tmp_path / "off").iterdir())
+
+
+def test_the_report_sums_by_kind_and_by_test_module(tmp_path, capsys):
+    rows = [(["/v/lib/flows/__main__.py", "train", "--x"], 5.0, "tests/a.py::t1 (call)"),
+            (["-c", "train", "/tmp/job.json"], 7.0, "tests/a.py::t2 (call)"),
+            (["-c"], 100.0, "")]
+    for i, (argv, cpu, test) in enumerate(rows):
+        (tmp_path / f"{i}.json").write_text(json.dumps({"argv": argv, "cpu_s": cpu, "wall_s": cpu, "test": test, "libraries": []}))
+    text = report(tmp_path)
+    assert text.startswith("3 processes, 112 s of CPU recorded")
+    assert "        1      5  python -m flows train" in text and "        1      7  forked job: train" in text
+    assert "        2     12  tests/a.py" in text and "        1    100  (started outside a test)" in text
+    assert kind([]) == "?" and main(["report"]) == 2 and "usage" in capsys.readouterr().err
