@@ -9,11 +9,12 @@ from tests.process_audit import ENV, HOOK, kind, main, report
 
 
 def test_the_hook_records_a_process_at_its_exit_and_nothing_without_its_variable(tmp_path):
+    # -S: no site-packages, so a hook installed there (a test run being measured) does not record the child a second time
     body = HOOK + "\nimport sys\nsum(i * i for i in range(2_000_000))\n"
     for folder, env in ((tmp_path / "on", {ENV: str(tmp_path / "on"), "PYTEST_CURRENT_TEST": "tests/x.py::t (call)"}), (tmp_path / "off", {})):
         folder.mkdir()
         base = {k: v for k, v in os.environ.items() if k not in (ENV, "PYTEST_CURRENT_TEST")}
-        subprocess.run([sys.executable, "-c", body, "a", "b"], env={**base, **env}, check=True)
+        subprocess.run([sys.executable, "-S", "-c", body, "a", "b"], env={**base, **env}, check=True)
     (record,) = [json.loads(p.read_text()) for p in (tmp_path / "on").iterdir()]
     assert record["argv"] == ["-c", "a", "b"] and record["test"] == "tests/x.py::t (call)"
     assert 0 < record["cpu_s"] < 60 and record["wall_s"] >= record["cpu_s"] * 0.5 and record["libraries"] == []
