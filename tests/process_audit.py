@@ -3,10 +3,10 @@
 ``python -m tests.process_audit on`` writes a ``sitecustomize.py`` into this environment's site-packages; from then on
 every Python process started with ``KARMAN_PROCESS_AUDIT=FOLDER`` in its environment (a test run's workers, the commands
 and jobs they start, their servers) writes one JSON file into FOLDER as it exits: its command line, its own CPU seconds,
-its wall time, which framework and tracking libraries it had imported, and the test that was running when it started
-(pytest's ``PYTEST_CURRENT_TEST``). ``report FOLDER`` sums them by kind of process and by test module; ``off`` removes the
-hook. A process killed outright (SIGKILL, or SIGTERM without a handler) writes nothing, nor do programs that are not
-Python (PostgreSQL): compare the total with the machine's CPU over the same run.
+its wall time, which framework and tracking libraries it had imported, and the test named in its environment at its
+end (pytest's ``PYTEST_CURRENT_TEST``; a job forked from a warm server has its command's, and its own wall time and
+CPU). ``report FOLDER`` sums them by kind of process and by test module; ``off`` removes the hook. A process killed
+outright (SIGKILL, or SIGTERM without a handler) writes nothing, nor do programs that are not Python (PostgreSQL): compare the total with the machine's CPU over the same run.
 
     python -m tests.process_audit on
     KARMAN_PROCESS_AUDIT=/tmp/audit make test
@@ -26,19 +26,20 @@ HOOK = MARK + '''
 import os
 if os.environ.get("KARMAN_PROCESS_AUDIT"):
     import atexit, json, resource, sys, time
-    _karman_started = time.time()
+    _karman_started = [time.time()]
+    os.register_at_fork(after_in_child=lambda: _karman_started.__setitem__(0, time.time()))  # a forked job's own wall time
 
     def _karman_audit():
         try:
             used = resource.getrusage(resource.RUSAGE_SELF)
-            record = {"argv": sys.argv[:6], "cpu_s": used.ru_utime + used.ru_stime, "wall_s": time.time() - _karman_started,
-                      "test": _karman_test, "libraries": [m for m in ("torch", "tensorflow", "jax", "prefect", "mlflow") if m in sys.modules]}
-            with open(os.path.join(os.environ["KARMAN_PROCESS_AUDIT"], f"{os.getpid()}-{int(_karman_started * 1e6)}.json"), "w") as f:
+            record = {"argv": sys.argv[:6], "cpu_s": used.ru_utime + used.ru_stime, "wall_s": time.time() - _karman_started[0],
+                      "test": os.environ.get("PYTEST_CURRENT_TEST", ""),  # at the end: a forked job has its command's by then
+                      "libraries": [m for m in ("torch", "tensorflow", "jax", "prefect", "mlflow") if m in sys.modules]}
+            with open(os.path.join(os.environ["KARMAN_PROCESS_AUDIT"], f"{os.getpid()}-{int(_karman_started[0] * 1e6)}.json"), "w") as f:
                 json.dump(record, f)
         except Exception:
             pass
 
-    _karman_test = os.environ.get("PYTEST_CURRENT_TEST", "")
     atexit.register(_karman_audit)
 '''
 
