@@ -6,7 +6,8 @@ and jobs they start, their servers) writes one JSON file into FOLDER as it exits
 its wall time, which framework and tracking libraries it had imported, and the test named in its environment at its
 end (pytest's ``PYTEST_CURRENT_TEST``; a job forked from a warm server has its command's, and its own wall time and
 CPU). ``report FOLDER`` sums them by kind of process and by test module; ``off`` removes the hook. A process killed
-outright (SIGKILL, or SIGTERM without a handler) writes nothing, nor do programs that are not Python (PostgreSQL): compare the total with the machine's CPU over the same run.
+outright (SIGKILL, or SIGTERM without a handler) writes nothing, nor do programs that are not Python (PostgreSQL):
+compare the total with the machine's CPU over the same run.
 
     python -m tests.process_audit on
     KARMAN_PROCESS_AUDIT=/tmp/audit make test
