@@ -8,7 +8,7 @@ import os
 
 from mlflow.tracking import MlflowClient
 
-from tests.conftest import run_cli
+from tests.conftest import run_cli, run_in_process
 
 
 def test_demo_from_the_command_line_logs_where_told(tmp_path):
@@ -34,7 +34,7 @@ def test_demo_from_the_command_line_logs_where_told(tmp_path):
 
     # A second sweep with the same parameters reuses every simulation and keeps the digest (reporting to
     # the tests' Prefect server: the temporary one was the first command's subject).
-    again = run_cli("generate", "--json", cwd=tmp_path, env={k: v for k, v in env.items() if k != "PREFECT_API_URL"})
+    again = run_in_process("generate", "--json", cwd=tmp_path, env={k: v for k, v in env.items() if k != "PREFECT_API_URL"})
     assert again.returncode == 0, again.stderr[-3000:]
     assert json.loads(again.stdout.strip().splitlines()[-1])["digest"] == summary["dataset"]["digest"]
     assert "9 already complete, 0 to run" in again.stderr

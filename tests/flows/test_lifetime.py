@@ -158,7 +158,7 @@ def test_a_command_killed_outright_leaves_nothing_running_and_its_run_is_closed_
     lines = wait_for_line(first, "resuming")
     assert not any("was left RUNNING" in line for line in lines), "".join(lines)  # nothing left for the next command to reap
     wait_for_line(first, "] epoch ")
-    second = run_cli("train", "--resume", run_id, cwd=trainable)
+    second = run_in_process("train", "--resume", run_id, cwd=trainable)
     assert second.returncode == 2
     assert f"run {run_id} is being written by pid {first.pid} on host {socket.gethostname()}" in second.stderr.strip().splitlines()[-1]
     first.send_signal(signal.SIGTERM)
