@@ -10,8 +10,8 @@ outright (SIGKILL, or SIGTERM without a handler) writes nothing, nor do programs
 compare the total with the machine's CPU over the same run.
 
     python -m tests.process_audit on
-    KARMAN_PROCESS_AUDIT=/tmp/audit make test
-    python -m tests.process_audit report /tmp/audit
+    mkdir audit && KARMAN_PROCESS_AUDIT=$PWD/audit make test
+    python -m tests.process_audit report audit
     python -m tests.process_audit off
 """
 

@@ -23,7 +23,7 @@ def test_the_hook_records_a_process_at_its_exit_and_nothing_without_its_variable
 
 def test_the_report_sums_by_kind_and_by_test_module(tmp_path, capsys):
     rows = [(["/v/lib/flows/__main__.py", "train", "--x"], 5.0, "tests/a.py::t1 (call)"),
-            (["-c", "train", "/tmp/job.json"], 7.0, "tests/a.py::t2 (call)"),
+            (["-c", "train", "job-folder/job.json"], 7.0, "tests/a.py::t2 (call)"),
             (["-c"], 100.0, "")]
     for i, (argv, cpu, test) in enumerate(rows):
         (tmp_path / f"{i}.json").write_text(json.dumps({"argv": argv, "cpu_s": cpu, "wall_s": cpu, "test": test, "libraries": []}))
