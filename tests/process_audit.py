@@ -84,13 +84,13 @@ def report(folder: Path, top: int = 25) -> str:
     by_kind: dict[str, list[float]] = defaultdict(lambda: [0, 0.0])
     by_module: dict[str, list[float]] = defaultdict(lambda: [0, 0.0])
     for r in records:
-        for table, key in ((by_kind, kind(r["argv"])), (by_module, r["test"].split("::")[0] or "(started outside a test)")):
+        for table, key in ((by_kind, kind(r["argv"])), (by_module, r["test"].split("::")[0] or "(outside any test)")):
             table[key][0] += 1
             table[key][1] += r["cpu_s"]
     total = sum(r["cpu_s"] for r in records)
     lines = [f"{len(records)} processes, {total:,.0f} s of CPU recorded", "", "processes  CPU s  kind"]
     lines += [f"{n:9d} {s:6.0f}  {k}" for k, (n, s) in sorted(by_kind.items(), key=lambda kv: -kv[1][1])[:top]]
-    lines += ["", "processes  CPU s  started during (test module)"]
+    lines += ["", "processes  CPU s  test module (the test in its environment at its end)"]
     lines += [f"{n:9d} {s:6.0f}  {k}" for k, (n, s) in sorted(by_module.items(), key=lambda kv: -kv[1][1])[:top]]
     return "\n".join(lines)
 
