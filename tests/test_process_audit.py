@@ -30,5 +30,5 @@ def test_the_report_sums_by_kind_and_by_test_module(tmp_path, capsys):
     text = report(tmp_path)
     assert text.startswith("3 processes, 112 s of CPU recorded")
     assert "        1      5  python -m flows train" in text and "        1      7  forked job: train" in text
-    assert "        2     12  tests/a.py" in text and "        1    100  (started outside a test)" in text
+    assert "        2     12  tests/a.py" in text and "        1    100  (outside any test)" in text
     assert kind([]) == "?" and main(["report"]) == 2 and "usage" in capsys.readouterr().err
