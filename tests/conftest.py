@@ -16,22 +16,27 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 
 def _jax_compilation_cache() -> None:
-    """JAX's persistent compilation cache, one new folder per test process, inherited by every command and job it starts:
-    a training stopped and resumed, or a network several tests train at the same shapes, compiles its step once in the
-    session instead of once per process (a calo JAX step: about 28 s of CPU each time). XLA compiles the same program
-    either way; the tests check what it computes, not how long it compiles. The product itself keeps no cache: a
+    """JAX's persistent compilation cache, one new folder per test session, shared by its pytest processes (xdist's
+    workers inherit the folder their controller made) and inherited by every command and job they start: a training
+    stopped and resumed, or a network several tests train at the same shapes, compiles its step once in the session
+    instead of once per process (a calo JAX step: about 28 s of CPU each time). XLA compiles the same program either
+    way; the tests check what it computes, not how long it compiles. A size bound turns on JAX's file lock, so that
+    processes reading and writing the folder at once never see half an entry. The product itself keeps no cache: a
     benchmark's cells each pay their own compilation, as a user's first run does. ``KARMAN_TEST_JAX_CACHE=0`` turns it off."""
     import atexit
     import shutil
     import tempfile
 
-    ours = os.environ.get("KARMAN_TEST_JAX_CACHE", "1")
-    if ours == "0" or ("JAX_COMPILATION_CACHE_DIR" in os.environ and ours != os.environ["JAX_COMPILATION_CACHE_DIR"]):
+    ours, named = os.environ.get("KARMAN_TEST_JAX_CACHE", "1"), os.environ.get("JAX_COMPILATION_CACHE_DIR")
+    if ours == "0" or (named is not None and named != ours):
         return  # off, or a cache the user named
-    folder = tempfile.mkdtemp(prefix="karman-jax-cache-")  # not the one a parent pytest (xdist's controller) made
+    if named == ours and os.path.isdir(ours):
+        return  # the folder this session's first pytest process made (and removes at its end)
+    folder = tempfile.mkdtemp(prefix="karman-jax-cache-")
     atexit.register(shutil.rmtree, folder, True)
     os.environ["JAX_COMPILATION_CACHE_DIR"] = os.environ["KARMAN_TEST_JAX_CACHE"] = folder
     os.environ["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "0.5"  # the default 1 s would leave most of the tests' small steps out
+    os.environ["JAX_COMPILATION_CACHE_MAX_SIZE"] = str(8 << 30)  # bounded: entries written and read under JAX's file lock
 
 
 _jax_compilation_cache()
