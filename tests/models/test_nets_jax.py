@@ -16,7 +16,7 @@ import sys
 
 import pytest
 
-from tests.conftest import ROOT
+from tests.conftest import ROOT, XLA_FAST_COMPILE
 
 SCRIPT = r"""
 import contextlib, json
@@ -94,7 +94,7 @@ print(json.dumps({"nets": nets, "steps": steps}))
 def parity() -> dict:
     from tasks.common.launch import device_env
 
-    env = {**os.environ, **device_env("cpu", framework="jax"), "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    env = {**os.environ, **device_env("cpu", framework="jax"), "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", **XLA_FAST_COMPILE}
     proc = subprocess.run([sys.executable, "-c", SCRIPT], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return json.loads(proc.stdout.strip().splitlines()[-1])

@@ -19,11 +19,12 @@ def stepped_in_children(module: str, frameworks: tuple[str, ...]) -> dict[str, d
     import subprocess
 
     from tasks.common.launch import device_env
-    from tests.conftest import ROOT
+    from tests.conftest import ROOT, XLA_FAST_COMPILE
 
     procs = {}
     for framework in frameworks:
-        env = {**os.environ, **device_env("cpu", framework=framework), "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+        env = {**os.environ, **device_env("cpu", framework=framework), "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1",
+               **(XLA_FAST_COMPILE if framework == "jax" else {})}
         procs[framework] = subprocess.Popen([sys.executable, "-m", module, framework], cwd=ROOT, env=env,
                                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     out = {}
