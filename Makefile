@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: all setup demo test test-fast clean
+.PHONY: all setup bytecode demo test test-fast clean
 
 all: setup
 
@@ -23,16 +23,17 @@ demo: $(STAMP)
 # keeps both cores busy while another waits on a server or a child (docs/testing.md has the timings).
 TEST_JOBS ?= 3
 
-# The project's modules are compiled once before the run (as pip compiles an installed package's): its several hundred Python
-# processes then read their bytecode instead of compiling the modules they import, each on its own, where the
+# The project's modules are compiled once before a test run (as pip compiles an installed package's): its several hundred
+# Python processes then read their bytecode instead of compiling the modules they import, each on its own, where the
 # environment says not to write bytecode (PYTHONDONTWRITEBYTECODE).
-test: $(STAMP)
+bytecode: $(STAMP)
 	$(PY) -m compileall -q flows tasks models infra tests > /dev/null
+
+test: bytecode
 	$(PY) -m pytest -n $(TEST_JOBS) --dist loadfile --no-loadscope-reorder
 
 # The fast tier: unit and small integration tests, no servers of their own (a few minutes on 2 cores).
-test-fast: $(STAMP)
-	$(PY) -m compileall -q flows tasks models infra tests > /dev/null
+test-fast: bytecode
 	$(PY) -m pytest -m "not full" -n $(TEST_JOBS) --dist loadfile --no-loadscope-reorder
 
 clean:

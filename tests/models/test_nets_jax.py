@@ -10,13 +10,12 @@ the TensorFlow pair's (tests/models/test_nets_keras.py).
 Run in a child process with jax's CPU environment: jax and torch_xla stay out of one process."""
 
 import json
-import os
 import subprocess
 import sys
 
 import pytest
 
-from tests.conftest import ROOT, XLA_FAST_COMPILE
+from tests.conftest import ROOT
 
 SCRIPT = r"""
 import contextlib, json
@@ -92,10 +91,9 @@ print(json.dumps({"nets": nets, "steps": steps}))
 
 @pytest.fixture(scope="module")
 def parity() -> dict:
-    from tasks.common.launch import device_env
+    from tests.workloads.digits_step import step_env
 
-    env = {**os.environ, **device_env("cpu", framework="jax"), "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", **XLA_FAST_COMPILE}
-    proc = subprocess.run([sys.executable, "-c", SCRIPT], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    proc = subprocess.run([sys.executable, "-c", SCRIPT], cwd=ROOT, env=step_env("jax"), capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return json.loads(proc.stdout.strip().splitlines()[-1])
 

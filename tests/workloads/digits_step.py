@@ -12,24 +12,32 @@ from pathlib import Path
 import numpy as np
 
 
-def stepped_in_children(module: str, frameworks: tuple[str, ...]) -> dict[str, dict]:
-    """``python -m module FRAMEWORK`` for each framework, each in a process of its own with its device
-    environment (run side by side), and the JSON each prints last."""
+def step_env(framework: str, fast_compile: bool = True) -> dict[str, str]:
+    """The environment of a child that takes a few steps in ``framework`` on one CPU thread: the framework's device
+    environment, the project on the path, and for JAX, unless ``fast_compile`` is off, XLA without LLVM's
+    optimisations (tests/conftest.py's XLA_FAST_COMPILE: most of such a child's CPU is XLA compiling)."""
     import os
-    import subprocess
 
     from tasks.common.launch import device_env
     from tests.conftest import ROOT, XLA_FAST_COMPILE
 
-    procs = {}
-    for framework in frameworks:
-        env = {**os.environ, **device_env("cpu", framework=framework), "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1",
-               **(XLA_FAST_COMPILE if framework == "jax" else {})}
-        procs[framework] = subprocess.Popen([sys.executable, "-m", module, framework], cwd=ROOT, env=env,
-                                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    return {**os.environ, **device_env("cpu", framework=framework), "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1",
+            **(XLA_FAST_COMPILE if fast_compile and framework == "jax" else {})}
+
+
+def stepped_in_children(module: str, frameworks: tuple[str, ...], timeout: float = 300, fast_compile: bool = True) -> dict[str, dict]:
+    """``python -m module FRAMEWORK`` for each framework, each in a process of its own with its ``step_env`` (run side
+    by side), and the JSON each prints last."""
+    import subprocess
+
+    from tests.conftest import ROOT
+
+    procs = {framework: subprocess.Popen([sys.executable, "-m", module, framework], cwd=ROOT, env=step_env(framework, fast_compile),
+                                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for framework in frameworks}
     out = {}
     for framework, proc in procs.items():
-        stdout, stderr = proc.communicate(timeout=300)
+        stdout, stderr = proc.communicate(timeout=timeout)
         assert proc.returncode == 0, stderr[-3000:]
         out[framework] = json.loads(stdout.strip().splitlines()[-1])
     return out

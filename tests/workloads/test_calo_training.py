@@ -2,38 +2,26 @@
 
 import json
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 from mlflow.tracking import MlflowClient
 
-from tests.conftest import ROOT, run_in_process
+from tests.conftest import run_in_process
 from tests.flows.test_cli import assert_refused
 from tasks.workloads.calo.nets import parameter_counts
 from tasks.workloads.calo.workload import CPU
 from tests.tasks.train.interrupt import resumes_to_its_end
+from tests.workloads.digits_step import stepped_in_children
 
 FRAMEWORKS = ("torch", "tensorflow", "jax")
 
 
 @pytest.fixture(scope="module")
 def stepped() -> dict[str, dict]:
-    """Each framework's two steps (tests/workloads/calo_step.py), each in a process of its own (run side by side)."""
-    from tasks.common.launch import device_env
-
-    procs = {}
-    for framework in FRAMEWORKS:
-        env = {**os.environ, **device_env("cpu", framework=framework), "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
-        procs[framework] = subprocess.Popen([sys.executable, "-m", "tests.workloads.calo_step", framework], cwd=ROOT, env=env,
-                                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    out = {}
-    for framework, proc in procs.items():
-        stdout, stderr = proc.communicate(timeout=600)
-        assert proc.returncode == 0, stderr[-3000:]
-        out[framework] = json.loads(stdout.strip().splitlines()[-1])
-    return out
+    """Each framework's two steps (tests/workloads/calo_step.py), each in a process of its own (run side by side). JAX
+    compiles with LLVM's optimisations: without them its 3-D convolutions run slower than the compiler saves."""
+    return stepped_in_children("tests.workloads.calo_step", FRAMEWORKS, timeout=600, fast_compile=False)
 
 
 @pytest.mark.parametrize("other", ["tensorflow", "jax"])
