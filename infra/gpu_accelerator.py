@@ -33,6 +33,15 @@ CALO_VARIANTS = {
     "bf16": {"precision": "bf16"},
     "channels_last": {"channels_last": True},
     "bf16_channels_last": {"precision": "bf16", "channels_last": True},
+    # the convolutions as 2-D ones over runs of depths (calo.torch.depth_blocks): depths per plane, planes channels-last
+    "conv3d": {"depth_block": 0},
+    "conv3d_bf16": {"depth_block": 0, "precision": "bf16"},
+    "blocks8": {"depth_block": 8},
+    "blocks8_bf16": {"depth_block": 8, "precision": "bf16"},
+    "blocks8_bf16_cl": {"depth_block": 8, "precision": "bf16", "planes_cl": True},
+    "blocks4_bf16": {"depth_block": 4, "precision": "bf16"},
+    "blocks16_bf16": {"depth_block": 16, "precision": "bf16"},
+    "blocks16_bf16_cl": {"depth_block": 16, "precision": "bf16", "planes_cl": True},
 }
 
 
@@ -44,6 +53,10 @@ def _steps(out: Path) -> dict[str, tuple[list[str], int]]:
                             "--json"], 60),
         "calo_variants": (me + ["--calo", "32", "product", "before", "bf16", "channels_last", "bf16_channels_last"], 120),
         "calo_published_batch": (me + ["--calo", "128", "product", "bf16", "bf16_channels_last"], 110),
+        "calo_blocks": (me + ["--calo", "32", "blocks8_bf16", "conv3d", "blocks8", "conv3d_bf16", "blocks4_bf16", "blocks16_bf16",
+                              "blocks8_bf16_cl", "blocks16_bf16_cl"], 150),
+        "calo_blocks_published": (me + ["--calo", "128", "blocks8_bf16", "blocks16_bf16", "blocks8"], 120),
+        "pix2pix_profile": (me + ["--pix2pix"], 150),
         "pix2pix_eager": (FLOWS + ["bench-train", "--device", "cuda", "--size", "256", "--batch-size", "16", "--precision", "bf16",
                                    "--compile", "off", "--json"], 90),
         "pix2pix": (FLOWS + ["bench-train", "--device", "cuda", "--size", "256", "--batch-size", "16", "--precision", "bf16", "--json"], 90),
@@ -99,6 +112,10 @@ def calo(batches: list[int], variants: list[str], device: str = "cuda") -> dict:
             trainer = calo_torch.CaloTorch(data, spec, batch, runtime, ACCELERATOR)
             for bn in (m for net in (trainer.g, trainer.d) for m in net.modules() if isinstance(m, calo_torch.BatchNorm)):
                 bn.moments = getattr(torch, v.get("moments", "float32"))
+            if "depth_block" in v:
+                for net in (trainer.g, trainer.d, trainer.g_avg):
+                    if net is not None:
+                        net.layers.depth_block, net.layers.channels_last = v["depth_block"], v.get("planes_cl", False)
             if v.get("channels_last"):
                 trainer.g.to(memory_format=torch.channels_last_3d), trainer.d.to(memory_format=torch.channels_last_3d)
             batches_of = (b for epoch in range(1, 10**6) for b in trainer.batches(epoch, 4))
@@ -137,6 +154,43 @@ def calo(batches: list[int], variants: list[str], device: str = "cuda") -> dict:
     return {"variants": results, "profile": profile, "device_name": runtime.ctx.description, "config": str(ACCELERATOR)}
 
 
+def pix2pix_profile(device: str = "cuda", size: int = 256, batch: int = 16) -> dict:
+    """Pix2Pix at paper size, bench-train's sides in one process: our bf16 step compiled and eager, and the plain eager
+    fp32 step, timed in alternating blocks (median of 3 blocks of 5 steps), then the CUDA kernels of 3 steps of the
+    compiled and of the plain step ranked by their time (torch.profiler)."""
+    import statistics
+
+    import torch
+    from torch.profiler import ProfilerActivity
+    from torch.profiler import profile as profiler
+
+    from tasks.common.step_timing import alternate
+    from tasks.workloads.karman.bench.train import _PlainTrainer, _trainer_side
+
+    sides, info = {}, {}
+    for name, compile_choice in (("compiled", "on"), ("eager", "off")):
+        t0 = time.perf_counter()
+        net, ctx, options, model, run, compile_s = _trainer_side(device, size, batch, "bf16", 0, compile_choice)
+        sides[name] = run
+        info[name] = {"warmup_s": time.perf_counter() - t0, "compile_s": compile_s, "options": options}
+    plain = _PlainTrainer(size, batch, 0, ctx)
+    plain.run(2)
+    sides["plain"] = plain.run
+    times = alternate(sides, 3, 5)
+    rates = {k: batch * 5 / statistics.median(v) for k, v in times.items()}
+    tables = {}
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device == "cuda" else [])
+    for name in ("compiled", "plain"):
+        with profiler(activities=activities) as prof:
+            sides[name](3)
+        tables[name] = prof.key_averages().table(sort_by="self_cuda_time_total" if device == "cuda" else "self_cpu_time_total",
+                                                 row_limit=30, max_name_column_width=70)
+        print(name, tables[name], file=sys.stderr, flush=True)
+    return {"samples_per_s": rates, "speedup": rates["compiled"] / rates["plain"], "speedup_eager": rates["eager"] / rates["plain"],
+            "info": info, "profiles": tables, "device_name": ctx.description,
+            "flops_per_sample": net.training_flops(size, size, 1, True)}
+
+
 def karman_demo(compile_choice: str) -> dict:
     """The demo sweep generated on the GPU into a temporary data root, then bench-quality of the default recipe to its
     target there (``--compile`` as given): seconds to the target."""
@@ -170,6 +224,9 @@ def main(argv: list[str]) -> int:
     if argv[:1] == ["--calo"]:
         # KARMAN_PROBE_DEVICE=cpu: the same probe on the CPU (its test)
         print(json.dumps(calo([int(b) for b in argv[1].split(",")], argv[2:] or list(CALO_VARIANTS), os.environ.get("KARMAN_PROBE_DEVICE", "cuda"))))
+        return 0
+    if argv[:1] == ["--pix2pix"]:
+        print(json.dumps(pix2pix_profile(os.environ.get("KARMAN_PROBE_DEVICE", "cuda"), *(int(a) for a in argv[1:]))))
         return 0
     if argv[:1] == ["--karman-demo"]:
         print(json.dumps(karman_demo(argv[1])))

@@ -1,6 +1,7 @@
 """The 3DGAN in PyTorch: the generator and discriminator layer by layer as nets.py describes them (weights in its one layout), and the trainer of the published four-tape step."""
 
 import copy
+import functools
 import math
 import time
 
@@ -14,6 +15,11 @@ from tasks.workloads.calo.nets import (BN_EPSILON, BN_MOMENTUM, LEAKY_SLOPE, LEA
 from tasks.workloads.calo.workload import CaloData, CaloTrainer
 
 
+# device kind -> (depth_blocks' depths per plane, its planes channels-last) for the step's convolutions; (0, False): torch's
+# 3-D convolution (the CPU's, and any kind not named)
+DEPTH_BLOCKS: dict[str, tuple[int, bool]] = {}
+
+
 def _pad(conv) -> tuple[int, ...]:
     """nets.py's (before, after) per (x, y, z) as F.pad wants it: last axis first."""
     return tuple(p for axis in reversed(conv.pad) for p in axis)
@@ -25,6 +31,47 @@ def upsample(x: torch.Tensor, factors: tuple[int, int, int]) -> torch.Tensor:
     b, c, nx, ny, nz = x.shape
     fx, fy, fz = factors
     return x[:, :, :, None, :, None, :, None].expand(b, c, nx, fx, ny, fy, nz, fz).reshape(b, c, nx * fx, ny * fy, nz * fz)
+
+
+@functools.lru_cache(maxsize=64)
+def _depth_shifts(block: int, depth: int, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
+    """(block, block + depth - 1, depth) zeros but [o, o + k, k] = 1: output depth o of a block reads input depth o + k
+    through the kernel's depth k (made once per shape, device and dtype)."""
+    eye = torch.zeros(block, block + depth - 1, depth, dtype=dtype)
+    for k in range(depth):
+        eye[torch.arange(block), torch.arange(block) + k, k] = 1.0
+    return eye.to(device)
+
+
+def depth_blocks(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, block: int, channels_last: bool = False) -> torch.Tensor:
+    """F.conv3d(x, weight, bias) (stride 1, no padding) of x (B, C, x, y, z) as one 2-D convolution over (x, y): each
+    run of ``block`` output depths is one plane whose input channels are its ``block + kz - 1`` input depths times C and
+    whose output channels are the ``block`` depths times C_out, through a kernel banded in depth (the 3-D kernel's
+    depth slices on its diagonals, zeros elsewhere).
+
+    The same sums, with (block + kz - 1) / kz times the multiplications, most by zero: the published network's
+    convolutions have 1 to 16 channels, which leave a GPU's matrix units almost idle (cuDNN's 3-D kernels fill
+    tiles of 64 or more channels with 8); banded, they see block x C_out output channels and (block + kz - 1) x C
+    input channels. The last block is completed with zero depths and its extra outputs dropped. ``channels_last``:
+    the planes in channels-last memory (cuDNN's tensor-core layout)."""
+    b, c, nx, ny, nz = x.shape
+    cout, cin, kx, ky, kz = weight.shape
+    oz = nz - kz + 1
+    blocks = -(-oz // block)
+    window = block + kz - 1
+    if blocks * block + kz - 1 > nz:
+        x = F.pad(x, (0, blocks * block + kz - 1 - nz))
+    planes = x.unfold(4, window, block)  # (B, C, x, y, blocks, window)
+    if channels_last:
+        planes = planes.permute(0, 4, 2, 3, 1, 5).reshape(b * blocks, nx, ny, c * window).permute(0, 3, 1, 2)
+    else:
+        planes = planes.permute(0, 4, 1, 5, 2, 3).reshape(b * blocks, c * window, nx, ny)
+    shifts = _depth_shifts(block, kz, weight.device, weight.dtype)
+    banded = torch.einsum("oixyk,zwk->oziwxy", weight, shifts).reshape(cout * block, cin * window, kx, ky)
+    out = F.conv2d(planes, banded, bias.repeat_interleave(block))  # (B * blocks, C_out * block, x', y')
+    ox, oy = out.shape[2:]
+    out = out.reshape(b, blocks, cout, block, ox, oy).permute(0, 2, 4, 5, 1, 3).reshape(b, cout, ox, oy, blocks * block)
+    return out[..., :oz]
 
 
 class BatchNorm(nn.Module):
@@ -63,6 +110,15 @@ class _Layers(nn.Module):
         self.convs = convs
         self.conv = nn.ModuleDict({c.name: nn.Conv3d(c.cin, c.cout, c.kernel) for c in convs})
         self.bn = nn.ModuleDict({c.name: BatchNorm(c.cout) for c in convs if c.bn})
+        self.depth_block = 0  # 0: torch's 3-D convolution; else depth_blocks' of that many depths (set by the trainer)
+        self.channels_last = False  # depth_blocks' planes in channels-last memory
+
+    def apply_conv(self, c, x: torch.Tensor) -> torch.Tensor:
+        """Convolution ``c`` of nets.py's table on x (B, C, x, y, z), its zero padding included."""
+        conv, x = self.conv[c.name], F.pad(x, _pad(c))
+        if self.depth_block:
+            return depth_blocks(x, conv.weight, conv.bias, self.depth_block, self.channels_last)
+        return conv(x)
 
     def load(self, weights: dict[str, np.ndarray]) -> None:
         with torch.no_grad():
@@ -99,7 +155,7 @@ class Generator(nn.Module):
         x = self.dense(z).view(-1, *self.cfg.seed_grid, self.c0).permute(0, 4, 1, 2, 3)  # (B, c0, 9, 9, 8) from (x, y, z, c) order
         x = upsample(x, self.cfg.upsample)  # (B, c0, 54, 54, 48)
         for c in self.layers.convs:
-            x = F.relu(self.layers.conv[c.name](F.pad(x, _pad(c))))
+            x = F.relu(self.layers.apply_conv(c, x))
             if c.bn:
                 x = self.layers.bn[c.name](x)
         if self.cfg.energy_scaled:  # deposits^POWER of a 100 GeV shower, scaled to the primary's energy (E / 100 GeV, the first input)
@@ -159,7 +215,7 @@ class Discriminator(nn.Module):
     def forward(self, image: torch.Tensor):
         x = image.permute(0, 4, 1, 2, 3)  # (B, 1, 51, 51, 25)
         for c in self.layers.convs:
-            x = F.leaky_relu(self.layers.conv[c.name](F.pad(x, _pad(c))), LEAKY_SLOPE)
+            x = F.leaky_relu(self.layers.apply_conv(c, x), LEAKY_SLOPE)
             if c.bn:
                 x = self.layers.bn[c.name](x)
             x = F.dropout(x, self.cfg.dropout, self.training)
@@ -269,6 +325,8 @@ class CaloTorch(CaloTrainer):
         self.g.to(ctx.device), self.d.to(ctx.device)
         for bn in (m for net in (self.g, self.d) for m in net.modules() if isinstance(m, BatchNorm)):
             bn.moments = torch.float64 if ctx.kind == "cpu" else torch.float32  # see BatchNorm
+        for layers in (self.g.layers, self.d.layers):
+            layers.depth_block, layers.channels_last = DEPTH_BLOCKS.get(ctx.kind, (0, False))
         # the generator's moving average (nets.average_decay), which generates wherever the trainer's showers are scored
         self.g_avg = copy.deepcopy(self.g).requires_grad_(False).eval() if self.cfg.average else None
         self.averaged = 0
