@@ -57,6 +57,8 @@ def _steps(out: Path) -> dict[str, tuple[list[str], int]]:
                               "blocks8_bf16_cl", "blocks16_bf16_cl"], 150),
         "calo_blocks_published": (me + ["--calo", "128", "blocks8_bf16", "blocks16_bf16", "blocks8"], 120),
         "pix2pix_profile": (me + ["--pix2pix"], 150),
+        "graph_check": (me + ["--graph-check"], 90),
+        "calo_product": (me + ["--calo", "128", "product"], 90),
         "pix2pix_eager": (FLOWS + ["bench-train", "--device", "cuda", "--size", "256", "--batch-size", "16", "--precision", "bf16",
                                    "--compile", "off", "--json"], 90),
         "pix2pix": (FLOWS + ["bench-train", "--device", "cuda", "--size", "256", "--batch-size", "16", "--precision", "bf16", "--json"], 90),
@@ -155,9 +157,10 @@ def calo(batches: list[int], variants: list[str], device: str = "cuda") -> dict:
 
 
 def pix2pix_profile(device: str = "cuda", size: int = 256, batch: int = 16) -> dict:
-    """Pix2Pix at paper size, bench-train's sides in one process: our bf16 step compiled and eager, and the plain eager
-    fp32 step, timed in alternating blocks (median of 3 blocks of 5 steps), then the CUDA kernels of 3 steps of the
-    compiled and of the plain step ranked by their time (torch.profiler)."""
+    """Pix2Pix at paper size, bench-train's sides in one process: our bf16 step replayed from CUDA graphs (eager
+    networks, and torch.compile's), run eagerly, and the plain eager fp32 step, timed in alternating blocks (median
+    of 3 blocks of 5 steps), then the CUDA kernels of 3 steps of the graphed and the eager step ranked by their time
+    (torch.profiler). On a CPU (its test) the graphed sides run eagerly."""
     import statistics
 
     import torch
@@ -168,9 +171,10 @@ def pix2pix_profile(device: str = "cuda", size: int = 256, batch: int = 16) -> d
     from tasks.workloads.karman.bench.train import _PlainTrainer, _trainer_side
 
     sides, info = {}, {}
-    for name, compile_choice in (("compiled", "on"), ("eager", "off")):
+    graph = "on" if device == "cuda" else "off"
+    for name, compile_choice, graph_choice in (("graphed", "off", graph), ("graphed_compiled", "on", graph), ("eager", "off", "off")):
         t0 = time.perf_counter()
-        net, ctx, options, model, run, compile_s = _trainer_side(device, size, batch, "bf16", 0, compile_choice)
+        net, ctx, options, model, run, compile_s = _trainer_side(device, size, batch, "bf16", 0, compile_choice, graph_choice)
         sides[name] = run
         info[name] = {"warmup_s": time.perf_counter() - t0, "compile_s": compile_s, "options": options}
     plain = _PlainTrainer(size, batch, 0, ctx)
@@ -180,15 +184,51 @@ def pix2pix_profile(device: str = "cuda", size: int = 256, batch: int = 16) -> d
     rates = {k: batch * 5 / statistics.median(v) for k, v in times.items()}
     tables = {}
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device == "cuda" else [])
-    for name in ("compiled", "plain"):
+    for name in ("graphed", "eager"):
         with profiler(activities=activities) as prof:
             sides[name](3)
         tables[name] = prof.key_averages().table(sort_by="self_cuda_time_total" if device == "cuda" else "self_cpu_time_total",
                                                  row_limit=30, max_name_column_width=70)
         print(name, tables[name], file=sys.stderr, flush=True)
-    return {"samples_per_s": rates, "speedup": rates["compiled"] / rates["plain"], "speedup_eager": rates["eager"] / rates["plain"],
+    return {"samples_per_s": rates, "speedup": rates["graphed"] / rates["plain"], "speedup_compiled": rates["graphed_compiled"] / rates["plain"],
+            "speedup_eager": rates["eager"] / rates["plain"],
             "info": info, "profiles": tables, "device_name": ctx.description,
             "flops_per_sample": net.training_flops(size, size, 1, True)}
+
+
+def graph_check(device: str = "cuda", size: int = 64, batch: int = 4, steps: int = 4) -> dict:
+    """Pix2Pix's step replayed from CUDA graphs against the same step run eagerly: two trainers from the same seed
+    (dropout off, so that both compute the same function), ``steps`` steps on the same batches with a two-step
+    unrolled loss and the learning rate halved after the first step; the largest relative difference of any weight
+    tensor and of the losses (cuDNN's algorithms differ between the two, so not zero)."""
+    import torch
+
+    from models.device import resolve_device
+    from models.nets.config import NetConfig
+    from models.nets.trainer import OptimConfig, build_trainer, speed_options
+
+    net = NetConfig(in_channels=4, out_channels=3, size=size, dropout=0.0)
+    ctx = resolve_device(device, "fp32")
+    models, losses = [], []
+    for graph in ("off", "on"):
+        torch.manual_seed(0)
+        model = build_trainer(net, OptimConfig(unroll=2), ctx, speed_options(device, "fp32", compile="off", cuda_graph=graph if device == "cuda" else "off"))
+        gen = torch.Generator().manual_seed(1)
+        seen = []
+        for n in range(steps):
+            cond, target = torch.rand(batch, 4, size, size, generator=gen) * 2 - 1, torch.rand(batch, 6, size, size, generator=gen) * 2 - 1
+            cond, target = (t.to(ctx.device).contiguous(memory_format=torch.channels_last) for t in (cond, target))
+            model.set_lr_factor(1.0 if n == 0 else 0.5)
+            seen.append({k: float(v) for k, v in model.train_step(cond, target, ctx.autocast, None, 2).items()})
+        ctx.sync()
+        models.append(model)
+        losses.append(seen)
+    eager, graphed = models
+    worst = max(float((a.detach().float() - b.detach().float()).norm() / a.detach().float().norm().clamp(min=1e-30))
+                for a, b in zip(list(eager.parameters()) + list(eager.buffers()), list(graphed.parameters()) + list(graphed.buffers())))
+    loss_worst = max(abs(a[k] - b[k]) / max(abs(a[k]), 1e-12) for a, b in zip(*losses) for k in a)
+    return {"weights_rel_diff_max": worst, "losses_rel_diff_max": loss_worst, "losses_eager": losses[0], "losses_graphed": losses[1],
+            "graphs": len(graphed.captured.graphs) if graphed.captured else 0, "device_name": ctx.description}
 
 
 def karman_demo(compile_choice: str) -> dict:
@@ -224,6 +264,9 @@ def main(argv: list[str]) -> int:
     if argv[:1] == ["--calo"]:
         # KARMAN_PROBE_DEVICE=cpu: the same probe on the CPU (its test)
         print(json.dumps(calo([int(b) for b in argv[1].split(",")], argv[2:] or list(CALO_VARIANTS), os.environ.get("KARMAN_PROBE_DEVICE", "cuda"))))
+        return 0
+    if argv[:1] == ["--graph-check"]:
+        print(json.dumps(graph_check(os.environ.get("KARMAN_PROBE_DEVICE", "cuda"))))
         return 0
     if argv[:1] == ["--pix2pix"]:
         print(json.dumps(pix2pix_profile(os.environ.get("KARMAN_PROBE_DEVICE", "cuda"), *(int(a) for a in argv[1:]))))

@@ -59,22 +59,32 @@ class Pix2Pix(nn.Module):
         ratio = optim.delta_ratio
         # (1, 3, 1, 1) on the model's device; not part of the state dict (it is the data's, in meta.json)
         self.register_buffer("delta_ratio", None if ratio is None else torch.tensor(ratio, dtype=torch.float32).view(1, -1, 1, 1), persistent=False)
+        zero = optim.constrain
+        # the constrained state's values inside the obstacle (B, 3, H, W)-broadcastable, on the model's device
+        self.register_buffer("zero_inside", None if zero is None else torch.tensor(zero, dtype=torch.float32).view(1, -1, 1, 1), persistent=False)
         self._runners: tuple[nn.Module, nn.Module] | None = None  # wrapped nets, outside the state dict
+        self.captured: CapturedSteps | None = None  # the step as CUDA graphs (build_trainer's cuda_graph option)
         self.make_optimizers()
 
-    def make_optimizers(self) -> None:
+    def make_optimizers(self, capturable: bool = False) -> None:
         """(Re)create Adam over the current parameters. Call again after moving the model to a device
-        whose tensors cannot share storage with the CPU's (XLA): .to() makes new Parameters there."""
+        whose tensors cannot share storage with the CPU's (XLA): .to() makes new Parameters there.
+        ``capturable``: for a step recorded as a CUDA graph, its learning rate a tensor on the device (a
+        schedule changes it in place, which every replay reads)."""
         o = self.optim_config
-        kwargs = {"lr": o.lr, "betas": (o.beta1, 0.999), **({"fused": True} if o.fused else {})}
-        self.opt_g = torch.optim.Adam(self.generator.parameters(), **kwargs)
-        self.opt_d = torch.optim.Adam(self.discriminator.parameters(), **kwargs)
+        lr = torch.tensor(o.lr, device=next(self.generator.parameters()).device) if capturable else o.lr
+        kwargs = {"betas": (o.beta1, 0.999), **({"fused": True} if o.fused else {}), **({"capturable": True} if capturable else {})}
+        self.opt_g = torch.optim.Adam(self.generator.parameters(), lr=lr, **kwargs)
+        self.opt_d = torch.optim.Adam(self.discriminator.parameters(), lr=lr.clone() if capturable else lr, **kwargs)
 
     def set_lr_factor(self, factor: float) -> None:
         """Both optimisers' learning rate at ``factor`` times the configured one (a schedule's value)."""
         for opt in (self.opt_g, self.opt_d):
             for group in opt.param_groups:
-                group["lr"] = self.optim_config.lr * factor
+                if isinstance(group["lr"], torch.Tensor):
+                    group["lr"].fill_(self.optim_config.lr * factor)
+                else:
+                    group["lr"] = self.optim_config.lr * factor
 
     def distribute(self, wrap: Callable[[nn.Module], nn.Module]) -> None:
         """Run the networks through ``wrap`` (DistributedDataParallel, torch.compile, ...)."""
@@ -84,10 +94,24 @@ class Pix2Pix(nn.Module):
         return {"opt_g": self.opt_g.state_dict(), "opt_d": self.opt_d.state_dict()}
 
     def load_optimizer_state(self, state: dict) -> None:
-        self.opt_g.load_state_dict(state["opt_g"])
-        self.opt_d.load_state_dict(state["opt_d"])
+        for opt, key in ((self.opt_g, "opt_g"), (self.opt_d, "opt_d")):
+            lrs = [group["lr"] for group in opt.param_groups]
+            opt.load_state_dict(state[key])
+            for group, lr in zip(opt.param_groups, lrs):
+                if isinstance(lr, torch.Tensor):  # a captured step's: the loaded rate into the tensor its graphs read
+                    group["lr"] = lr.fill_(float(group["lr"]))
+        if self.captured is not None:
+            self.captured.forget()  # the graphs read the optimiser states that loading replaced
 
     def train_step(self, cond: torch.Tensor, target: torch.Tensor, autocast, clock: PhaseClock | None = None,
+                   steps: int | None = None) -> dict[str, torch.Tensor]:
+        """One step (see ``eager_step``): replayed from its CUDA graph where the model has them (``captured``) and
+        no clock times its phases, else eagerly."""
+        if self.captured is not None and (clock is None or isinstance(clock, NoClock)):
+            return self.captured(cond, target, self.optim_config.unroll if steps is None else steps)
+        return self.eager_step(cond, target, autocast, clock, steps)
+
+    def eager_step(self, cond: torch.Tensor, target: torch.Tensor, autocast, clock: PhaseClock | None = None,
                    steps: int | None = None) -> dict[str, torch.Tensor]:
         """Update D (if the loss has an adversarial term), then G, on a batch. cond (B, Cin, H, W) is
         the state at t with the mask; target (B, 3·unroll, H, W) the states at t+k, ..., t+unroll·k,
@@ -200,7 +224,7 @@ class Pix2Pix(nn.Module):
         inlet = torch.zeros((1, 3, 1, state.shape[-1]), dtype=torch.bool, device=state.device)
         inlet[:, :2, :, 0] = True
         state = torch.where(inlet, start[:, :3].to(state.dtype), state)
-        return torch.where(start[:, 3:4] > 0, torch.tensor(zero, dtype=state.dtype, device=state.device).view(1, -1, 1, 1), state)
+        return torch.where(start[:, 3:4] > 0, self.zero_inside.to(state.dtype), state)
 
     def encode_target(self, cond: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
         """What the network should output for a target state (B, 3, H, W) in network units: the state
@@ -210,12 +234,79 @@ class Pix2Pix(nn.Module):
         return (target - cond[:, :3]) / self.delta_ratio
 
 
+class CapturedSteps:
+    """Pix2Pix's step recorded as CUDA graphs and replayed: one graph per loss-step count and batch shape, recorded
+    after three warm-up steps on a side stream (cuDNN's benchmark and the optimisers' lazy state happen there), whose
+    updates are then undone (weights, batch-norm statistics and optimiser states put back as they were), so that
+    training takes exactly the steps it asks for. A replay launches the whole step, both updates included, at once:
+    no Python between the kernels and no gaps between their launches, which at small batches or small images are
+    most of an eager step's time on a GPU. The batch is copied into the graph's own input tensors; the losses come
+    back as copies. The networks' random draws (dropout, input noise) come from torch's generator, which graphs
+    advance at each replay."""
+
+    WARMUP = 3
+
+    def __init__(self, model: "Pix2Pix", precision: str):
+        self.model = model
+        # autocast's cache of cast weights must be off while a graph records (the graph would keep stale casts)
+        self.autocast = (lambda: torch.autocast("cuda", dtype=torch.bfloat16, cache_enabled=False)) if precision == "bf16" else contextlib.nullcontext
+        self.graphs: dict[tuple, tuple] = {}
+
+    def forget(self) -> None:
+        """Drop the recorded graphs (the optimiser's state tensors were replaced): the next step records again."""
+        self.graphs.clear()
+
+    def __call__(self, cond: torch.Tensor, target: torch.Tensor, steps: int) -> dict[str, torch.Tensor]:
+        key = (steps, tuple(cond.shape), cond.stride(), tuple(target.shape), target.stride(), cond.dtype)
+        graph, inputs, losses = self.graphs.get(key) or self._record(key, cond, target, steps)
+        inputs[0].copy_(cond)
+        inputs[1].copy_(target)
+        graph.replay()
+        return {k: v.clone() for k, v in losses.items()}
+
+    def _state(self) -> list[torch.Tensor]:
+        m = self.model
+        tensors = list(m.parameters()) + list(m.buffers())
+        for opt in (m.opt_g, m.opt_d):
+            tensors += [t for state in opt.state.values() for t in state.values() if isinstance(t, torch.Tensor)]
+        return tensors
+
+    @torch.no_grad()
+    def _restore(self, saved: dict[int, tuple[torch.Tensor, torch.Tensor]]) -> None:
+        """Every tensor of the model and its optimisers back to ``saved``; optimiser state the warm-up created
+        (a first step's moments and count) back to zero, as before any step."""
+        for t in self._state():
+            if id(t) in saved:
+                t.copy_(saved[id(t)][1])
+            else:
+                t.zero_()
+
+    def _record(self, key: tuple, cond: torch.Tensor, target: torch.Tensor, steps: int) -> tuple:
+        inputs = (cond.clone(), target.clone())
+        with torch.no_grad():
+            saved = {id(t): (t, t.detach().clone()) for t in self._state()}
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            for _ in range(self.WARMUP):
+                self.model.eager_step(*inputs, self.autocast, None, steps)
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            losses = self.model.eager_step(*inputs, self.autocast, None, steps)
+        self._restore(saved)
+        self.graphs[key] = entry = (graph, inputs, losses)
+        return entry
+
+
 def speed_options(device: str, precision: str = "fp32", channels_last: str = "auto", compile: str = "auto",
-                  winograd: str = "auto") -> dict:
-    """The trainer's speed choices for a device kind; ``channels_last``, ``compile`` and ``winograd``
-    ("auto", "on", "off") override the device's default."""
+                  winograd: str = "auto", cuda_graph: str = "auto") -> dict:
+    """The trainer's speed choices for a device kind; ``channels_last``, ``compile``, ``winograd`` and
+    ``cuda_graph`` ("auto", "on", "off") override the device's default."""
     options = _default_options(device)
-    for name, choice in (("channels_last", channels_last), ("compile", compile), ("winograd", winograd)):
+    if cuda_graph == "on" and device != "cuda":
+        raise ValueError(f"cuda_graph on: CUDA graphs record a step on a CUDA GPU, not on {device}")
+    for name, choice in (("channels_last", channels_last), ("compile", compile), ("winograd", winograd), ("cuda_graph", cuda_graph)):
         if choice not in ("auto", "on", "off"):
             raise ValueError(f"unknown {name} choice {choice!r}; choose auto, on or off")
         if choice != "auto":
@@ -228,10 +319,13 @@ def _default_options(device: str) -> dict:
         # Measured on a 2-core AVX2 CPU: channels_last and torch.compile were slower than eager, bf16
         # has no hardware support there; fused Adam, matrix products for the U-Net's tiny inner
         # maps and Winograd for the PatchGAN's stride-1 layer were faster.
-        return {"fused_adam": True, "gemm_max_side": 8, "winograd": True, "channels_last": False, "compile": False}
+        return {"fused_adam": True, "gemm_max_side": 8, "winograd": True, "channels_last": False, "compile": False, "cuda_graph": False}
     if device == "cuda":
-        return {"fused_adam": True, "gemm_max_side": 0, "winograd": False, "channels_last": True, "compile": True}
-    return {"fused_adam": False, "gemm_max_side": 0, "winograd": False, "channels_last": False, "compile": False}
+        # Measured on an H200 (docs/accelerator.md): Pix2Pix's eager step at paper size and batch 16 waits on
+        # Python and launches (its kernels busy the GPU 40 % of the step), and torch.compile's was slower still
+        # and costs its compilation in every run; the step recorded as CUDA graphs replays without either.
+        return {"fused_adam": True, "gemm_max_side": 0, "winograd": False, "channels_last": True, "compile": False, "cuda_graph": True}
+    return {"fused_adam": False, "gemm_max_side": 0, "winograd": False, "channels_last": False, "compile": False, "cuda_graph": False}
 
 
 def build_trainer(net, optim, ctx, options: dict):
@@ -242,7 +336,10 @@ def build_trainer(net, optim, ctx, options: dict):
     model = model.to(ctx.device)
     if options["channels_last"]:
         model = model.to(memory_format=torch.channels_last)
-    model.make_optimizers()
+    captured = options.get("cuda_graph", False) and ctx.wrap is None  # one process: DDP's hooks reduce outside any graph
+    model.make_optimizers(capturable=captured)
+    if captured:
+        model.captured = CapturedSteps(model, options["precision"])
     wrappers = []
     if ctx.wrap is not None:
         wrappers.append(ctx.wrap)

@@ -123,7 +123,8 @@ class BenchTrainSpec(BenchSpec):
     baseline: bool = Field(default=True, description="Skip the plain eager fp32 comparison")
     peak_tflops: OptionalPositiveFloat = Field(default=None, description="Peak of the device in TFLOP/s for the model FLOP utilization (default: known GPUs only)")
     jit_compile: bool = Field(default=False, description="tensorflow: XLA-compile the step (jit_compile)")
-    compile: Literal["auto", "on", "off"] = Field(default="auto", description="torch: torch.compile our trainer's networks (auto: on for cuda only)")
+    compile: Literal["auto", "on", "off"] = Field(default="auto", description="torch: torch.compile our trainer's networks (auto: off)")
+    cuda_graph: Literal["auto", "on", "off"] = Field(default="auto", description="torch: record our trainer's step as CUDA graphs (auto: on for cuda)")
 
 
 class BenchInferSpec(BenchSpec):
@@ -183,7 +184,7 @@ class BenchMatmulSpec(BenchSpec):
 QUALITY_TRAINING = ("workload", "dataset", "time_budget", "epochs", "recipe", "predict", "upsample", "schedule", "noise", "unroll", "pushforward",
                     "curriculum", "condition", "damping", "constrain", "gan_weight",
                     "l1_weight", "lr", "ngf", "ndf", "seed", "target_vorticity", "target_steps", "validate_every", "validate_steps",
-                    "stop_at_target", "target_accuracy", "threads", "compile", "precision")
+                    "stop_at_target", "target_accuracy", "threads", "compile", "cuda_graph", "precision")
 
 
 class _BenchQualityOwn(BenchSpec):

@@ -133,6 +133,7 @@ class TrainSpec(Spec):
     precision: Literal["fp32", "bf16"] = Field(default="fp32", description="fp32, or bf16 autocast")
     channels_last: Literal["auto", "on", "off"] = Field(default="auto", description="NHWC memory layout; auto = on for cuda only (slower on CPU)")
     compile: Literal["auto", "on", "off"] = Field(default="auto", description="torch.compile the networks (torch; auto = on for cuda only, slower on CPU), or XLA-compile the step with jit_compile (tensorflow; auto = off)")
+    cuda_graph: Literal["auto", "on", "off"] = Field(default="auto", description="Record the torch trainer's step as CUDA graphs and replay them (one process on a CUDA GPU; auto = on for cuda)")
     winograd: Literal["auto", "on", "off"] = Field(default="auto", description="Winograd F(3x3,4x4) for the discriminator's wide stride-1 layer (CPU, fp32 only); auto = on for cpu")
     val_simulations: int = Field(default=1, ge=0, description="Simulations held out for validation (scored by rollouts during training); taken inside the sweep's Reynolds range")
     test_simulations: int = Field(default=1, ge=0, description="Simulations held out for testing (rollout); taken inside the sweep's Reynolds range, so the test interpolates")
@@ -156,6 +157,8 @@ class TrainSpec(Spec):
                 raise ValueError(f"--hosts {self.hosts} needs --world-size, a multiple of {self.hosts} (the devices of all hosts)")
         if self.crop and self.resolved_recipe().constrain:
             raise ValueError(f"constrain holds the inlet column: it trains on whole frames, not crops of {self.crop} (leave out --crop)")
+        if self.cuda_graph == "on" and self.device != "cuda":
+            raise ValueError(f"cuda_graph on records the step on a CUDA GPU; device {self.device!r} has none (choose auto or off)")
         if self.target_steps > self.validate_steps:
             raise ValueError(f"target_steps {self.target_steps} exceeds validate_steps {self.validate_steps}: the validation rollout must be at least as long as the target")
         return self

@@ -69,7 +69,7 @@ def test_every_gpu_accelerator_step_is_a_valid_command(name):
         assert spec.devices == ["cuda"] and spec.pools == {"cuda": "local"} and args.json
     elif command[2] == "--calo":
         assert all(int(b) > 0 for b in command[3].split(",")) and set(command[4:]) <= set(gpu_accelerator.CALO_VARIANTS)
-    elif command[2] == "--pix2pix":
+    elif command[2] in ("--pix2pix", "--graph-check"):
         assert all(int(a) > 0 for a in command[3:])
     else:
         assert command[2] == "--karman-demo" and command[3] in ("auto", "on", "off")

@@ -55,3 +55,29 @@ def test_a_cpu_trainer_takes_float64_moments_and_its_batches_gather_the_precompu
     cells = trainer.cells["train"][take]
     assert np.array_equal(batch["image"], to_image(cells))
     assert np.allclose(batch["ecal"][:, 0], cells.sum(axis=(1, 2, 3), dtype=np.float64), rtol=1e-6)
+
+
+@pytest.mark.parametrize("block, channels_last", [(8, False), (3, True), (16, False)])
+def test_convolutions_over_runs_of_depths_are_torchs_3d_convolutions_forward_and_backward(block, channels_last):
+    """depth_blocks against F.conv3d in float64, the published layers' kernels (the generator's first, the
+    discriminator's first from one channel, the last 2x2x2), depths that do and do not fill whole blocks."""
+    from tasks.workloads.calo.torch import depth_blocks
+
+    torch.manual_seed(block)
+    for cin, cout, kernel, shape in ((8, 8, (6, 6, 8), (9, 8, 20)), (1, 16, (5, 6, 6), (7, 8, 13)), (6, 1, (2, 2, 2), (4, 5, 7))):
+        x = torch.randn(2, cin, *shape, dtype=torch.float64, requires_grad=True)
+        w = torch.randn(cout, cin, *kernel, dtype=torch.float64, requires_grad=True)
+        b = torch.randn(cout, dtype=torch.float64, requires_grad=True)
+        ours, theirs = depth_blocks(x, w, b, block, channels_last), F.conv3d(x, w, b)
+        assert ours.shape == theirs.shape
+        assert torch.allclose(ours, theirs, rtol=0, atol=1e-10)
+        weight = torch.randn_like(theirs)
+        assert all(torch.allclose(g, h, rtol=0, atol=1e-10) for g, h in zip(torch.autograd.grad((ours * weight).sum(), (x, w, b)),
+                                                                               torch.autograd.grad((theirs * weight).sum(), (x, w, b))))
+
+
+def test_a_cuda_trainer_runs_its_convolutions_over_runs_of_depths_and_a_cpu_one_in_3d():
+    from tasks.workloads.calo.torch import DEPTH_BLOCKS
+
+    assert DEPTH_BLOCKS.get("cpu", (0, False)) == (0, False)
+    assert DEPTH_BLOCKS["cuda"][0] > 1

@@ -24,7 +24,7 @@ class KarmanTorch:
         self.data, self.spec, self.batch_size, self.runtime = data, spec, batch_size, runtime
         ctx = runtime.ctx
         self.local_batch = batch_size // ctx.world_size if ctx.strategy == "ddp" else batch_size
-        self.options = speed_options(spec.device, spec.precision, spec.channels_last, spec.compile, spec.winograd) | {
+        self.options = speed_options(spec.device, spec.precision, spec.channels_last, spec.compile, spec.winograd, spec.cuda_graph) | {
             "keep_freed_memory": runtime.keeps_freed_memory}
         torch.manual_seed(spec.seed)  # the same initial weights on every rank
         self.model = build_trainer(data.net, OptimConfig.from_recipe(data.recipe, data.codec.delta_ratio, data.codec.zero), ctx, self.options)
@@ -42,7 +42,8 @@ class KarmanTorch:
         the next batch is read on a background thread while this one trains."""
         spec, ctx, train, b = self.spec, self.runtime.ctx, self.data.train, self.batch_size
         self.model.train()
-        self.clock = NoClock() if ctx.kind == "xla" else PhaseClock(ctx.sync)
+        # no phase clock where the step is one graph (its boundaries would cut it) or lazy (XLA)
+        self.clock = NoClock() if ctx.kind == "xla" or self.model.captured is not None else PhaseClock(ctx.sync)
         order = epoch_order(len(train), spec.seed, epoch)  # the same on every rank
         lo, hi = ctx.rank * self.local_batch, (ctx.rank + 1) * self.local_batch
         reader = train.prefetch((order[s * b: (s + 1) * b][lo:hi] for s in range(steps)), self.data.codec.norm)
@@ -68,10 +69,10 @@ class KarmanTorch:
         return self.runtime.reduce(losses, flags)
 
     def learning_rate(self) -> float:
-        return self.model.opt_g.param_groups[0]["lr"]
+        return float(self.model.opt_g.param_groups[0]["lr"])
 
     def epoch_metrics(self) -> dict[str, float]:
-        return {f"{k}_s": v for k, v in self.clock.totals.items()} if self.runtime.ctx.kind != "xla" else {}
+        return {f"{k}_s": v for k, v in self.clock.totals.items()} if not isinstance(self.clock, NoClock) else {}
 
     def state(self) -> dict:
         return {"generator": self.model.generator.state_dict(), "discriminator": self.model.discriminator.state_dict(),

@@ -124,7 +124,7 @@ def bench_train_torch(spec, seed: int = 0) -> dict:
         raise ValueError("--jit-compile is tensorflow's; torch compiles with the trainer's speed options")
     device, size, batch_size, steps, repeats = spec.device, spec.size, spec.batch_size, spec.steps, spec.repeats
     precision, baseline, peak_tflops = spec.precision, spec.baseline, spec.peak_tflops
-    net, ctx, options, model, run_fast, compile_s = _trainer_side(device, size, batch_size, precision, seed, spec.compile)
+    net, ctx, options, model, run_fast, compile_s = _trainer_side(device, size, batch_size, precision, seed, spec.compile, spec.cuda_graph)
     sides = {"fast": run_fast}
     with contextlib.ExitStack() as stack:
         if baseline:
@@ -167,7 +167,7 @@ def bench_train_torch(spec, seed: int = 0) -> dict:
     return result
 
 
-def _trainer_side(device: str, size: int, batch_size: int, precision: str, seed: int, compile: str = "auto"):
+def _trainer_side(device: str, size: int, batch_size: int, precision: str, seed: int, compile: str = "auto", cuda_graph: str = "auto"):
     """Our torch trainer on the default networks and a synthetic batch, warmed up: (net, ctx, options,
     model, run(n) -> seconds, compile_s: the first step)."""
     import torch
@@ -179,7 +179,7 @@ def _trainer_side(device: str, size: int, batch_size: int, precision: str, seed:
     net = NetConfig(in_channels=4, out_channels=3, size=size)
     net.check_image(size, size)
     ctx = resolve_device(device, precision)
-    options = speed_options(device, precision, compile=compile) | {"keep_freed_memory": device == "cpu" and keep_freed_memory()}
+    options = speed_options(device, precision, compile=compile, cuda_graph=cuda_graph) | {"keep_freed_memory": device == "cpu" and keep_freed_memory()}
     torch.manual_seed(seed)
     model = build_trainer(net, OptimConfig(), ctx, options)
     cond, target = (t.to(ctx.device) for t in _synthetic_batch(batch_size, size, seed))
