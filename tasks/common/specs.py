@@ -132,7 +132,7 @@ class TrainSpec(Spec):
     l1_weight: float | None = Field(default=None, ge=0, description="Weight of the L1 term; None = the recipe's")
     precision: Literal["fp32", "bf16"] = Field(default="fp32", description="fp32, or bf16 autocast")
     channels_last: Literal["auto", "on", "off"] = Field(default="auto", description="NHWC memory layout; auto = on for cuda only (slower on CPU)")
-    compile: Literal["auto", "on", "off"] = Field(default="auto", description="torch.compile the networks (torch; auto = on for cuda only, slower on CPU), or XLA-compile the step with jit_compile (tensorflow; auto = off)")
+    compile: Literal["auto", "on", "off"] = Field(default="auto", description="torch.compile the networks (torch; auto = off: slower on CPU, and on a GPU its compilation costs more than it saves in short runs), or XLA-compile the step with jit_compile (tensorflow; auto = off)")
     cuda_graph: Literal["auto", "on", "off"] = Field(default="auto", description="Record the torch trainer's step as CUDA graphs and replay them (one process on a CUDA GPU; auto = on for cuda)")
     winograd: Literal["auto", "on", "off"] = Field(default="auto", description="Winograd F(3x3,4x4) for the discriminator's wide stride-1 layer (CPU, fp32 only); auto = on for cpu")
     val_simulations: int = Field(default=1, ge=0, description="Simulations held out for validation (scored by rollouts during training); taken inside the sweep's Reynolds range")
