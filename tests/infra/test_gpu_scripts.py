@@ -72,7 +72,7 @@ def test_every_gpu_accelerator_step_is_a_valid_command(name):
     elif command[2] in ("--pix2pix", "--graph-check"):
         assert all(int(a) > 0 for a in command[3:])
     else:
-        assert command[2] == "--karman-demo" and command[3] in ("auto", "on", "off")
+        assert command[2] == "--karman-demo" and command[3] in ("auto", "on", "off") and all(int(a) > 0 for a in command[4:])
 
 
 def test_the_accelerator_script_refuses_an_unknown_step_in_one_line(tmp_path):
