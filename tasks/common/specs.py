@@ -87,6 +87,10 @@ class GenerateSpec(Spec):
         return once_each(values, "value of a sweep")
 
 
+# TrainSpec's fields added after a released version keyed its cells -> their defaults, at which a cell's key leaves them out
+KEYLESS_DEFAULTS = {"cuda_graph": "auto"}
+
+
 class TrainSpec(Spec):
     """One training run of a workload (the Kármán surrogate: Pix2Pix on (frame t -> frame t+k) pairs)."""
 
@@ -186,8 +190,10 @@ class TrainSpec(Spec):
     def key_fields(self) -> dict:
         """Its fields as a cell's key hashes them (tasks.common.cells.cell_key): the frame stride resolved, so that a spec
         that leaves it to the recipe and one that names the recipe's own stride (as every spec did before a recipe could
-        set it) are one cell."""
-        return self.model_dump(mode="json", exclude={"cell"}) | {"frame_stride": self.stride}
+        set it) are one cell; fields added after cells were first keyed left out at their defaults (KEYLESS_DEFAULTS), so
+        that a cell keeps its key across the version that added them."""
+        fields = self.model_dump(mode="json", exclude={"cell"}) | {"frame_stride": self.stride}
+        return {k: v for k, v in fields.items() if k not in KEYLESS_DEFAULTS or v != KEYLESS_DEFAULTS[k]}
 
     def resolved_recipe(self):
         """The models.recipe.Recipe this spec trains with: the named recipe and its overrides."""

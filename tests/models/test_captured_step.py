@@ -95,3 +95,13 @@ def test_on_a_gpu_the_graphed_steps_train_as_the_eager_ones():
     assert len(graphed.captured.graphs) == 1
     for a, b in zip(list(eager.parameters()) + list(eager.buffers()), list(graphed.parameters()) + list(graphed.buffers())):
         assert float((a.float() - b.float()).norm()) <= 1e-3 * float(a.float().norm()) + 1e-6
+
+
+def test_a_cells_key_leaves_the_graph_choice_out_at_its_default_and_keeps_it_otherwise():
+    """cuda_graph came after cells were keyed: at auto a cell keeps the key it had; a choice made is a different cell."""
+    from tasks.common.cells import cell_key
+
+    spec = TrainSpec(workload="karman", device="cuda")
+    assert "cuda_graph" not in spec.key_fields()
+    keys = {cell_key("train/torch", spec.model_copy(update={"cuda_graph": g}), "digest") for g in ("auto", "on", "off")}
+    assert len(keys) == 3
