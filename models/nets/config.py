@@ -7,6 +7,13 @@ from typing import Literal
 Norm = Literal["batch", "instance"]
 
 
+def check_cuda_graph(choice: str, device: str) -> None:
+    """ValueError when ``cuda_graph`` is forced on (``choice`` "on") for a device kind without CUDA: the one refusal of
+    train, bench-quality and bench-train, and of the trainer's own options."""
+    if choice == "on" and device != "cuda":
+        raise ValueError(f"cuda_graph on records the step on a CUDA GPU; device {device!r} has none (choose auto or off)")
+
+
 @dataclass(frozen=True)
 class NetConfig:
     """Shapes and widths of the generator and discriminator."""

@@ -8,6 +8,7 @@ from typing import Callable
 import torch
 from torch import nn
 
+from models.nets.config import check_cuda_graph
 from models.nets.pix2pix import NetConfig, build_discriminator, build_generator, use_gemm_for_small_maps, use_winograd
 from models.nets.surrogate import damp
 from models.recipe import OptimConfig  # torch-free, shared with the Keras trainer
@@ -304,8 +305,7 @@ def speed_options(device: str, precision: str = "fp32", channels_last: str = "au
     """The trainer's speed choices for a device kind; ``channels_last``, ``compile``, ``winograd`` and
     ``cuda_graph`` ("auto", "on", "off") override the device's default."""
     options = _default_options(device)
-    if cuda_graph == "on" and device != "cuda":
-        raise ValueError(f"cuda_graph on: CUDA graphs record a step on a CUDA GPU, not on {device}")
+    check_cuda_graph(cuda_graph, device)
     for name, choice in (("channels_last", channels_last), ("compile", compile), ("winograd", winograd), ("cuda_graph", cuda_graph)):
         if choice not in ("auto", "on", "off"):
             raise ValueError(f"unknown {name} choice {choice!r}; choose auto, on or off")

@@ -13,6 +13,7 @@ from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Fie
 from pydantic_core import PydanticCustomError
 
 from models.host import DeviceKind
+from models.nets.config import check_cuda_graph
 from models.tiling import DEFAULT_HALO
 from tasks.common.specs import DEFAULT_WORKLOAD, WORKLOAD_NAME
 
@@ -125,6 +126,11 @@ class BenchTrainSpec(BenchSpec):
     jit_compile: bool = Field(default=False, description="tensorflow: XLA-compile the step (jit_compile)")
     compile: Literal["auto", "on", "off"] = Field(default="auto", description="torch: torch.compile our trainer's networks (auto: off)")
     cuda_graph: Literal["auto", "on", "off"] = Field(default="auto", description="torch: record our trainer's step as CUDA graphs (auto: on for cuda)")
+
+    @model_validator(mode="after")
+    def _graphs_need_cuda(self) -> "BenchTrainSpec":
+        check_cuda_graph(self.cuda_graph, self.device)
+        return self
 
 
 class BenchInferSpec(BenchSpec):

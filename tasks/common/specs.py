@@ -10,6 +10,7 @@ from pydantic import (BaseModel, ConfigDict, Field, PositiveFloat, PositiveInt, 
 from pydantic.json_schema import SkipJsonSchema
 
 from models.host import DeviceKind as Device
+from models.nets.config import check_cuda_graph
 from models.tiling import DEFAULT_HALO
 from tasks.common.training.frameworks import FRAMEWORKS
 
@@ -161,8 +162,7 @@ class TrainSpec(Spec):
                 raise ValueError(f"--hosts {self.hosts} needs --world-size, a multiple of {self.hosts} (the devices of all hosts)")
         if self.crop and self.resolved_recipe().constrain:
             raise ValueError(f"constrain holds the inlet column: it trains on whole frames, not crops of {self.crop} (leave out --crop)")
-        if self.cuda_graph == "on" and self.device != "cuda":
-            raise ValueError(f"cuda_graph on records the step on a CUDA GPU; device {self.device!r} has none (choose auto or off)")
+        check_cuda_graph(self.cuda_graph, self.device)
         if self.target_steps > self.validate_steps:
             raise ValueError(f"target_steps {self.target_steps} exceeds validate_steps {self.validate_steps}: the validation rollout must be at least as long as the target")
         return self

@@ -8,6 +8,7 @@ import torch
 from models.device import resolve_device
 from models.nets.config import NetConfig
 from models.nets.trainer import CapturedSteps, OptimConfig, Pix2Pix, build_trainer, speed_options
+from tasks.bench.specs import BenchTrainSpec
 from tasks.common.specs import TrainSpec
 
 NET = NetConfig(in_channels=4, out_channels=3, size=32, ngf=4, ndf=4, dropout=0.0)
@@ -67,10 +68,12 @@ def test_a_capturable_optimiser_keeps_its_rate_tensor_through_schedules_and_load
 def test_cuda_records_the_step_and_other_devices_refuse_it_in_one_line():
     assert speed_options("cuda")["cuda_graph"] is True and speed_options("cuda")["compile"] is False
     assert speed_options("cpu")["cuda_graph"] is False and speed_options("cuda", cuda_graph="off")["cuda_graph"] is False
-    with pytest.raises(ValueError, match="^cuda_graph on: CUDA graphs record a step on a CUDA GPU, not on cpu$"):
+    with pytest.raises(ValueError, match="^cuda_graph on records the step on a CUDA GPU; device 'cpu' has none \\(choose auto or off\\)$"):
         speed_options("cpu", cuda_graph="on")
     with pytest.raises(ValueError, match="cuda_graph on records the step on a CUDA GPU; device 'cpu' has none"):
         TrainSpec(workload="karman", cuda_graph="on")
+    with pytest.raises(ValueError, match="cuda_graph on records the step on a CUDA GPU; device 'cpu' has none"):
+        BenchTrainSpec(cuda_graph="on")  # bench-train refuses it as train does, before any child starts
     model = build_trainer(NET, OptimConfig(), resolve_device("cpu"), speed_options("cpu"))
     assert model.captured is None and not isinstance(model.opt_g.param_groups[0]["lr"], torch.Tensor)
 
