@@ -21,7 +21,7 @@ from models.nets.trainer_jax import Pix2PixJax
 from models.recipe import OptimConfig, lr_factor
 from tasks.common.data import epoch_order
 from tasks.workloads.karman.data import crop_offsets, crop_pairs
-from tasks.workloads.karman.workload import HEADLINE, KarmanData, model_meta, sample_figure
+from tasks.workloads.karman.workload import HEADLINE, KarmanData, KarmanTrainer, model_meta, sample_figure
 
 MODEL_FILE = "generator.npz"
 
@@ -38,7 +38,7 @@ def load_generator(path: Path) -> tuple[dict, dict]:
         return nets.split_state({k: arrays[k] for k in arrays.files})
 
 
-class KarmanJax:
+class KarmanJax(KarmanTrainer):
     """Pix2Pix (generator, discriminator, their Adam states) as arrays on the runtime's devices, and the jitted step."""
 
     def __init__(self, data: KarmanData, spec, batch_size: int, runtime):
@@ -103,12 +103,6 @@ class KarmanJax:
         x = jax.device_put(np.asarray(cond[None] if single else cond, np.float32), self.replicated)
         out = np.asarray(self.model.predict(self.train_state["g"], self.train_state["g_stats"], x))
         return out[0] if single else out
-
-    def evaluate(self) -> dict[str, float]:
-        return self.data.validation.score_forward(self.forward)
-
-    def reached(self, scores: dict[str, float]) -> bool:
-        return self.data.validation.reached(scores)
 
     def finish(self, run_dir: Path, run, settings) -> None:
         """The trained generator as the run's artifacts: its arrays under torch's names (``generator.npz``) and

@@ -14,7 +14,7 @@ from models.recipe import OptimConfig, lr_factor
 from tasks.common.data import epoch_order
 from tasks.common.names import Tag
 from tasks.workloads.karman.data import crop_offsets, crop_pairs
-from tasks.workloads.karman.workload import HEADLINE, KarmanData, largest_corner, model_meta, sample_figure
+from tasks.workloads.karman.workload import HEADLINE, KarmanData, KarmanTrainer, largest_corner, model_meta, sample_figure
 
 MODEL_FILE = "generator.keras"
 
@@ -23,7 +23,7 @@ def nhwc(x: np.ndarray) -> np.ndarray:
     return np.ascontiguousarray(x.transpose(0, 2, 3, 1))  # (B, C, H, W) -> (B, H, W, C)
 
 
-class KarmanKeras:
+class KarmanKeras(KarmanTrainer):
     """KerasPix2Pix made in the strategy's scope; each worker reads its own slice of every global batch
     (as a torch rank does), cut into its replicas' shares."""
 
@@ -110,12 +110,6 @@ class KarmanKeras:
         single = cond.ndim == 3
         out = self._predict(tf.constant(nhwc(cond[None] if single else cond))).numpy().transpose(0, 3, 1, 2)
         return out[0] if single else out
-
-    def evaluate(self) -> dict[str, float]:
-        return self.data.validation.score_forward(self.forward)
-
-    def reached(self, scores: dict[str, float]) -> bool:
-        return self.data.validation.reached(scores)
 
     def finish(self, run_dir: Path, run, settings) -> None:
         """The trained generator as the run's artifacts: the Keras file (plain layers) and meta.json, a

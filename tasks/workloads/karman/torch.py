@@ -13,10 +13,10 @@ from models.recipe import OptimConfig, lr_factor
 from tasks.common.data import epoch_order
 from tasks.common.names import Tag
 from tasks.workloads.karman.data import OUTPUTS, crop_offsets, crop_pairs
-from tasks.workloads.karman.workload import HEADLINE, KarmanData, largest_corner, model_meta, sample_figure
+from tasks.workloads.karman.workload import HEADLINE, KarmanData, KarmanTrainer, largest_corner, model_meta, sample_figure
 
 
-class KarmanTorch:
+class KarmanTorch(KarmanTrainer):
     """Pix2Pix (generator, discriminator, their optimisers) on the runtime's device; rank r trains on
     its slice of every global batch."""
 
@@ -85,9 +85,6 @@ class KarmanTorch:
 
     def evaluate(self) -> dict[str, float]:
         return self.data.validation.score(self.model.generator, self.runtime.ctx)
-
-    def reached(self, scores: dict[str, float]) -> bool:
-        return self.data.validation.reached(scores)
 
     @property
     def generator(self) -> torch.nn.Module:

@@ -60,6 +60,20 @@ class KarmanData:
                 **{f"recipe_{k}": v for k, v in dataclasses.asdict(self.recipe).items() if k != "name"}}
 
 
+class KarmanTrainer:
+    """What the three frameworks' karman trainers share: the validation rollouts scored through the trainer's
+    ``forward`` (encoded states -> the generator's outputs) and the quality target they are held to."""
+
+    data: KarmanData
+    forward: Callable[[np.ndarray], np.ndarray]  # each framework's trainer defines it
+
+    def evaluate(self) -> dict[str, float]:
+        return self.data.validation.score_forward(self.forward)
+
+    def reached(self, scores: dict[str, float]) -> bool:
+        return self.data.validation.reached(scores)
+
+
 def _pairs(settings, spec) -> tuple[Path, dict, dict, object, PairSource]:
     dataset_dir = settings.dataset_dir(spec.dataset)
     manifest = load_manifest(dataset_dir)
