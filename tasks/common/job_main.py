@@ -37,6 +37,16 @@ def job_body(name: str):
     return body
 
 
+def first_import(name: str | None) -> None:
+    """The framework table's first import for the job's framework, where it has one (TensorFlow without the packages it
+    loads only because they are installed); a job of no framework, or of one the table does not name, imports nothing here."""
+    from tasks.common.training.frameworks import FRAMEWORKS, call
+
+    fw = FRAMEWORKS.get(name or "")
+    if fw is not None and fw.first_import:
+        call(fw.first_import)
+
+
 def main(argv: list[str]) -> int:
     from tasks.common import lifetime
 
@@ -58,6 +68,7 @@ def main(argv: list[str]) -> int:
     else:
         lifetime.raise_on_sigterm()
     try:
+        first_import(job.get("framework"))
         result = job_body(job["body"])(job)
     except (UserError, DeviceUnavailable) as exc:
         return _verdict(result_path, "user", "error", exc, USER_ERROR)

@@ -91,6 +91,7 @@ class Framework:
     # starting with an ``import_env`` prefix (what the framework reads on import) are what that environment gives
     cpu_preload: tuple[str, ...] = ()
     import_env: tuple[str, ...] = ()
+    first_import: str = ""  # 'module:function' a job process calls before its body: the framework loaded as it should load there
 
     def procs(self, device: str, world: int, strategy: str) -> int:
         """Processes a run of ``world`` devices launches on each host."""
@@ -149,7 +150,8 @@ FRAMEWORKS = {
         "tensorflow", "tasks.common.training.runtime_keras", "tasks.common.probe:probe_tensorflow", "checkpoint.npz", "npz", processes="strategy",
         env=_tensorflow_env, resolve_strategy=_tensorflow_strategy, strategies=("auto", "default", "mirrored", "multiworker", "tpu"),
         hosts="workers", host_strategies=("auto", "multiworker"), check_device=_tensorflow_check, local_launcher=("-m", "tasks.common.workers", "{procs}", "{python}"),
-        cpu_preload=("tasks.common.training.tensorflow_preload",), import_env=("TF_", "KERAS_", "CUDA_", "XLA_", "ONEDNN_", "DNNL_")),
+        cpu_preload=("tasks.common.training.tensorflow_preload",), import_env=("TF_", "KERAS_", "CUDA_", "XLA_", "ONEDNN_", "DNNL_"),
+        first_import="tasks.common.training.tensorflow_import:import_tensorflow"),
     "jax": Framework(
         "jax", "tasks.common.training.runtime_jax", "tasks.common.probe:probe_jax", "checkpoint.npz", "npz", processes="host",
         env=_jax_env, strategy_words="auto (its devices in one process, the batch split over them)"),

@@ -15,9 +15,9 @@ _null = os.open(os.devnull, os.O_WRONLY)
 try:
     os.dup2(_null, 1)
     os.dup2(_null, 2)
-    import tensorflow  # noqa: F401,E402
+    from tasks.common.training.tensorflow_import import import_tensorflow  # noqa: E402
 
-    import keras  # noqa: F401,E402
+    import_tensorflow()
 finally:
     os.dup2(_saved[0], 1)
     os.dup2(_saved[1], 2)

@@ -62,13 +62,21 @@ def die(job: dict) -> dict:
 
 
 def describe_tensorflow(job: dict) -> dict:
-    """Whether TensorFlow was already loaded when the body began, and what it computes here (oneDNN's choice as the job's
-    environment says it)."""
+    """Whether a warm server had loaded TensorFlow before it forked the job, whether the packages TensorFlow loads only
+    because they are installed were left out, what it computes here (oneDNN's choice as the job's environment says it),
+    and (``import_later``) whether those packages still import afterwards."""
     import os
     import sys
 
-    loaded = "tensorflow" in sys.modules
+    preloaded = "tasks.common.training.tensorflow_preload" in sys.modules
+    skipped = {name: name not in sys.modules for name in ("jax", "sklearn")}
     import tensorflow as tf
 
-    return {"ppid": os.getppid(), "tensorflow_preloaded": loaded, "onednn": os.environ.get("TF_ENABLE_ONEDNN_OPTS"),
-            "sum": float(tf.reduce_sum(tf.range(10.0)).numpy())}
+    later = {}
+    if job.get("import_later"):
+        import jax
+        import sklearn
+
+        later = {"jax": jax.__version__, "sklearn": sklearn.__version__}
+    return {"ppid": os.getppid(), "tensorflow_preloaded": preloaded, "onednn": os.environ.get("TF_ENABLE_ONEDNN_OPTS"),
+            "sum": float(tf.reduce_sum(tf.range(10.0)).numpy()), "skipped": skipped, "later": later}

@@ -60,7 +60,10 @@ def test_tensorflows_cpu_jobs_fork_from_a_server_that_imported_it_in_their_envir
     # imports TensorFlow itself, in its own environment
     other = run_child("probe", body, {}, LOG, env={**cpu, "TF_ENABLE_ONEDNN_OPTS": "0"}, framework="tensorflow")
     assert not other["tensorflow_preloaded"] and other["onednn"] == "0" and other["ppid"] != first["ppid"] and other["sum"] == 45.0
-    gpu = run_child("probe", body, {}, LOG, env={k: v for k, v in cpu.items() if k != "CUDA_VISIBLE_DEVICES"}, framework="tensorflow")
+    gpu = run_child("probe", body, {"import_later": True}, LOG, env={k: v for k, v in cpu.items() if k != "CUDA_VISIBLE_DEVICES"}, framework="tensorflow")
     assert not gpu["tensorflow_preloaded"]
+    # loaded in the server or by the job itself, TensorFlow came without JAX and scikit-learn, which import afterwards
+    assert all(out["skipped"] == {"jax": True, "sklearn": True} for out in (first, second, other, gpu))
+    assert gpu["later"]["jax"] and gpu["later"]["sklearn"]
     err = capfd.readouterr().err
     assert "oneDNN custom operations" not in err and "absl::InitializeLog" not in err  # the server's import stays off the terminal
