@@ -100,4 +100,7 @@ def folded_error(module, cfg) -> float:
 
 
 if __name__ == "__main__":
+    from tasks.common.job_main import first_import
+
+    first_import(sys.argv[1])  # the framework loaded as a job loads it
     print(json.dumps(steps(sys.argv[1], "float32")))

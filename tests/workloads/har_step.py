@@ -56,4 +56,7 @@ def one_step(framework: str, batch: int = 24) -> dict:
 
 
 if __name__ == "__main__":
+    from tasks.common.job_main import first_import
+
+    first_import(sys.argv[1])  # the framework loaded as a job loads it
     print(json.dumps(one_step(sys.argv[1])))

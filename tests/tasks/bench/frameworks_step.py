@@ -71,4 +71,7 @@ def stepped(framework: str, workload: str) -> dict:
 
 
 if __name__ == "__main__":
+    from tasks.common.job_main import first_import
+
+    first_import(sys.argv[1])  # the framework loaded as a job loads it
     print(json.dumps({workload: stepped(sys.argv[1], workload) for workload in ("digits", "har", "karman")}))
