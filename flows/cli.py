@@ -238,6 +238,19 @@ def _shown(spec: type[BaseModel], workload: str | None) -> set[str] | None:
         return None
 
 
+def _own_defaults(spec: type[BaseModel], workload: str | None) -> dict | None:
+    """For a named workload, the defaults of ``spec``'s fields that it sets itself (its dataset, batch size, epochs)."""
+    if workload is None or spec not in OPTION_KINDS:
+        return None
+    from tasks.workloads import with_own_defaults
+
+    try:
+        own = with_own_defaults(spec(workload=workload))
+    except (UserError, ValidationError):  # an unknown name: the command refuses it when it runs
+        return None
+    return {field: getattr(own, field) for field in own.model_fields if getattr(own, field) != spec.model_fields[field].default}
+
+
 def build_parser(workload: str | None = None) -> argparse.ArgumentParser:
     """The command line; ``workload``: the train and generate commands offer only the options it takes (their help)."""
     parser = OneLineParser(prog="python -m flows", description="Kármán Bench: neural surrogates of a vortex street, benchmarked across devices.")
@@ -250,7 +263,7 @@ def build_parser(workload: str | None = None) -> argparse.ArgumentParser:
             p.add_argument("--time-budget", dest="time_budget", default=None,
                            help=f"Wall-clock seconds of training (default: {DemoSpec().train.time_budget:g})")
         else:
-            add_spec_options(p, command.spec, _shown(command.spec, workload))
+            add_spec_options(p, command.spec, _shown(command.spec, workload), _own_defaults(command.spec, workload))
             p.add_argument("--spec", dest="spec_file", default=None, metavar="FILE",
                            help="A JSON or YAML file holding the whole spec, as the Prefect form's 'spec' parameter (nested fields "
                                 "included); the options given beside it override its values")
@@ -304,6 +317,10 @@ def main(argv: list[str] | None = None) -> int:
                     raise UserError("--spec and --quick both give the whole matrix; give one")
                 base = spec_file(cmd.spec, args.spec_file)
             spec = spec_from_args(cmd.spec, args, base)
+            if cmd.spec in OPTION_KINDS:  # what the request left unset, from its workload's entry (its dataset, sizes, epochs)
+                from tasks.workloads import with_own_defaults
+
+                spec = with_own_defaults(spec)
             if cmd.spec is BenchmarkSpec:  # another workload's option, given here, that no cell would take
                 from tasks.workloads import check_benchmark_options
 

@@ -53,22 +53,24 @@ def _flag(name: str) -> str:
     return "--" + name.replace("_", "-")
 
 
-def _help(model: type[BaseModel], field, is_list: bool) -> str | None:
-    """The option's help: the field's description with its default, unless the description states it.
-    A spec whose help is written for the command line (``cli_help_as_written``) names only a default
-    that is set, and its lists say themselves how they are given."""
+def _help(model: type[BaseModel], field, is_list: bool, default=None) -> str | None:
+    """The option's help: the field's description with its default (``default`` where given: a workload's own),
+    unless the description states it. A spec whose help is written for the command line (``cli_help_as_written``)
+    names only a default that is set, and its lists say themselves how they are given."""
     if not field.description:
         return None
     as_written = getattr(model, "cli_help_as_written", False)
     text = field.description
-    if "(default:" not in text and not field.is_required() and not (as_written and (field.default is None or field.default == [])):
-        text += f" (default: {field.default})"
+    default = field.default if default is None else default
+    if "(default:" not in text and not field.is_required() and not (as_written and (default is None or default == [])):
+        text += f" (default: {default})"
     return text + (" — comma-separated" if is_list and not as_written else "")
 
 
-def add_spec_options(parser: argparse.ArgumentParser, model: type[BaseModel], only: set[str] | None = None) -> None:
+def add_spec_options(parser: argparse.ArgumentParser, model: type[BaseModel], only: set[str] | None = None,
+                     defaults: dict | None = None) -> None:
     """One option per command-line field of ``model`` (of those in ``only``, where given); each left None when not given,
-    so the spec's default holds."""
+    so the spec's default holds (or the request's workload's: ``defaults``, which the help names)."""
     for name, field in cli_fields(model).items():
         if only is not None and name not in only:
             continue
@@ -84,7 +86,7 @@ def add_spec_options(parser: argparse.ArgumentParser, model: type[BaseModel], on
                                 help=f"{field.description} (default: {','.join(f'{k}={v}' for k, v in field.default.items())})")
             continue
         choices, _, is_list = _choices(annotation)
-        help_text = _help(model, field, is_list)
+        help_text = _help(model, field, is_list, (defaults or {}).get(name))
         if choices and not is_list:
             parser.add_argument(flag, dest=name, choices=choices, default=None, help=help_text, metavar="{" + ",".join(choices) + "}")
         elif is_list:  # repeated, comma-separated, or both
@@ -96,7 +98,7 @@ def add_spec_options(parser: argparse.ArgumentParser, model: type[BaseModel], on
 def spec_from_args(model: type[BaseModel], args: argparse.Namespace, base: BaseModel | None = None) -> BaseModel:
     """The spec from the command line's options, over ``base``'s values when given; ValidationError or
     UserError for bad input."""
-    values = base.model_dump() if base is not None else {}
+    values = base.model_dump(include=base.model_fields_set) if base is not None else {}  # what it gave: the rest stays unset
     for name, field in cli_fields(model).items():
         value = getattr(args, name, None)
         if value is None:

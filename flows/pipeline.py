@@ -20,6 +20,7 @@ from pydantic.json_schema import SkipJsonSchema
 
 from flows.matrix import BenchmarkPlan, Job, WorkloadPlan, plan_benchmark
 from tasks.common.cells import cell_error, finished_cell, interrupted_cell, keyed, record_failed_cell
+from tasks.common.errors import UserError
 from tasks.common.names import Tag, infer_label, infer_run_name, train_label, train_run_name
 from tasks.common.progress import Progress
 from tasks.common.settings import Settings
@@ -33,7 +34,7 @@ from tasks.report.task import aggregate_runs, publish_artifacts, write_ablation
 from tasks.train.plan import plan_training, resume_plan
 from tasks.train.task import log_study_table, register_surrogate, sweep_run, train_model
 from tasks.validate.task import validate_solver as run_validation
-from tasks.workloads import get_workload
+from tasks.workloads import get_workload, with_own_defaults
 
 # The MLflow run id to file a flow's run under as a child. The benchmark and the demo set it; run forms
 # leave it out (no JSON schema), and the flow still takes it.
@@ -145,18 +146,31 @@ def _tag_run(*tags: str) -> None:
         get_run_logger().warning("flow run tags not set: %s", exc)
 
 
-@flow(name="generate", log_prints=False, flow_run_name=_named(GenerateSpec, lambda s: f"generate {s.dataset}"))
+def _own(spec):
+    """``spec`` with what it left unset taken from its workload's entry (tasks.workloads.with_own_defaults), or as it
+    is where its workload is unknown (the flow then refuses it in one line)."""
+    try:
+        return with_own_defaults(spec)
+    except UserError:
+        return spec
+
+
+@flow(name="generate", log_prints=False, flow_run_name=_named(GenerateSpec, lambda s: f"generate {_own(s).dataset}"))
 def generate(spec: GenerateSpec = GenerateSpec(), parent_run: ParentRun = None) -> dict:
-    """Write a workload's dataset into the store: karman simulates a parameter sweep of channel flows into
-    zarr (skipping finished simulations), digits stores its MNIST images (a no-op for a complete dataset)."""
+    """Write a workload's dataset into the store (a no-op for a complete one), named after the workload unless the
+    request names it: karman simulates a parameter sweep of channel flows (skipping finished simulations), digits
+    stores its MNIST images, har its activity windows, calo its showers."""
+    spec = _own(spec)
     _tag_run("stage:generate", f"workload:{spec.workload}", f"dataset:{spec.dataset}")
     return generate_dataset(_settings(), spec, parent_run_id=parent_run)
 
 
-@flow(name="train", flow_run_name=_named(TrainSpec, train_label))
+@flow(name="train", flow_run_name=_named(TrainSpec, lambda s: train_label(_own(s))))
 def train(spec: TrainSpec = TrainSpec(), parent_run: ParentRun = None) -> dict:
-    """Train Pix2Pix on a dataset on the chosen device: one run per batch size (several make a sweep,
-    whose runs are children of one parent run holding the study's table), or resume an interrupted run."""
+    """Train a workload's network on a dataset on the chosen device, at the workload's own dataset, batch size and
+    epochs unless the request gives them: one run per batch size (several make a sweep, whose runs are children of one
+    parent run holding the study's table), or resume an interrupted run."""
+    spec = _own(spec)
     _tag_run("stage:train", f"workload:{spec.workload}", f"framework:{spec.framework}", f"device:{spec.device}", *(f"batch:{b}" for b in spec.batch_sizes), f"dataset:{spec.dataset}")
     with device_slot(get_run_logger()):
         return _train(spec, parent_run)
@@ -221,8 +235,6 @@ def ablate(spec: AblationSpec = AblationSpec()) -> dict:
     extra = sorted(load_manifest(settings.dataset_dir(spec.extra_dataset))["simulations"]) if spec.extra_dataset else []
     workload = get_workload(spec.train_spec(spec.variants[0], spec.seed).workload)  # whose recipe the variants change
     if workload.ablation is None:
-        from tasks.common.errors import UserError
-
         raise UserError(f"workload {workload.name} has no training recipe to ablate")
     results, simulation = [], "?"
     for variant, seed in itertools.product(spec.variants, spec.seeds()):

@@ -20,7 +20,7 @@ from tasks.common.settings import Settings
 from tasks.common.specs import TrainSpec
 from tasks.common.training import loop
 from tasks.common.training.runtime_torch import TorchRuntime
-from tasks.workloads import check_options, framework_module, get_workload
+from tasks.workloads import check_options, framework_module, get_workload, with_own_defaults
 
 log = logging.getLogger("karman.bench")
 
@@ -54,12 +54,12 @@ def bench_quality(bench: BenchQualitySpec) -> dict:
     """Train ``bench``'s spec once per seed (seed, seed + 1, ...) and report time to the quality target
     and the final rollouts; every simulation of each extra dataset is rolled out too (same geometry)."""
     settings = Settings.from_env()
-    spec, repeats = bench.train_spec(), bench.repeats
+    spec, repeats = with_own_defaults(bench.train_spec()), bench.repeats  # what it left out, its workload's (dataset, batch, epochs)
     workload = get_workload(spec.workload)
     check_options(spec)
     if bench.extra_dataset and not workload.bench_quality:  # the workload's own part rolls its models out on them
         raise ValueError(f"--extra-dataset rolls out trained models on more datasets; the {spec.workload} workload has no rollouts")
-    folders = [settings.dataset_dir(name) for name in [bench.dataset, *bench.extra_dataset]]
+    folders = [settings.dataset_dir(name) for name in [spec.dataset, *bench.extra_dataset]]
     for folder in folders:
         if not (folder / "manifest.json").is_file():
             raise ValueError(f"no dataset at {folder} (no manifest.json); make one with python -m flows generate --dataset {folder.name}")

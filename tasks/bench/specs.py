@@ -197,19 +197,20 @@ class _BenchQualityOwn(BenchSpec):
     """What bench-quality adds to the training settings: its device and batch, the repeats and the rollouts after training."""
 
     device: Literal["cpu", "cuda"] = Field(default="cpu", description="Device kind")
-    batch_size: PositiveInt = Field(default=8, description="Batch size")
+    batch_size: PositiveInt = Field(default=8, description="Batch size; left out, the workload's own first")
     repeats: PositiveInt = Field(default=1, description="Runs, with seeds seed, seed+1, ...")
     test_steps: PositiveInt = Field(default=60, description="karman: steps of the final rollout on the test simulation")
     extra_dataset: list[str] = Field(default=[], description="karman: also roll out on every simulation of this dataset (repeatable)")
     extra_steps: PositiveInt = Field(default=600, description="karman: steps of those rollouts")
 
     def train_spec(self):
-        """The training spec the first run trains with (``python -m flows train`` takes the same); ValidationError
-        naming what does not fit (a target longer than the validation rollout, ...)."""
+        """The training spec the first run trains with (``python -m flows train`` takes the same), holding what this request
+        gave (so that the rest can come from its workload, tasks.workloads.with_own_defaults); ValidationError naming what
+        does not fit (a target longer than the validation rollout, ...)."""
         from tasks.common.specs import TrainSpec
 
-        given = {k: v for k, v in self.model_dump(include=set(QUALITY_TRAINING) | {"device"}).items() if v is not None}
-        return TrainSpec(batch_sizes=[self.batch_size], **given)
+        given = {k: v for k, v in self.model_dump(include=(set(QUALITY_TRAINING) | {"device"}) & self.model_fields_set).items() if v is not None}
+        return TrainSpec(**given, **({"batch_sizes": [self.batch_size]} if "batch_size" in self.model_fields_set else {}))
 
 
 def _quality_spec() -> type[BenchSpec]:

@@ -243,6 +243,25 @@ def check_options(spec, kind: str = "options") -> None:
                         + (f"its own options are {', '.join(map(flag, mine))}" if mine else "it has no options of its own"))
 
 
+def with_own_defaults(spec):
+    """``spec`` (a TrainSpec or GenerateSpec) with what its request left unset taken from its workload's entry, as a
+    benchmark's cell takes it: the dataset (digits trains on and writes ``digits``, not karman's demo sweep), and for a
+    training one batch size (the first of the workload's) and the epoch limit. A field the request gave, or one whose
+    workload value is the spec's own default (karman's), stays as it is; a resumed run keeps the one it resumes."""
+    if getattr(spec, "resume", None):
+        return spec
+    workload, given, model = get_workload(spec.workload), spec.model_fields_set, type(spec).model_fields
+    update = {}
+    if "dataset" in model and "dataset" not in given and workload.dataset:
+        update["dataset"] = workload.dataset
+    if "batch_sizes" in model and "batch_sizes" not in given and [workload.batch_sizes[0]] != model["batch_sizes"].default:
+        update["batch_sizes"] = [workload.batch_sizes[0]]
+    if "epochs" in model and not {"epochs", "time_budget"} & given and workload.epochs != DEFAULT_EPOCHS:
+        update["epochs"] = workload.epochs
+    update = {k: v for k, v in update.items() if getattr(spec, k) != v}
+    return type(spec).model_validate(spec.model_dump() | update) if update else spec
+
+
 def check_benchmark_options(spec, base=None) -> None:
     """UserError, in one line, where a benchmark ``spec`` sets a workload's option that none of its workloads takes, away
     from what ``base`` (the preset it started from, else the defaults) gives it: each cell would silently drop it."""

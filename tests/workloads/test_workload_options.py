@@ -8,7 +8,7 @@ import pytest
 
 from tasks.common.errors import UserError
 from tasks.common.specs import BenchmarkSpec, GenerateSpec, TrainSpec
-from tasks.workloads import check_benchmark_options, check_options, get_workload, own_fields, owners
+from tasks.workloads import check_benchmark_options, check_options, get_workload, own_fields, owners, with_own_defaults
 from tests.conftest import run_in_process
 from tests.flows.test_cli import assert_refused
 
@@ -89,3 +89,33 @@ def test_the_command_line_shows_and_refuses_by_workload(workdir):
                    "workload har takes no --recipe (karman's option)", "--layers, --units")
     assert_refused(run_in_process("generate", "--workload", "calo", "--dataset", "showers", "--nx", "300", cwd=workdir),
                    "workload calo takes no --nx (karman's option)")
+
+
+def test_what_a_request_leaves_out_is_its_workloads_own_and_what_it_gives_stays():
+    """A digits, har or calo request trains on and writes its own dataset at its own batch size and epochs, as a
+    benchmark's cell does; karman's are the spec's defaults, so a karman spec comes back as it was (its cells' keys too)."""
+    for name in ("digits", "har", "calo"):
+        workload = get_workload(name)
+        own = with_own_defaults(TrainSpec(workload=name))
+        assert (own.dataset, own.batch_sizes, own.epochs) == (workload.dataset, [workload.batch_sizes[0]], workload.epochs) == (name, [64], own.epochs)
+        assert with_own_defaults(GenerateSpec(workload=name)).dataset == name
+    assert (with_own_defaults(TrainSpec(workload="digits")).epochs, with_own_defaults(TrainSpec(workload="har")).epochs) == (8, 12)
+    for spec in (TrainSpec(), TrainSpec(workload="karman", batch_sizes=[16]), GenerateSpec(),
+                 TrainSpec(workload="digits", dataset="d", batch_sizes=[8], epochs=2),
+                 TrainSpec.model_validate(TrainSpec(workload="har").model_dump())):  # a whole spec, as a record or a cell holds it
+        assert with_own_defaults(spec) is spec
+    budget = with_own_defaults(TrainSpec(workload="digits", time_budget=30))
+    assert (budget.epochs, budget.dataset) == (None, "digits")  # a time budget sets the length: no epoch limit added
+    resumed = TrainSpec(workload="digits", resume="0" * 32)
+    assert with_own_defaults(resumed) is resumed  # the stored run's own, read when it resumes
+
+
+def test_the_help_names_the_workloads_own_defaults(workdir):
+    def shown(*args):  # the help, its lines as argparse wrapped them joined again
+        return " ".join(run_in_process(*args, "--help", cwd=workdir).stdout.split())
+
+    digits = shown("train", "--workload", "digits")
+    assert "(default: digits)" in digits and "(default: [64])" in digits and "(default: 8)" in digits
+    karman = shown("train")
+    assert "(default: karman-demo)" in karman and "(default: [8])" in karman
+    assert "(default: calo)" in shown("generate", "--workload", "calo")
