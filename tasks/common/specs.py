@@ -105,7 +105,7 @@ class TrainSpec(Spec):
     batch_sizes: list[PositiveInt] = Field(default=[8], min_length=1, description="Global batch sizes; several make a sweep: one run each, children of one parent run; left out, the workload's own first (--workload NAME --help shows it)")
     world_size: PositiveInt | None = Field(default=None, description="Devices to train on, data-parallel; None = every GPU or TPU core, 1 process on cpu (cpu > 1: DDP processes over gloo)")
     hosts: PositiveInt = Field(default=1, le=4096, description="Hosts of a SLURM allocation the world spreads over (torch: torchrun on each, a c10d rendezvous; tensorflow: multiworker, TF_CONFIG from SLURM's environment); the world size is the total, an equal share per host; > 1 runs inside the allocation (infra/slurm-train.sbatch)")
-    epochs: PositiveInt | None = Field(default=None, le=100_000, description="Training epochs at most; left out, the workload's own (--workload NAME --help shows it), or no limit with a time budget")
+    epochs: PositiveInt | None = Field(default=None, le=100_000, description=f"Training epochs at most; None = {DEFAULT_EPOCHS}, or no limit with a time budget; left out, the workload's own (--workload NAME --help shows it)")
     time_budget: PositiveFloat | None = Field(default=None, le=30 * 86400, description="Wall-clock seconds of training (validation included): training stops at the end of the step that crosses it and saves the model of that moment")
     validate_every: int = Field(default=2, ge=0, description="Epochs between validation rollouts on the validation simulations, logged against training time (0 = none)")
     validate_steps: PositiveInt = Field(default=60, le=100_000, description="Steps of each validation rollout")
