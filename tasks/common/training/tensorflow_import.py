@@ -3,8 +3,8 @@
 TensorFlow's Lite converter imports JAX for one optional function, and Keras imports scikit-learn for its scikit-learn
 wrappers; both catch the ImportError of a missing package. This environment has both installed (JAX is a framework of
 its own here, scikit-learn comes with the digits' package), and no TensorFlow job uses either: marked missing while
-TensorFlow loads, they cost nothing; measured on a 2-core AVX2 CPU, ``import tensorflow, keras`` takes 5.0-5.5 s of CPU
-instead of 6.9-7.4 s (three runs each). Afterwards both import as usual, in the same process, for whoever asks.
+TensorFlow loads, they cost nothing (about 2.5 s of CPU an import on the 2-core AVX2 host; the figures and the commands
+that measured them are in docs/architecture.md). Afterwards both import as usual, in the same process, for whoever asks.
 """
 
 import sys
