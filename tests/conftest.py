@@ -2,8 +2,11 @@
 
 import contextlib
 import os
+import signal
 import subprocess
 import sys
+import threading
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -245,6 +248,14 @@ def run_cli(*args: str, cwd: Path, env: dict | None = None, timeout: int = 900) 
     return subprocess.run([sys.executable, "-m", "flows", *args], cwd=cwd, env=full_env, capture_output=True, text=True, timeout=timeout)
 
 
+def _sigterm_when(condition: Callable[[str], bool], err, done: threading.Event) -> None:
+    """``run_in_process``'s watcher: SIGTERM to this process, once, when ``condition`` holds for the command's stderr."""
+    while not done.wait(0.005):
+        if condition(err.getvalue()):
+            os.kill(os.getpid(), signal.SIGTERM)
+            return
+
+
 class _NoGuardian:
     """What ``run_in_process`` gives main for its guardian: nothing to watch or stop."""
 
@@ -252,13 +263,18 @@ class _NoGuardian:
         pass
 
 
-def run_in_process(*args: str, cwd: Path, env: dict | None = None) -> subprocess.CompletedProcess:
+def run_in_process(*args: str, cwd: Path, env: dict | None = None, sigterm_when: Callable[[str], bool] | None = None) -> subprocess.CompletedProcess:
     """``python -m flows ...`` as ``run_cli`` runs it, but in this test process: the same checks, flow and
     summary (``flows.cli.main``) in ``cwd`` with ``env`` added to the environment, its stdout and stderr
     captured, the environment and folder restored after. For tests about what a command computes and records,
     not about the command's process: each saves the 3-4 s of CPU a new process spends importing Prefect and
     MLflow. The two parts of main that are about a process's own death stay out (the guardian that would watch
-    this test process, the SIGTERM handler); tests/flows/test_lifetime.py runs those as users do."""
+    this test process, the SIGTERM handler); tests/flows/test_lifetime.py runs those as users do.
+
+    With ``sigterm_when``, the command's SIGTERM handler stays, and this process sends itself SIGTERM once
+    ``sigterm_when(stderr so far)`` holds, as a scheduler would send it to the command: the command stops its child, closes
+    its run and says how to resume, here instead of in a new process (tests/tasks/train/interrupt.py). The handlers and the
+    signals noted by the command are put back after."""
     import contextlib
     import io
 
@@ -274,18 +290,33 @@ def run_in_process(*args: str, cwd: Path, env: dict | None = None) -> subprocess
     with pytest.MonkeyPatch.context() as patch:
         patch.chdir(cwd)
         patch.setattr(lifetime, "start_guardian", lambda settings=None: _NoGuardian())
-        patch.setattr(lifetime, "raise_on_sigterm", lambda: None)
+        if sigterm_when is None:
+            patch.setattr(lifetime, "raise_on_sigterm", lambda: None)
         os.environ.update(full_env)
+        handlers, hook = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT)}, sys.unraisablehook
+        done = threading.Event()
+        watcher = threading.Thread(target=_sigterm_when, args=(sigterm_when, err, done), daemon=True) if sigterm_when else None
         try:
             with temporary_settings({PREFECT_API_URL: api}), _temporary_global_settings_context(get_settings_context()):
                 with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err), _logs_to(err):
+                    if watcher:
+                        watcher.start()
                     try:
                         code = cli.main(list(args))
                     except SystemExit as exc:  # argparse's refusals and --help end the command this way
                         code = lifetime.exit_status(exc)
+                    finally:
+                        done.set()
+                        if watcher:
+                            watcher.join()
         finally:  # main sets variables of its own (credentials, verbosity): all of them go
             os.environ.clear()
             os.environ.update(saved)
+            for signum, handler in handlers.items():
+                signal.signal(signum, handler)
+            sys.unraisablehook = hook
+            lifetime._received.clear()
+            lifetime._pending.clear()
     return subprocess.CompletedProcess(["python", "-m", "flows", *args], code, out.getvalue(), err.getvalue())
 
 

@@ -2,7 +2,9 @@
 
 A run stops the ways users' trainings stop: SIGTERM to the command (a scheduler's or a user's stop: the run stops at the
 next step, keeps the epoch's checkpoint, ends KILLED and says how to resume) or SIGKILL to its whole process group (a
-pre-empted node: nothing runs on, the run stays open). The checkpoints they resume from hold that epoch's validation."""
+pre-empted node: nothing runs on, the run stays open). The checkpoints they resume from hold that epoch's validation.
+The SIGTERM goes to a command run in the test process (its handler installed as in a command of its own); the kill, to a
+command started as a process of its own; tests/flows/test_lifetime.py signals commands of their own both ways."""
 
 import json
 import os
@@ -30,11 +32,38 @@ def _epoch_lines(proc: subprocess.Popen, lines: list[str], ended: dict[str, int]
 
 
 def stop_after_epoch(workdir: Path, args: tuple[str, ...], epoch: int, sig: int, env: dict | None = None, timeout: float = 600) -> str:
-    """Start ``python -m flows train *args`` (in a process group of its own), send ``sig`` once its log says epoch
-    ``epoch`` ended (that epoch validated and checkpointed) and wait for its end: SIGTERM to the command, which stops
-    its children, SIGKILL to the whole group. The stopped run's id; the run did not finish."""
+    """Run ``python -m flows train *args`` and send ``sig`` once its log says epoch ``epoch`` ended (that epoch validated
+    and checkpointed), then wait for its end: SIGTERM to the command, which stops its child, closes the run and says how
+    to resume (the command in this test process, ``run_in_process``: its job forked from this process's warm servers
+    instead of a new command's), SIGKILL to the whole process group of a command started as a process of its own. The
+    stopped run's id; the run did not finish."""
     runs = workdir / "data" / "runs"
     before = {p.name for p in runs.iterdir()} if runs.exists() else set()
+    assert sig in (signal.SIGTERM, signal.SIGKILL), sig
+    lines = _stopped_in_process(workdir, args, epoch, env) if sig == signal.SIGTERM else _killed_group(workdir, args, epoch, env, timeout)
+    started = sorted({p.name for p in runs.iterdir()} - before)
+    run_id = args[args.index("--resume") + 1] if "--resume" in args else started[-1]
+    assert not (runs / run_id / "model").exists(), "the run finished before it could be stopped"
+    if sig == signal.SIGTERM:  # the command's verdict: where it stopped, what is kept, how to go on
+        verdict = lines[-1].strip()
+        assert f"stopped by {signal.Signals(sig).name} at epoch " in verdict, "".join(lines[-30:])
+        assert f"resume with python -m flows train --resume {run_id}" in verdict, verdict
+    return run_id
+
+
+def _ended_epoch(text: str) -> int:
+    return max((int(n) for n in EPOCH_LINE.findall(text)), default=0)
+
+
+def _stopped_in_process(workdir: Path, args: tuple[str, ...], epoch: int, env: dict | None) -> list[str]:
+    proc = run_in_process("train", *args, cwd=workdir, env=env, sigterm_when=lambda text: _ended_epoch(text) >= epoch)
+    lines = proc.stderr.splitlines(keepends=True)
+    assert _ended_epoch(proc.stderr) >= epoch, f"training ended before epoch {epoch}:\n" + "".join(lines[-30:])
+    assert proc.returncode == 128 + signal.SIGTERM, "".join(lines[-30:])
+    return lines
+
+
+def _killed_group(workdir: Path, args: tuple[str, ...], epoch: int, env: dict | None, timeout: float) -> list[str]:
     proc = subprocess.Popen([sys.executable, "-m", "flows", "train", *args], cwd=workdir, env={**os.environ, **_command_env(env)},
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, start_new_session=True)
     lines: list[str] = []
@@ -47,25 +76,15 @@ def stop_after_epoch(workdir: Path, args: tuple[str, ...], epoch: int, sig: int,
             assert proc.poll() is None, f"training ended before epoch {epoch}:\n" + "".join(lines[-30:])
             assert time.monotonic() < deadline, f"no epoch {epoch} within {timeout} s:\n" + "".join(lines[-30:])
             time.sleep(0.005)
-        if sig == signal.SIGKILL:
-            os.killpg(proc.pid, signal.SIGKILL)
-        else:
-            proc.send_signal(sig)
+        os.killpg(proc.pid, signal.SIGKILL)
         proc.wait(timeout=120)
         reader.join(timeout=30)
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
-    assert proc.returncode == -sig if sig == signal.SIGKILL else proc.returncode == 128 + sig, "".join(lines[-30:])
-    started = sorted({p.name for p in runs.iterdir()} - before)
-    run_id = args[args.index("--resume") + 1] if "--resume" in args else started[-1]
-    assert not (runs / run_id / "model").exists(), "the run finished before it could be stopped"
-    if sig != signal.SIGKILL:  # the command's verdict: where it stopped, what is kept, how to go on
-        verdict = lines[-1].strip()
-        assert f"stopped by {signal.Signals(sig).name} at epoch " in verdict, "".join(lines[-30:])
-        assert f"resume with python -m flows train --resume {run_id}" in verdict, verdict
-    return run_id
+    assert proc.returncode == -signal.SIGKILL, "".join(lines[-30:])
+    return lines
 
 
 def trained(workdir: Path, *args: str, env: dict | None = None) -> dict:
