@@ -248,12 +248,40 @@ def run_cli(*args: str, cwd: Path, env: dict | None = None, timeout: int = 900) 
     return subprocess.run([sys.executable, "-m", "flows", *args], cwd=cwd, env=full_env, capture_output=True, text=True, timeout=timeout)
 
 
-def _sigterm_when(condition: Callable[[str], bool], err, done: threading.Event) -> None:
-    """``run_in_process``'s watcher: SIGTERM to this process, once, when ``condition`` holds for the command's stderr."""
-    while not done.wait(0.005):
-        if condition(err.getvalue()):
-            os.kill(os.getpid(), signal.SIGTERM)
-            return
+@contextlib.contextmanager
+def _sigterm_when(condition: Callable[[str], bool] | None, err):
+    """``run_in_process``'s watcher, while the block runs: SIGTERM to this process, once, when ``condition`` holds for the
+    command's stderr ``err`` (read again only when it has grown); after it, the signal handlers, the unraisable hook and
+    the signals the command noted are as before. Without a condition, nothing."""
+    if condition is None:
+        yield
+        return
+    from tasks.common import lifetime
+
+    handlers, hook = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT)}, sys.unraisablehook
+    done = threading.Event()
+
+    def watch():
+        seen = 0
+        while not done.wait(0.005):
+            if err.tell() != seen:
+                seen = err.tell()
+                if condition(err.getvalue()):
+                    os.kill(os.getpid(), signal.SIGTERM)
+                    return
+
+    watcher = threading.Thread(target=watch, daemon=True)
+    watcher.start()
+    try:
+        yield
+    finally:
+        done.set()
+        watcher.join()
+        for signum, handler in handlers.items():
+            signal.signal(signum, handler)
+        sys.unraisablehook = hook
+        lifetime._received.clear()
+        lifetime._pending.clear()
 
 
 class _NoGuardian:
@@ -293,30 +321,16 @@ def run_in_process(*args: str, cwd: Path, env: dict | None = None, sigterm_when:
         if sigterm_when is None:
             patch.setattr(lifetime, "raise_on_sigterm", lambda: None)
         os.environ.update(full_env)
-        handlers, hook = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT)}, sys.unraisablehook
-        done = threading.Event()
-        watcher = threading.Thread(target=_sigterm_when, args=(sigterm_when, err, done), daemon=True) if sigterm_when else None
         try:
             with temporary_settings({PREFECT_API_URL: api}), _temporary_global_settings_context(get_settings_context()):
-                with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err), _logs_to(err):
-                    if watcher:
-                        watcher.start()
+                with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err), _logs_to(err), _sigterm_when(sigterm_when, err):
                     try:
                         code = cli.main(list(args))
                     except SystemExit as exc:  # argparse's refusals and --help end the command this way
                         code = lifetime.exit_status(exc)
-                    finally:
-                        done.set()
-                        if watcher:
-                            watcher.join()
         finally:  # main sets variables of its own (credentials, verbosity): all of them go
             os.environ.clear()
             os.environ.update(saved)
-            for signum, handler in handlers.items():
-                signal.signal(signum, handler)
-            sys.unraisablehook = hook
-            lifetime._received.clear()
-            lifetime._pending.clear()
     return subprocess.CompletedProcess(["python", "-m", "flows", *args], code, out.getvalue(), err.getvalue())
 
 

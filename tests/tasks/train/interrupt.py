@@ -23,12 +23,14 @@ from tests.conftest import _command_env, run_in_process
 EPOCH_LINE = re.compile(r"\] epoch (\d+): [\d.]+ s,")  # a run's line at an epoch's end, after its validation and checkpoint
 
 
+def _ended_epoch(text: str) -> int:
+    return max((int(n) for n in EPOCH_LINE.findall(text)), default=0)
+
+
 def _epoch_lines(proc: subprocess.Popen, lines: list[str], ended: dict[str, int]) -> None:
     for line in proc.stderr:
         lines.append(line)
-        found = EPOCH_LINE.search(line)
-        if found:
-            ended["epoch"] = max(ended.get("epoch", 0), int(found.group(1)))
+        ended["epoch"] = max(ended.get("epoch", 0), _ended_epoch(line))
 
 
 def stop_after_epoch(workdir: Path, args: tuple[str, ...], epoch: int, sig: int, env: dict | None = None, timeout: float = 600) -> str:
@@ -49,10 +51,6 @@ def stop_after_epoch(workdir: Path, args: tuple[str, ...], epoch: int, sig: int,
         assert f"stopped by {signal.Signals(sig).name} at epoch " in verdict, "".join(lines[-30:])
         assert f"resume with python -m flows train --resume {run_id}" in verdict, verdict
     return run_id
-
-
-def _ended_epoch(text: str) -> int:
-    return max((int(n) for n in EPOCH_LINE.findall(text)), default=0)
 
 
 def _stopped_in_process(workdir: Path, args: tuple[str, ...], epoch: int, env: dict | None) -> list[str]:
