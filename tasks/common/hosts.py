@@ -21,6 +21,7 @@ import os
 import re
 import sys
 from dataclasses import dataclass
+from pathlib import Path
 
 from tasks.common.training.frameworks import FRAMEWORKS as TABLE
 
@@ -100,10 +101,12 @@ def tf_config(step: SlurmStep, port: int) -> dict:
     return {"cluster": {"worker": workers}, "task": {"type": "worker", "index": step.task}}
 
 
-def torchrun_command(step: SlurmStep, per_host: int, port: int, args: list[str]) -> list[str]:
-    """torchrun on this host: PER_HOST processes, the hosts joining one c10d rendezvous on the step's first host."""
+def torchrun_command(step: SlurmStep, per_host: int, port: int, args: list[str], folder: str) -> list[str]:
+    """torchrun on this host: PER_HOST processes, the hosts joining one c10d rendezvous on the step's first host; its log
+    folders in the job's ``folder`` (each torchrun its own inside; without it, torchrun leaves a folder in the host's /tmp)."""
     return [sys.executable, "-m", "torch.distributed.run", f"--nnodes={len(step.hosts)}", f"--nproc-per-node={per_host}",
-            "--rdzv-backend=c10d", f"--rdzv-endpoint={step.hosts[0]}:{port}", f"--rdzv-id=karman-{step.job_id}", *args]
+            "--rdzv-backend=c10d", f"--rdzv-endpoint={step.hosts[0]}:{port}", f"--rdzv-id=karman-{step.job_id}",
+            f"--log-dir={folder}/torchrun", *args]
 
 
 def main(argv: list[str]) -> int:
@@ -117,7 +120,8 @@ def main(argv: list[str]) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     if TABLE[framework].hosts == "rendezvous":
-        cmd, env = torchrun_command(step, per_host, port, args), dict(os.environ)
+        # the job's result file, the last argument, lies in the job's folder: the hosts share it, the submitting command removes it
+        cmd, env = torchrun_command(step, per_host, port, args, str(Path(args[-1]).parent)), dict(os.environ)
     else:
         workers = len(step.task_hosts)
         env = {**os.environ, "TF_CONFIG": json.dumps(tf_config(step, port)), "RANK": str(step.task), "WORLD_SIZE": str(workers),

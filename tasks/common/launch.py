@@ -80,11 +80,12 @@ def device_env(device: DeviceKind, world_size: int | None = None, framework: str
     return FRAMEWORKS[framework].env(device, world_size)
 
 
-def launcher(framework: str, procs: int, hosts: int = 1) -> list[str]:
+def launcher(framework: str, procs: int, hosts: int = 1, folder: str = "") -> list[str]:
     """The command that starts a job's processes before ``-m MODULE ARGS`` (the framework table's ``launcher``): python
-    itself, torchrun (torch) or tasks.common.workers (tensorflow, a TF_CONFIG cluster on 127.0.0.1) on this host, or
-    srun over the hosts of a SLURM allocation (torch: one task per host running torchrun; tensorflow: one per worker)."""
-    return FRAMEWORKS[framework].launcher(procs, hosts)
+    itself, torchrun (torch; its log folders in the job's ``folder``) or tasks.common.workers (tensorflow, a TF_CONFIG
+    cluster on 127.0.0.1) on this host, or srun over the hosts of a SLURM allocation (torch: one task per host running
+    torchrun; tensorflow: one per worker)."""
+    return FRAMEWORKS[framework].launcher(procs, hosts, folder)
 
 
 def run_child(kind: str, body: str, job: dict, log, env: dict[str, str] | None = None, procs: int = 1, on_event=None,
@@ -107,7 +108,7 @@ def run_child(kind: str, body: str, job: dict, log, env: dict[str, str] | None =
         # the flow run it works for, so that a run it opens or reports to links back to it
         child_env = {**os.environ, **flow_run_env(), **(env or {}), "PYTHONUNBUFFERED": "1", PARENT_ENV: str(os.getpid())}
         child_env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), child_env.get("PYTHONPATH")]))
-        cmd = launcher(framework, procs, hosts) + ["-m", "tasks.common.job_main", kind, str(job_path), str(result_path)]
+        cmd = launcher(framework, procs, hosts, tmp) + ["-m", "tasks.common.job_main", kind, str(job_path), str(result_path)]
         tail: deque[str] = deque(maxlen=30)
         verdicts: list[dict] = []
         if warm_enabled(procs, hosts):  # forked from a server that has imported what every job imports (tasks.common.warm)

@@ -123,10 +123,11 @@ class Framework:
         if self.check_device:
             self.check_device(spec)
 
-    def launcher(self, procs: int, hosts: int = 1) -> list[str]:
+    def launcher(self, procs: int, hosts: int = 1, folder: str = "") -> list[str]:
         """The command that starts a job's processes before ``-m MODULE ARGS``: python itself for one process on one host;
-        the framework's local launcher for ``procs`` on this host; srun over ``hosts`` hosts of a SLURM allocation, each
-        task starting its share through tasks.common.hosts."""
+        the framework's local launcher for ``procs`` on this host (its own files, such as torchrun's log folders, in the
+        job's ``folder``, which goes with the job); srun over ``hosts`` hosts of a SLURM allocation, each task starting its
+        share through tasks.common.hosts."""
         if hosts > 1:
             from tasks.common.workers import free_ports
 
@@ -137,14 +138,16 @@ class Framework:
             return [sys.executable]
         if not self.local_launcher:
             raise UserError(f"{self.name} drives all its devices from one process; it launches no {procs} processes")
-        return [sys.executable, *(part.format(procs=procs, python=sys.executable) for part in self.local_launcher)]
+        if not folder:
+            raise ValueError(f"{self.name}'s launcher of {procs} processes needs the job's folder")
+        return [sys.executable, *(part.format(procs=procs, python=sys.executable, folder=folder) for part in self.local_launcher)]
 
 
 FRAMEWORKS = {
     "torch": Framework(
         "torch", "tasks.common.training.runtime_torch", "tasks.common.probe:probe_torch", "checkpoint.pt", "torch", processes="device",
         env=_torch_env, strategy_words="auto (DDP on cpu and cuda, SPMD on xla)", precisions=("fp32", "bf16"), hosts="rendezvous",
-        local_launcher=("-m", "torch.distributed.run", "--standalone", "--nproc-per-node={procs}"),
+        local_launcher=("-m", "torch.distributed.run", "--standalone", "--nproc-per-node={procs}", "--log-dir={folder}/torchrun"),
         preload=("torch", "torch.nn", "torch.optim", "torch._dynamo")),
     "tensorflow": Framework(
         "tensorflow", "tasks.common.training.runtime_keras", "tasks.common.probe:probe_tensorflow", "checkpoint.npz", "npz", processes="strategy",

@@ -32,9 +32,9 @@ def test_a_tasks_place_in_its_step_gives_tf_config_and_the_torchrun_line():
     assert step.task_hosts == ["gpu08", "gpu08", "gpu09", "gpu09"] and (step.task, step.local) == (3, 1)
     config = tf_config(step, 5000)  # every task its own port, so that two tasks of one host never share one
     assert config == {"cluster": {"worker": ["gpu08:5000", "gpu08:5001", "gpu09:5002", "gpu09:5003"]}, "task": {"type": "worker", "index": 3}}
-    line = torchrun_command(step, 4, 29400, ["-m", "tasks.common.job_main", "train"])
+    line = torchrun_command(step, 4, 29400, ["-m", "tasks.common.job_main", "train"], "/shared/job")
     assert line[1:] == ["-m", "torch.distributed.run", "--nnodes=2", "--nproc-per-node=4", "--rdzv-backend=c10d", "--rdzv-endpoint=gpu08:29400",
-                        "--rdzv-id=karman-77", "-m", "tasks.common.job_main", "train"]
+                        "--rdzv-id=karman-77", "--log-dir=/shared/job/torchrun", "-m", "tasks.common.job_main", "train"]
     with pytest.raises(ValueError, match=r"\(SLURM_JOB_ID, SLURM_PROCID, SLURM_STEP_NODELIST, SLURM_STEP_TASKS_PER_NODE unset\)"):
         slurm_step({})
     with pytest.raises(ValueError, match=r"2 hosts \(gpu\[08-09\]\) but tasks per node for 1"):
@@ -48,7 +48,11 @@ def test_the_launcher_starts_one_task_per_host_for_torch_and_one_per_worker_for_
     assert torch_line[:5] == ["srun", "--nodes=2", "--ntasks=2", "--ntasks-per-node=1", "--kill-on-bad-exit=1"]
     assert tf_line[:5] == ["srun", "--nodes=2", "--ntasks=8", "--ntasks-per-node=4", "--kill-on-bad-exit=1"]
     assert torch_line[6:10] == ["-m", "tasks.common.hosts", "torch", "4"] and torch_line[10].isdigit()
-    assert launcher("torch", 2)[-2:] == ["--standalone", "--nproc-per-node=2"] and launcher("tensorflow", 1) == [sys.executable]
+    # torchrun's log folders go in the job's folder, which the command removes (not in /tmp, where torchrun leaves them)
+    assert launcher("torch", 2, folder="/j")[-3:] == ["--standalone", "--nproc-per-node=2", "--log-dir=/j/torchrun"]
+    assert launcher("tensorflow", 1) == [sys.executable]
+    with pytest.raises(ValueError, match="torch's launcher of 2 processes needs the job's folder"):
+        launcher("torch", 2)
 
 
 def test_several_hosts_are_refused_in_words_outside_an_allocation_and_for_what_cannot_spread():

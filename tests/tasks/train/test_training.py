@@ -161,7 +161,10 @@ def test_xla_spmd_on_two_virtual_devices_trains_and_resumes(trainable):
 
 
 def test_a_sweep_over_two_ddp_cpu_processes_builds_the_study_table(trainable):
-    out = train(trainable, *NET, "--world-size", "2", "--epochs", "2", "--batch-sizes", "2,4")
+    temporary = trainable / "temporary"  # the folder for temporary files of the command's children (TMPDIR)
+    temporary.mkdir()
+    out = train(trainable, *NET, "--world-size", "2", "--epochs", "2", "--batch-sizes", "2,4", env={"TMPDIR": str(temporary)})
+    assert list(temporary.iterdir()) == []  # torchrun's log folders went with the job's folder
     parent = client().get_run(out["parent_run_id"])
     assert parent.data.tags["karman.stage"] == "train-sweep" and parent.info.status == "FINISHED"
     children = [client().get_run(r["run_id"]) for r in out["runs"]]
