@@ -91,11 +91,13 @@ def _new_store(path: Path) -> None:
     import shutil
 
     if not _store_template:
+        import atexit
         import tempfile
 
         from mlflow.store.tracking.sqlalchemy_store import SqlAlchemyStore
 
         folder = Path(tempfile.mkdtemp(prefix="karman-store-"))
+        atexit.register(shutil.rmtree, folder, True)
         SqlAlchemyStore(f"sqlite:///{folder / 'mlflow.db'}", str(folder / "mlartifacts")).engine.dispose()
         _store_template.append(folder / "mlflow.db")
     shutil.copyfile(_store_template[0], path)
@@ -143,9 +145,10 @@ SHARED_API_ENV = "KARMAN_TEST_PREFECT_API"  # the URL of the server xdist's cont
 
 
 def _start_prefect_server() -> tuple[subprocess.Popen, str, Path]:
-    """A real Prefect server on a free port of 127.0.0.1, starting (not yet answering), stopped at this process's exit:
-    the process, its API's URL and its log."""
+    """A real Prefect server on a free port of 127.0.0.1, starting (not yet answering), stopped and its home removed at this
+    process's exit: the process, its API's URL and its log."""
     import atexit
+    import shutil
     import socket
     import tempfile
 
@@ -161,7 +164,17 @@ def _start_prefect_server() -> tuple[subprocess.Popen, str, Path]:
     server = subprocess.Popen([sys.executable, "-m", "prefect", "server", "start", "--host", "127.0.0.1", "--port", str(port)],
                               env={**os.environ, "PREFECT_HOME": home, "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
                                    "PREFECT_UI_ENABLED": "false", **idle}, stdout=log, stderr=subprocess.STDOUT)
-    atexit.register(lambda: (server.terminate(), server.wait(30)))
+
+    def stop() -> None:
+        """The server stopped, then its home (its database, 20 MB after a full run) removed: a test session leaves nothing."""
+        server.terminate()
+        try:
+            server.wait(30)
+        finally:
+            log.close()
+            shutil.rmtree(home, ignore_errors=True)
+
+    atexit.register(stop)
     return server, f"http://127.0.0.1:{port}/api", Path(home) / "server.log"
 
 

@@ -268,7 +268,7 @@ def test_quick_benchmark_deployed_on_real_servers_and_a_worker(tmp_path, monkeyp
         before_env = os.environ.get("MLFLOW_TRACKING_URI")
         mlflow_api.set_tracking_uri(uri)
         try:
-            surrogate = mlflow.pytorch.load_model(trained.data.tags["karman.model_uri"])
+            surrogate = mlflow.pytorch.load_model(trained.data.tags["karman.model_uri"], dst_path=tempfile.mkdtemp(dir=tmp_path))
             with torch.no_grad():
                 out = surrogate(torch.zeros(1, 4, 64, 128))
             assert out.shape == (1, 3, 64, 128) and np.isfinite(out.numpy()).all()

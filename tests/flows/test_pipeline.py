@@ -5,6 +5,7 @@ LocalCluster, real zarr stores and a real MLflow store; MLflow runs and Prefect 
 
 import json
 import logging
+import tempfile
 
 import numpy as np
 import pytest
@@ -120,7 +121,7 @@ def test_rollout_feeds_predictions_back(demo_result, workdir):
     import mlflow.pytorch
 
     train = client.get_run(demo_result["runs"]["train"])
-    surrogate = mlflow.pytorch.load_model(train.data.tags["karman.model_uri"])
+    surrogate = mlflow.pytorch.load_model(train.data.tags["karman.model_uri"], dst_path=tempfile.mkdtemp(dir=workdir))
     with torch.no_grad():
         step = surrogate(torch.from_numpy(frames[:1].astype(np.float32)))[0].numpy()
     expected = codec.next_state(frames[0], generator(torch.from_numpy(codec.norm.encode(frames[:1])))[0].detach().numpy())

@@ -87,7 +87,7 @@ def test_full_and_mapreduce_rollouts_on_cpu_are_scored_and_logged(trained, cpu_f
     assert [m.step for m in history] == [1, 2, 3, 4, 5, 6]
     artifacts = {a.path for a in client(trained).list_artifacts(tiled["run_id"])}
     assert {"rollout.gif", "rollout_error.png", "vorticity_rollout.png"} <= artifacts
-    gif = Path(client(trained).download_artifacts(tiled["run_id"], "rollout.gif", tempfile.mkdtemp()))
+    gif = Path(client(trained).download_artifacts(tiled["run_id"], "rollout.gif", tempfile.mkdtemp(dir=trained[0])))
     assert gif.read_bytes()[:6] == b"GIF89a"
 
 
@@ -117,7 +117,7 @@ def _model_with_three_inputs(trained) -> str:
     with its metadata changed, logged as a new run in the same store."""
     root, env, run_id = trained
     mlflow = client(trained)
-    source = Path(mlflow.download_artifacts(run_id, "model", tempfile.mkdtemp()))
+    source = Path(mlflow.download_artifacts(run_id, "model", tempfile.mkdtemp(dir=trained[0])))
     meta = json.loads((source / "meta.json").read_text())
     meta["net"]["in_channels"], meta["inputs"] = 3, ["u", "v", "p"]
     (source / "meta.json").write_text(json.dumps(meta))
@@ -201,7 +201,7 @@ def test_a_model_conditioned_on_the_reynolds_number_rolls_out_with_each_simulati
 
     with pytest.MonkeyPatch.context() as patch:  # the store for this load only: mlflow.set_tracking_uri would outlive the test
         patch.setenv("MLFLOW_TRACKING_URI", env["MLFLOW_TRACKING_URI"])
-        surrogate = mlflow.pytorch.load_model(f"runs:/{run_id}/generator")
+        surrogate = mlflow.pytorch.load_model(f"runs:/{run_id}/generator", dst_path=tempfile.mkdtemp(dir=root))
     state = torch.zeros(1, 5, 32, 64)
     state[:, 0] = 0.05
     outs = []
@@ -285,13 +285,13 @@ def _offered(trained, digest: str | None, reached: bool, time_to_target: float |
     root, env, run_id = trained
     c = client(trained)
     real = c.get_run(run_id)
-    record = TrainRecord.model_validate_json(Path(c.download_artifacts(run_id, RECORD_FILE, tempfile.mkdtemp())).read_text())
+    record = TrainRecord.model_validate_json(Path(c.download_artifacts(run_id, RECORD_FILE, tempfile.mkdtemp(dir=trained[0]))).read_text())
     summary = record.summary.model_copy(update={"target_reached": reached, "time_to_target_s": time_to_target,
                                                 "validation": {**record.summary.validation, "horizon_vorticity": horizon}})
     config = record.config.model_copy(update={"dataset_digest": digest or record.config.dataset_digest})
     run = c.create_run(real.info.experiment_id, tags={**real.data.tags, "mlflow.runName": "offered"})
     c.log_dict(run.info.run_id, record.model_copy(update={"summary": summary, "config": config}).model_dump(mode="json"), RECORD_FILE)
-    c.log_artifacts(run.info.run_id, c.download_artifacts(run_id, "model", tempfile.mkdtemp()), "model")
+    c.log_artifacts(run.info.run_id, c.download_artifacts(run_id, "model", tempfile.mkdtemp(dir=trained[0])), "model")
     c.set_terminated(run.info.run_id, "FINISHED")
     return run.info.run_id
 

@@ -10,6 +10,7 @@ import os
 import shutil
 import subprocess
 import sys
+import tempfile
 
 import numpy as np
 import pytest
@@ -68,9 +69,9 @@ def test_tensorflow_trains_with_torchs_names_logs_a_keras_model_and_rolls_out_fu
     assert meta["framework"] == "tensorflow" and meta["weights_file"] == "generator.keras"
     # the logged MLflow model loads with MLflow's own API (in a child: TensorFlow stays out of this process)
     uri = tf_run.data.tags[Tag.MODEL_URI]
-    script = ("import sys, numpy as np, mlflow.tensorflow; m = mlflow.tensorflow.load_model(sys.argv[1]); "
+    script = ("import sys, numpy as np, mlflow.tensorflow; m = mlflow.tensorflow.load_model(sys.argv[1], dst_path=sys.argv[2]); "
               "print(sum(int(np.prod(w.shape)) for w in m.trainable_weights), m(np.zeros((1, 32, 64, 4), 'float32')).shape)")
-    loaded = subprocess.run([sys.executable, "-c", script, uri], capture_output=True, text=True, cwd=trainable,
+    loaded = subprocess.run([sys.executable, "-c", script, uri, tempfile.mkdtemp(dir=trainable)], capture_output=True, text=True, cwd=trainable,
                             env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3", "CUDA_VISIBLE_DEVICES": ""})
     assert loaded.returncode == 0, loaded.stderr[-2000:]
     assert loaded.stdout.split()[0] == p["generator_params"] and loaded.stdout.strip().endswith("(1, 32, 64, 3)")

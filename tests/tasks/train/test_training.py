@@ -260,7 +260,7 @@ def test_validation_rollouts_score_quality_over_training_time_and_record_time_to
     # its MLPerf-format log: the vorticity horizon as the eval score, run_stop a success, MLCommons' checker passes it
     from tasks.common.training.mlperf import compliance
 
-    log = Path(client().download_artifacts(out["run_id"], "mlperf/mllog.txt"))
+    log = Path(client().download_artifacts(out["run_id"], "mlperf/mllog.txt", str(trainable)))
     events = [json.loads(line.removeprefix(":::MLLOG ")) for line in log.read_text().splitlines()]
     evals = [(e["metadata"]["epoch_num"], e["metadata"]["metric"], e["value"]) for e in events if e["key"] == "eval_accuracy"]
     assert evals == [(2, "horizon_vorticity", 3.0)] and events[-1]["key"] == "run_stop" and events[-1]["metadata"]["status"] == "success"
