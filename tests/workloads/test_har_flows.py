@@ -47,17 +47,17 @@ def test_generate_writes_synthetic_windows_split_by_subject_and_a_manifest_once(
     assert run.data.params["data"] == "synthetic" and "SYNTHETIC" in run.data.tags["mlflow.note.content"]
 
 
-def on_two_hosts(workdir, *args: str) -> subprocess.CompletedProcess:
+def on_two_hosts(workdir, *args: str, env: dict | None = None) -> subprocess.CompletedProcess:
     """infra/slurm-train.sbatch as sbatch runs it in a job of two nodes, which are this machine under two names
     (localhost and 127.0.0.1); srun is stood in by tests/infra/fake_srun.py, which starts the step's tasks here
-    with SLURM's environment."""
+    with SLURM's environment (and ``env``)."""
     bin_dir = workdir / "bin"
     bin_dir.mkdir(exist_ok=True)
     (bin_dir / "srun").write_text(f"#!/bin/sh\nexec {sys.executable} {ROOT / 'tests' / 'infra' / 'fake_srun.py'} \"$@\"\n")
     (bin_dir / "srun").chmod(0o755)
     env = {**os.environ, "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}", "SLURM_JOB_ID": "4242", "SLURM_JOB_NUM_NODES": "2",
            "SLURM_JOB_NODELIST": "localhost,127.0.0.1", "SLURM_SUBMIT_DIR": str(workdir), "KARMAN_BENCH_ROOT": str(ROOT),
-           "PREFECT_SERVER_ANALYTICS_ENABLED": "false", "PREFECT_API_URL": os.environ.get("PREFECT_API_URL") or shared_prefect_api()}
+           "PREFECT_SERVER_ANALYTICS_ENABLED": "false", "PREFECT_API_URL": os.environ.get("PREFECT_API_URL") or shared_prefect_api(), **(env or {})}
     return subprocess.run(["bash", str(ROOT / "infra" / "slurm-train.sbatch"), *args], cwd=workdir, env=env, capture_output=True, text=True, timeout=900)
 
 
@@ -66,8 +66,11 @@ SMALL_RUN = ("--workload", "har", "--dataset", "har", "--batch-sizes", "64", "--
 
 @pytest.fixture(scope="module")
 def torch_on_two_hosts(generated) -> dict:
-    proc = on_two_hosts(generated[0], "--framework", "torch", *SMALL_RUN)
+    temporary = generated[0] / "temporary-torch"  # the temporary folder (TMPDIR) of the job's processes on both hosts
+    temporary.mkdir()
+    proc = on_two_hosts(generated[0], "--framework", "torch", *SMALL_RUN, env={"TMPDIR": str(temporary)})
     assert proc.returncode == 0, proc.stderr[-3000:]
+    assert list(temporary.iterdir()) == []  # each host's torchrun kept its log folders in the job's folder, gone with it
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
