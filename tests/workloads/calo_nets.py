@@ -1,6 +1,8 @@
-"""Child body of the calo tests: the torch and Keras 3DGAN networks of one configuration from the same numpy weights; prints their parameter counts and outputs as JSON.
+"""Child body of the calo tests: the torch and Keras 3DGAN networks of each configuration named from the same numpy weights; prints their parameter counts and outputs as JSON.
 
-Torch and TensorFlow meet in this process only (the test process may hold torch_xla)."""
+Run as ``python -m tests.workloads.calo_nets NAME=LATENT,WIDTH[,POOL] ...``: one process for every configuration, which
+imports torch and TensorFlow once (about 8 s of CPU each time). Torch and TensorFlow meet in this process only (the
+test process may hold torch_xla)."""
 
 import json
 import os
@@ -66,5 +68,11 @@ def main(latent: int, width: float, pool: int = 1) -> dict:
     return out
 
 
+def _parsed(arg: str) -> tuple[str, tuple]:
+    name, values = arg.split("=")
+    latent, width, *pool = values.split(",")
+    return name, (int(latent), float(width), *map(int, pool))
+
+
 if __name__ == "__main__":
-    print(json.dumps(main(int(sys.argv[1]), float(sys.argv[2]), *map(int, sys.argv[3:]))))
+    print(json.dumps({name: main(*values) for name, values in map(_parsed, sys.argv[1:])}))
