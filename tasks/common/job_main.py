@@ -102,8 +102,9 @@ def _verdict(result_path: Path, kind: str, prefix: str, exc, code: int) -> int:
 
     message = str(exc)
     print(f"{prefix}: {message}", file=sys.stderr)
-    if os.environ.get("RANK", "0") == "0":
-        events.emit(events.VERDICT, kind=kind, message=message)
+    rank = int(os.environ.get("RANK", "0"))
+    events.emit(events.VERDICT, kind=kind, message=message, **({"rank": rank} if rank else {}))  # another rank's says which it is
+    if rank == 0:
         _write(result_path, {"error": {"kind": kind, "type": type(exc).__name__ if not isinstance(exc, str) else kind, "message": message}})
     return code
 

@@ -17,7 +17,7 @@ from tasks.common.errors import RunFailed, RunStopped, UserError, signal_name
 from tasks.common.lifetime import JOB_DIR_PREFIX, PARENT_ENV, defer, forwarding_to, raise_pending, signal_of, stop_child
 from tasks.common.flowrun import flow_run_env
 from tasks.common.training.frameworks import DEFAULT, FRAMEWORKS
-from tasks.common.warm import ForkedChild, warm_enabled
+from tasks.common.warm import ForkedChild, ForkedGroup, warm_enabled
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -56,22 +56,32 @@ def _relay(proc: subprocess.Popen, kind: str, tail: deque, verdicts: list, log, 
     proc.wait()
 
 
-def _raise_verdict(kind: str, rc: int, tail: deque, verdicts: list, result_path: Path) -> None:
+def _raise_verdict(kind: str, rc: int, tail: deque, verdicts: list, result_path: Path, failed_rank: int | None = None) -> None:
     """Raise what the child's end means: its structured error (result file), else its last verdict event
-    (under torchrun the exit code is the launcher's), else a crash described in one line."""
+    (under torchrun the exit code is the launcher's), else a crash described in one line. Where rank 0 only stopped
+    because another rank had failed (``failed_rank``, or that rank's own verdict), that rank's failure is the job's."""
     error = None
     if result_path.is_file():
         error = json.loads(result_path.read_text()).get("error")
     if error is None and verdicts:
-        error = verdicts[-1]
+        error = next((v for v in reversed(verdicts) if "rank" not in v), verdicts[-1])
+    if error is None or error["kind"] == "stopped":
+        other = next((v for v in verdicts if v.get("rank") and v["kind"] != "stopped"), None)
+        if other is not None:
+            error = {"kind": other["kind"], "message": f"rank {other['rank']}: {other['message']}"}
+        elif failed_rank:
+            error = {"kind": "crash", "message": f"{kind} child rank {failed_rank} {_why(rc, None)}; the other ranks were stopped"}
     if error is None:
-        if rc < 0:
-            why = f"killed by {signal_name(-rc)}" + (" (by the kernel's out-of-memory killer, if nothing else sent it)" if rc == -9 else "")
-        else:
-            why = f"exited with code {rc}" + (f": {tail[-1]}" if tail else "")
-        error = {"kind": "crash", "message": f"{kind} child {why}"}
+        error = {"kind": "crash", "message": f"{kind} child {_why(rc, tail)}"}
     cls = {"user": UserError, "failed": RunFailed, "stopped": RunStopped}.get(error["kind"], ChildFailed)
     raise cls(error["message"])
+
+
+def _why(rc: int, tail: deque | None) -> str:
+    """How a process that wrote no verdict ended, in words."""
+    if rc < 0:
+        return f"killed by {signal_name(-rc)}" + (" (by the kernel's out-of-memory killer, if nothing else sent it)" if rc == -9 else "")
+    return f"exited with code {rc}" + (f": {tail[-1]}" if tail else "")
 
 
 def device_env(device: DeviceKind, world_size: int | None = None, framework: str = DEFAULT) -> dict[str, str]:
@@ -91,9 +101,9 @@ def launcher(framework: str, procs: int, hosts: int = 1, folder: str = "") -> li
 def run_child(kind: str, body: str, job: dict, log, env: dict[str, str] | None = None, procs: int = 1, on_event=None,
               framework: str = DEFAULT, hosts: int = 1) -> dict:
     """Run the job body ``body`` (``module:function``, registered by its stage) as a ``kind`` job on ``job``
-    in a fresh interpreter (``procs`` > 1: that many, one per device, under torchrun for torch or a
-    TF_CONFIG cluster for tensorflow; ``hosts`` > 1: that many per host on the hosts of the SLURM
-    allocation, see ``launcher``); return its (rank 0's) result dictionary. ``on_event`` receives
+    in a process of its own, forked from a warm server or a fresh interpreter (tasks.common.warm) (``procs`` > 1:
+    that many, one per device, each with what torchrun gives torch's or a TF_CONFIG cluster tensorflow's; ``hosts``
+    > 1: that many per host on the hosts of the SLURM allocation, see ``launcher``); return its (rank 0's) result dictionary. ``on_event`` receives
     the child's structured events (progress) as they come.
 
     Raises UserError with the child's one-line message for bad input or a missing device, RunFailed
@@ -111,8 +121,16 @@ def run_child(kind: str, body: str, job: dict, log, env: dict[str, str] | None =
         cmd = launcher(framework, procs, hosts, tmp) + ["-m", "tasks.common.job_main", kind, str(job_path), str(result_path)]
         tail: deque[str] = deque(maxlen=30)
         verdicts: list[dict] = []
-        if warm_enabled(procs, hosts):  # forked from a server that has imported what every job imports (tasks.common.warm)
-            started = ForkedChild([kind, str(job_path), str(result_path)], child_env, os.getcwd(), framework)
+        args = [kind, str(job_path), str(result_path)]
+        if warm_enabled(procs, hosts, framework):  # forked from a server that has imported what every job imports (tasks.common.warm)
+            if procs == 1:
+                started = ForkedChild(args, child_env, os.getcwd(), framework)
+            else:  # the processes the framework's launcher would start, each with what it would give them
+                from tasks.common.workers import free_ports
+
+                ports, rank_env = free_ports(procs), FRAMEWORKS[framework].rank_env
+                envs = [{**child_env, **rank_env(child_env, rank, procs, ports)} for rank in range(procs)]
+                started = ForkedGroup(args, envs, os.getcwd(), framework, server_env=child_env)
         else:
             started = subprocess.Popen(cmd, cwd=os.getcwd(), env=child_env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         with started as proc, forwarding_to(proc):
@@ -128,9 +146,9 @@ def run_child(kind: str, body: str, job: dict, log, env: dict[str, str] | None =
                 if proc.returncode == 0:  # it finished its run meanwhile: keep the run, stop the command after it
                     defer(exc)
                     return json.loads(result_path.read_text())
-                _raise_verdict(kind, proc.returncode, tail, verdicts, result_path)
+                _raise_verdict(kind, proc.returncode, tail, verdicts, result_path, getattr(proc, "failed_rank", None))
                 raise RunStopped(f"{kind} {exc or type(exc).__name__}") from exc
             rc = proc.wait()
         if rc != 0:
-            _raise_verdict(kind, rc, tail, verdicts, result_path)
+            _raise_verdict(kind, rc, tail, verdicts, result_path, getattr(proc, "failed_rank", None))
         return json.loads(result_path.read_text())

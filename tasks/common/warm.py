@@ -11,8 +11,11 @@ environment fixes (TensorFlow for its cpu jobs, a server per set of those values
 line by line, its exit code, signals and verdicts as before (tasks.common.job_main), the kernel's SIGTERM when the
 fork server (and so this process) dies. ``ForkedChild`` answers as much of ``subprocess.Popen`` as the launcher uses.
 
-Only one-process jobs on this host are forked; launchers (torchrun, TF_CONFIG workers, srun) start their processes as
-before. ``KARMAN_WARM_CHILDREN=0`` starts every child as a fresh interpreter.
+A job of several processes on this host (DDP's ranks, TF_CONFIG workers) is a ``ForkedGroup``: each process forked from
+the same server with the environment the framework's launcher would give it (the framework table's ``rank_env``), their
+output on one pipe, and the launcher's rules kept: a process that fails stops the others, a signal goes to each, the
+group's exit code is rank 0's or else the first failure's. Jobs over several hosts (srun) start as before.
+``KARMAN_WARM_CHILDREN=0`` starts every child as a fresh interpreter, several under the framework's launcher.
 """
 
 import io
@@ -35,8 +38,14 @@ _servers: dict[tuple, forkserver.ForkServer] = {}
 _lock = threading.Lock()
 
 
-def warm_enabled(procs: int, hosts: int) -> bool:
-    return procs == 1 and hosts == 1 and os.environ.get(WARM_ENV, "1") != "0" and sys.platform == "linux"
+def warm_enabled(procs: int, hosts: int, framework: str) -> bool:
+    """Whether a job of ``procs`` processes on ``hosts`` hosts is forked: on this host, one process or a framework whose
+    table entry gives each of several their environment."""
+    if hosts != 1 or os.environ.get(WARM_ENV, "1") == "0" or sys.platform != "linux":
+        return False
+    from tasks.common.training.frameworks import FRAMEWORKS
+
+    return procs == 1 or FRAMEWORKS[framework].rank_env is not None
 
 
 def _preload(framework: str, env: dict[str, str]) -> tuple[tuple[str, ...], tuple]:
@@ -136,11 +145,14 @@ class ForkedChild:
     ``tasks.common.lifetime.stop_child`` use: ``pid``, ``stdout`` (text, the child's stdout and stderr), ``poll``,
     ``wait``, ``send_signal``, ``kill``, ``returncode``, a context manager."""
 
-    def __init__(self, argv: list[str], env: dict[str, str], cwd: str, framework: str):
+    def __init__(self, argv: list[str], env: dict[str, str], cwd: str, framework: str, out: int | None = None,
+                 server_env: dict[str, str] | None = None):
+        """``out``: a pipe's write end the child writes to (a group's, which the group closes) instead of one of its own;
+        ``server_env``: the environment that chooses its server, where ``env`` adds what the framework reads later."""
         self.returncode: int | None = None
         self._lock = threading.Lock()
         self._fds: list[int] = []
-        read, write = os.pipe()
+        read, write = (None, out) if out is not None else os.pipe()
         try:
             self._fds.append(write)
             proc = get_context("forkserver").Process(target=_child, args=(argv, env, cwd), name=f"job-{argv[0]}", daemon=False)
@@ -154,13 +166,14 @@ class ForkedChild:
                 reduction.dump(proc, buf)
             finally:
                 context.set_spawning_popen(None)
-            self._status, data = _server(framework, env).connect_to_new_process(self._fds)
+            self._status, data = _server(framework, server_env or env).connect_to_new_process(self._fds)
             with open(data, "wb", closefd=True) as f:
                 f.write(buf.getbuffer())
             self.pid = forkserver.read_signed(self._status)
         finally:
-            os.close(write)
-        self.stdout = io.TextIOWrapper(io.FileIO(read, "r", closefd=True), errors="replace")
+            if out is None:
+                os.close(write)
+        self.stdout = None if read is None else io.TextIOWrapper(io.FileIO(read, "r", closefd=True), errors="replace")
         self.args = argv
 
     def duplicate_for_child(self, fd: int) -> int:  # multiprocessing's spawning-popen protocol (fds sent to the server)
@@ -209,7 +222,79 @@ class ForkedChild:
         return self
 
     def __exit__(self, *exc) -> None:
-        self.stdout.close()
+        if self.stdout is not None:
+            self.stdout.close()
         self.wait()
         os.close(self._status)
+
+
+class ForkedGroup:
+    """A job's ``len(envs)`` processes on this host, each forked from a warm server with its own environment (``envs``, rank
+    0 first), as ``ForkedChild`` answers for one: one ``stdout`` for all of them, ``poll`` and ``wait`` for the last,
+    ``send_signal`` and ``kill`` to each. As a launcher would: once one process has failed, the others are stopped (SIGTERM,
+    SIGKILL after ``grace_s``: they would wait for it in their next collective), and the group's exit code is that failure's;
+    where they all ended by themselves (a signal sent to the group), rank 0's where it failed, else the first failure's, else
+    0. ``pid`` is rank 0's."""
+
+    def __init__(self, argv: list[str], envs: list[dict[str, str]], cwd: str, framework: str, server_env: dict[str, str], grace_s: float = 10.0):
+        self.returncode: int | None = None
+        self.args, self._grace_s = argv, grace_s
+        self._failure: int | None = None  # the exit code of the first process that failed while the others ran, and its rank
+        self.failed_rank: int | None = None
+        self.children: list[ForkedChild] = []
+        read, write = os.pipe()
+        try:
+            for env in envs:
+                self.children.append(ForkedChild(argv, env, cwd, framework, out=write, server_env=server_env))
+        except BaseException:
+            self.kill()
+            os.close(read)
+            raise
+        finally:
+            os.close(write)
+        self.stdout = io.TextIOWrapper(io.FileIO(read, "r", closefd=True), errors="replace")
+        self.pid = self.children[0].pid
+        self._ended = threading.Event()
+        threading.Thread(target=self._watch, name="forked-group", daemon=True).start()
+
+    def poll(self) -> int | None:
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        if not self._ended.wait(timeout):
+            raise subprocess.TimeoutExpired(self.args, timeout)
+        return self.returncode
+
+    def _watch(self) -> None:
+        """In a thread of its own (the caller reads the group's output meanwhile, which ends only with the last process):
+        the processes' ends; once one has failed, the others stopped; the group's code once all have ended."""
+        import signal
+
+        while None in (codes := [child.poll() for child in self.children]):
+            if self._failure is None and any(c not in (None, 0) for c in codes):
+                self.failed_rank, self._failure = next((r, c) for r, c in enumerate(codes) if c not in (None, 0))  # its code is the group's
+                self.send_signal(signal.SIGTERM)
+                stop_by = time.monotonic() + self._grace_s
+            elif self._failure is not None and time.monotonic() > stop_by:
+                self.kill()
+            time.sleep(0.1)
+        self.returncode = self._failure if self._failure is not None else codes[0] or next((c for c in codes if c != 0), 0)
+        self._ended.set()
+
+    def send_signal(self, signum: int) -> None:
+        for child in self.children:
+            child.send_signal(signum)
+
+    def kill(self) -> None:
+        for child in self.children:
+            child.kill()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stdout.close()
+        self.wait()
+        for child in self.children:
+            child.__exit__()
 

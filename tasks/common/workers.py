@@ -31,13 +31,20 @@ def free_ports(n: int) -> list[int]:
             s.close()
 
 
+def worker_env(rank: int, procs: int, ports: list[int]) -> dict[str, str]:
+    """What worker ``rank`` of ``procs`` on this host gets on top of the job's environment: TF_CONFIG naming all of them on
+    127.0.0.1 at ``ports``, its index, RANK and WORLD_SIZE (the framework table's ``rank_env`` for tensorflow, too)."""
+    cluster = {"worker": [f"127.0.0.1:{p}" for p in ports]}
+    return {"TF_CONFIG": json.dumps({"cluster": cluster, "task": {"type": "worker", "index": rank}}), "RANK": str(rank), "WORLD_SIZE": str(procs)}
+
+
 def main(argv: list[str]) -> int:
     if len(argv) < 2 or not argv[0].isdigit() or int(argv[0]) < 1:
         print("error: usage: python -m tasks.common.workers N COMMAND...", file=sys.stderr)
         return 2
     lifetime.die_with_parent()
     n, cmd = int(argv[0]), argv[1:]
-    cluster = {"worker": [f"127.0.0.1:{p}" for p in free_ports(n)]}
+    ports = free_ports(n)
     procs: list[subprocess.Popen] = []
     received: list[int] = []
 
@@ -50,8 +57,7 @@ def main(argv: list[str]) -> int:
     signal.signal(signal.SIGTERM, forward)
     signal.signal(signal.SIGINT, forward)
     for rank in range(n):
-        env = {**os.environ, "TF_CONFIG": json.dumps({"cluster": cluster, "task": {"type": "worker", "index": rank}}),
-               "RANK": str(rank), "WORLD_SIZE": str(n), lifetime.PARENT_ENV: str(os.getpid())}
+        env = {**os.environ, **worker_env(rank, n, ports), lifetime.PARENT_ENV: str(os.getpid())}
         procs.append(subprocess.Popen(cmd, env=env))
     failed: int | None = None
     while any(p.poll() is None for p in procs):

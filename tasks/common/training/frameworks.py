@@ -60,6 +60,19 @@ def _tensorflow_env(device: str, world_size: int | None) -> dict[str, str]:
     return env
 
 
+def _torch_rank_env(env: dict[str, str], rank: int, procs: int, ports: list[int]) -> dict[str, str]:
+    """What torchrun --standalone gives rank ``rank`` of ``procs`` on this host that the job reads: its ranks and world, the
+    process group's address (torch.distributed's env:// init) and, unless the job's environment ``env`` sets it, one thread each."""
+    return {"RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": str(procs), "LOCAL_WORLD_SIZE": str(procs), "GROUP_RANK": "0",
+            "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(ports[0]), "OMP_NUM_THREADS": env.get("OMP_NUM_THREADS", "1")}
+
+
+def _tensorflow_rank_env(env: dict[str, str], rank: int, procs: int, ports: list[int]) -> dict[str, str]:
+    from tasks.common.workers import worker_env
+
+    return worker_env(rank, procs, ports)
+
+
 def _jax_env(device: str, world_size: int | None) -> dict[str, str]:
     # the platform fixed before jax starts (cpu runs do not open a GPU); no grab of most of a GPU's memory at start
     return {"JAX_PLATFORMS": {"cpu": "cpu", "cuda": "cuda", "xla": "tpu"}[device], "XLA_PYTHON_CLIENT_PREALLOCATE": "false"}
@@ -85,6 +98,9 @@ class Framework:
     hosts: str = ""
     host_strategies: tuple[str, ...] = ("auto",)  # the strategies it takes over several hosts
     local_launcher: tuple[str, ...] = ()  # python -m MODULE ARGS that starts N processes on this host ({procs} is N); () where it needs none
+    # (the job's environment, rank, procs, free ports of 127.0.0.1, one per process) -> what that launcher would add to it for
+    # each of its processes: the processes are then forked from a warm server instead (tasks.common.warm.ForkedGroup)
+    rank_env: Callable[[dict[str, str], int, int, list[int]], dict[str, str]] | None = None
     check_device: Callable | None = None  # (spec) -> None; ValueError for a strategy that does not suit the spec's device or world
     preload: tuple[str, ...] = ()  # its modules a warm server may import for its jobs, none reading the job's environment on import (tasks.common.warm)
     # modules a warm server may import for its cpu jobs in their environment (``env("cpu")``): those whose jobs' variables
@@ -147,13 +163,13 @@ FRAMEWORKS = {
     "torch": Framework(
         "torch", "tasks.common.training.runtime_torch", "tasks.common.probe:probe_torch", "checkpoint.pt", "torch", processes="device",
         env=_torch_env, strategy_words="auto (DDP on cpu and cuda, SPMD on xla)", precisions=("fp32", "bf16"), hosts="rendezvous",
-        local_launcher=("-m", "torch.distributed.run", "--standalone", "--nproc-per-node={procs}", "--log-dir={folder}/torchrun"),
+        local_launcher=("-m", "torch.distributed.run", "--standalone", "--nproc-per-node={procs}", "--log-dir={folder}/torchrun"), rank_env=_torch_rank_env,
         preload=("torch", "torch.nn", "torch.optim", "torch._dynamo")),
     "tensorflow": Framework(
         "tensorflow", "tasks.common.training.runtime_keras", "tasks.common.probe:probe_tensorflow", "checkpoint.npz", "npz", processes="strategy",
         env=_tensorflow_env, resolve_strategy=_tensorflow_strategy, strategies=("auto", "default", "mirrored", "multiworker", "tpu"),
         hosts="workers", host_strategies=("auto", "multiworker"), check_device=_tensorflow_check, local_launcher=("-m", "tasks.common.workers", "{procs}", "{python}"),
-        cpu_preload=("tasks.common.training.tensorflow_preload",), import_env=("TF_", "KERAS_", "CUDA_", "XLA_", "ONEDNN_", "DNNL_"),
+        rank_env=_tensorflow_rank_env, cpu_preload=("tasks.common.training.tensorflow_preload",), import_env=("TF_", "KERAS_", "CUDA_", "XLA_", "ONEDNN_", "DNNL_"),
         first_import="tasks.common.training.tensorflow_import:import_tensorflow"),
     "jax": Framework(
         "jax", "tasks.common.training.runtime_jax", "tasks.common.probe:probe_jax", "checkpoint.npz", "npz", processes="host",

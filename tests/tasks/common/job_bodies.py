@@ -80,3 +80,29 @@ def describe_tensorflow(job: dict) -> dict:
         later = {"jax": jax.__version__, "sklearn": sklearn.__version__}
     return {"ppid": os.getppid(), "tensorflow_preloaded": preloaded, "onednn": os.environ.get("TF_ENABLE_ONEDNN_OPTS"),
             "sum": float(tf.reduce_sum(tf.range(10.0)).numpy()), "skipped": skipped, "later": later}
+
+
+def all_reduce(job: dict) -> dict:
+    """One rank of a torch job of several: it says who it is, joins the process group from its environment (as DDP's do),
+    sums its rank + 1 over the group (rank 0 says the sum); rank ``job['fail_rank']`` fails at once instead, and the others then wait."""
+    import os
+    import time
+
+    rank = int(os.environ["RANK"])
+    print(f"rank {rank} of {os.environ['WORLD_SIZE']} in {os.getpid()}", flush=True)
+    if job.get("fail_rank") is not None:
+        if rank == job["fail_rank"]:
+            raise RunFailed("this rank gave up")
+        time.sleep(120)
+    import torch
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo")
+    total = torch.tensor([rank + 1.0])
+    dist.all_reduce(total)
+    world = dist.get_world_size()
+    dist.destroy_process_group()
+    if rank != 0:
+        return None  # rank 0 writes the result
+    return {"sum": total.item(), "rank": rank, "world": world, "ppid": os.getppid(), "threads": torch.get_num_threads(),
+            "local_rank": int(os.environ["LOCAL_RANK"])}

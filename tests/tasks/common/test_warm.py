@@ -1,4 +1,4 @@
-"""Warm children (tasks.common.warm): a job forked from a warm server is the job process a fresh interpreter would be."""
+"""Warm children (tasks.common.warm): a job forked from a warm server is the job process a fresh interpreter would be, alone or as one of a job's ranks."""
 
 import logging
 import os
@@ -7,7 +7,7 @@ import signal
 import psutil
 import pytest
 
-from tasks.common.errors import UserError
+from tasks.common.errors import RunFailed, UserError
 from tasks.common.launch import ChildFailed, run_child
 from tasks.common.warm import WARM_ENV
 
@@ -67,3 +67,27 @@ def test_tensorflows_cpu_jobs_fork_from_a_server_that_imported_it_in_their_envir
     assert gpu["later"]["jax"] and gpu["later"]["sklearn"]
     err = capfd.readouterr().err
     assert "oneDNN custom operations" not in err and "absl::InitializeLog" not in err  # the server's import stays off the terminal
+
+
+@pytest.mark.parametrize("warm", ["1", "0"])
+def test_a_jobs_ranks_forked_or_under_torchrun_join_one_process_group_and_a_failed_rank_stops_the_others(workdir, monkeypatch, caplog, warm):
+    import time
+
+    import tempfile
+
+    monkeypatch.setenv(WARM_ENV, warm)
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    caplog.set_level(logging.INFO, logger="karman.test")
+    (workdir / "tmp").mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(workdir / "tmp"))  # where the jobs' folders go
+    body = "tests.tasks.common.job_bodies:all_reduce"
+    out = run_child("probe", body, {}, LOG, procs=2)
+    assert list((workdir / "tmp").iterdir()) == []  # the job's folder went, with torchrun's log folders in it
+    assert (out["sum"], out["rank"], out["local_rank"], out["world"], out["threads"]) == (3.0, 0, 0, 2, 1)  # rank 0's result; torchrun's one thread each
+    assert caplog.text.count("[probe] rank ") == 2 and "rank 1 of 2" in caplog.text  # both ranks' output relayed
+    assert (out["ppid"] != os.getpid()) if warm == "1" else True  # forked from the warm server, not started by this process
+    # a rank that fails: the other, waiting, is stopped, and the job ends with that rank's failure
+    started = time.monotonic()
+    with pytest.raises(RunFailed, match="^rank 1: this rank gave up$"):  # not rank 0's "stopped by SIGTERM"
+        run_child("probe", body, {"fail_rank": 1}, LOG, procs=2)
+    assert time.monotonic() - started < 60
