@@ -60,17 +60,22 @@ def _raise_verdict(kind: str, rc: int, tail: deque, verdicts: list, result_path:
     """Raise what the child's end means: its structured error (result file), else its last verdict event
     (under torchrun the exit code is the launcher's), else a crash described in one line. Where rank 0 only stopped
     because another rank had failed (``failed_rank``, or that rank's own verdict), that rank's failure is the job's."""
+    def ranked(verdict: dict) -> dict:  # another rank's verdict, saying which rank's it is
+        return {"kind": verdict["kind"], "message": f"rank {verdict['rank']}: {verdict['message']}"}
+
     error = None
     if result_path.is_file():
         error = json.loads(result_path.read_text()).get("error")
-    if error is None and verdicts:
-        error = next((v for v in reversed(verdicts) if "rank" not in v), verdicts[-1])
+    if error is None:
+        error = next((v for v in reversed(verdicts) if "rank" not in v), None)  # rank 0's
     if error is None or error["kind"] == "stopped":
         other = next((v for v in verdicts if v.get("rank") and v["kind"] != "stopped"), None)
         if other is not None:
-            error = {"kind": other["kind"], "message": f"rank {other['rank']}: {other['message']}"}
-        elif failed_rank:
+            error = ranked(other)
+        elif failed_rank and not any(v.get("rank") == failed_rank for v in verdicts):  # it ended without a word
             error = {"kind": "crash", "message": f"{kind} child rank {failed_rank} {_why(rc, None)}; the other ranks were stopped"}
+    if error is None and verdicts:
+        error = ranked(verdicts[-1])
     if error is None:
         error = {"kind": "crash", "message": f"{kind} child {_why(rc, tail)}"}
     cls = {"user": UserError, "failed": RunFailed, "stopped": RunStopped}.get(error["kind"], ChildFailed)

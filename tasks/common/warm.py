@@ -14,7 +14,7 @@ fork server (and so this process) dies. ``ForkedChild`` answers as much of ``sub
 A job of several processes on this host (DDP's ranks, TF_CONFIG workers) is a ``ForkedGroup``: each process forked from
 the same server with the environment the framework's launcher would give it (the framework table's ``rank_env``), their
 output on one pipe, and the launcher's rules kept: a process that fails stops the others, a signal goes to each, the
-group's exit code is rank 0's or else the first failure's. Jobs over several hosts (srun) start as before.
+group's exit code is the first failure's. Jobs over several hosts (srun) start as before.
 ``KARMAN_WARM_CHILDREN=0`` starts every child as a fresh interpreter, several under the framework's launcher.
 """
 
@@ -232,9 +232,8 @@ class ForkedGroup:
     """A job's ``len(envs)`` processes on this host, each forked from a warm server with its own environment (``envs``, rank
     0 first), as ``ForkedChild`` answers for one: one ``stdout`` for all of them, ``poll`` and ``wait`` for the last,
     ``send_signal`` and ``kill`` to each. As a launcher would: once one process has failed, the others are stopped (SIGTERM,
-    SIGKILL after ``grace_s``: they would wait for it in their next collective), and the group's exit code is that failure's;
-    where they all ended by themselves (a signal sent to the group), rank 0's where it failed, else the first failure's, else
-    0. ``pid`` is rank 0's."""
+    SIGKILL after ``grace_s``: they would wait for it in their next collective), and the group's exit code and
+    ``failed_rank`` are that failure's (the lowest rank's of those seen ending at once), else 0. ``pid`` is rank 0's."""
 
     def __init__(self, argv: list[str], envs: list[dict[str, str]], cwd: str, framework: str, server_env: dict[str, str], grace_s: float = 10.0):
         self.returncode: int | None = None
@@ -278,7 +277,7 @@ class ForkedGroup:
             elif self._failure is not None and time.monotonic() > stop_by:
                 self.kill()
             time.sleep(0.1)
-        self.returncode = self._failure if self._failure is not None else codes[0] or next((c for c in codes if c != 0), 0)
+        self.returncode = self._failure if self._failure is not None else next((c for c in codes if c != 0), 0)
         self._ended.set()
 
     def send_signal(self, signum: int) -> None:
