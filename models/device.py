@@ -2,8 +2,8 @@
 
 For data-parallel runs it says how the model and the batch are spread over the devices.
 
-Data parallelism per kind: ``cpu`` and ``cuda`` run one process per device under torchrun
-(DistributedDataParallel over gloo or NCCL; the helper joins the process group torchrun describes in
+Data parallelism per kind: ``cpu`` and ``cuda`` run one process per device, each with torchrun's environment
+(DistributedDataParallel over gloo or NCCL; the helper joins the process group that environment describes in
 RANK/WORLD_SIZE); ``xla`` runs one process that drives every core through SPMD (a 1-D device mesh,
 the batch sharded along it). torch_xla is imported only when the ``xla`` kind is asked for; the
 process must have its device environment (PJRT_DEVICE, ...) set before that import.

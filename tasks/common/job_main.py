@@ -4,8 +4,8 @@ Every training or inference run executes here, in a fresh process for its framew
 device environment (PJRT_DEVICE, CUDA_VISIBLE_DEVICES, ...) is set by the parent before any
 framework import, tensorflow and torch_xla never meet in one process, and cold-start timings are
 honest. The job file names its body as ``module:function`` (each stage registers its own; this
-module imports no stage). Under torchrun there is one such process per device; rank 0 writes the
-result. Exit codes: 0 done, 3 user error, 4 the run failed for a stated reason, 5 stopped by a
+module imports no stage). A job of several processes has one such process per device; rank 0 writes the
+result, every rank its verdict event. Exit codes: 0 done, 3 user error, 4 the run failed for a stated reason, 5 stopped by a
 signal, 1 crash (after its traceback). The verdict is one line on stderr for people, a structured
 event on stdout (tasks.common.events) and {"error": {...}} in the result file for the parent.
 """

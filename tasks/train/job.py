@@ -1,7 +1,7 @@
 """The training job (child process): one run of a TrainPlan, any workload in any framework, through the one training loop.
 
-One code path for every device: torch's ``cpu`` and ``cuda`` run one process per device under
-torchrun (DistributedDataParallel) when the run asks for more than one, ``xla`` runs one process over
+One code path for every device: torch's ``cpu`` and ``cuda`` run one process per device with
+torchrun's environment (DistributedDataParallel) when the run asks for more than one, ``xla`` runs one process over
 all cores with SPMD; TensorFlow runs one process under its strategy, or one per worker. Rank 0 talks
 to MLflow, writes the checkpoint and returns the run's record; every rank reads its own slice of
 each global batch.
