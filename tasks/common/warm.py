@@ -20,6 +20,7 @@ group's exit code is the first failure's. Jobs over several hosts (srun) start a
 
 import io
 import os
+import signal
 import subprocess
 import sys
 import threading
@@ -214,8 +215,6 @@ class ForkedChild:
                 pass
 
     def kill(self) -> None:
-        import signal
-
         self.send_signal(signal.SIGKILL)
 
     def __enter__(self):
@@ -231,22 +230,24 @@ class ForkedChild:
 class ForkedGroup:
     """A job's ``len(envs)`` processes on this host, each forked from a warm server with its own environment (``envs``, rank
     0 first), as ``ForkedChild`` answers for one: one ``stdout`` for all of them, ``poll`` and ``wait`` for the last,
-    ``send_signal`` and ``kill`` to each. As a launcher would: once one process has failed, the others are stopped (SIGTERM,
-    SIGKILL after ``grace_s``: they would wait for it in their next collective), and the group's exit code and
-    ``failed_rank`` are that failure's (the lowest rank's of those seen ending at once), else 0. ``pid`` is rank 0's."""
+    ``send_signal`` and ``kill`` to each. As a launcher would: once one process has failed by itself, the others are stopped
+    (SIGTERM, SIGKILL after ``grace_s``: they would wait for it in their next collective), and the group's exit code and
+    ``failed_rank`` are that failure's (the lowest rank's of those seen ending at once); otherwise the first nonzero code in
+    rank order, else 0. ``pid`` is rank 0's."""
 
     def __init__(self, argv: list[str], envs: list[dict[str, str]], cwd: str, framework: str, server_env: dict[str, str], grace_s: float = 10.0):
         self.returncode: int | None = None
         self.args, self._grace_s = argv, grace_s
         self._failure: int | None = None  # the exit code of the first process that failed while the others ran, and its rank
         self.failed_rank: int | None = None
+        self._signalled = False  # a signal sent to the group: its processes are ending, none has failed the others
         self.children: list[ForkedChild] = []
         read, write = os.pipe()
         try:
             for env in envs:
                 self.children.append(ForkedChild(argv, env, cwd, framework, out=write, server_env=server_env))
         except BaseException:
-            self.kill()
+            self._signal(signal.SIGKILL)  # those started
             os.close(read)
             raise
         finally:
@@ -267,26 +268,29 @@ class ForkedGroup:
     def _watch(self) -> None:
         """In a thread of its own (the caller reads the group's output meanwhile, which ends only with the last process):
         the processes' ends; once one has failed, the others stopped; the group's code once all have ended."""
-        import signal
-
         while None in (codes := [child.poll() for child in self.children]):
-            if self._failure is None and any(c not in (None, 0) for c in codes):
+            if self._failure is None and not self._signalled and any(c not in (None, 0) for c in codes):
                 self.failed_rank, self._failure = next((r, c) for r, c in enumerate(codes) if c not in (None, 0))  # its code is the group's
-                self.send_signal(signal.SIGTERM)
+                self._signal(signal.SIGTERM)
                 stop_by = time.monotonic() + self._grace_s
             elif self._failure is not None and time.monotonic() > stop_by:
-                self.kill()
+                self._signal(signal.SIGKILL)
             time.sleep(0.1)
         self.returncode = self._failure if self._failure is not None else next((c for c in codes if c != 0), 0)
         self._ended.set()
 
     def send_signal(self, signum: int) -> None:
-        for child in self.children:
-            child.send_signal(signum)
+        """``signum`` to each process: the group's processes then end as that signal makes them, each in its own time (a
+        stop at the end of a step: rank 0 closes the run after the others have gone), none stopped for ending first."""
+        self._signalled = True
+        self._signal(signum)
 
     def kill(self) -> None:
+        self.send_signal(signal.SIGKILL)
+
+    def _signal(self, signum: int) -> None:
         for child in self.children:
-            child.kill()
+            child.send_signal(signum)
 
     def __enter__(self):
         return self

@@ -106,3 +106,20 @@ def all_reduce(job: dict) -> dict:
         return None  # rank 0 writes the result
     return {"sum": total.item(), "rank": rank, "world": world, "ppid": os.getppid(), "threads": torch.get_num_threads(),
             "local_rank": int(os.environ["LOCAL_RANK"])}
+
+
+def slow_stop(job: dict) -> dict:
+    """A rank of a training job that stops when signalled, as the loop does at the end of a step; rank 0 takes
+    ``job['linger']`` s longer (it closes the run) than the others."""
+    import os
+    import time
+
+    from tasks.common import lifetime
+    from tasks.common.errors import RunStopped
+
+    print("ready", flush=True)
+    while lifetime.stop_requested() is None:
+        time.sleep(0.05)
+    if os.environ.get("RANK") == "0":
+        time.sleep(job["linger"])
+    raise RunStopped(f"stopped by signal {lifetime.stop_requested()}")

@@ -91,3 +91,25 @@ def test_a_jobs_ranks_forked_or_under_torchrun_join_one_process_group_and_a_fail
     with pytest.raises(RunFailed, match="^rank 1: this rank gave up$"):  # not rank 0's "stopped by SIGTERM"
         run_child("probe", body, {"fail_rank": 1}, LOG, procs=2)
     assert time.monotonic() - started < 60
+
+
+def test_a_signal_to_a_group_lets_each_rank_end_in_its_own_time(workdir):
+    import json
+
+    from tasks.common.warm import ForkedGroup
+    from tests.conftest import ROOT
+
+    job = workdir / "job.json"
+    job.write_text(json.dumps({"body": "tests.tasks.common.job_bodies:slow_stop", "linger": 3}))
+    envs = [{**os.environ, "PYTHONPATH": str(ROOT), "RANK": str(rank), "WORLD_SIZE": "2"} for rank in range(2)]
+    with ForkedGroup(["train", str(job), str(workdir / "result.json")], envs, str(workdir), "torch", server_env=envs[0], grace_s=1.0) as group:
+        ready = 0
+        for line in group.stdout:
+            ready += line.strip() == "ready"
+            if ready == 2:
+                break
+        group.send_signal(signal.SIGTERM)
+        group.stdout.read()
+        # rank 1 ended at once, rank 0 three seconds later: not taken for a failure that has the others killed after the grace
+        assert group.wait(60) == 5 and group.failed_rank is None
+        assert [child.returncode for child in group.children] == [5, 5]
