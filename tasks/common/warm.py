@@ -238,8 +238,8 @@ class ForkedGroup:
     def __init__(self, argv: list[str], envs: list[dict[str, str]], cwd: str, framework: str, server_env: dict[str, str], grace_s: float = 10.0):
         self.returncode: int | None = None
         self.args, self._grace_s = argv, grace_s
-        self._failure: int | None = None  # the exit code of the first process that failed while the others ran, and its rank
-        self.failed_rank: int | None = None
+        self._failure: int | None = None  # the exit code of the first process that failed by itself while the others ran
+        self.failed_rank: int | None = None  # and its rank
         self._signalled = False  # a signal sent to the group: its processes are ending, none has failed the others
         self.children: list[ForkedChild] = []
         read, write = os.pipe()
