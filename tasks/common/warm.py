@@ -238,8 +238,7 @@ class ForkedGroup:
     def __init__(self, argv: list[str], envs: list[dict[str, str]], cwd: str, framework: str, server_env: dict[str, str], grace_s: float = 10.0):
         self.returncode: int | None = None
         self.args, self._grace_s = argv, grace_s
-        self._failure: int | None = None  # the exit code of the first process that failed by itself while the others ran
-        self.failed_rank: int | None = None  # and its rank
+        self.failed_rank: int | None = None  # the first process that failed by itself while the others ran
         self._signalled = False  # a signal sent to the group: its processes are ending, none has failed the others
         self.children: list[ForkedChild] = []
         read, write = os.pipe()
@@ -269,14 +268,14 @@ class ForkedGroup:
         """In a thread of its own (the caller reads the group's output meanwhile, which ends only with the last process):
         the processes' ends; once one has failed, the others stopped; the group's code once all have ended."""
         while None in (codes := [child.poll() for child in self.children]):
-            if self._failure is None and not self._signalled and any(c not in (None, 0) for c in codes):
-                self.failed_rank, self._failure = next((r, c) for r, c in enumerate(codes) if c not in (None, 0))  # its code is the group's
+            if self.failed_rank is None and not self._signalled and any(c not in (None, 0) for c in codes):
+                self.failed_rank = next(r for r, c in enumerate(codes) if c not in (None, 0))  # its code is the group's
                 self._signal(signal.SIGTERM)
                 stop_by = time.monotonic() + self._grace_s
-            elif self._failure is not None and time.monotonic() > stop_by:
+            elif self.failed_rank is not None and time.monotonic() > stop_by:
                 self._signal(signal.SIGKILL)
             time.sleep(0.1)
-        self.returncode = self._failure if self._failure is not None else next((c for c in codes if c != 0), 0)
+        self.returncode = codes[self.failed_rank] if self.failed_rank is not None else next((c for c in codes if c != 0), 0)
         self._ended.set()
 
     def send_signal(self, signum: int) -> None:
