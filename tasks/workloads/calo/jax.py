@@ -74,12 +74,13 @@ def batch_norm(x: jax.Array, w: dict, stats: dict, name: str, train: bool, momen
     return x * scale + (w[f"{name}/beta"] - mean * scale)
 
 
-def moved(stats: dict, found: dict, momentum: float = BN_MOMENTUM) -> dict:
-    """The moving statistics after a training-mode pass whose batch moments are ``found``."""
-    out = dict(stats)
+def moved(stats: dict, found: dict, momentum: float = BN_MOMENTUM, rest: float | None = None) -> dict:
+    """The moving statistics after a training-mode pass whose batch moments are ``found``: ``momentum`` of the old and
+    ``rest`` (1 - momentum unless given, as a traced momentum's complement computed outside) of the batch's."""
+    out, rest = dict(stats), 1.0 - momentum if rest is None else rest
     for name, (mean, var) in found.items():
-        out[f"{name}/moving_mean"] = momentum * stats[f"{name}/moving_mean"] + (1.0 - momentum) * mean
-        out[f"{name}/moving_variance"] = momentum * stats[f"{name}/moving_variance"] + (1.0 - momentum) * var
+        out[f"{name}/moving_mean"] = momentum * stats[f"{name}/moving_mean"] + rest * mean
+        out[f"{name}/moving_variance"] = momentum * stats[f"{name}/moving_variance"] + rest * var
     return out
 
 
@@ -243,12 +244,13 @@ def four_tapes(net: Net, s: dict, b: dict, rate: jax.Array, decay: jax.Array, ke
 
 @functools.cache
 def compiled(net: Net):
-    """The jitted step, inference and training-mode batch moments of the generator, once per process for each ``net``
-    (a second trainer, as a resumed or a test's fresh one, reuses the compiled step)."""
+    """The jitted step, inference, and a calibration pass (the generator's statistics moved by a training-mode pass's
+    batch moments), once per process for each ``net`` (a second trainer, as a resumed or a test's fresh one, reuses the
+    compiled step). The calibration's update is inside its jit: op by op, a validation's passes took seconds of dispatch."""
     step = jax.jit(functools.partial(four_tapes, net), donate_argnums=(0,))
     generate = jax.jit(lambda w, stats, z: generator(net, w, stats, z, False)[0])
-    moments = jax.jit(lambda w, stats, z: generator(net, w, stats, z, True)[1])
-    return step, generate, moments
+    calibration = jax.jit(lambda w, stats, z, momentum, rest: moved(stats, generator(net, w, stats, z, True)[1], momentum, rest))
+    return step, generate, calibration
 
 
 class CaloJax(CaloTrainer):
@@ -273,7 +275,7 @@ class CaloJax(CaloTrainer):
         self.updates = 0  # steps taken: the average's decay and each step's dropout draw
         self.speed = {"threads": runtime.threads, "jit": True}
         cpu = runtime.ctx.kind == "cpu"
-        self._step, self._generate, self._moments = compiled(Net(self.cfg, jnp.float64 if cpu else jnp.float32, cpu))
+        self._step, self._generate, self._calibrated = compiled(Net(self.cfg, jnp.float64 if cpu else jnp.float32, cpu))
         self._key = jax.random.PRNGKey(spec.seed)
 
     def _put(self, tree):
@@ -295,9 +297,9 @@ class CaloJax(CaloTrainer):
         """The averaged generator's moving statistics: the mean over the calibration batches of each batch norm's
         batch moments, from forward passes in training mode (the momentum n / (n + 1) at batch n of torch.py's)."""
         stats = dict(self.s["avg_stats"])
-        for n, latent in enumerate(latents):
-            found = self._moments(self.s["avg"], stats, jax.device_put(latent, self.replicated))
-            stats = moved(stats, found, n / (n + 1.0))
+        for n, latent in enumerate(latents):  # each momentum and its complement rounded to float32 here, as Python floats would be
+            momentum = n / (n + 1.0)
+            stats = self._calibrated(self.s["avg"], stats, jax.device_put(latent, self.replicated), np.float32(momentum), np.float32(1.0 - momentum))
         self.s = self.s | {"avg_stats": stats}
 
     def _generator(self) -> tuple[dict, dict]:
