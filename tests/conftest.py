@@ -16,6 +16,10 @@ ROOT = Path(__file__).resolve().parent.parent
 # The tests' processes share two cores with each other: an OpenMP thread that waits for work sleeps instead of
 # spinning on a core another test needs (libgomp spins first by default). Tests check results, not speed.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+# The MLflow tracking servers the tests start (the soak's, the deployed benchmark's, the authenticated one's) serve a few
+# clients each: one uvicorn worker, in the server's own process, instead of one per core, each importing MLflow (about
+# 6 s of CPU a worker on a 2-core host). tests/infra/test_mlflow_server.py checks the product's default without it.
+os.environ.setdefault("MLFLOW_WORKERS", "1")
 
 
 def _jax_compilation_cache() -> None:

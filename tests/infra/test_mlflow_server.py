@@ -90,7 +90,7 @@ def server(tmp_path_factory):
     """infra/start-mlflow-server.sh on a free port over a new store, with two training runs logged."""
     folder = tmp_path_factory.mktemp("mlflow-server")
     port = free_port()
-    services = Services(folder, dict(os.environ))
+    services = Services(folder, {k: v for k, v in os.environ.items() if k != "MLFLOW_WORKERS"})  # the server's own choice of workers
     try:
         proc, log = services.start("mlflow-server", ["infra/start-mlflow-server.sh"], {
             "PORT": str(port), "MLFLOW_BACKEND_STORE_URI": f"sqlite:///{folder / 'mlflow.db'}",
