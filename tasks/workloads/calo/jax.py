@@ -275,7 +275,7 @@ class CaloJax(CaloTrainer):
         self.updates = 0  # steps taken: the average's decay and each step's dropout draw
         self.speed = {"threads": runtime.threads, "jit": True}
         cpu = runtime.ctx.kind == "cpu"
-        self._step, self._generate, self._calibrated = compiled(Net(self.cfg, jnp.float64 if cpu else jnp.float32, cpu))
+        self._step, self._generate, self._calibration_pass = compiled(Net(self.cfg, jnp.float64 if cpu else jnp.float32, cpu))
         self._key = jax.random.PRNGKey(spec.seed)
 
     def _put(self, tree):
@@ -299,7 +299,7 @@ class CaloJax(CaloTrainer):
         stats = dict(self.s["avg_stats"])
         for n, latent in enumerate(latents):  # each momentum and its complement rounded to float32 here, as Python floats would be
             momentum = n / (n + 1.0)
-            stats = self._calibrated(self.s["avg"], stats, jax.device_put(latent, self.replicated), np.float32(momentum), np.float32(1.0 - momentum))
+            stats = self._calibration_pass(self.s["avg"], stats, jax.device_put(latent, self.replicated), np.float32(momentum), np.float32(1.0 - momentum))
         self.s = self.s | {"avg_stats": stats}
 
     def _generator(self) -> tuple[dict, dict]:
