@@ -30,11 +30,11 @@ bytecode: $(STAMP)
 	$(PY) -m compileall -q flows tasks models infra tests > /dev/null
 
 test: bytecode
-	$(PY) -m pytest -n $(TEST_JOBS) --dist loadfile --no-loadscope-reorder
+	$(PY) -m pytest -n $(TEST_JOBS) --dist loadfile --no-loadscope-reorder --max-worker-restart 1
 
 # The fast tier: unit and small integration tests, no servers of their own (a few minutes on 2 cores).
 test-fast: bytecode
-	$(PY) -m pytest -m "not full" -n $(TEST_JOBS) --dist loadfile --no-loadscope-reorder
+	$(PY) -m pytest -m "not full" -n $(TEST_JOBS) --dist loadfile --no-loadscope-reorder --max-worker-restart 1
 
 clean:
 	rm -rf data mlartifacts mlflow.db
