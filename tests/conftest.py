@@ -11,6 +11,9 @@ from pathlib import Path
 
 import pytest
 
+# a test stuck past its timeout where pytest-timeout's signal cannot reach ends its process with every thread's stack
+pytest_plugins = ["tests.hang_guard"]
+
 ROOT = Path(__file__).resolve().parent.parent
 
 # The tests' processes share two cores with each other: an OpenMP thread that waits for work sleeps instead of
