@@ -139,8 +139,9 @@ def test_a_command_killed_outright_leaves_nothing_running_and_its_run_is_closed_
     proc.kill()
     t0 = time.monotonic()
     proc.wait()
-    # its guardian, and no other command: the run is KILLED within 15 s, saying why
-    while the_run().info.status == "RUNNING" and time.monotonic() - t0 < 15:
+    # its guardian, and no other command (none starts before this is checked): the run is KILLED, saying why; the
+    # guardian first gives what the command left 10 s to stop, and on a loaded 2-core host (the suite's) took over 15 s
+    while the_run().info.status == "RUNNING" and time.monotonic() - t0 < 90:
         time.sleep(0.5)
     run = the_run()
     assert run.info.run_id == run_id and run.info.status == "KILLED", run.info.status
