@@ -30,10 +30,13 @@ def _grace() -> float:
 
 
 def limit_s(item: pytest.Item) -> float | None:
-    """The test's pytest-timeout limit (its ``timeout`` mark, else the ini's ``timeout``) plus the grace; None without one."""
+    """The test's pytest-timeout limit (its ``timeout`` mark, else ``--timeout``, else the ini's ``timeout``, pytest-timeout's
+    own order) plus the grace; None without one (0 turns pytest-timeout off, and this with it)."""
     marker = item.get_closest_marker("timeout")
     if marker is not None and (marker.args or "timeout" in marker.kwargs):
         timeout = marker.args[0] if marker.args else marker.kwargs["timeout"]
+    elif getattr(item.config.option, "timeout", None) is not None:
+        timeout = item.config.option.timeout
     else:
         try:
             timeout = item.config.getini("timeout")
