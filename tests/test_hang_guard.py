@@ -44,3 +44,22 @@ def test_a_bad_grace_is_refused_before_any_test_runs(tmp_path):
     assert proc.returncode == 4, proc.stdout + proc.stderr  # pytest's usage error
     assert "KARMAN_TEST_HANG_GRACE_S='soon' is not a number of seconds" in proc.stderr, proc.stderr
     assert GRACE_S >= 60  # the suite's own grace leaves a slow teardown time to end by itself
+
+
+def test_the_limit_is_pytest_timeouts_own_mark_then_option_then_ini_plus_the_grace(tmp_path):
+    (tmp_path / "pytest.ini").write_text("[pytest]\ntimeout = 50\n")
+    (tmp_path / "conftest.py").write_text("from tests.hang_guard import limit_s\n\n"
+                                          "def pytest_runtest_setup(item):\n    print('LIMIT', item.name, limit_s(item))\n")
+    (tmp_path / "test_x.py").write_text("import pytest\n\n@pytest.mark.timeout(3)\ndef test_marked():\n    pass\n\n"
+                                        "def test_plain():\n    pass\n")
+    limits = {}
+    for extra in ([], ["--timeout", "7"], ["--timeout", "0"]):
+        proc = subprocess.run([sys.executable, "-m", "pytest", "-p", "tests.hang_guard", "-p", "no:cacheprovider", "-s", "-q", *extra],
+                              cwd=tmp_path, env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(ROOT)}, capture_output=True, text=True, timeout=60)
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        printed = [line.split("LIMIT ", 1)[1].split() for line in proc.stdout.splitlines() if "LIMIT " in line]  # after a progress dot
+        limits[" ".join(extra)] = {name: limit for name, limit in printed}
+    grace = GRACE_S
+    assert limits[""] == {"test_marked": str(3 + grace), "test_plain": str(50 + grace)}
+    assert limits["--timeout 7"] == {"test_marked": str(3 + grace), "test_plain": str(7 + grace)}
+    assert limits["--timeout 0"] == {"test_marked": str(3 + grace), "test_plain": "None"}
