@@ -19,6 +19,7 @@ import pytest
 
 GRACE_S = 300.0
 _FD = pytest.StashKey[int]()
+_GRACE = pytest.StashKey[float]()
 
 
 def _grace() -> float:
@@ -44,11 +45,11 @@ def limit_s(item: pytest.Item) -> float | None:
             return None
     if timeout in (None, "") or float(timeout) <= 0:
         return None
-    return float(timeout) + _grace()
+    return float(timeout) + item.config.stash[_GRACE]
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    _grace()  # a bad value is refused before any test runs
+    config.stash[_GRACE] = _grace()  # read once; a bad value is refused before any test runs
     try:
         fd = sys.stderr.fileno()
         if fd < 0:

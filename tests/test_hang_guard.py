@@ -11,6 +11,13 @@ from tests.conftest import ROOT
 from tests.hang_guard import GRACE_S
 
 
+def _pytest(folder, *args: str, grace: str | None = None) -> subprocess.CompletedProcess:
+    """pytest with the guard in ``folder``, in a bare environment (the project on its path), the grace given or the guard's own."""
+    env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(ROOT), **({"KARMAN_TEST_HANG_GRACE_S": grace} if grace is not None else {})}
+    return subprocess.run([sys.executable, "-m", "pytest", "-p", "tests.hang_guard", "-p", "no:cacheprovider", *args], cwd=folder,
+                          env=env, capture_output=True, text=True, timeout=120)
+
+
 def test_a_test_blocked_past_its_own_timeout_is_ended_with_its_stack_and_the_others_still_run(tmp_path):
     (tmp_path / "pytest.ini").write_text("[pytest]\ntimeout = 100\n")  # the stuck test's own mark (1 s) is the one that counts
     (tmp_path / "test_stuck.py").write_text(textwrap.dedent("""\
@@ -24,10 +31,7 @@ def test_a_test_blocked_past_its_own_timeout_is_ended_with_its_stack_and_the_oth
         """))
     (tmp_path / "test_fine.py").write_text("def test_fine():\n    assert True\n")
     started = time.monotonic()
-    proc = subprocess.run([sys.executable, "-m", "pytest", "-p", "tests.hang_guard", "-p", "no:cacheprovider", "-n", "2",
-                           "--dist", "loadfile", "--max-worker-restart", "1", "-rA"],
-                          cwd=tmp_path, env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(ROOT), "KARMAN_TEST_HANG_GRACE_S": "2"},
-                          capture_output=True, text=True, timeout=120)
+    proc = _pytest(tmp_path, "-n", "2", "--dist", "loadfile", "--max-worker-restart", "1", "-rA", grace="2")
     out = proc.stdout + proc.stderr
     assert proc.returncode != 0, out
     assert time.monotonic() - started < 60, out  # ended at 1 + 2 s (twice: xdist gives it one new worker), not at 60 s
@@ -38,9 +42,7 @@ def test_a_test_blocked_past_its_own_timeout_is_ended_with_its_stack_and_the_oth
 
 def test_a_bad_grace_is_refused_before_any_test_runs(tmp_path):
     (tmp_path / "test_fine.py").write_text("def test_fine():\n    assert True\n")
-    proc = subprocess.run([sys.executable, "-m", "pytest", "-p", "tests.hang_guard", "-p", "no:cacheprovider"], cwd=tmp_path,
-                          env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(ROOT), "KARMAN_TEST_HANG_GRACE_S": "soon"},
-                          capture_output=True, text=True, timeout=60)
+    proc = _pytest(tmp_path, grace="soon")
     assert proc.returncode == 4, proc.stdout + proc.stderr  # pytest's usage error
     assert "KARMAN_TEST_HANG_GRACE_S='soon' is not a number of seconds" in proc.stderr, proc.stderr
     assert GRACE_S >= 60  # the suite's own grace leaves a slow teardown time to end by itself
@@ -54,12 +56,10 @@ def test_the_limit_is_pytest_timeouts_own_mark_then_option_then_ini_plus_the_gra
                                         "def test_plain():\n    pass\n")
     limits = {}
     for extra in ([], ["--timeout", "7"], ["--timeout", "0"]):
-        proc = subprocess.run([sys.executable, "-m", "pytest", "-p", "tests.hang_guard", "-p", "no:cacheprovider", "-s", "-q", *extra],
-                              cwd=tmp_path, env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(ROOT)}, capture_output=True, text=True, timeout=60)
+        proc = _pytest(tmp_path, "-s", "-q", *extra)
         assert proc.returncode == 0, proc.stdout + proc.stderr
         printed = [line.split("LIMIT ", 1)[1].split() for line in proc.stdout.splitlines() if "LIMIT " in line]  # after a progress dot
         limits[" ".join(extra)] = {name: limit for name, limit in printed}
-    grace = GRACE_S
-    assert limits[""] == {"test_marked": str(3 + grace), "test_plain": str(50 + grace)}
-    assert limits["--timeout 7"] == {"test_marked": str(3 + grace), "test_plain": str(7 + grace)}
-    assert limits["--timeout 0"] == {"test_marked": str(3 + grace), "test_plain": "None"}
+    assert limits[""] == {"test_marked": str(3 + GRACE_S), "test_plain": str(50 + GRACE_S)}
+    assert limits["--timeout 7"] == {"test_marked": str(3 + GRACE_S), "test_plain": str(7 + GRACE_S)}
+    assert limits["--timeout 0"] == {"test_marked": str(3 + GRACE_S), "test_plain": "None"}
