@@ -40,7 +40,7 @@ class KerasRunner:
         else:
             raise ValueError(f"tensorflow rollouts run on cpu or cuda, not {kind!r}")
         self.workers, self.devices = workers, devices
-        self._calls = [tf.function(lambda x, m=m: m(x, training=False), reduce_retracing=True) for m in replicas]
+        self._calls = [tf.function(lambda x, m=m: m(x, training=False), reduce_retracing=True, autograph=False) for m in replicas]
         self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="map-worker")
 
     def run(self, groups: np.ndarray) -> tuple[np.ndarray, float]:

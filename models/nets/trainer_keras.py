@@ -72,7 +72,10 @@ class KerasPix2Pix:
             self.opt_d.build(self.discriminator.trainable_variables)
         ratio = optim.delta_ratio
         self.delta_ratio = None if ratio is None else tf.constant(np.asarray(ratio, np.float32).reshape(1, 1, 1, -1))
-        self._step = tf.function(self._distributed_step, jit_compile=jit_compile, reduce_retracing=True)
+        # Traced as written, without autograph (as every tf.function of this project's own): its branches and loops are on
+        # Python values (the recipe's options, the loss steps), so converting its source first would change nothing but
+        # cost the conversion and leave the converted source in the temporary folder; a branch on a tensor fails the trace.
+        self._step = tf.function(self._distributed_step, jit_compile=jit_compile, reduce_retracing=True, autograph=False)
 
     # -- the recipe's algebra (NHWC; network units) ----------------------------------------------
     def predict(self, cond, training: bool = True):

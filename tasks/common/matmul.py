@@ -142,7 +142,7 @@ def _tensorflow(device: str, dtype: str) -> _Backend:
     # on by default (fp32 must turn it off), and one switch for the process
     b.precision = lambda: tf.config.experimental.enable_tensor_float_32_execution(dtype == "tf32")
     kind = {"fp32": tf.float32, "tf32": tf.float32, "bf16": tf.bfloat16, "fp16": tf.float16}[dtype]
-    product = tf.function(tf.linalg.matmul)  # traced at the first call of each shape
+    product = tf.function(tf.linalg.matmul, autograph=False)  # traced at the first call of each shape
 
     def operands(n: int):
         with tf.device(place):

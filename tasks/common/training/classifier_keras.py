@@ -34,8 +34,8 @@ class KerasClassifier(Classifier):
         def step(x, y):
             return strategy.reduce(tf.distribute.ReduceOp.MEAN, strategy.run(replica_step, args=(x, y)), axis=None)
 
-        self._step = tf.function(step, jit_compile=spec.compile == "on")
-        self._logits = tf.function(lambda x: self.net(x, training=False), reduce_retracing=True)
+        self._step = tf.function(step, jit_compile=spec.compile == "on", autograph=False)
+        self._logits = tf.function(lambda x: self.net(x, training=False), reduce_retracing=True, autograph=False)
         self.speed = {"threads": self.runtime.threads, "jit_compile": spec.compile == "on"}
 
     def _device(self, x: np.ndarray, y: np.ndarray):

@@ -32,7 +32,7 @@ class KerasRuntime(NpzRuntime):
             per_replica = self.ctx.strategy.run(lambda v: v / replicas, args=(values,))
             return self.ctx.strategy.reduce(tf.distribute.ReduceOp.SUM, per_replica, axis=None)
 
-        self._mean = tf.function(mean)
+        self._mean = tf.function(mean, autograph=False)
 
     @property
     def strategy(self) -> str:

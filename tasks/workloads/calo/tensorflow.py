@@ -238,8 +238,8 @@ class CaloKeras(CaloTrainer):
                 self.averaged.assign_add(1)
             return {k: strategy.reduce(tf.distribute.ReduceOp.MEAN, v, axis=None) for k, v in per_replica.items()}
 
-        self._step = tf.function(step, jit_compile=spec.compile == "on")
-        self._generate = tf.function(lambda z: self.generator(z, training=False), reduce_retracing=True)
+        self._step = tf.function(step, jit_compile=spec.compile == "on", autograph=False)
+        self._generate = tf.function(lambda z: self.generator(z, training=False), reduce_retracing=True, autograph=False)
         self._probe = None  # set_statistics' copy of the generator, outside the strategy, and its batch norms' inputs
 
     @property
@@ -271,7 +271,7 @@ class CaloKeras(CaloTrainer):
             copy = build_generator(self.cfg)
             norms = [layer for layer in copy.layers if layer.name.endswith("_bn")]
             inputs = keras.Model(copy.inputs, [layer.input for layer in norms])  # each batch norm's input
-            self._probe = copy, tf.function(lambda z: inputs(z, training=True)), [layer.name for layer in norms]
+            self._probe = copy, tf.function(lambda z: inputs(z, training=True), autograph=False), [layer.name for layer in norms]
         copy, probe, names = self._probe
         load_weights(copy, weights_of(self.g_avg))
         sums = {name: [0.0, 0.0] for name in names}

@@ -49,7 +49,7 @@ class KarmanKeras(KarmanTrainer):
         self.global_step = 0
         self.params = data.params(trainable_count(self.model.generator), trainable_count(self.model.discriminator))
         self.speed = {"jit_compile": jit, "threads": runtime.threads, "data": "tf.data from_generator, prefetch 2"}
-        self._predict = tf.function(lambda x: self.model.generator(x, training=False), reduce_retracing=True)
+        self._predict = tf.function(lambda x: self.model.generator(x, training=False), reduce_retracing=True, autograph=False)
 
     def batches(self, epoch: int, steps: int):
         """The epoch's distributed batches (NHWC), prefetched on tf.data's threads while the step runs."""

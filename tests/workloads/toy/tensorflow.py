@@ -36,7 +36,7 @@ class ToyKeras:
         def step(x, y):
             return strategy.reduce(tf.distribute.ReduceOp.SUM, strategy.run(replica_step, args=(x, y)), axis=None)
 
-        self._step = tf.function(step)
+        self._step = tf.function(step, autograph=False)
         self._replicas = replicas
 
     def batches(self, epoch: int, steps: int):
