@@ -82,6 +82,33 @@ def test_tensorflow_on_an_x86_cpu_takes_onednns_kernels_unless_the_user_chose(mo
     monkeypatch.setenv("TF_ENABLE_ONEDNN_OPTS", "0")
     assert device_env("cpu", framework="tensorflow").get("TF_ENABLE_ONEDNN_OPTS") == ("0" if x86 else None)
 
+
+def _tf_functions() -> dict[str, list]:
+    """Every ``tf.function(...)`` call in the project's modules, by file: its keyword arguments (name -> literal value)."""
+    import ast
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    calls: dict[str, list] = {}
+    for folder in ("flows", "tasks", "models", "infra"):
+        for path in sorted((root / folder).rglob("*.py")):
+            for node in ast.walk(ast.parse(path.read_text(), str(path))):
+                if isinstance(node, ast.Call) and ast.unparse(node.func) == "tf.function":
+                    literal = lambda v: v.value if isinstance(v, ast.Constant) else ast.unparse(v)  # noqa: E731
+                    calls.setdefault(path.relative_to(root).as_posix(), []).append({k.arg: literal(k.value) for k in node.keywords})
+    return calls
+
+
+def test_the_projects_tf_functions_are_traced_without_autograph_and_the_tutorials_reference_with_it():
+    """Our own steps branch on Python values only: each tf.function says autograph=False (no source conversion at each
+    trace, no converted source left in the temporary folder). The TensorFlow reference is the tutorial's code, as written."""
+    calls = _tf_functions()
+    references = {path: found for path, found in calls.items() if "/references/" in path}
+    ours = {path: found for path, found in calls.items() if path not in references}
+    assert "models/nets/trainer_keras.py" in ours and "tasks/workloads/calo/tensorflow.py" in ours  # the scan finds them
+    assert {path: [c for c in found if c.get("autograph") is not False] for path, found in ours.items()} == {path: [] for path in ours}
+    assert references and all("autograph" not in c for found in references.values() for c in found)
+
 NAMED_FOLDERS = [(GenerateSpec, "dataset"), (TrainSpec, "dataset"), (InferSpec, "dataset"), (AggregateSpec, "name"), (AblationSpec, "name")]
 
 
