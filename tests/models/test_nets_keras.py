@@ -14,15 +14,23 @@ import pytest
 
 from tests.conftest import ROOT
 
+# One child computes both fixtures' figures: one import of TensorFlow and torch instead of two (this module 86 -> 75 s of CPU,
+# `/usr/bin/time pytest` of it on a 2-core host). TensorFlow is imported as a training job imports it (job_main.first_import).
 SCRIPT = r"""
-import json, os, sys
+import json, sys
+from tasks.common.job_main import first_import
+first_import("tensorflow")
 import numpy as np
+import tensorflow as tf
 import torch
 from models.nets.config import NetConfig
 from models.nets.pix2pix import build_discriminator, build_generator
 from models.nets import pix2pix_keras as kn
+from models.nets.trainer import OptimConfig, Pix2Pix
+from models.nets.trainer_keras import KerasPix2Pix
+from models.recipe import get_recipe
 
-out = []
+parity = []
 for options in json.loads(sys.argv[1]):
     cfg = NetConfig(**options)
     torch.manual_seed(0)
@@ -45,59 +53,13 @@ for options in json.loads(sys.argv[1]):
     nhwc = lambda a: a.transpose(0, 2, 3, 1)
     g_k = np.asarray(kg(nhwc(x), training=False)).transpose(0, 3, 1, 2)
     d_k = np.asarray(kd([nhwc(x), nhwc(y)], training=False)).transpose(0, 3, 1, 2)
-    out.append({"options": options, "shapes": [list(g_t.shape), list(g_k.shape), list(d_t.shape), list(d_k.shape)],
-                "params_torch": [sum(p.numel() for p in tg.parameters()), sum(p.numel() for p in td.parameters())],
-                "params_keras": [kn.trainable_count(kg), kn.trainable_count(kd)],
-                "generator_error": float(np.abs(g_t - g_k).max() / max(np.abs(g_t).max(), 1e-12)),
-                "discriminator_error": float(np.abs(d_t - d_k).max() / max(np.abs(d_t).max(), 1e-12))})
-print(json.dumps(out))
-"""
+    parity.append({"options": options, "shapes": [list(g_t.shape), list(g_k.shape), list(d_t.shape), list(d_k.shape)],
+                   "params_torch": [sum(p.numel() for p in tg.parameters()), sum(p.numel() for p in td.parameters())],
+                   "params_keras": [kn.trainable_count(kg), kn.trainable_count(kd)],
+                   "generator_error": float(np.abs(g_t - g_k).max() / max(np.abs(g_t).max(), 1e-12)),
+                   "discriminator_error": float(np.abs(d_t - d_k).max() / max(np.abs(d_t).max(), 1e-12))})
 
-CONFIGS = [
-    dict(size=32, ngf=8, ndf=8),  # the paper's options at a small size: transposed convolutions, batch norm, tanh
-    dict(size=64, ngf=16, ndf=16, depth=4, upsample="resize", output="linear"),  # the default recipe's
-    dict(size=32, ngf=8, ndf=8, norm="instance"),
-    dict(size=16, ngf=4, ndf=4, d_layers=2, upsample="resize"),
-    dict(size=64, ngf=16, ndf=16, upsample="resize", output="linear", dropout=0.0),  # the default recipe's networks on the demo's 64-high frames (depth 6)
-    dict(),  # the paper's networks at 256 x 256: depth 8, ngf = ndf = 64
-]
-
-
-@pytest.fixture(scope="module")
-def parity():
-    env = {"PYTHONPATH": str(ROOT), "TF_ENABLE_ONEDNN_OPTS": "0", "TF_CPP_MIN_LOG_LEVEL": "3", "KERAS_BACKEND": "tensorflow",
-           "CUDA_VISIBLE_DEVICES": "", "PATH": "/usr/bin:/bin"}
-    proc = subprocess.run([sys.executable, "-c", SCRIPT, json.dumps(CONFIGS)], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    return json.loads(proc.stdout.strip().splitlines()[-1])
-
-
-def test_every_option_has_the_torch_parameter_count_and_shapes(parity):
-    for case in parity:
-        assert case["params_keras"] == case["params_torch"], case
-        g_t, g_k, d_t, d_k = case["shapes"]
-        assert g_t == g_k and d_t == d_k, case
-
-
-def test_with_the_torch_weights_the_outputs_agree_in_inference_mode(parity):
-    # float32 through up to 16 layers, summed in another order by another library: about 1e-6 of the
-    # output's scale is rounding; a wrong layout, padding, momentum or epsilon shows as 1e-2 or more.
-    for case in parity:
-        assert case["generator_error"] < 2e-5 and case["discriminator_error"] < 2e-5, case
-
-
-STEP_SCRIPT = r"""
-import json, sys
-import numpy as np
-import tensorflow as tf
-import torch
-from models.nets.config import NetConfig
-from models.nets import pix2pix_keras as kn
-from models.nets.trainer import OptimConfig, Pix2Pix
-from models.nets.trainer_keras import KerasPix2Pix
-from models.recipe import get_recipe
-
-out = []
+stepped = []
 for name in ("default", "paper", "through"):
     recipe = get_recipe("paper" if name == "paper" else "default").with_overrides(noise=0.0)  # noise: each framework's own draw
     recipe = recipe.with_overrides(dropout=0.0) if name == "paper" else recipe
@@ -123,21 +85,55 @@ for name in ("default", "paper", "through"):
     with torch.no_grad():
         g_t = tm.generator(torch.from_numpy(cond)).numpy()
     g_k = np.asarray(km.generator(nhwc(cond), training=False)).transpose(0, 3, 1, 2)
-    out.append({"recipe": name, "losses": steps, "after": float(np.abs(g_t - g_k).max() / np.abs(g_t).max())})
-print(json.dumps(out))
+    stepped.append({"recipe": name, "losses": steps, "after": float(np.abs(g_t - g_k).max() / np.abs(g_t).max())})
+print(json.dumps({"parity": parity, "stepped": stepped}))
 """
 
+CONFIGS = [
+    dict(size=32, ngf=8, ndf=8),  # the paper's options at a small size: transposed convolutions, batch norm, tanh
+    dict(size=64, ngf=16, ndf=16, depth=4, upsample="resize", output="linear"),  # the default recipe's
+    dict(size=32, ngf=8, ndf=8, norm="instance"),
+    dict(size=16, ngf=4, ndf=4, d_layers=2, upsample="resize"),
+    dict(size=64, ngf=16, ndf=16, upsample="resize", output="linear", dropout=0.0),  # the default recipe's networks on the demo's 64-high frames (depth 6)
+    dict(),  # the paper's networks at 256 x 256: depth 8, ngf = ndf = 64
+]
 
-def test_three_training_steps_from_the_same_weights_give_the_same_losses_and_weights():
+
+@pytest.fixture(scope="module")
+def computed() -> dict:
+    """The child's figures: ``parity`` (each of CONFIGS) and ``stepped`` (each recipe's three steps)."""
+    env = {"PYTHONPATH": str(ROOT), "TF_ENABLE_ONEDNN_OPTS": "0", "TF_CPP_MIN_LOG_LEVEL": "3", "KERAS_BACKEND": "tensorflow",
+           "CUDA_VISIBLE_DEVICES": "", "PATH": "/usr/bin:/bin"}
+    proc = subprocess.run([sys.executable, "-c", SCRIPT, json.dumps(CONFIGS)], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+@pytest.fixture(scope="module")
+def parity(computed) -> list[dict]:
+    return computed["parity"]
+
+
+def test_every_option_has_the_torch_parameter_count_and_shapes(parity):
+    for case in parity:
+        assert case["params_keras"] == case["params_torch"], case
+        g_t, g_k, d_t, d_k = case["shapes"]
+        assert g_t == g_k and d_t == d_k, case
+
+
+def test_with_the_torch_weights_the_outputs_agree_in_inference_mode(parity):
+    # float32 through up to 16 layers, summed in another order by another library: about 1e-6 of the
+    # output's scale is rounding; a wrong layout, padding, momentum or epsilon shows as 1e-2 or more.
+    for case in parity:
+        assert case["generator_error"] < 2e-5 and case["discriminator_error"] < 2e-5, case
+
+
+def test_three_training_steps_from_the_same_weights_give_the_same_losses_and_weights(computed):
     """The recipe is the same in both frameworks: from the torch weights, three steps of the default recipe (delta,
     L1, three-step pushforward), of the paper's (GAN + 100 L1, Adam 0.5) and of the default with gradients through
     the unrolled chain and the predicted change damped (one and a half passes), at 2, 3 and 1 loss steps (a curriculum's), give the same
     losses and networks."""
-    env = {"PYTHONPATH": str(ROOT), "TF_ENABLE_ONEDNN_OPTS": "0", "TF_CPP_MIN_LOG_LEVEL": "3", "KERAS_BACKEND": "tensorflow",
-           "CUDA_VISIBLE_DEVICES": "", "PATH": "/usr/bin:/bin"}
-    proc = subprocess.run([sys.executable, "-c", STEP_SCRIPT], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    for case in json.loads(proc.stdout.strip().splitlines()[-1]):
+    for case in computed["stepped"]:
         # Adam's first steps move every weight by about lr whatever the gradient's size, so a
         # gradient that differs in sign or scale shows at once; rounding stays near 1e-5.
         for step in case["losses"]:
