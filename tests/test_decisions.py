@@ -86,16 +86,18 @@ def test_tensorflow_on_an_x86_cpu_takes_onednns_kernels_unless_the_user_chose(mo
 def _tf_functions() -> dict[str, list]:
     """Every ``tf.function(...)`` call in the project's modules, by file: its keyword arguments (name -> literal value)."""
     import ast
-    from pathlib import Path
 
-    root = Path(__file__).resolve().parents[1]
+    from tests.conftest import ROOT
+    from tests.test_layout import sources
+
+    def literal(value: ast.expr):
+        return value.value if isinstance(value, ast.Constant) else ast.unparse(value)
+
     calls: dict[str, list] = {}
-    for folder in ("flows", "tasks", "models", "infra"):
-        for path in sorted((root / folder).rglob("*.py")):
-            for node in ast.walk(ast.parse(path.read_text(), str(path))):
-                if isinstance(node, ast.Call) and ast.unparse(node.func) == "tf.function":
-                    literal = lambda v: v.value if isinstance(v, ast.Constant) else ast.unparse(v)  # noqa: E731
-                    calls.setdefault(path.relative_to(root).as_posix(), []).append({k.arg: literal(k.value) for k in node.keywords})
+    for path in [p for folder in ("flows", "tasks", "models", "infra") for p in sources(folder)]:
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.Call) and ast.unparse(node.func) == "tf.function":
+                calls.setdefault(path.relative_to(ROOT).as_posix(), []).append({k.arg: literal(k.value) for k in node.keywords})
     return calls
 
 
