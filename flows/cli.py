@@ -307,43 +307,46 @@ def main(argv: list[str] | None = None) -> int:
 
     raise_on_sigterm()  # SIGTERM unwinds the command like Ctrl-C: children stopped, runs marked KILLED
     cmd = COMMANDS[command]
-    try:
-        if cmd.spec is DemoSpec:
-            spec: BaseModel = _demo_spec(args)
-        else:
-            base = quick_benchmark() if getattr(args, "quick", False) else None
-            if args.spec_file:
-                if base is not None:
-                    raise UserError("--spec and --quick both give the whole matrix; give one")
-                base = spec_file(cmd.spec, args.spec_file)
-            spec = spec_from_args(cmd.spec, args, base)
-            if cmd.spec in OPTION_KINDS:  # what the request left unset, from its workload's entry (its dataset, sizes, epochs)
-                from tasks.workloads import with_own_defaults
+    from tasks.common.collector import paused
 
-                spec = with_own_defaults(spec)
-            if cmd.spec is BenchmarkSpec:  # another workload's option, given here, that no cell would take
-                from tasks.workloads import check_benchmark_options
+    with paused():  # Prefect, MLflow and the flow's modules load without collections (tasks.common.collector)
+        try:
+            if cmd.spec is DemoSpec:
+                spec: BaseModel = _demo_spec(args)
+            else:
+                base = quick_benchmark() if getattr(args, "quick", False) else None
+                if args.spec_file:
+                    if base is not None:
+                        raise UserError("--spec and --quick both give the whole matrix; give one")
+                    base = spec_file(cmd.spec, args.spec_file)
+                spec = spec_from_args(cmd.spec, args, base)
+                if cmd.spec in OPTION_KINDS:  # what the request left unset, from its workload's entry (its dataset, sizes, epochs)
+                    from tasks.workloads import with_own_defaults
 
-                check_benchmark_options(spec, base if getattr(args, "quick", False) else None)
-        from tasks.common.credentials import Credentials
-        from tasks.common.settings import Settings
-        from tasks.common.tracking import reap_orphans, tracking_ready
+                    spec = with_own_defaults(spec)
+                if cmd.spec is BenchmarkSpec:  # another workload's option, given here, that no cell would take
+                    from tasks.workloads import check_benchmark_options
 
-        os.environ.update(Credentials.from_env().env())  # MLflow's and Prefect's clients here and in every child read them
-        _prefect_ready()
-        settings = Settings.from_env().require_writable()
-        tracking_ready(settings, create=False)  # a tracking server that is down ends the command here, in seconds
-        cmd.check(settings, spec)
-        tracking_ready(settings)  # a new local store: its tables created under a lock
-        reap_orphans(settings, logging.getLogger("karman.cli"))  # runs left RUNNING by killed commands
-    except ValidationError as exc:
-        print(f"python -m flows {command}: error: {validation_message(exc)}", file=sys.stderr)
-        return EXIT_USAGE
-    except UserError as exc:
-        print(f"python -m flows {command}: error: {exc}", file=sys.stderr)
-        return EXIT_USAGE
+                    check_benchmark_options(spec, base if getattr(args, "quick", False) else None)
+            from tasks.common.credentials import Credentials
+            from tasks.common.settings import Settings
+            from tasks.common.tracking import reap_orphans, tracking_ready
 
-    flow = cmd.flow()  # imports Prefect, which sets up its console logging: quiet it after that
+            os.environ.update(Credentials.from_env().env())  # MLflow's and Prefect's clients here and in every child read them
+            _prefect_ready()
+            settings = Settings.from_env().require_writable()
+            tracking_ready(settings, create=False)  # a tracking server that is down ends the command here, in seconds
+            cmd.check(settings, spec)
+            tracking_ready(settings)  # a new local store: its tables created under a lock
+            reap_orphans(settings, logging.getLogger("karman.cli"))  # runs left RUNNING by killed commands
+        except ValidationError as exc:
+            print(f"python -m flows {command}: error: {validation_message(exc)}", file=sys.stderr)
+            return EXIT_USAGE
+        except UserError as exc:
+            print(f"python -m flows {command}: error: {exc}", file=sys.stderr)
+            return EXIT_USAGE
+
+        flow = cmd.flow()  # imports Prefect, which sets up its console logging: quiet it after that
     quiet_prefect_console()
     from tasks.common import lifetime
     from tasks.common.errors import Interrupted, RunFailed, RunStopped

@@ -200,6 +200,17 @@ def _wait_healthy(url: str, server: subprocess.Popen | None = None, log: Path | 
             time.sleep(0.5)
 
 
+@pytest.hookimpl(wrapper=True)
+def pytest_collection(session):
+    """The test modules and the libraries they import (MLflow, Prefect, torch) load without the cycle collector, and stay
+    frozen: each collection of a worker that runs tests for half an hour then walks only what the tests made
+    (tasks.common.collector)."""
+    from tasks.common.collector import uncollected
+
+    with uncollected():
+        return (yield)
+
+
 def pytest_configure(config):
     """Under xdist (make test), the controller starts one Prefect server that every worker's tests report to, instead of
     one per worker (each about 12 s of CPU to start and 2 s a minute while it runs); it starts while the workers do."""

@@ -67,9 +67,13 @@ def main(argv: list[str]) -> int:
         lifetime.request_stop_on_signals()
     else:
         lifetime.raise_on_sigterm()
+    from tasks.common.collector import uncollected
+
     try:
-        first_import(job.get("framework"))
-        result = job_body(job["body"])(job)
+        with uncollected():  # the framework and the body's modules load without collections, then stay frozen
+            first_import(job.get("framework"))
+            body = job_body(job["body"])
+        result = body(job)
     except (UserError, DeviceUnavailable) as exc:
         return _verdict(result_path, "user", "error", exc, USER_ERROR)
     except RunStopped as exc:

@@ -32,8 +32,8 @@ WARM_ENV = "KARMAN_WARM_CHILDREN"
 
 # What every job imports, none of which reads the job's environment at import; a framework's jobs add what the framework
 # table lets its server preload (torch's). The job's entry module comes first: the server's command line (and so each
-# forked job's, as ps and psutil show it) names it.
-COMMON = ("tasks.common.job_main", "numpy", "pandas", "xarray", "zarr", "psutil", "pydantic", "mlflow", "mlflow.tracking",
+# forked job's, as ps and psutil show it) names it; then the cycle collector goes off for the rest (tasks.common.collector).
+COMMON = ("tasks.common.job_main", "tasks.common.collector_off", "numpy", "pandas", "xarray", "zarr", "psutil", "pydantic", "mlflow", "mlflow.tracking",
           "mlflow.store.tracking.sqlalchemy_store", "matplotlib", "matplotlib.figure")
 _servers: dict[tuple, forkserver.ForkServer] = {}
 _lock = threading.Lock()
@@ -91,6 +91,9 @@ def _importable_here() -> None:
 
 def _child(argv: list[str], env: dict[str, str], cwd: str) -> None:
     """In the forked process: become the job process ``python -m tasks.common.job_main ARGV`` would have been."""
+    from tasks.common.collector import settle
+
+    settle()  # the server's imports frozen, never walked by this job's collections; the collector on, as in any process
     out = forkserver.get_inherited_fds()[0]
     os.dup2(out, 1)
     os.dup2(out, 2)
