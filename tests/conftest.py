@@ -19,6 +19,10 @@ ROOT = Path(__file__).resolve().parent.parent
 # The tests' processes share two cores with each other: an OpenMP thread that waits for work sleeps instead of
 # spinning on a core another test needs (libgomp spins first by default). Tests check results, not speed.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+# numpy's OpenBLAS starts a thread per core at import, which spins for about 0.1 s then and after each product: every
+# Python process of the tests (hundreds) paid it, twice the CPU of importing numpy (0.19 s instead of 0.10 s, `/usr/bin/time
+# python -c "import numpy"` with and without it). No test times numpy's products; the frameworks' threads are their own.
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 # The MLflow tracking servers the tests start (the soak's, the deployed benchmark's, the authenticated one's) serve a few
 # clients each: one uvicorn worker, in the server's own process, instead of one per core, each importing MLflow (about
 # 6 s of CPU a worker on a 2-core host). tests/infra/test_mlflow_server.py checks the product's default without it.
