@@ -15,11 +15,11 @@ import pytest
 from tests.conftest import ROOT
 
 # One child computes both fixtures' figures: one import of TensorFlow and torch instead of two (this module 86 -> 75 s of CPU,
-# `/usr/bin/time pytest` of it on a 2-core host). TensorFlow is imported as a training job imports it (job_main.first_import).
+# `/usr/bin/time pytest` of it on a 2-core host). TensorFlow is imported as a training job imports it.
 SCRIPT = r"""
 import json, sys
-from tasks.common.job_main import first_import
-first_import("tensorflow")
+from tests.workloads.digits_step import import_as_a_job
+import_as_a_job("tensorflow")
 import numpy as np
 import tensorflow as tf
 import torch

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import numpy as np
 
-from tests.workloads.digits_step import runtime_of
+from tests.workloads.digits_step import import_as_a_job, runtime_of
 
 EVENTS, BATCH = 6, 4
 
@@ -100,7 +100,5 @@ def folded_error(module, cfg) -> float:
 
 
 if __name__ == "__main__":
-    from tasks.common.job_main import first_import
-
-    first_import(sys.argv[1])  # the framework loaded as a job loads it
+    import_as_a_job(sys.argv[1])
     print(json.dumps(steps(sys.argv[1], "float32")))

@@ -10,7 +10,7 @@ import sys
 
 import numpy as np
 
-from tests.workloads.digits_step import runtime_of
+from tests.workloads.digits_step import import_as_a_job, runtime_of
 
 
 def _digits(batch: int):
@@ -71,7 +71,5 @@ def stepped(framework: str, workload: str) -> dict:
 
 
 if __name__ == "__main__":
-    from tasks.common.job_main import first_import
-
-    first_import(sys.argv[1])  # the framework loaded as a job loads it
+    import_as_a_job(sys.argv[1])
     print(json.dumps({workload: stepped(sys.argv[1], workload) for workload in ("digits", "har", "karman")}))
