@@ -27,17 +27,21 @@ PHASES = {"forward_s", "backward_s", "optimizer_s"}  # torch's step split; a tf.
 
 
 def keras_weights(workdir, *run_ids: str) -> list[list[np.ndarray]]:
-    """The trained generators' weights, one list per run, read by Keras in one child process (one TensorFlow import)."""
-    script = ("import sys, numpy as np, keras\n"
-              "for model, out in zip(sys.argv[1::2], sys.argv[2::2]):\n"
-              "    np.savez(out, *keras.saving.load_model(model, compile=False).get_weights())")
-    args = [str(a) for run_id in run_ids for a in (workdir / "data" / "runs" / run_id / "model" / "generator.keras", workdir / f"{run_id}.npz")]
-    subprocess.run([sys.executable, "-c", script, *args], check=True, env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3", "CUDA_VISIBLE_DEVICES": ""},
-                   capture_output=True)
+    """The trained generators' weights (every variable, moving statistics too), one list per run in the order of their
+    paths, read from each logged Keras file's weights (an HDF5 file in its zip) without TensorFlow."""
+    import io
+    import zipfile
+
+    import h5py
+
     weights = []
     for run_id in run_ids:
-        with np.load(workdir / f"{run_id}.npz") as data:
-            weights.append([data[k] for k in sorted(data.files, key=lambda k: int(k.split("_")[1]))])
+        model = workdir / "data" / "runs" / run_id / "model" / "generator.keras"
+        arrays: dict[str, np.ndarray] = {}
+        with zipfile.ZipFile(model) as archive, h5py.File(io.BytesIO(archive.read("model.weights.h5")), "r") as stored:
+            stored.visititems(lambda name, item: arrays.__setitem__(name, item[()]) if isinstance(item, h5py.Dataset) else None)
+        assert arrays, f"no weights in {model}"
+        weights.append([arrays[name] for name in sorted(arrays)])
     return weights
 
 
