@@ -2,8 +2,8 @@
 
 A job or command process imports hundreds of thousands of objects (TensorFlow, torch, JAX, MLflow, Prefect) that live
 as long as the process. While they load, the collector runs a collection every 700 new container objects and now and
-then walks the whole heap; over TensorFlow, MLflow and Prefect that is about 15 % of the import's CPU (1.4 s of 9.5 s on
-the 2-core hosts; docs/architecture.md has the command). ``uncollected`` runs such an import with the collector off and
+then walks the whole heap; over TensorFlow, MLflow and Prefect that is about 15 % of the import's CPU (1.2 s of 7.4–9.2 s
+on a 2-core host; docs/architecture.md has the command). ``uncollected`` runs such an import with the collector off and
 then moves what it left to the collector's permanent generation (``gc.freeze``): later collections skip those objects,
 and a process forked from one that froze them (a warm server's job) does not copy their memory pages by counting them.
 Cycles made after it are collected as usual. A process that goes on making and dropping objects of its own after the
