@@ -31,16 +31,14 @@ def paused() -> Iterator[None]:
 @contextmanager
 def uncollected() -> Iterator[None]:
     """The body with the cycle collector off; what is alive at its end frozen, and the collector as it was before."""
-    enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        settle(enabled)
+    with paused():
+        try:
+            yield
+        finally:
+            gc.freeze()
 
 
-def settle(enable: bool = True) -> None:
-    """Freeze every object alive now (gc.freeze) and turn the collector on (or leave it off with ``enable`` false)."""
+def settle() -> None:
+    """Freeze every object alive now (gc.freeze) and turn the collector on: a process forked from one that had it off."""
     gc.freeze()
-    if enable:
-        gc.enable()
+    gc.enable()

@@ -40,7 +40,9 @@ def open_run(job: dict) -> dict:
 
 def describe(job: dict) -> dict:
     """What the process it runs in looks like: its pid and parent, folder, an environment variable, torch's thread count and
-    whether torch was already loaded when the body began, a fresh random draw."""
+    whether torch was already loaded when the body began, a fresh random draw, whether the cycle collector runs and how
+    many objects it leaves alone (frozen)."""
+    import gc
     import os
     import random
     import sys
@@ -50,7 +52,8 @@ def describe(job: dict) -> dict:
 
     print(f"line from {os.getpid()}", flush=True)
     return {"pid": os.getpid(), "ppid": os.getppid(), "cwd": os.getcwd(), "value": os.environ.get("KARMAN_TEST_VALUE"),
-            "threads": torch.get_num_threads(), "torch_preloaded": loaded, "draw": random.random()}
+            "threads": torch.get_num_threads(), "torch_preloaded": loaded, "draw": random.random(),
+            "collector": gc.isenabled(), "frozen": gc.get_freeze_count()}
 
 
 def die(job: dict) -> dict:

@@ -26,6 +26,8 @@ def test_a_forked_job_has_its_own_environment_folder_threads_and_randomness_and_
     assert (first["threads"], second["threads"]) == (1, 2)  # OMP_NUM_THREADS as a fresh process reads it
     assert first["torch_preloaded"] and first["ppid"] == second["ppid"] != os.getpid()  # one warm server, torch in it
     assert first["pid"] != second["pid"] and first["draw"] != second["draw"]
+    # the collector runs in the job as in any process, and never walks what the server imported (torch, MLflow: frozen)
+    assert first["collector"] and second["collector"] and first["frozen"] > 200_000, first
     server = psutil.Process(first["ppid"])
     assert server.ppid() == os.getpid() and "tasks.common.job_main" in " ".join(server.cmdline())  # ps names what it serves
     assert f"[probe] line from {first['pid']}" in caplog.text  # its output relayed line by line
@@ -35,6 +37,7 @@ def test_with_warm_children_off_a_job_is_a_fresh_interpreter_and_says_the_same(w
     monkeypatch.setenv(WARM_ENV, "0")
     fresh = run_child("probe", DESCRIBE, {}, LOG, env={"KARMAN_TEST_VALUE": "cold", "OMP_NUM_THREADS": "1"})
     assert fresh["ppid"] == os.getpid() and not fresh["torch_preloaded"] and (fresh["value"], fresh["threads"]) == ("cold", 1)
+    assert fresh["collector"] and fresh["frozen"] > 0  # on, with what the job loaded before its body frozen
 
 
 @pytest.mark.parametrize("warm", ["1", "0"])
