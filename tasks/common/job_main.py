@@ -47,6 +47,17 @@ def first_import(name: str | None) -> None:
         call(fw.first_import)
 
 
+def load(framework: str | None, body: str | None = None):
+    """What a job process loads before it runs: its framework's first import (``first_import``) and, with a name, its body
+    (``job_body``), with the cycle collector off and what they loaded then frozen (tasks.common.collector); the body, or
+    None without a name."""
+    from tasks.common.collector import uncollected
+
+    with uncollected():
+        first_import(framework)
+        return job_body(body) if body is not None else None
+
+
 def main(argv: list[str]) -> int:
     from tasks.common import lifetime
 
@@ -67,13 +78,8 @@ def main(argv: list[str]) -> int:
         lifetime.request_stop_on_signals()
     else:
         lifetime.raise_on_sigterm()
-    from tasks.common.collector import uncollected
-
     try:
-        with uncollected():  # the framework and the body's modules load without collections, then stay frozen
-            first_import(job.get("framework"))
-            body = job_body(job["body"])
-        result = body(job)
+        result = load(job.get("framework"), job["body"])(job)
     except (UserError, DeviceUnavailable) as exc:
         return _verdict(result_path, "user", "error", exc, USER_ERROR)
     except RunStopped as exc:

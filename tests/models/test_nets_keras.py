@@ -18,8 +18,8 @@ from tests.conftest import ROOT
 # `/usr/bin/time pytest` of it on a 2-core host). TensorFlow is imported as a training job imports it.
 SCRIPT = r"""
 import json, sys
-from tests.workloads.digits_step import import_as_a_job
-import_as_a_job("tensorflow")
+from tasks.common.job_main import load
+load("tensorflow")
 import numpy as np
 import tensorflow as tf
 import torch

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import numpy as np
 
-from tests.workloads.digits_step import import_as_a_job, runtime_of
+from tests.workloads.digits_step import runtime_of
 
 EVENTS, BATCH = 6, 4
 
@@ -100,5 +100,7 @@ def folded_error(module, cfg) -> float:
 
 
 if __name__ == "__main__":
-    import_as_a_job(sys.argv[1])
+    from tasks.common.job_main import load
+
+    load(sys.argv[1])  # the framework loaded as a job loads it
     print(json.dumps(steps(sys.argv[1], "float32")))

@@ -43,16 +43,6 @@ def stepped_in_children(module: str, frameworks: tuple[str, ...], timeout: float
     return out
 
 
-def import_as_a_job(framework: str) -> None:
-    """The framework imported as a job process imports it (tasks.common.job_main): its first import with the cycle
-    collector off, what it loaded then frozen."""
-    from tasks.common.collector import uncollected
-    from tasks.common.job_main import first_import
-
-    with uncollected():
-        first_import(framework)
-
-
 def runtime_of(framework: str):
     """The framework's runtime on one CPU device, as the training job opens it."""
     if framework == "torch":
@@ -102,5 +92,7 @@ def one_step(framework: str, batch: int = 32) -> dict:
 
 
 if __name__ == "__main__":
-    import_as_a_job(sys.argv[1])
+    from tasks.common.job_main import load
+
+    load(sys.argv[1])  # the framework loaded as a job loads it
     print(json.dumps(one_step(sys.argv[1])))
