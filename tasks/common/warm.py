@@ -34,7 +34,7 @@ WARM_ENV = "KARMAN_WARM_CHILDREN"
 # table lets its server preload (torch's). The job's entry module comes first: the server's command line (and so each
 # forked job's, as ps and psutil show it) names it; then the cycle collector goes off for the rest (tasks.common.collector).
 COMMON = ("tasks.common.job_main", "tasks.common.collector_off", "numpy", "pandas", "xarray", "zarr", "psutil", "pydantic", "mlflow", "mlflow.tracking",
-          "mlflow.store.tracking.sqlalchemy_store", "matplotlib", "matplotlib.figure")
+          "mlflow.store.tracking.sqlalchemy_store", "matplotlib", "matplotlib.figure", "tasks.common.job_preload")
 _servers: dict[tuple, forkserver.ForkServer] = {}
 _lock = threading.Lock()
 

@@ -41,19 +41,22 @@ def open_run(job: dict) -> dict:
 def describe(job: dict) -> dict:
     """What the process it runs in looks like: its pid and parent, folder, an environment variable, torch's thread count and
     whether torch was already loaded when the body began, a fresh random draw, whether the cycle collector runs and how
-    many objects it leaves alone (frozen)."""
+    many objects it leaves alone (frozen), whether MLflow's map of the installed distributions was there before the body
+    asked for it."""
     import gc
     import os
     import random
     import sys
 
     loaded = "torch" in sys.modules
+    requirements = sys.modules.get("mlflow.utils.requirements_utils")
+    mapped = requirements is not None and requirements._MODULES_TO_PACKAGES is not None
     import torch
 
     print(f"line from {os.getpid()}", flush=True)
     return {"pid": os.getpid(), "ppid": os.getppid(), "cwd": os.getcwd(), "value": os.environ.get("KARMAN_TEST_VALUE"),
             "threads": torch.get_num_threads(), "torch_preloaded": loaded, "draw": random.random(),
-            "collector": gc.isenabled(), "frozen": gc.get_freeze_count()}
+            "collector": gc.isenabled(), "frozen": gc.get_freeze_count(), "distributions_mapped": mapped}
 
 
 def die(job: dict) -> dict:

@@ -28,6 +28,8 @@ def test_a_forked_job_has_its_own_environment_folder_threads_and_randomness_and_
     assert first["pid"] != second["pid"] and first["draw"] != second["draw"]
     # the collector runs in the job as in any process, and never walks what the server imported (torch, MLflow: frozen)
     assert first["collector"] and second["collector"] and first["frozen"] > 200_000, first
+    # what a job would work out itself the first time it logs or loads a model, the server did once (tasks.common.job_preload)
+    assert first["distributions_mapped"] and second["distributions_mapped"]
     server = psutil.Process(first["ppid"])
     assert server.ppid() == os.getpid() and "tasks.common.job_main" in " ".join(server.cmdline())  # ps names what it serves
     assert f"[probe] line from {first['pid']}" in caplog.text  # its output relayed line by line
@@ -38,6 +40,7 @@ def test_with_warm_children_off_a_job_is_a_fresh_interpreter_and_says_the_same(w
     fresh = run_child("probe", DESCRIBE, {}, LOG, env={"KARMAN_TEST_VALUE": "cold", "OMP_NUM_THREADS": "1"})
     assert fresh["ppid"] == os.getpid() and not fresh["torch_preloaded"] and (fresh["value"], fresh["threads"]) == ("cold", 1)
     assert fresh["collector"] and fresh["frozen"] > 0  # on, with what the job loaded before its body frozen
+    assert not fresh["distributions_mapped"]  # a fresh interpreter works out MLflow's map when it first needs it
 
 
 @pytest.mark.parametrize("warm", ["1", "0"])
@@ -82,6 +85,9 @@ def test_a_jobs_ranks_forked_or_under_torchrun_join_one_process_group_and_a_fail
     monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
     caplog.set_level(logging.INFO, logger="karman.test")
     (workdir / "tmp").mkdir()
+    from multiprocessing import util
+
+    util.get_temp_dir()  # this process's own folder of multiprocessing (a new warm server's socket goes there) made first, where it lies
     monkeypatch.setattr(tempfile, "tempdir", str(workdir / "tmp"))  # where the jobs' folders go
     body = "tests.tasks.common.job_bodies:all_reduce"
     out = run_child("probe", body, {}, LOG, procs=2)
