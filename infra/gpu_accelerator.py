@@ -37,7 +37,7 @@ CALO_VARIANTS = {
     "bf16": {"precision": "bf16"},
     "channels_last": {"channels_last": True},
     "bf16_channels_last": {"precision": "bf16", "channels_last": True},
-    # the convolutions as 2-D ones over runs of depths (calo.torch.depth_blocks): depths per plane, planes channels-last
+    # the convolutions as 2-D ones over runs of depths (calo.torch_nets.depth_blocks): depths per plane, planes channels-last
     "conv3d": {"depth_block": 0},
     "conv3d_bf16": {"depth_block": 0, "precision": "bf16"},
     "blocks8": {"depth_block": 8},
@@ -103,9 +103,10 @@ def calo(batches: list[int], variants: list[str], device: str = "cuda") -> dict:
     from tasks.common.specs import TrainSpec
     from tasks.common.training.runtime_torch import TorchRuntime
     from tasks.workloads.calo import torch as calo_torch
+    from tasks.workloads.calo import torch_nets as calo_nets
     from tasks.workloads.calo.workload import ACCELERATOR
 
-    broadcast = calo_torch.upsample
+    broadcast = calo_nets.upsample
     results, profile = {}, None
     for batch in batches:
         data = _calo_batch(calo_torch, ACCELERATOR, batch)
@@ -114,10 +115,10 @@ def calo(batches: list[int], variants: list[str], device: str = "cuda") -> dict:
             runtime = TorchRuntime(device, precision=v.get("precision", "fp32"))
             sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
             torch.backends.cudnn.benchmark = v.get("benchmark", True)
-            calo_torch.upsample = (lambda x, f: F.interpolate(x, scale_factor=f, mode="nearest")) if v.get("upsample") == "interpolate" else broadcast
+            calo_nets.upsample = (lambda x, f: F.interpolate(x, scale_factor=f, mode="nearest")) if v.get("upsample") == "interpolate" else broadcast
             spec = TrainSpec(workload="calo", dataset="calo", device=device, seed=0, precision=v.get("precision", "fp32"))
             trainer = calo_torch.CaloTorch(data, spec, batch, runtime, ACCELERATOR)
-            for bn in (m for net in (trainer.g, trainer.d) for m in net.modules() if isinstance(m, calo_torch.BatchNorm)):
+            for bn in (m for net in (trainer.g, trainer.d) for m in net.modules() if isinstance(m, calo_nets.BatchNorm)):
                 bn.moments = getattr(torch, v.get("moments", "float32"))
             if "depth_block" in v:
                 for net in (trainer.g, trainer.d, trainer.g_avg):

@@ -155,7 +155,7 @@ def test_flops_per_layer_match_torchs_flop_counter():
     import torch
     from torch.utils.flop_counter import FlopCounterMode
 
-    from tasks.workloads.calo import torch as tn
+    from tasks.workloads.calo import torch_nets as tn
     from tasks.workloads.calo.nets import SMALL, multiply_adds
 
     g, d = tn.build_networks(SMALL)
