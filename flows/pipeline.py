@@ -4,20 +4,16 @@ Every flow run is named and tagged from its parameters (``train cpu b8``; stage,
 device, batch size, mode), so the Prefect UI's runs list tells them apart and filters them.
 """
 
-import contextlib
-import contextvars
 import itertools
-import os
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any, Callable
 
 from prefect import flow, get_run_logger
 from pydantic import ValidationError
 from pydantic.json_schema import SkipJsonSchema
 
+from flows.lanes import device_slot, run_lanes
 from flows.matrix import BenchmarkPlan, Job, WorkloadPlan, plan_benchmark
 from tasks.common.cells import cell_error, finished_cell, interrupted_cell, keyed, record_failed_cell
 from tasks.common.errors import UserError
@@ -39,66 +35,6 @@ from tasks.workloads import get_workload, with_own_defaults
 # The MLflow run id to file a flow's run under as a child. The benchmark and the demo set it; run forms
 # leave it out (no JSON schema), and the flow still takes it.
 ParentRun = SkipJsonSchema[str | None]
-
-
-# The work pool whose worker started this process: set by each pool's job variables in prefect.yaml.
-POOL_ENV = "KARMAN_POOL"
-# A cell's slot is leased for this long and renewed while it runs: a cell killed with its worker frees its
-# pool within this time (the API allows no less than 60 s; its default, 300 s, would hold the pool's devices for five minutes).
-SLOT_LEASE_S = 60.0
-
-
-def pool_limit(pool: str | None = None) -> str | None:
-    """The global concurrency limit of work pool ``pool`` (``pool-<name>``; by default this process's
-    pool), None outside a pool's worker."""
-    pool = pool or os.environ.get(POOL_ENV)
-    return f"pool-{pool}" if pool else None
-
-
-@contextlib.contextmanager
-def device_slot(logger, pool: str | None = None):
-    """Hold one slot of this process's pool limit while a cell runs: a pool's devices run as many timed
-    cells at once as the limit has slots (infra/deploy.sh creates one slot per pool), whichever
-    benchmark or trigger sent them. Outside a pool's worker the block runs at once; where the limit
-    does not exist, Prefect says so and the block runs at once."""
-    name = pool_limit(pool)
-    if name is None:
-        yield
-        return
-    from prefect.concurrency.sync import concurrency
-
-    t0 = time.monotonic()
-    with concurrency(name, occupy=1, strict=False, lease_duration=SLOT_LEASE_S, raise_on_lease_renewal_failure=False):
-        waited = time.monotonic() - t0
-        if waited >= 1:
-            logger.info("waited %.0f s for a slot of concurrency limit %s (its pool's devices were busy)", waited, name)
-        yield
-
-
-def run_lanes(jobs: list, lane_of: Callable[[Any], str | None], run: Callable[[Any], dict]) -> list[dict]:
-    """``run(job)`` for every job, lane by lane: one lane's jobs one after the other, in order; different
-    lanes at the same time. Lane None (cells run here) stays in this thread; every other lane (a work
-    pool) gets a thread with a copy of this one's context (the flow run, its logger). Results in the
-    jobs' order."""
-    lanes: dict[str | None, list[int]] = {}
-    for i, job in enumerate(jobs):
-        lanes.setdefault(lane_of(job), []).append(i)
-    results: list[dict] = [{}] * len(jobs)
-
-    def work(indices: list[int]) -> None:
-        for i in indices:
-            results[i] = run(jobs[i])
-
-    remote = [indices for lane, indices in lanes.items() if lane is not None]
-    if not remote:
-        work(lanes.get(None, []))
-        return results
-    with ThreadPoolExecutor(len(remote), thread_name_prefix="lane") as pool:
-        futures = [pool.submit(contextvars.copy_context().run, work, indices) for indices in remote]
-        work(lanes.get(None, []))
-        for future in futures:
-            future.result()
-    return results
 
 
 def _settings() -> Settings:
@@ -161,8 +97,9 @@ def generate(spec: GenerateSpec = GenerateSpec(), parent_run: ParentRun = None) 
     request names it: karman simulates a parameter sweep of channel flows (skipping finished simulations), digits
     stores its MNIST images, har its activity windows, calo its showers."""
     spec = _own(spec)
+    workload = get_workload(spec.workload)
     _tag_run("stage:generate", f"workload:{spec.workload}", f"dataset:{spec.dataset}")
-    return generate_dataset(_settings(), spec, parent_run_id=parent_run)
+    return generate_dataset(_settings(), spec, workload, parent_run_id=parent_run)
 
 
 @flow(name="train", flow_run_name=_named(TrainSpec, lambda s: train_label(_own(s))))

@@ -1,7 +1,7 @@
 """The work pools of prefect.yaml and their concurrency limits, created where missing (infra/deploy.sh).
 
 Each pool (cpu, gpu, tpu) is a process work pool; each has a global concurrency limit ``pool-NAME`` of
-one slot, which a cell holds while it runs on that pool's devices (flows/pipeline.py ``device_slot``), so
+one slot, which a cell holds while it runs on that pool's devices (flows/lanes.py ``device_slot``), so
 a pool's device runs one timed cell at a time whichever benchmark sent it. A pool of N hosts raises its
 limit to N (``prefect global-concurrency-limit update pool-NAME --limit N``); an existing limit is
 left as it is.

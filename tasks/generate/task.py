@@ -5,7 +5,7 @@ from prefect import task
 from tasks.common.errors import UserError
 from tasks.common.settings import Settings
 from tasks.common.specs import GenerateSpec
-from tasks.workloads import check_options, get_workload
+from tasks.workloads import Workload, check_options, get_workload
 
 
 def check_generate(settings: Settings, spec: GenerateSpec) -> None:
@@ -20,10 +20,9 @@ def check_generate(settings: Settings, spec: GenerateSpec) -> None:
         workload.check_generate(settings, spec)
 
 
-def generate_dataset(settings: Settings, spec: GenerateSpec, parent_run_id: str | None = None) -> dict:
-    """The dataset of ``spec.workload``, written by its ``generate``: a sweep runs in the flow itself (each of its
-    simulations a task run), any other as one task run ``write <workload> dataset <name>``."""
-    workload = get_workload(spec.workload)
+def generate_dataset(settings: Settings, spec: GenerateSpec, workload: Workload, parent_run_id: str | None = None) -> dict:
+    """The dataset of ``spec``'s ``workload`` (its table entry), written by its ``generate``: a sweep runs in the flow itself
+    (each of its simulations a task run), any other as one task run ``write <workload> dataset <name>``."""
     write = workload.generate if workload.swept else task(workload.generate, name="write-dataset", retries=0,
                                                           task_run_name=f"write {spec.workload} dataset {spec.dataset}")
     return write(settings, spec, parent_run_id)

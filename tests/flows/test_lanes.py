@@ -1,7 +1,7 @@
 """Devices shared out: cells bound for different work pools run at the same time, one pool's cells one after the other.
 
-The benchmark's lanes (flows.pipeline.run_lanes) with real threads, and a pool's concurrency limit
-(flows.pipeline.device_slot) on a real Prefect API: two holders of one pool's limit never overlap,
+The benchmark's lanes (flows.lanes.run_lanes) with real threads, and a pool's concurrency limit
+(flows.lanes.device_slot) on a real Prefect API: two holders of one pool's limit never overlap,
 a holder of another pool's runs beside them."""
 
 import contextvars
@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from flows.pipeline import device_slot, pool_limit, run_lanes
+from flows.lanes import device_slot, pool_limit, run_lanes
 
 FLOW = contextvars.ContextVar("flow", default=None)
 
