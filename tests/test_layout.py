@@ -1,4 +1,4 @@
-"""The rooms' import direction, read from the source with ``ast``: models below tasks below flows, and a stage imports only the shared rooms and itself."""
+"""The rooms' import direction, read from the source with ``ast``: models below tasks below flows, and a stage imports only the shared rooms and itself; and no product module past its length bound."""
 
 import ast
 from pathlib import Path
@@ -102,3 +102,12 @@ def test_imports_are_found_at_the_top_and_inside_functions(tmp_path):
     path = tmp_path / "m.py"
     path.write_text("import os\nfrom tasks.common import names\n\ndef f():\n    from tasks.report.task import fmt\n    import flows.cli\n")
     assert set(imports_of(path)) == {"os", "tasks.common", "tasks.common.names", "tasks.report.task", "tasks.report.task.fmt", "flows.cli"}
+
+
+MAX_LINES = 450  # a product module longer than this holds more than one idea: split it where the ideas part
+
+
+def test_no_product_module_is_longer_than_the_bound():
+    long = {str(p.relative_to(ROOT)): n for folder in ("flows", "tasks") for p in sorted((ROOT / folder).rglob("*.py"))
+            if (n := len(p.read_text().splitlines())) > MAX_LINES}
+    assert long == {}, f"over {MAX_LINES} lines: {long}"
