@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from tasks.common.settings import CEILINGS_ENV
+
 # a test stuck past its timeout where pytest-timeout's signal cannot reach ends its process with every thread's stack
 pytest_plugins = ["tests.hang_guard"]
 
@@ -217,10 +219,28 @@ def pytest_collection(session):
 
 def pytest_configure(config):
     """Under xdist (make test), the controller starts one Prefect server that every worker's tests report to, instead of
-    one per worker (each about 12 s of CPU to start and 2 s a minute while it runs); it starts while the workers do."""
+    one per worker (each about 12 s of CPU to start and 2 s a minute while it runs); it starts while the workers do.
+
+    The session's processes share one cache of this host's matmul ceilings (KARMAN_CEILINGS_FILE, as the several data roots
+    of one host may): the first training run of a (device, framework, dtype) measures its quick ceiling, about 1 s of CPU,
+    and every later one in any test's data root reads it. Tests of the cache itself clear the variable (``own_ceilings``)."""
+    if not hasattr(config, "workerinput") and not os.environ.get(CEILINGS_ENV):
+        import atexit
+        import shutil
+        import tempfile
+
+        folder = tempfile.mkdtemp(prefix="karman-ceilings-")
+        atexit.register(shutil.rmtree, folder, True)
+        os.environ[CEILINGS_ENV] = str(Path(folder) / "ceilings.json")
     if getattr(config.option, "numprocesses", None) and not hasattr(config, "workerinput") and SHARED_API_ENV not in os.environ:
         _, os.environ[SHARED_API_ENV], log = _start_prefect_server()
         os.environ[SHARED_API_ENV + "_LOG"] = str(log)
+
+
+@pytest.fixture
+def own_ceilings(monkeypatch):
+    """The test's data root keeps its own ceilings cache (<data root>/ceilings.json), not the session's shared one."""
+    monkeypatch.delenv(CEILINGS_ENV, raising=False)
 
 
 def shared_prefect_api() -> str:

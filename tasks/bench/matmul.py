@@ -11,7 +11,7 @@ import logging
 import os
 
 from tasks.bench.specs import BenchMatmulSpec
-from tasks.common.ceiling import BENCH, CEILINGS_FILE, cpu_name, host_key, peak_tflops, this_cpu, write_ceiling
+from tasks.common.ceiling import BENCH, cpu_name, host_key, peak_tflops, this_cpu, write_ceiling
 from tasks.common.errors import UserError
 from tasks.common.matmul import BYTES, check
 
@@ -122,7 +122,7 @@ def bench_matmul(spec: BenchMatmulSpec) -> dict:
     for row in rows:
         write_ceiling(settings, spec.device, row["framework"], row["dtype"], row["best_warm_tflops"], row["best_n"], BENCH,
                       device_name=row["device_name"])
-    summary["ceilings_file"] = str(settings.data_root / CEILINGS_FILE)
+    summary["ceilings_file"] = str(settings.ceilings_path())
     if tracked:
         for row in rows:
             row["run_id"] = _log_run(settings, summary, row)

@@ -11,7 +11,6 @@ from pathlib import Path
 from tasks.common.errors import UserError
 from tasks.common.settings import Settings
 
-CEILINGS_FILE = "ceilings.json"
 BENCH = "bench-matmul"
 QUICK = "quick ceiling of a training run"
 SOURCES = (BENCH, QUICK)
@@ -221,7 +220,7 @@ def peak_tflops(device_kind: str, device_name: str | None, dtype: str, cpu: CpuI
     return None if peak is None else (peak.tflops, peak.source)
 
 
-# ---- the cache of measured ceilings: <data root>/ceilings.json ----
+# ---- the cache of measured ceilings: <data root>/ceilings.json, or the file KARMAN_CEILINGS_FILE names ----
 
 def _key(device_kind: str, device_name: str | None, framework: str, dtype: str) -> str:
     if on_host_cpu(device_kind, device_name):
@@ -243,7 +242,7 @@ def _load(path: Path) -> dict:
 def read_ceiling(settings: Settings, device_kind: str, framework: str, dtype: str, device_name: str | None = None) -> dict | None:
     """The cached ceiling of (device, framework, dtype): {"tflops", "n", "when", "source", ...}, or None.
     ``device_name``: a GPU's or TPU's name; a CPU (device cpu, or xla named "CPU") is keyed by this host's ``host_key()``."""
-    return _load(settings.data_root / CEILINGS_FILE).get(_key(device_kind, device_name, framework, dtype))
+    return _load(settings.ceilings_path()).get(_key(device_kind, device_name, framework, dtype))
 
 
 def write_ceiling(settings: Settings, device_kind: str, framework: str, dtype: str, tflops: float, n: int, source: str,
@@ -254,9 +253,9 @@ def write_ceiling(settings: Settings, device_kind: str, framework: str, dtype: s
     if source not in SOURCES:
         raise UserError(f"unknown ceiling source {source!r}; choose one of {', '.join(SOURCES)}")
     key = _key(device_kind, device_name, framework, dtype)
-    path = settings.data_root / CEILINGS_FILE
+    path = settings.ceilings_path()
     path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path.with_name(CEILINGS_FILE + ".lock"), "a") as lock:
+    with open(path.with_name(path.name + ".lock"), "a") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         ceilings = _load(path)
         if source == QUICK and ceilings.get(key, {}).get("source") == BENCH:

@@ -13,6 +13,8 @@ EXPERIMENT_ENV = "KARMAN_EXPERIMENT"
 PRICES_ENV = "KARMAN_PRICES"
 CURRENCY_ENV = "KARMAN_CURRENCY"
 REGISTERED_MODEL_ENV = "KARMAN_REGISTERED_MODEL"
+CEILINGS_ENV = "KARMAN_CEILINGS_FILE"
+CEILINGS_FILE = "ceilings.json"
 # Illustrative prices per device-hour (one GPU, one TPU chip, or a whole CPU host), not anyone's offer:
 # set KARMAN_PRICES and KARMAN_CURRENCY to what your devices cost.
 DEFAULT_PRICES = "cpu=0.10,cuda=3.00,xla=1.50"
@@ -53,6 +55,9 @@ class Settings(BaseModel):
                                      description="Price of one device-hour per device kind (cpu: the whole host; cuda: one GPU; xla: one chip)")
     currency: str = Field(default=DEFAULT_CURRENCY, min_length=1, max_length=12, description="Currency of the prices")
     registered_model: str = Field(default="karman-surrogate", min_length=1, description="MLflow registered-model name of the benchmark's champion surrogate")
+    # A host's FLOP ceilings belong to the host, not to a data root: several data roots on one host (a team's, a test
+    # session's folders) can share one cache, so that only the first training run of a (device, framework, dtype) measures
+    ceilings_file: Path | None = Field(default=None, description="The cache of measured matmul ceilings; None: <data root>/ceilings.json")
 
     @field_validator("prices")
     @classmethod
@@ -74,6 +79,7 @@ class Settings(BaseModel):
             prices=parse_prices(os.environ.get(PRICES_ENV, DEFAULT_PRICES)),
             currency=os.environ.get(CURRENCY_ENV, "").strip() or DEFAULT_CURRENCY,
             registered_model=os.environ.get(REGISTERED_MODEL_ENV, "").strip() or "karman-surrogate",
+            ceilings_file=Path(os.environ[CEILINGS_ENV]).absolute() if os.environ.get(CEILINGS_ENV, "").strip() else None,
         )
 
     def child_env(self) -> dict[str, str]:
@@ -86,6 +92,7 @@ class Settings(BaseModel):
             PRICES_ENV: ",".join(f"{k}={v!r}" for k, v in self.prices.items()),
             CURRENCY_ENV: self.currency,
             REGISTERED_MODEL_ENV: self.registered_model,
+            **({CEILINGS_ENV: str(self.ceilings_file)} if self.ceilings_file else {}),
         }
 
     def require_writable(self) -> "Settings":
@@ -99,6 +106,10 @@ class Settings(BaseModel):
             reason = exc.strerror or type(exc).__name__
             raise UserError(f"data root {str(root)!r} is not writable ({reason}); set {DATA_ROOT_ENV} to a writable folder") from None
         return self
+
+    def ceilings_path(self) -> Path:
+        """The ceilings cache this process reads and writes: ``ceilings_file`` where set, else the data root's."""
+        return self.ceilings_file or self.data_root / CEILINGS_FILE
 
     def dataset_dir(self, name: str) -> Path:
         return self.data_root / "datasets" / name

@@ -33,7 +33,7 @@ def _train(workdir, *args) -> dict:
 
 
 @pytest.mark.full  # trains through the CLI
-def test_a_workload_from_its_own_folder_trains_is_evaluated_logged_and_reported(toy):
+def test_a_workload_from_its_own_folder_trains_is_evaluated_logged_and_reported(toy, own_ceilings):
     out = _train(toy, "--epochs", "6", "--batch-sizes", "16", "--validate-every", "2", "--stop-at-target")
     client = MlflowClient(tracking_uri=os.environ["MLFLOW_TRACKING_URI"])
     run = client.get_run(out["run_id"])

@@ -4,10 +4,10 @@ import json
 
 import pytest
 
-from tasks.common.ceiling import BANDWIDTHS, BENCH, CEILINGS_FILE, PEAKS, QUICK, cpu_name, datasheet_bandwidth, cpu_peak, host_key, parse_cpuinfo, peak_tflops, read_ceiling, write_ceiling
+from tasks.common.ceiling import BANDWIDTHS, BENCH, PEAKS, QUICK, cpu_name, datasheet_bandwidth, cpu_peak, host_key, parse_cpuinfo, peak_tflops, read_ceiling, write_ceiling
 from tasks.common.errors import UserError
 from tasks.common.matmul import check, measure, quick_ceiling, tflops
-from tasks.common.settings import Settings
+from tasks.common.settings import CEILINGS_ENV, CEILINGS_FILE, Settings
 
 
 def cpuinfo(model: str, vendor: str, family: int, flags: str, cores: int, sockets: int = 1, mhz: float = 2000.0) -> str:
@@ -89,7 +89,7 @@ def test_a_dtype_the_device_lacks_is_refused_naming_what_it_offers():
         check("tensorflow", "xla", "bf16")
 
 
-def test_a_bench_ceiling_replaces_a_quick_one_and_is_never_replaced_by_one(workdir):
+def test_a_bench_ceiling_replaces_a_quick_one_and_is_never_replaced_by_one(workdir, own_ceilings):
     settings = Settings.from_env()
     assert read_ceiling(settings, "cpu", "torch", "fp32") is None
     assert write_ceiling(settings, "cpu", "torch", "fp32", 0.05, 2048, QUICK)
@@ -99,7 +99,22 @@ def test_a_bench_ceiling_replaces_a_quick_one_and_is_never_replaced_by_one(workd
     entry = read_ceiling(settings, "cpu", "torch", "fp32")
     assert (entry["tflops"], entry["n"], entry["source"]) == (0.08, 4096, BENCH)
     write_ceiling(settings, "cuda", "jax", "bf16", 700.0, 8192, BENCH, device_name="NVIDIA H100 80GB HBM3")
-    stored = json.loads((settings.data_root / CEILINGS_FILE).read_text())["ceilings"]
+    stored = json.loads(settings.ceilings_path().read_text())["ceilings"]
     assert set(stored) == {f"{host_key()}|cpu|torch|fp32", "NVIDIA H100 80GB HBM3|cuda|jax|bf16"}
     with pytest.raises(UserError, match="needs the device's name"):
         read_ceiling(settings, "cuda", "jax", "bf16")
+
+
+def test_data_roots_of_one_host_share_the_ceilings_file_the_environment_names(workdir, monkeypatch):
+    shared = workdir / "host" / "ceilings.json"
+    monkeypatch.setenv(CEILINGS_ENV, str(shared))
+    first = Settings.from_env()
+    assert first.ceilings_path() == shared and first.child_env()[CEILINGS_ENV] == str(shared)
+    assert write_ceiling(first, "cpu", "torch", "fp32", 0.05, 2048, QUICK)
+    monkeypatch.setenv("KARMAN_DATA_ROOT", str(workdir / "other-data"))
+    second = Settings.from_env()
+    assert second.data_root != first.data_root and read_ceiling(second, "cpu", "torch", "fp32")["tflops"] == 0.05
+    assert not (first.data_root / CEILINGS_FILE).exists() and not (second.data_root / CEILINGS_FILE).exists()
+    monkeypatch.delenv(CEILINGS_ENV)
+    assert Settings.from_env().ceilings_path() == workdir / "other-data" / CEILINGS_FILE
+    assert CEILINGS_ENV not in Settings.from_env().child_env()
