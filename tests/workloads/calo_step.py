@@ -1,6 +1,7 @@
-"""Child body of the calo tests: one framework's GAN trainer takes two four-tape steps on fixed synthetic showers from nets.py's weights; prints the losses, scores and a checkpoint round trip as JSON.
+"""Child body of the calo tests: one framework's GAN trainer takes two four-tape steps on fixed synthetic showers from nets.py's weights; the losses, scores and a checkpoint round trip.
 
-Run as ``python -m tests.workloads.calo_step FRAMEWORK``, one process per framework (tensorflow and torch_xla never share one).
+Each framework's steps run as a job of its own (tests.workloads.digits_step.stepped_in_children: tensorflow and torch_xla
+never share a process); ``python -m tests.workloads.calo_step FRAMEWORK`` prints the same as JSON.
 """
 
 import json
@@ -99,8 +100,12 @@ def folded_error(module, cfg) -> float:
     return worst
 
 
+def result(framework: str) -> dict:
+    return steps(framework, "float32")
+
+
 if __name__ == "__main__":
     from tasks.common.job_main import load
 
     load(sys.argv[1])  # the framework loaded as a job loads it
-    print(json.dumps(steps(sys.argv[1], "float32")))
+    print(json.dumps(result(sys.argv[1])))

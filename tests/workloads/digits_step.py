@@ -1,7 +1,8 @@
-"""Child body of the digits tests: one framework's trainer takes one optimiser step on a fixed batch; prints its parameter count and the losses as JSON.
+"""Child body of the digits tests: one framework's trainer takes one optimiser step on a fixed batch; its parameter count and the losses.
 
-Run as ``python -m tests.workloads.digits_step FRAMEWORK``, one process per framework (tensorflow and
-jax never share one), with the framework's device environment (tasks.common.launch.device_env).
+Each framework's step runs as a job of its own (``stepped_in_children``: tensorflow and jax never share a process), with
+the framework's device environment (tasks.common.launch.device_env); ``python -m tests.workloads.digits_step FRAMEWORK``
+prints the same as JSON.
 """
 
 import json
@@ -25,22 +26,29 @@ def step_env(framework: str, fast_compile: bool = True) -> dict[str, str]:
             **(XLA_FAST_COMPILE if fast_compile and framework == "jax" else {})}
 
 
-def stepped_in_children(module: str, frameworks: tuple[str, ...], timeout: float = 300, fast_compile: bool = True) -> dict[str, dict]:
-    """``python -m module FRAMEWORK`` for each framework, each in a process of its own with its ``step_env`` (run side
-    by side), and the JSON each prints last."""
-    import subprocess
+def stepped_in_children(module: str, frameworks: tuple[str, ...], fast_compile: bool = True) -> dict[str, dict]:
+    """``module.result(FRAMEWORK)`` for each framework, each in a job process of its own with its ``step_env``, started as
+    the benchmark starts its training jobs (tasks.common.launch.run_child: forked from a warm server that has imported the
+    framework where the framework table lets it, as a training job's process is, instead of a fresh interpreter importing
+    TensorFlow, about 12 s of CPU, for each module's step), one after the other."""
+    import logging
 
-    from tests.conftest import ROOT
+    from tasks.common.launch import run_child
 
-    procs = {framework: subprocess.Popen([sys.executable, "-m", module, framework], cwd=ROOT, env=step_env(framework, fast_compile),
-                                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-             for framework in frameworks}
-    out = {}
-    for framework, proc in procs.items():
-        stdout, stderr = proc.communicate(timeout=timeout)
-        assert proc.returncode == 0, stderr[-3000:]
-        out[framework] = json.loads(stdout.strip().splitlines()[-1])
-    return out
+    log = logging.getLogger("karman.test")
+    return {framework: run_child("bench", STEP_BODY, {"module": module}, log, env=step_env(framework, fast_compile), framework=framework)
+            for framework in frameworks}
+
+
+STEP_BODY = "tests.workloads.digits_step:step_body"
+
+
+def step_body(job: dict) -> dict:
+    """Job body (tasks.common.job_main): the step module's ``result`` for the job's framework, which the job process has
+    loaded as a training job loads it."""
+    import importlib
+
+    return importlib.import_module(job["module"]).result(job["framework"])
 
 
 def runtime_of(framework: str):
@@ -91,8 +99,12 @@ def one_step(framework: str, batch: int = 32) -> dict:
             "flops_per_sample": trainer.flops_per_sample}
 
 
+def result(framework: str) -> dict:
+    return one_step(framework)
+
+
 if __name__ == "__main__":
     from tasks.common.job_main import load
 
     load(sys.argv[1])  # the framework loaded as a job loads it
-    print(json.dumps(one_step(sys.argv[1])))
+    print(json.dumps(result(sys.argv[1])))

@@ -1,7 +1,7 @@
-"""Child body of the har tests: one framework's trainer takes one Adam step on a fixed batch of synthetic windows (and one at the end of a cosine schedule); prints its parameter count, the losses and the rates as JSON.
+"""Child body of the har tests: one framework's trainer takes one Adam step on a fixed batch of synthetic windows (and one at the end of a cosine schedule); its parameter count, the losses and the rates.
 
-Run as ``python -m tests.workloads.har_step FRAMEWORK``, one process per framework (tensorflow and torch
-apart), with the framework's device environment (tasks.common.launch.device_env).
+Each framework's step runs as a job of its own (tests.workloads.digits_step.stepped_in_children), with the framework's
+device environment (tasks.common.launch.device_env); ``python -m tests.workloads.har_step FRAMEWORK`` prints the same as JSON.
 """
 
 import json
@@ -55,8 +55,12 @@ def one_step(framework: str, batch: int = 24) -> dict:
             "flags": flags, "scores": trainer.score("train"), "rate": trainer.learning_rate(), "late_rate": late.learning_rate(), "late_moved": moved}
 
 
+def result(framework: str) -> dict:
+    return one_step(framework)
+
+
 if __name__ == "__main__":
     from tasks.common.job_main import load
 
     load(sys.argv[1])  # the framework loaded as a job loads it
-    print(json.dumps(one_step(sys.argv[1])))
+    print(json.dumps(result(sys.argv[1])))

@@ -19,9 +19,9 @@ FRAMEWORKS = ("torch", "tensorflow", "jax")
 
 @pytest.fixture(scope="module")
 def stepped() -> dict[str, dict]:
-    """Each framework's two steps (tests/workloads/calo_step.py), each in a process of its own (run side by side). JAX
+    """Each framework's two steps (tests/workloads/calo_step.py), each in a job process of its own. JAX
     compiles with LLVM's optimisations: without them its 3-D convolutions run slower than the compiler saves."""
-    return stepped_in_children("tests.workloads.calo_step", FRAMEWORKS, timeout=600, fast_compile=False)
+    return stepped_in_children("tests.workloads.calo_step", FRAMEWORKS, fast_compile=False)
 
 
 @pytest.mark.parametrize("other", ["tensorflow", "jax"])

@@ -10,7 +10,7 @@ FRAMEWORKS = ("torch", "tensorflow", "jax")
 
 @pytest.fixture(scope="module")
 def stepped() -> dict[str, dict]:
-    """Each framework's one step on the same batch from the same weights, each in a process of its own (run side by side)."""
+    """Each framework's one step on the same batch from the same weights, each in a job process of its own."""
     return stepped_in_children("tests.workloads.digits_step", FRAMEWORKS)
 
 

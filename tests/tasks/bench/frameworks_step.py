@@ -1,8 +1,9 @@
-"""Child body of the bench-frameworks tests: per workload, our trainer and the framework's idiomatic reference from the same weights, their losses on one batch before and after one optimiser step; prints them as JSON.
+"""Child body of the bench-frameworks tests: per workload, our trainer and the framework's idiomatic reference from the same weights, their losses on one batch before and after one optimiser step.
 
-Run as ``python -m tests.tasks.bench.frameworks_step FRAMEWORK``, one process per framework (tensorflow and jax
+Each framework's steps run as a job of its own (tests.workloads.digits_step.stepped_in_children: tensorflow and jax
 apart), with the framework's device environment (tasks.common.launch.device_env); karman reads the tiny sweep
-``KARMAN_DATASET`` of the data root in the environment (the tests write it).
+``KARMAN_DATASET`` of the data root in the environment (the tests write it). ``python -m tests.tasks.bench.frameworks_step
+FRAMEWORK`` prints the same as JSON.
 """
 
 import json
@@ -70,8 +71,12 @@ def stepped(framework: str, workload: str) -> dict:
     return {"before": before, "after": after, "seconds": seconds, "words": reference.words}
 
 
+def result(framework: str) -> dict:
+    return {workload: stepped(framework, workload) for workload in ("digits", "har", "karman")}
+
+
 if __name__ == "__main__":
     from tasks.common.job_main import load
 
     load(sys.argv[1])  # the framework loaded as a job loads it
-    print(json.dumps({workload: stepped(sys.argv[1], workload) for workload in ("digits", "har", "karman")}))
+    print(json.dumps(result(sys.argv[1])))
