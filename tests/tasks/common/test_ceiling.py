@@ -99,7 +99,7 @@ def test_a_bench_ceiling_replaces_a_quick_one_and_is_never_replaced_by_one(workd
     entry = read_ceiling(settings, "cpu", "torch", "fp32")
     assert (entry["tflops"], entry["n"], entry["source"]) == (0.08, 4096, BENCH)
     write_ceiling(settings, "cuda", "jax", "bf16", 700.0, 8192, BENCH, device_name="NVIDIA H100 80GB HBM3")
-    stored = json.loads(settings.ceilings_path().read_text())["ceilings"]
+    stored = json.loads((settings.data_root / CEILINGS_FILE).read_text())["ceilings"]  # the default: the data root's own
     assert set(stored) == {f"{host_key()}|cpu|torch|fp32", "NVIDIA H100 80GB HBM3|cuda|jax|bf16"}
     with pytest.raises(UserError, match="needs the device's name"):
         read_ceiling(settings, "cuda", "jax", "bf16")
