@@ -237,6 +237,18 @@ def pytest_configure(config):
         os.environ[SHARED_API_ENV + "_LOG"] = str(log)
 
 
+@pytest.fixture(autouse=True)
+def _sys_path_as_before():
+    """``sys.path`` as it was before each test, whatever the test loaded: ``mlflow.pytorch.load_model`` prepends the logged
+    model's copy of this project's code for good, and every process started from this worker afterwards (the warm servers,
+    which take their parent's path) imported ``models`` from that copy, compiling the solver's numba kernels afresh there
+    (about 5 s of CPU a rollout, seen in a cProfile of the rollout jobs of tests/tasks/infer/test_rollout.py)."""
+    before = list(sys.path)
+    yield
+    if sys.path != before:
+        sys.path = before
+
+
 @pytest.fixture
 def own_ceilings(monkeypatch):
     """The test's data root keeps its own ceilings cache (<data root>/ceilings.json), not the session's shared one."""
