@@ -61,8 +61,8 @@ WORKER_PRELOAD = ("distributed", "distributed.nanny", "numpy", "pandas", "prefec
 @contextmanager
 def _forked_workers(preload: Sequence[str] | None) -> Iterator[None]:
     """A LocalCluster's workers forked from multiprocessing's fork server, which imports ``WORKER_PRELOAD`` and
-    ``preload`` once, instead of spawned as fresh interpreters that each import them (Dask's default): a four-simulation
-    sweep on two workers spent 10.6 s of CPU in its worker processes, server included, against 18.2 s (docs/architecture.md). The server starts with the first
+    ``preload`` once, instead of spawned as fresh interpreters that each import them (Dask's default): about 5 s of CPU
+    saved per worker of a four-simulation sweep on two workers (docs/architecture.md). The server starts with the first
     worker, in this process's environment as Dask has set it for its workers (one thread each), and imports nothing
     that starts a thread. ``None`` (a scheduler given by address), or not Linux: as Dask has it."""
     if preload is None or sys.platform != "linux":
