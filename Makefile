@@ -11,7 +11,7 @@ all: setup
 setup: $(STAMP)
 
 # .venv is made by uv (pinned here, installed by pip), which downloads and unpacks the packages and compiles their bytecode
-# on every core at once: 1 min 35 s for requirements.txt on a 2-core machine where pip alone took about 6 min (the same 221
+# on every core at once: 1 min 37 s and 1 min 58 s for requirements.txt on a 2-core machine where pip alone took about 6 min (the same 221
 # packages at the same versions; docs/testing.md). Where uv cannot be installed, or cannot reach an index that only pip's
 # configuration names, pip installs requirements.txt as before.
 UV := uv==0.13.9
