@@ -173,7 +173,8 @@ FRAMEWORKS = {
         first_import="tasks.common.training.tensorflow_import:import_tensorflow"),
     "jax": Framework(
         "jax", "tasks.common.training.runtime_jax", "tasks.common.probe:probe_jax", "checkpoint.npz", "npz", processes="host",
-        env=_jax_env, strategy_words="auto (its devices in one process, the batch split over them)"),
+        env=_jax_env, strategy_words="auto (its devices in one process, the batch split over them)",
+        cpu_preload=("tasks.common.training.jax_preload",), import_env=("JAX_",)),
 }
 
 

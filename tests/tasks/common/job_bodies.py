@@ -88,6 +88,21 @@ def describe_tensorflow(job: dict) -> dict:
             "sum": float(tf.reduce_sum(tf.range(10.0)).numpy()), "skipped": skipped, "later": later}
 
 
+def describe_jax(job: dict) -> dict:
+    """Whether a warm server had imported JAX before it forked the job, the platform and compilation cache JAX read on
+    import, and what the job's own backend does once the job has set XLA's flags (``job['devices']`` host devices)."""
+    import os
+    import sys
+
+    preloaded = "tasks.common.training.jax_preload" in sys.modules
+    os.environ["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={job['devices']}"  # read when the backend starts, here
+    import jax
+    import jax.numpy as jnp
+
+    return {"ppid": os.getppid(), "jax_preloaded": preloaded, "platforms": jax.config.jax_platforms,
+            "cache": jax.config.jax_compilation_cache_dir, "devices": len(jax.devices()), "sum": float(jnp.arange(10.0).sum())}
+
+
 def all_reduce(job: dict) -> dict:
     """One rank of a torch job of several: it says who it is, joins the process group from its environment (as DDP's do),
     sums its rank + 1 over the group (rank 0 says the sum); rank ``job['fail_rank']`` fails at once instead, and the others then wait."""

@@ -75,6 +75,22 @@ def test_tensorflows_cpu_jobs_fork_from_a_server_that_imported_it_in_their_envir
     assert "oneDNN custom operations" not in err and "absl::InitializeLog" not in err  # the server's import stays off the terminal
 
 
+def test_jaxs_cpu_jobs_fork_from_a_server_that_imported_it_with_their_jax_variables_and_start_their_own_backend(workdir, monkeypatch):
+    from tasks.common.launch import device_env
+
+    monkeypatch.delenv(WARM_ENV, raising=False)
+    body = "tests.tasks.common.job_bodies:describe_jax"
+    cpu = device_env("cpu", framework="jax")
+    first = run_child("probe", body, {"devices": 2}, LOG, env=cpu, framework="jax")
+    second = run_child("probe", body, {"devices": 3}, LOG, env=cpu, framework="jax")
+    assert first["jax_preloaded"] and first["ppid"] == second["ppid"] != os.getpid() and first["platforms"] == "cpu"
+    # XLA's flags, set by each job after the fork, are each job's own: no backend had started in the server
+    assert (first["devices"], second["devices"]) == (2, 3) and first["sum"] == second["sum"] == 45.0
+    # a job whose JAX variables differ (another compilation cache) imports JAX itself and reads its own
+    other = run_child("probe", body, {"devices": 1}, LOG, env={**cpu, "JAX_COMPILATION_CACHE_DIR": str(workdir / "cache")}, framework="jax")
+    assert not other["jax_preloaded"] and other["ppid"] != first["ppid"] and other["cache"] == str(workdir / "cache") and other["devices"] == 1
+
+
 @pytest.mark.parametrize("warm", ["1", "0"])
 def test_a_jobs_ranks_forked_or_under_torchrun_join_one_process_group_and_a_failed_rank_stops_the_others(workdir, monkeypatch, caplog, warm):
     import time
