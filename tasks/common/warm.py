@@ -7,7 +7,7 @@ server per kind of job (multiprocessing's forkserver, one per preload list, star
 process) imports those libraries once; each child is forked from it and is then a job process like any other: its own
 environment (set before any framework import: the frameworks themselves are preloaded only where their import reads none
 of it (torch for torch's jobs, whose settings read at import are re-applied below), or reads only what the framework's cpu
-environment fixes (TensorFlow for its cpu jobs, a server per set of those values)), its own folder, its output on a pipe this process reads
+environment fixes (TensorFlow and JAX for their cpu jobs, a server per set of those values)), its own folder, its output on a pipe this process reads
 line by line, its exit code, signals and verdicts as before (tasks.common.job_main), the kernel's SIGTERM when the
 fork server (and so this process) dies. ``ForkedChild`` answers as much of ``subprocess.Popen`` as the launcher uses.
 
