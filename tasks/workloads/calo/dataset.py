@@ -85,7 +85,7 @@ def _run_on_dask(store: Path, energy: np.ndarray, angle: np.ndarray, spec) -> li
                           retry_condition_fn=worth_retrying, cache_policy=NO_CACHE, persist_result=False)
     chunks = range(0, len(energy), CHUNK_EVENTS)
     records, failures = [], []
-    with dask_task_runner(min(spec.workers, len(chunks)), spec.scheduler) as runner:
+    with dask_task_runner(min(spec.workers, len(chunks)), spec.scheduler, preload=[__name__]) as runner:
         futures = [runner.submit(simulate_chunk, {"store": str(store), "k": i // CHUNK_EVENTS, "energy": energy[i: i + CHUNK_EVENTS],
                                                   "angle": angle[i: i + CHUNK_EVENTS], "seed": spec.seed}) for i in chunks]
         for _, record, error in finished(runner, futures):

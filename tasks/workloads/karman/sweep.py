@@ -147,7 +147,7 @@ def _run_on_dask(spec: GenerateSpec, dataset_dir, todo: list[SimulationSpec], ma
     progress = Progress(f"simulations of dataset {spec.dataset} done")
     workers = min(spec.workers, len(todo))
     logger.info("simulating on %s", f"the Dask scheduler at {spec.scheduler}" if spec.scheduler else f"a local Dask cluster of {workers} worker process(es)")
-    with dask_task_runner(workers, spec.scheduler) as runner:
+    with dask_task_runner(workers, spec.scheduler, preload=[__name__]) as runner:
         # One thread per simulation: numba parallelism inside a worker would oversubscribe the other workers' cores.
         futures = [runner.submit(simulate, {"dataset_dir": str(dataset_dir), "spec": s.model_copy(update={"threads": 1})}) for s in todo]
         sims = {f.task_run_id: s for f, s in zip(futures, todo)}

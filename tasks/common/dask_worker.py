@@ -1,0 +1,13 @@
+"""Run by each Dask worker of a local cluster whose workers are forked from multiprocessing's fork server (tasks.common.cluster) as it starts.
+
+Such a worker inherits the fork server's start method as its own default. numba, when its threads start (the solver's
+first parallel step), takes a process-wide lock for its threading layer in any process whose start method says "fork";
+under the fork server that lock is a named semaphore the resource tracker is told about, and a worker stopped by a
+signal never releases it: the tracker then reports it as leaked, after the command's own last line. A worker starts no
+processes of its own, so its default goes back to spawn, as a spawned worker's is, and numba takes no such lock."""
+
+import multiprocessing
+
+
+def dask_setup(worker) -> None:  # noqa: ARG001  (Dask's preload hook; the worker is not needed)
+    multiprocessing.set_start_method("spawn", force=True)
