@@ -70,16 +70,20 @@ def test_two_holders_of_one_pools_limit_never_overlap_and_another_pool_runs_besi
     assert pool_limit() is None
     spans: dict[str, tuple[float, float]] = {}
     log = logging.getLogger("test")
-    holding = threading.Event()
+    holding, gpu_holds = threading.Event(), threading.Event()
 
     def cell(name: str, pool: str, hold_s: float):
         with device_slot(log, pool):
             t0 = time.monotonic()
             holding.set()
+            if name == "gpu-1":
+                gpu_holds.set()
+            elif name == "cpu-1":  # held until gpu-1 has its slot, or 60 s: a loaded host's slow API calls do not decide the order
+                gpu_holds.wait(60)
             time.sleep(hold_s)
             spans[name] = (t0, time.monotonic())
 
-    first = threading.Thread(target=cell, args=("cpu-1", "cpu", 4.0))
+    first = threading.Thread(target=cell, args=("cpu-1", "cpu", 0.5))
     first.start()
     assert holding.wait(60)  # cpu-1 holds the cpu pool's only slot; then the others ask for theirs
     others = [threading.Thread(target=cell, args=args) for args in (("cpu-2", "cpu", 0.5), ("gpu-1", "gpu", 0.5))]
