@@ -58,11 +58,20 @@ class DeviceContext:
         return values / self.world_size
 
     def close(self) -> None:
+        """Leave the process group. Its C++ object is kept until the process ends (``_ENDED_GROUPS``): dropped here, it
+        would be destroyed when the last DDP module's reducer is freed, with the GIL held, and gloo's destructor joins its
+        worker thread, which may still be finishing the last allreduce and waiting for the GIL to free that work's
+        tensors. A rank hung there for 10 minutes on a loaded 2-core host (gdb: the main thread in
+        ``~ProcessGroupGloo`` joining, the worker in ``~AsyncAllreduceWork`` waiting for the GIL)."""
         if self.strategy == "ddp":
             import torch.distributed as dist
 
             if dist.is_initialized():
+                _ENDED_GROUPS.append(dist.group.WORLD)
                 dist.destroy_process_group()
+
+
+_ENDED_GROUPS: list = []  # process groups left by close(), alive until the process ends (see DeviceContext.close)
 
 
 def _autocast(device: torch.device, precision: str) -> Callable[[], ContextManager]:
