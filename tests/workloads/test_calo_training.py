@@ -2,6 +2,7 @@
 
 import json
 import os
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -14,19 +15,26 @@ from tasks.workloads.calo.workload import CPU
 from tests.tasks.train.interrupt import resumes_to_its_end
 from tests.workloads.digits_step import stepped_in_children
 
-FRAMEWORKS = ("torch", "tensorflow", "jax")
-
 
 @pytest.fixture(scope="module")
-def stepped() -> dict[str, dict]:
-    """Each framework's two steps (tests/workloads/calo_step.py), each in a job process of its own. JAX
-    compiles with LLVM's optimisations: without them its 3-D convolutions run slower than the compiler saves."""
-    return stepped_in_children("tests.workloads.calo_step", FRAMEWORKS, fast_compile=False)
+def stepped() -> Callable[[str], dict]:
+    """A framework's two steps (tests/workloads/calo_step.py) in a job process of its own, taken when a test first asks for
+    them and kept for the module: each test waits for at most two frameworks' children (torch's and Keras's, or JAX's),
+    not all three before its first (3 min 33 s in one setup on a slow host, of the test's 10 min). JAX compiles with LLVM's
+    optimisations: without them its 3-D convolutions run slower than the compiler saves."""
+    taken: dict[str, dict] = {}
+
+    def of(framework: str) -> dict:
+        if framework not in taken:
+            taken[framework] = stepped_in_children("tests.workloads.calo_step", (framework,), fast_compile=False)[framework]
+        return taken[framework]
+
+    return of
 
 
 @pytest.mark.parametrize("other", ["tensorflow", "jax"])
 def test_keras_and_jax_take_torchs_four_tape_step(stepped, other):
-    torch_, other_ = stepped["torch"], stepped[other]
+    torch_, other_ = stepped("torch"), stepped(other)
     assert set(torch_["first"]) == {"loss_d_real", "loss_d_fake", "loss_g_first", "loss_g_second", "loss_g"}
     # JAX's generator forward differs more from torch's on some hosts (1.5e-6 against Keras's 3e-7 for loss_g_first on an
     # AVX2 host); G's first RMSprop update, nearly sign-like where a gradient is tiny, amplifies that: after it, JAX's
@@ -45,7 +53,7 @@ def test_keras_and_jax_take_torchs_four_tape_step(stepped, other):
     if other == "jax":  # its convolutions folded into 2-D ones on a CPU: XLA's 3-D convolutions' sums (tasks/workloads/calo/jax.py)
         assert other_["folded"] < 1e-5
     assert torch_["second"]["loss_g"] < torch_["first"]["loss_g"]  # the generator learns (its energy sum first)
-    for r in stepped.values():
+    for r in (torch_, other_):
         assert r["rates"] == pytest.approx([1e-3 * (0.01 + 0.99 * 0.5)] * 3, rel=1e-6)  # halfway along the cosine: both optimisers
         assert r["restored"] and r["second"] == r["second_fresh"]  # a checkpoint carries both networks, the average and both optimisers
         assert r["averaged"] and r["recalibrated"]  # the generator's moving average after one step (nets.average_decay); its own statistics
