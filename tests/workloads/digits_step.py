@@ -8,6 +8,7 @@ prints the same as JSON.
 import json
 import sys
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -38,6 +39,25 @@ def stepped_in_children(module: str, frameworks: tuple[str, ...], fast_compile: 
     log = logging.getLogger("karman.test")
     return {framework: run_child("bench", STEP_BODY, {"module": module}, log, env=step_env(framework, fast_compile), framework=framework)
             for framework in frameworks}
+
+
+def stepped_when_asked(module: str, fast_compile: bool = True, env: dict[str, str] | None = None) -> Callable[[str], dict]:
+    """``stepped_in_children`` one framework at a time: a framework's result is taken when first asked for and kept, so
+    that a module's tests each wait for the frameworks they compare, not for all of them before the first. ``env`` is set
+    in this process while a child starts (the children inherit it)."""
+    import pytest
+
+    taken: dict[str, dict] = {}
+
+    def of(framework: str) -> dict:
+        if framework not in taken:
+            with pytest.MonkeyPatch.context() as patch:
+                for key, value in (env or {}).items():
+                    patch.setenv(key, value)
+                taken[framework] = stepped_in_children(module, (framework,), fast_compile)[framework]
+        return taken[framework]
+
+    return of
 
 
 STEP_BODY = "tests.workloads.digits_step:step_body"

@@ -13,7 +13,7 @@ from tests.flows.test_cli import assert_refused
 from tasks.workloads.calo.nets import parameter_counts
 from tasks.workloads.calo.workload import CPU
 from tests.tasks.train.interrupt import resumes_to_its_end
-from tests.workloads.digits_step import stepped_in_children
+from tests.workloads.digits_step import stepped_when_asked
 
 
 @pytest.fixture(scope="module")
@@ -22,14 +22,7 @@ def stepped() -> Callable[[str], dict]:
     them and kept for the module: each test waits for at most two frameworks' children (torch's and Keras's, or JAX's),
     not all three before its first (3 min 33 s in one setup on a slow host, of the test's 10 min). JAX compiles with LLVM's
     optimisations: without them its 3-D convolutions run slower than the compiler saves."""
-    taken: dict[str, dict] = {}
-
-    def of(framework: str) -> dict:
-        if framework not in taken:
-            taken[framework] = stepped_in_children("tests.workloads.calo_step", (framework,), fast_compile=False)[framework]
-        return taken[framework]
-
-    return of
+    return stepped_when_asked("tests.workloads.calo_step", fast_compile=False)
 
 
 @pytest.mark.parametrize("other", ["tensorflow", "jax"])
