@@ -111,6 +111,20 @@ def coefficient_history(time: np.ndarray, cd: np.ndarray, cl: np.ndarray, path: 
     return path
 
 
+def rollout_frame(pred: np.ndarray, ref: np.ndarray, step: int, title: str):
+    """The rollout animation's figure at step ``step`` (0-based), laid out, not yet drawn: the figure, its three axes,
+    their (prediction, reference, error) images and the caption."""
+    plt = _pyplot()
+    vmax = float(np.percentile(np.abs(ref), 99)) or 1.0
+    height, width = ref.shape[1:]
+    fig, axes = plt.subplots(3, 1, figsize=(6, 3 * 2 * height / width + 1.2), dpi=80)
+    images = [_field(ax, data, label, vmax) for ax, data, label in
+              zip(axes, (pred[step], ref[step], pred[step] - ref[step]), ("predicted", "reference", "error"))]
+    caption = fig.suptitle(f"{title}: step {step + 1}", fontsize=9)
+    fig.tight_layout()
+    return fig, axes, images, caption
+
+
 def rollout_animation(pred: np.ndarray, ref: np.ndarray, path: Path, title: str, fps: int = 4) -> Path:
     """A GIF of (prediction, reference, error) vorticity side by side, one frame per rollout step;
     pred/ref (N, H, W).
@@ -119,16 +133,10 @@ def rollout_animation(pred: np.ndarray, ref: np.ndarray, path: Path, title: str,
     and the caption over that background (matplotlib's animation writer drew the whole figure three times a frame), and
     every frame takes one palette made from the first, middle and last frames (a GIF holds 256 colours a frame) instead
     of working out one of its own."""
-    plt = _pyplot()
     from PIL import Image
 
-    vmax = float(np.percentile(np.abs(ref), 99)) or 1.0
-    height, width = ref.shape[1:]
-    fig, axes = plt.subplots(3, 1, figsize=(6, 3 * 2 * height / width + 1.2), dpi=80)
-    images = [_field(ax, data, label, vmax) for ax, data, label in
-              zip(axes, (pred[0], ref[0], pred[0] - ref[0]), ("predicted", "reference", "error"))]
-    caption = fig.suptitle(f"{title}: step 1", fontsize=9)
-    fig.tight_layout()
+    plt = _pyplot()
+    fig, axes, images, caption = rollout_frame(pred, ref, 0, title)
     canvas = fig.canvas
     changing = (*images, caption)
     for artist in changing:

@@ -3,24 +3,15 @@
 import numpy as np
 from PIL import Image
 
-from tasks.common.plots import _pyplot, rollout_animation
+from tasks.common.plots import _pyplot, rollout_animation, rollout_frame
 
 
 def full_drawing(pred: np.ndarray, ref: np.ndarray, step: int, title: str) -> np.ndarray:
-    """Step ``step``'s figure drawn whole, as the animation lays it out (RGB)."""
-    from tasks.common.plots import _field
-
-    plt = _pyplot()
-    vmax = float(np.percentile(np.abs(ref), 99)) or 1.0
-    height, width = ref.shape[1:]
-    fig, axes = plt.subplots(3, 1, figsize=(6, 3 * 2 * height / width + 1.2), dpi=80)
-    for ax, data, label in zip(axes, (pred[step], ref[step], pred[step] - ref[step]), ("predicted", "reference", "error")):
-        _field(ax, data, label, vmax)
-    fig.suptitle(f"{title}: step {step + 1}", fontsize=9)
-    fig.tight_layout()
+    """Step ``step``'s figure drawn whole (RGB)."""
+    fig = rollout_frame(pred, ref, step, title)[0]
     fig.canvas.draw()
     image = np.asarray(fig.canvas.buffer_rgba())[..., :3].astype(int)
-    plt.close(fig)
+    _pyplot().close(fig)
     return image
 
 
