@@ -90,8 +90,10 @@ def run_training(job: dict) -> dict | None:
         mllog.close()
         broken = compliance(mllog.path)
         run.log_artifact(mllog.path, "mlperf")
-        run.set_tags({Tag.MLPERF: f"passes MLCommons' compliance checker (training {RULESET}, the rules that apply outside MLPerf's benchmarks)"
-                      if not broken else f"compliance checker (training {RULESET}): {len(broken)} rule(s) broken: {broken[0][:300]}"})
+        verdict = (f"passes MLCommons' compliance checker (training {RULESET}, the rules that apply outside MLPerf's benchmarks)"
+                   if not broken else f"compliance checker (training {RULESET}): {len(broken)} rule(s) broken: {broken[0][:300]}")
+        run.set_tags({Tag.MLPERF: verdict})
+        log.info("MLPerf log (mlperf/%s): %s", mllog.path.name, verdict)
         tested = trainer.finish(run_dir, run, settings) or {}  # the test split's scores, for workloads that score one
         energy = energy_record(meter, summary, spec.device, devices_used(runtime, spec.device, runtime.world_size)[0], settings)
         logged = run.client.get_run(run_id).data.params  # a resumed run's first part may have logged them: params are written once

@@ -1,6 +1,8 @@
 """The digits workload through the CLI: generate writes the MNIST store (stable digest, stratified split, manifest; a no-op again, a damaged store refused, overwrite), and a short jax run trains, scores the test split and logs it."""
 
 import json
+import logging
+import logging.handlers
 import os
 import tempfile
 from pathlib import Path
@@ -64,7 +66,7 @@ SHORT_JAX = ("train", "--workload", "digits", "--dataset", "mnist", "--framework
 def jax_one_device(generated) -> dict:
     proc = run_in_process(*SHORT_JAX, cwd=generated[0])
     assert proc.returncode == 0, proc.stderr[-3000:]
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    return json.loads(proc.stdout.strip().splitlines()[-1]) | {"stderr": proc.stderr}
 
 
 @pytest.mark.parametrize("framework", ["jax"])  # the other two share its scoring; their steps are checked in test_digits_workload.py
@@ -83,6 +85,9 @@ def test_a_short_run_trains_and_scores_the_test_split(generated, framework, jax_
     assert first_line.startswith("**") and "samples/s" in first_line and f"accuracy {metrics['test_accuracy']:.3g}" in first_line
     assert "loss" not in first_line and "digits" in rest
     _the_mlperf_log_passes_mlcommons_checker(run, workdir)
+    # the command's log says so in one line; the checker's own lines (the files it reads, what it checks) stay out of it
+    assert "[train] MLPerf log (mlperf/mllog.txt): passes MLCommons' compliance checker (training 4.1.0" in out["stderr"]
+    assert "Running compliance on file" not in out["stderr"] and "Compliance checks" not in out["stderr"], out["stderr"][-3000:]
     _energy_and_cost_are_logged_and_reported(workdir, run)
 
 
@@ -105,7 +110,16 @@ def _the_mlperf_log_passes_mlcommons_checker(run, folder):
     assert compliance(path) == []
     broken = path.with_name("broken.txt")
     broken.write_text("".join(line + "\n" for line in path.read_text().splitlines() if '"run_start"' not in line))
-    assert any("run_start" in message for message in compliance(broken))
+    heard = logging.handlers.BufferingHandler(1000)  # what reaches the root logger's handlers while it checks
+    logging.root.addHandler(heard)
+    try:
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr(logging.root, "level", logging.INFO)
+            assert any("run_start" in message for message in compliance(broken))
+    finally:
+        logging.root.removeHandler(heard)
+    assert [r.getMessage() for r in heard.buffer] == []  # the broken rules are returned, not logged line by line
+    assert logging.root.filters == []  # the check's filter goes with it
 
 
 def test_jax_over_two_devices_of_one_process_takes_the_one_devices_steps(generated, jax_one_device):

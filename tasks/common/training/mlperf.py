@@ -93,6 +93,19 @@ class MLPerfLog:
         self._handler.close()
 
 
+class _CheckerRecords(logging.Filter):
+    """Drops the records the compliance checker logs on the root logger (the files it reads, each rule it finds broken),
+    which a job's log would otherwise show line by line; records of the project's own loggers reach the root's handlers
+    without passing the root logger's filters, and stay."""
+
+    def __init__(self, package: Path):
+        super().__init__()
+        self.package = str(package)
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not record.pathname.startswith(self.package)
+
+
 def compliance(path: Path) -> list[str]:
     """MLCommons' compliance checker on a log, with the rules of training RULESET that apply outside MLPerf's list of
     benchmarks (see the module); the messages of the rules it breaks, [] when it passes."""
@@ -105,8 +118,13 @@ def compliance(path: Path) -> list[str]:
         if key.get("NAME") == "submission_division":
             key["POST"] = " s['compile_time_mins'] = 240 if v['value'] == 'open' else 30 "
     checker = mlp_compliance.ComplianceChecker("training", RULESET, quiet=True, werror=False)
-    with tempfile.TemporaryDirectory() as folder:
-        config = Path(folder) / "common.yaml"
-        config.write_text(yaml.safe_dump(rules, sort_keys=False))
-        checker.check_file(str(path), str(config))
+    own = _CheckerRecords(Path(mlp_compliance.__file__).parent)
+    logging.root.addFilter(own)  # the checker reports on the root logger, quiet or not: its verdict is what this returns
+    try:
+        with tempfile.TemporaryDirectory() as folder:
+            config = Path(folder) / "common.yaml"
+            config.write_text(yaml.safe_dump(rules, sort_keys=False))
+            checker.check_file(str(path), str(config))
+    finally:
+        logging.root.removeFilter(own)
     return [str(m) for m in getattr(checker, "overwritable", {}).values()] + [str(m) for m in getattr(checker, "not_overwritable", [])]
