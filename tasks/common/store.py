@@ -24,14 +24,16 @@ import shutil
 import socket
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import xarray as xr
-import zarr
-from zarr.abc.store import Store
 
 from tasks.common.errors import UserError
+
+if TYPE_CHECKING:  # zarr and xarray (with pandas, about 1 s of CPU) are imported where data is read or written: a flow
+    import xarray as xr  # process that only plans, logs and reads manifests never loads them
+    import zarr
+    from zarr.abc.store import Store
 
 VARIABLES = ("u", "v", "p", "vorticity", "mask")
 MANIFEST = "manifest.json"
@@ -53,7 +55,7 @@ def file_sha256(path: Path) -> str:
     return h.hexdigest()
 
 
-def content_digest(ds: xr.Dataset) -> str:
+def content_digest(ds: "xr.Dataset") -> str:
     """SHA-256 of the variables' bytes (fixed order) and the attributes."""
     h = hashlib.sha256()
     for name in VARIABLES:
@@ -72,12 +74,14 @@ def frames_per_shard(frames: int, frame_bytes: int) -> int:
     return max(1, min(frames, SHARD_BYTES // max(frame_bytes, 1)))
 
 
-def write_simulation(dataset_dir: Path, sim_id: str, ds: xr.Dataset) -> None:
+def write_simulation(dataset_dir: Path, sim_id: str, ds: "xr.Dataset") -> None:
     """Write one simulation's group, replacing any partial group left by an interrupted run.
 
     The whole simulation is in memory and every shard is written in one piece (never read, modified
     and written again). A writer killed in the middle leaves a group that the manifest does not
     name: the next sweep removes it and simulates it again."""
+    import zarr
+
     store = dataset_dir / STORE
     group_dir = store / sim_id
     if group_dir.exists():
@@ -92,7 +96,7 @@ def write_simulation(dataset_dir: Path, sim_id: str, ds: xr.Dataset) -> None:
     ds.to_zarr(store, group=sim_id, mode="w", zarr_format=3, consolidated=False, encoding=encoding)
 
 
-def frame_file(array: zarr.Array, frame: int) -> str:
+def frame_file(array: "zarr.Array", frame: int) -> str:
     """The store key (under ``store.zarr/``) of the file that holds ``frame`` of a (time, y, x) array:
     its shard, or, in a store written before sharding, the frame's own chunk."""
     per_file = array.shards[0] if array.shards else array.chunks[0]
@@ -107,7 +111,7 @@ def damaged(dataset_dir: Path, sim_id: str, name: str, frame, why: str) -> UserE
                      "which simulates the damaged simulations again")
 
 
-def checked(values: np.ndarray, dataset_dir: Path, sim_id: str, name: str, frames, array: zarr.Array | None = None) -> np.ndarray:
+def checked(values: np.ndarray, dataset_dir: Path, sim_id: str, name: str, frames, array: "zarr.Array | None" = None) -> np.ndarray:
     """``values`` (F, ...) of ``frames`` unchanged; the ``damaged`` error at the first frame holding a
     non-finite value (a lost chunk or shard file reads as NaN), naming its file when ``array`` is given."""
     bad = ~np.isfinite(values.reshape(len(values), -1)).all(axis=1)
@@ -124,7 +128,7 @@ def checked(values: np.ndarray, dataset_dir: Path, sim_id: str, name: str, frame
 CHUNK_ERRORS = (ValueError, RuntimeError, OSError)
 
 
-def _read_error(array: zarr.Array, frame: int) -> Exception | None:
+def _read_error(array: "zarr.Array", frame: int) -> Exception | None:
     """What reading ``frame`` alone raises (one of CHUNK_ERRORS), or None if it reads."""
     try:
         array.oindex[[frame]]
@@ -133,7 +137,7 @@ def _read_error(array: zarr.Array, frame: int) -> Exception | None:
     return None
 
 
-def unreadable(array: zarr.Array, frame: int, exc: Exception, dataset_dir: Path, sim_id: str, name: str) -> UserError:
+def unreadable(array: "zarr.Array", frame: int, exc: Exception, dataset_dir: Path, sim_id: str, name: str) -> UserError:
     """The ``damaged`` error for ``frame``, which does not read: it names the file, and for a sharded
     array whether only the frame's chunk is damaged or the whole shard (its index, or a cut-short file)."""
     file = f"{STORE}/{frame_file(array, frame)}"
@@ -147,7 +151,7 @@ def unreadable(array: zarr.Array, frame: int, exc: Exception, dataset_dir: Path,
     return damaged(dataset_dir, sim_id, name, frame, f"cannot be read {why}")
 
 
-def _frame_values(array: zarr.Array, frames: np.ndarray) -> np.ndarray:
+def _frame_values(array: "zarr.Array", frames: np.ndarray) -> np.ndarray:
     """Frames (F, ...) of ``array`` in the order asked. A sharded array is read shard by shard: a shard
     that holds at least a quarter of its frames' worth of the frames asked for is read whole (one read
     of its file, several times faster in zarr than a list of its chunks), otherwise frame by frame."""
@@ -164,7 +168,7 @@ def _frame_values(array: zarr.Array, frames: np.ndarray) -> np.ndarray:
     return values
 
 
-def read_frames(array: zarr.Array, frames, dataset_dir: Path, sim_id: str, name: str) -> np.ndarray:
+def read_frames(array: "zarr.Array", frames, dataset_dir: Path, sim_id: str, name: str) -> np.ndarray:
     """Frames (F, ...) of a stored array, checked: a chunk that fails to decode or its checksum, or a
     frame that is not finite, is the ``damaged`` error naming that frame and its file."""
     frames = np.arange(array.shape[0])[frames] if isinstance(frames, slice) else np.asarray(frames)
@@ -237,6 +241,8 @@ class Manifest:
 
 
 def consolidate(dataset_dir: Path) -> None:
+    import zarr
+
     zarr.consolidate_metadata(str(dataset_dir / STORE), zarr_format=3)
 
 
@@ -276,17 +282,23 @@ def load_manifest(dataset_dir: Path) -> dict[str, Any]:
     return data
 
 
-def open_simulation(dataset_dir: Path, sim_id: str) -> xr.Dataset:
+def open_simulation(dataset_dir: Path, sim_id: str) -> "xr.Dataset":
+    import xarray as xr
+
     return xr.open_zarr(dataset_dir / STORE, group=sim_id, zarr_format=3, consolidated=False)
 
 
-def frame_store(dataset_dir: Path) -> Store:
+def frame_store(dataset_dir: Path) -> "Store":
     """Read-only zarr store of a dataset's simulations (the root that ``open_frame_arrays`` reads)."""
+    import zarr
+
     return zarr.storage.LocalStore(dataset_dir / STORE, read_only=True)
 
 
-def open_frame_arrays(store: Store, sim_id: str, names: tuple[str, ...]) -> dict[str, zarr.Array]:
+def open_frame_arrays(store: "Store", sim_id: str, names: tuple[str, ...]) -> "dict[str, zarr.Array]":
     """Handles on one simulation's (time, y, x) arrays, one chunk per frame (sharded or not); reads metadata only."""
+    import zarr
+
     try:
         group = zarr.open_group(store, path=sim_id, mode="r", zarr_format=3, use_consolidated=False)
         return {name: group[name] for name in names}
