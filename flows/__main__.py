@@ -4,8 +4,10 @@ import logging
 import os
 import sys
 
-# No telemetry from the embedded Prefect server: these machines may have no internet at all.
+# No telemetry from the embedded Prefect server, nor MLflow's usage reports from this command and its jobs (MLflow 3 sends
+# them unless told not to): these machines may have no internet at all. MLFLOW_DISABLE_TELEMETRY=false sends them.
 os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
 # The embedded server starts in seconds on an idle host but can take longer than Prefect's default wait when
 # training or tests hold every core: a command should wait for it, not fail.
 os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "120")

@@ -14,4 +14,6 @@ case "$POOL" in
 esac
 export PREFECT_API_URL=${PREFECT_API_URL:-http://127.0.0.1:4200/api}
 export PREFECT_SERVER_ANALYTICS_ENABLED=${PREFECT_SERVER_ANALYTICS_ENABLED:-false}
+# MLflow's usage reports stay off in the flow runs and their jobs unless set to false (flows/__main__.py)
+export MLFLOW_DISABLE_TELEMETRY=${MLFLOW_DISABLE_TELEMETRY:-true}
 exec .venv/bin/python -m tasks.common.credentials --as infra/start-worker.sh .venv/bin/python -m prefect worker start --pool "$POOL" --type process --name "$POOL-$(hostname)"
