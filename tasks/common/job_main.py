@@ -61,6 +61,10 @@ def load(framework: str | None, body: str | None = None):
 def main(argv: list[str]) -> int:
     from tasks.common import lifetime
 
+    for stream in (sys.stdout, sys.stderr):
+        # Each line whole in one write as soon as it ends: the processes of a job of several share one pipe, and an
+        # unbuffered stream writes a print's text and its newline apart, letting another process's text in between.
+        stream.reconfigure(line_buffering=True, write_through=False)
     lifetime.die_with_parent()
     logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr)
     from tasks.common.quiet import quiet_libraries

@@ -98,8 +98,9 @@ def _child(argv: list[str], env: dict[str, str], cwd: str) -> None:
     os.dup2(out, 1)
     os.dup2(out, 2)
     os.close(out)
-    sys.stdout = io.TextIOWrapper(io.FileIO(1, "w", closefd=False), line_buffering=True, write_through=True)
-    sys.stderr = io.TextIOWrapper(io.FileIO(2, "w", closefd=False), line_buffering=True, write_through=True)
+    # line by line, each line in one write (job_main.main says why), through a buffer that writes all it is given
+    sys.stdout = io.TextIOWrapper(io.BufferedWriter(io.FileIO(1, "w", closefd=False)), line_buffering=True)
+    sys.stderr = io.TextIOWrapper(io.BufferedWriter(io.FileIO(2, "w", closefd=False)), line_buffering=True)
     from tasks.common.lifetime import PARENT_ENV, exit_status
 
     os.environ.clear()

@@ -105,7 +105,8 @@ def describe_jax(job: dict) -> dict:
 
 def all_reduce(job: dict) -> dict:
     """One rank of a torch job of several: it says who it is, joins the process group from its environment (as DDP's do),
-    sums its rank + 1 over the group (rank 0 says the sum); rank ``job['fail_rank']`` fails at once instead, and the others then wait."""
+    sums its rank + 1 over the group (rank 0 says the sum); rank ``job['fail_rank']`` fails at once instead, and the others then wait.
+    With ``job['lines']``, each rank prints that many lines once the group has met."""
     import os
     import time
 
@@ -119,6 +120,8 @@ def all_reduce(job: dict) -> dict:
     import torch.distributed as dist
 
     dist.init_process_group("gloo")
+    for line in range(job.get("lines", 0)):  # after the group's rendezvous, so that the ranks print at the same time
+        print(f"rank {rank} line {line:04d} " + "x" * 60)
     total = torch.tensor([rank + 1.0])
     dist.all_reduce(total)
     world = dist.get_world_size()

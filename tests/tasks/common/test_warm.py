@@ -2,6 +2,7 @@
 
 import logging
 import os
+import re
 import signal
 
 import psutil
@@ -106,10 +107,15 @@ def test_a_jobs_ranks_forked_or_under_torchrun_join_one_process_group_and_a_fail
     util.get_temp_dir()  # this process's own folder of multiprocessing (a new warm server's socket goes there) made first, where it lies
     monkeypatch.setattr(tempfile, "tempdir", str(workdir / "tmp"))  # where the jobs' folders go
     body = "tests.tasks.common.job_bodies:all_reduce"
-    out = run_child("probe", body, {}, LOG, procs=2)
+    out = run_child("probe", body, {"lines": 500}, LOG, procs=2)
     assert list((workdir / "tmp").iterdir()) == []  # the job's folder went, with torchrun's log folders in it
     assert (out["sum"], out["rank"], out["local_rank"], out["world"], out["threads"]) == (3.0, 0, 0, 2, 1)  # rank 0's result; torchrun's one thread each
-    assert caplog.text.count("[probe] rank ") == 2 and "rank 1 of 2" in caplog.text  # both ranks' output relayed
+    # both ranks' output relayed, each line whole: the ranks share one pipe, where a print's text and its newline written
+    # apart let the other rank's text in between
+    relayed = [r.getMessage() for r in caplog.records if r.name == LOG.name]
+    assert [sum(re.fullmatch(rf"\[probe\] rank {rank} of 2 in \d+", m) is not None for m in relayed) for rank in (0, 1)] == [1, 1], relayed[:4]
+    said = [m for m in relayed if " line " in m]
+    assert len(said) == 1000 and all(re.fullmatch(r"\[probe\] rank [01] line \d{4} x{60}", m) for m in said), [m for m in said if not m.endswith("x" * 60)][:3]
     assert (out["ppid"] != os.getpid()) if warm == "1" else True  # forked from the warm server, not started by this process
     # a rank that fails: the other, waiting, is stopped, and the job ends with that rank's failure
     started = time.monotonic()
