@@ -115,3 +115,33 @@ def test_a_dask_worker_killed_mid_sweep_leaves_every_simulation_stored_once(work
     runs = task_runs_of(state.state_details.flow_run_id, expected=4)
     assert sorted(r.name for r in runs) == sorted(f"simulate {s}" for s in records)  # one task run each, the rerun included
     assert all(r.state.is_completed() for r in runs), [(r.name, r.state.name) for r in runs]
+
+
+def test_a_local_clusters_worker_keeps_a_heartbeat_lost_at_closing_off_the_terminal(prefect_api):
+    """A worker of the sweep's own cluster (forked, tasks.common.dask_worker run as it starts) drops Dask's heartbeat
+    failure, which a worker logs when the command closes the cluster between two of its heartbeats (a traceback of a
+    closed stream in a demo that went well); its other errors still reach the terminal."""
+    from tasks.common.cluster import dask_task_runner
+
+    def on_the_worker() -> list[str]:
+        import io
+        import logging
+
+        out = io.StringIO()
+        handler = logging.StreamHandler(out)
+        log = logging.getLogger("distributed.worker")
+        log.addHandler(handler)
+        try:
+            for message in ("Failed to communicate with scheduler during heartbeat.", "Could not find data: ['x']"):
+                try:
+                    raise OSError("Stream is closed")
+                except OSError:
+                    log.exception(message)
+        finally:
+            log.removeHandler(handler)
+        return out.getvalue().splitlines()
+
+    with dask_task_runner(workers=1) as runner:
+        (lines,) = runner.client.run(on_the_worker).values()
+    assert lines[0] == "Could not find data: ['x']" and "OSError: Stream is closed" in lines  # another error shows, whole
+    assert not any("heartbeat" in line for line in lines)
