@@ -61,7 +61,7 @@ WORKER_PRELOAD = ("distributed", "distributed.nanny", "numpy", "pandas", "prefec
 @contextmanager
 def _forked_workers(preload: Sequence[str] | None) -> Iterator[None]:
     """A LocalCluster's workers forked from multiprocessing's fork server, which imports ``WORKER_PRELOAD`` and
-    ``preload`` once, instead of spawned as fresh interpreters that each import them (Dask's default): a four-simulation
+    ``preload`` once and then freezes them (tasks.common.collector_frozen), instead of spawned as fresh interpreters that each import them (Dask's default): a four-simulation
     sweep on two workers 17.6 s of the machine's CPU against 21.6 s (docs/architecture.md). The server starts with the
     first worker, in this process's environment as Dask has set it for its workers (one thread each), and imports nothing
     that starts a thread; each worker sets its default start method back to spawn as it starts (tasks.common.dask_worker:
@@ -77,7 +77,7 @@ def _forked_workers(preload: Sequence[str] | None) -> Iterator[None]:
 
     with dask.config.set({"distributed.worker.multiprocessing-method": "forkserver", "distributed.worker.preload": ["tasks.common.dask_worker"]}):
         get_mp_context()  # Dask sets its own preload list once per process: ours replaces it
-        multiprocessing.get_context("forkserver").set_forkserver_preload([*WORKER_PRELOAD, *preload])
+        multiprocessing.get_context("forkserver").set_forkserver_preload([*WORKER_PRELOAD, *preload, "tasks.common.collector_frozen"])
         yield
 
 

@@ -35,6 +35,8 @@ WARM_ENV = "KARMAN_WARM_CHILDREN"
 # forked job's, as ps and psutil show it) names it; then the cycle collector goes off for the rest (tasks.common.collector).
 COMMON = ("tasks.common.job_main", "tasks.common.collector_off", "numpy", "pandas", "xarray", "zarr", "psutil", "pydantic", "mlflow", "mlflow.tracking",
           "mlflow.store.tracking.sqlalchemy_store", "matplotlib", "matplotlib.figure", "tasks.common.job_preload")
+# The last, after the framework's: everything the server imported frozen (its own end then costs a fraction of a second).
+FROZEN = "tasks.common.collector_frozen"
 _servers: dict[tuple, forkserver.ForkServer] = {}
 _lock = threading.Lock()
 
@@ -63,8 +65,8 @@ def _preload(framework: str, env: dict[str, str]) -> tuple[tuple[str, ...], tupl
 
         cpu = reads({**os.environ, **fw.env("cpu", None)})
         if reads(env) == cpu:
-            return (*preload, *fw.cpu_preload), cpu
-    return preload, ()
+            return (*preload, *fw.cpu_preload, FROZEN), cpu
+    return (*preload, FROZEN), ()
 
 
 def _server(framework: str, env: dict[str, str]) -> forkserver.ForkServer:

@@ -118,12 +118,13 @@ def test_a_dask_worker_killed_mid_sweep_leaves_every_simulation_stored_once(work
 
 
 def test_a_local_clusters_worker_keeps_a_heartbeat_lost_at_closing_off_the_terminal(prefect_api):
-    """A worker of the sweep's own cluster (forked, tasks.common.dask_worker run as it starts) drops Dask's heartbeat
-    failure, which a worker logs when the command closes the cluster between two of its heartbeats (a traceback of a
-    closed stream in a demo that went well); its other errors still reach the terminal."""
+    """A worker of the sweep's own cluster (forked from a server that froze its imports, tasks.common.dask_worker run as
+    it starts) drops Dask's heartbeat failure, which a worker logs when the command closes the cluster between two of
+    its heartbeats (a traceback of a closed stream in a demo that went well); its other errors still reach the terminal."""
     from tasks.common.cluster import dask_task_runner
 
     def on_the_worker() -> list[str]:
+        import gc
         import io
         import logging
 
@@ -139,9 +140,11 @@ def test_a_local_clusters_worker_keeps_a_heartbeat_lost_at_closing_off_the_termi
                     log.exception(message)
         finally:
             log.removeHandler(handler)
-        return out.getvalue().splitlines()
+        return [f"frozen: {gc.get_freeze_count()}", *out.getvalue().splitlines()]
 
     with dask_task_runner(workers=1) as runner:
         (lines,) = runner.client.run(on_the_worker).values()
+    frozen = int(lines.pop(0).split()[1])
+    assert frozen > 100_000  # what its fork server imported, frozen there (tasks.common.collector_frozen): its end is quick
     assert lines[0] == "Could not find data: ['x']" and "OSError: Stream is closed" in lines  # another error shows, whole
     assert not any("heartbeat" in line for line in lines)
