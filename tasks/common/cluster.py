@@ -61,12 +61,13 @@ WORKER_PRELOAD = ("distributed", "distributed.nanny", "numpy", "pandas", "prefec
 @contextmanager
 def _forked_workers(preload: Sequence[str] | None) -> Iterator[None]:
     """A LocalCluster's workers forked from multiprocessing's fork server, which imports ``WORKER_PRELOAD`` and
-    ``preload`` once and then freezes them (tasks.common.collector_frozen), instead of spawned as fresh interpreters that each import them (Dask's default): a four-simulation
-    sweep on two workers 17.6 s of the machine's CPU against 21.6 s (docs/architecture.md). The server starts with the
-    first worker, in this process's environment as Dask has set it for its workers (one thread each), and imports nothing
-    that starts a thread; each worker sets its default start method back to spawn as it starts (tasks.common.dask_worker:
-    no semaphore of numba's left behind by a worker stopped by a signal). ``None`` (a scheduler given by address), or not
-    Linux: as Dask has it."""
+    ``preload`` once and then freezes them (tasks.common.collector_frozen), instead of spawned as fresh interpreters
+    that each import them (Dask's default): a four-simulation sweep on two workers 17.6 s of the machine's CPU against
+    21.6 s (docs/architecture.md). The server starts with the first worker, in this process's environment as Dask has
+    set it for its workers (one thread each) with this project's root on PYTHONPATH (its modules found from any
+    folder), and imports nothing that starts a thread; each worker sets its default start method back to spawn as it
+    starts (tasks.common.dask_worker: no semaphore of numba's left behind by a worker stopped by a signal). ``None`` (a
+    scheduler given by address), or not Linux: as Dask has it."""
     if preload is None or sys.platform != "linux":
         yield
         return
@@ -75,9 +76,12 @@ def _forked_workers(preload: Sequence[str] | None) -> Iterator[None]:
     import dask
     from distributed.utils import get_mp_context
 
+    from tasks.common.warm import FROZEN, importable_in_servers
+
+    importable_in_servers()
     with dask.config.set({"distributed.worker.multiprocessing-method": "forkserver", "distributed.worker.preload": ["tasks.common.dask_worker"]}):
         get_mp_context()  # Dask sets its own preload list once per process: ours replaces it
-        multiprocessing.get_context("forkserver").set_forkserver_preload([*WORKER_PRELOAD, *preload, "tasks.common.collector_frozen"])
+        multiprocessing.get_context("forkserver").set_forkserver_preload([*WORKER_PRELOAD, *preload, FROZEN])
         yield
 
 

@@ -74,17 +74,19 @@ def _server(framework: str, env: dict[str, str]) -> forkserver.ForkServer:
     with _lock:
         server = _servers.get(key)
         if server is None:
-            _importable_here()
+            importable_in_servers()
             server = _servers[key] = forkserver.ForkServer()
             server.set_forkserver_preload(list(key[0]))
         return server
 
 
-def _importable_here() -> None:
-    """A server imports its preload with the path of a new interpreter in this process's folder (multiprocessing sends
-    it this process's sys.path, which Python 3.11's server never applies), and skips a module it cannot import without a
-    word: a command run from another folder would get servers without this project's modules (the job's entry, a
-    framework's preload). This project's root goes on PYTHONPATH, which the servers inherit, as it does for every job."""
+def importable_in_servers() -> None:
+    """A fork server (a warm server here, a sweep's Dask workers' in tasks.common.cluster) imports its preload with the
+    path of a new interpreter in this process's folder (multiprocessing sends it this process's sys.path, which Python
+    3.11's server never applies), and skips a module it cannot import without a word: a command run from another folder
+    would get servers without this project's modules (the job's entry, a framework's preload, a sweep's tasks, the last
+    preload that freezes the rest). This project's root goes on PYTHONPATH, which the servers inherit, as it does for
+    every job."""
     root = str(Path(__file__).resolve().parents[2])
     paths = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
     if root not in paths:

@@ -117,16 +117,26 @@ def test_a_dask_worker_killed_mid_sweep_leaves_every_simulation_stored_once(work
     assert all(r.state.is_completed() for r in runs), [(r.name, r.state.name) for r in runs]
 
 
-def test_a_local_clusters_worker_keeps_a_heartbeat_lost_at_closing_off_the_terminal(prefect_api):
-    """A worker of the sweep's own cluster (forked from a server that froze its imports, tasks.common.dask_worker run as
-    it starts) drops Dask's heartbeat failure, which a worker logs when the command closes the cluster between two of
-    its heartbeats (a traceback of a closed stream in a demo that went well); its other errors still reach the terminal."""
+def test_a_local_clusters_worker_keeps_a_heartbeat_lost_at_closing_off_the_terminal(prefect_api, tmp_path, monkeypatch):
+    """A worker of the sweep's own cluster (forked from a server that imported the sweep's tasks and froze its imports,
+    tasks.common.dask_worker run as it starts) drops Dask's heartbeat failure, which a worker logs when the command
+    closes the cluster between two of its heartbeats (a traceback of a closed stream in a demo that went well); its other
+    errors still reach the terminal. The server starts here, in a folder other than the project's and without
+    PYTHONPATH, as a command run from elsewhere (or a test's command run in this process) starts it: it still finds
+    the project's modules."""
+    import multiprocessing.forkserver
+
     from tasks.common.cluster import dask_task_runner
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("PYTHONPATH", raising=False)
+    multiprocessing.forkserver._forkserver._stop()  # this process's server, if an earlier test started one: started again below
 
     def on_the_worker() -> list[str]:
         import gc
         import io
         import logging
+        import sys
 
         out = io.StringIO()
         handler = logging.StreamHandler(out)
@@ -140,11 +150,12 @@ def test_a_local_clusters_worker_keeps_a_heartbeat_lost_at_closing_off_the_termi
                     log.exception(message)
         finally:
             log.removeHandler(handler)
-        return [f"frozen: {gc.get_freeze_count()}", *out.getvalue().splitlines()]
+        return [f"frozen: {gc.get_freeze_count()}", f"sweep: {'tasks.workloads.karman.sweep' in sys.modules}", *out.getvalue().splitlines()]
 
-    with dask_task_runner(workers=1) as runner:
+    with dask_task_runner(workers=1, preload=["tasks.workloads.karman.sweep"]) as runner:
         (lines,) = runner.client.run(on_the_worker).values()
     frozen = int(lines.pop(0).split()[1])
+    assert lines.pop(0) == "sweep: True"  # the server imported the sweep's tasks (never imported by the worker itself here)
     assert frozen > 100_000  # what its fork server imported, frozen there (tasks.common.collector_frozen): its end is quick
     assert lines[0] == "Could not find data: ['x']" and "OSError: Stream is closed" in lines  # another error shows, whole
     assert not any("heartbeat" in line for line in lines)
