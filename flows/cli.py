@@ -337,6 +337,9 @@ def main(argv: list[str] | None = None) -> int:
             settings = Settings.from_env().require_writable()
             tracking_ready(settings, create=False)  # a tracking server that is down ends the command here, in seconds
             cmd.check(settings, spec)
+            from tasks.common.prefect_api import temporary_api_started
+
+            starting = temporary_api_started()  # what follows runs while Prefect's temporary API starts, where no server is named
             tracking_ready(settings)  # a new local store: its tables created under a lock
             reap_orphans(settings, logging.getLogger("karman.cli"))  # runs left RUNNING by killed commands
         except ValidationError as exc:
@@ -354,6 +357,8 @@ def main(argv: list[str] | None = None) -> int:
 
     guardian = lifetime.start_guardian(settings)  # if this command is killed outright: stops what it started, closes its runs
     try:
+        if starting is not None:
+            starting.join()
         result = flow(spec)
         lifetime.raise_pending()  # a signal that came as the last run finished
     except UserError as exc:
