@@ -1,5 +1,6 @@
-"""Prefect's temporary API started ahead of a command's flow: up once its thread is joined, none where a server is
-named, and stopped with the process even when the process ends before it joins."""
+"""Prefect's temporary API started ahead of a command's flow: up once joined, stopped with a process that ends first.
+
+None starts where a server is named."""
 
 import os
 import subprocess
