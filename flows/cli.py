@@ -46,7 +46,11 @@ def _check_train(settings, spec: TrainSpec) -> None:
     from tasks.common import plans
     from tasks.train.plan import plan_training
 
-    plans.hand_over("train", spec, plan_training(settings, spec, _log()))
+    plan = plan_training(settings, spec, _log())
+    plans.hand_over("train", spec, plan)
+    from tasks.common.warm import start_early
+
+    start_early(plan.framework, plan.procs, plan.hosts)  # the job's warm server imports while the flow starts
 
 
 def _check_ablation(settings, spec: AblationSpec) -> None:

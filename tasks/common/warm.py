@@ -51,6 +51,19 @@ def warm_enabled(procs: int, hosts: int, framework: str) -> bool:
     return procs == 1 or FRAMEWORKS[framework].rank_env is not None
 
 
+def start_early(framework: str, procs: int, hosts: int) -> bool:
+    """Start now the server that a job of ``procs`` processes of ``framework`` on ``hosts`` hosts will be forked from,
+    where that server does not depend on the job's environment (a framework without a ``cpu_preload``: torch), so that it
+    imports while the command goes on (its Prefect API, its MLflow run) instead of after the job is launched; whether it
+    did. The server is the one ``_server`` gives the job later; it ends with this process, as every server does."""
+    from tasks.common.training.frameworks import FRAMEWORKS
+
+    if not warm_enabled(procs, hosts, framework) or FRAMEWORKS[framework].cpu_preload:
+        return False
+    _server(framework, dict(os.environ)).ensure_running()  # spawns it and returns: its imports run in its own process
+    return True
+
+
 def _preload(framework: str, env: dict[str, str]) -> tuple[tuple[str, ...], tuple]:
     """The modules a warm server for a ``framework`` job of environment ``env`` imports, and what else tells servers apart:
     a cpu job whose import-time variables are those the framework's cpu environment gives (with this process's own

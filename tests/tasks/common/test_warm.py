@@ -36,6 +36,28 @@ def test_a_forked_job_has_its_own_environment_folder_threads_and_randomness_and_
     assert f"[probe] line from {first['pid']}" in caplog.text  # its output relayed line by line
 
 
+def test_a_torch_jobs_server_started_early_is_the_one_its_job_is_forked_from(workdir, monkeypatch):
+    """``start_early`` (a training command's check) spawns the server a torch job will use, before the job; not where the
+    server would depend on the job's environment (TensorFlow's and JAX's cpu servers), or where the job is not forked."""
+    from tasks.common import warm
+
+    monkeypatch.delenv(WARM_ENV, raising=False)
+    key = warm._preload("torch", dict(os.environ))
+    if key in warm._servers:  # this test process's, from an earlier test: this one starts it
+        warm._servers.pop(key)._stop()
+    before = dict(warm._servers)
+    assert not warm.start_early("tensorflow", 1, 1) and not warm.start_early("jax", 1, 1) and not warm.start_early("torch", 2, 2)
+    monkeypatch.setenv(WARM_ENV, "0")
+    assert not warm.start_early("torch", 1, 1)
+    assert warm._servers == before  # none of those started a server
+    monkeypatch.delenv(WARM_ENV)
+    assert warm.start_early("torch", 1, 1)
+    pid = warm._servers[key]._forkserver_pid
+    assert psutil.Process(pid).ppid() == os.getpid()  # running before any job asked for it
+    job = run_child("probe", DESCRIBE, {}, LOG)
+    assert job["ppid"] == pid and job["torch_preloaded"]
+
+
 def test_with_warm_children_off_a_job_is_a_fresh_interpreter_and_says_the_same(workdir, monkeypatch):
     monkeypatch.setenv(WARM_ENV, "0")
     fresh = run_child("probe", DESCRIBE, {}, LOG, env={"KARMAN_TEST_VALUE": "cold", "OMP_NUM_THREADS": "1"})
