@@ -52,7 +52,7 @@ def test_the_temporary_api_is_up_once_joined_and_stopped_with_a_process_that_end
         done = subprocess.run([sys.executable, "-c", SCRIPT, how], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
         assert done.returncode == 0, done.stderr[-3000:]
         lines = dict(line.split() for line in done.stdout.splitlines())
-        assert lines.get("up", "200") == "200" and "server" in lines, (how, done.stdout)  # answered once joined; started in both
+        assert "server" in lines and (how == "exit" or lines.get("up") == "200"), (how, done.stdout)  # started in both; answered once joined
         server = int(lines["server"])  # stopped by Prefect's exit handler, the start having gone through before it
         assert not psutil.pid_exists(server) or psutil.Process(server).status() == psutil.STATUS_ZOMBIE, how
         assert _left(home) == [], how
