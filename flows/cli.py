@@ -50,7 +50,7 @@ def _check_train(settings, spec: TrainSpec) -> None:
     plans.hand_over("train", spec, plan)
     from tasks.common.warm import start_early
 
-    start_early(plan.framework, plan.procs, plan.hosts)  # the job's warm server imports while the flow starts
+    start_early(plan.framework, plan.procs, plan.hosts, plan.child_env())  # the job's warm server imports while the flow starts
 
 
 def _check_ablation(settings, spec: AblationSpec) -> None:

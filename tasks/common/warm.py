@@ -51,16 +51,15 @@ def warm_enabled(procs: int, hosts: int, framework: str) -> bool:
     return procs == 1 or FRAMEWORKS[framework].rank_env is not None
 
 
-def start_early(framework: str, procs: int, hosts: int) -> bool:
-    """Start now the server that a job of ``procs`` processes of ``framework`` on ``hosts`` hosts will be forked from,
-    where that server does not depend on the job's environment (a framework without a ``cpu_preload``: torch), so that it
-    imports while the command goes on (its Prefect API, its MLflow run) instead of after the job is launched; whether it
-    did. The server is the one ``_server`` gives the job later; it ends with this process, as every server does."""
-    from tasks.common.training.frameworks import FRAMEWORKS
-
-    if not warm_enabled(procs, hosts, framework) or FRAMEWORKS[framework].cpu_preload:
+def start_early(framework: str, procs: int, hosts: int, env: dict[str, str]) -> bool:
+    """Start now the server that a job of ``procs`` processes of ``framework`` on ``hosts`` hosts, whose environment adds
+    ``env`` to this process's (its plan's ``child_env``), will be forked from, so that it imports while the command goes on
+    (its Prefect API, its MLflow run) instead of after the job is launched; whether it did. The server is the one
+    ``_server`` gives the job later (TensorFlow's and JAX's cpu servers are keyed by the job's import-time variables, which
+    ``env`` holds); it ends with this process, as every server does."""
+    if not warm_enabled(procs, hosts, framework):
         return False
-    _server(framework, dict(os.environ)).ensure_running()  # spawns it and returns: its imports run in its own process
+    _server(framework, {**os.environ, **env}).ensure_running()  # spawns it and returns: its imports run in its own process
     return True
 
 

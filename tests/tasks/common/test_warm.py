@@ -8,6 +8,7 @@ import signal
 import psutil
 import pytest
 
+from tasks.common import warm
 from tasks.common.errors import RunFailed, UserError
 from tasks.common.launch import ChildFailed, run_child
 from tasks.common.warm import WARM_ENV
@@ -36,22 +37,27 @@ def test_a_forked_job_has_its_own_environment_folder_threads_and_randomness_and_
     assert f"[probe] line from {first['pid']}" in caplog.text  # its output relayed line by line
 
 
+def _without_server(framework: str, env: dict[str, str]):
+    """The key of the warm server a ``framework`` job of environment ``env`` forks from, that server stopped where this
+    test process had started it in an earlier test (the test then starts it itself)."""
+    key = warm._preload(framework, env)
+    if key in warm._servers:
+        warm._servers.pop(key)._stop()
+    return key
+
+
 def test_a_torch_jobs_server_started_early_is_the_one_its_job_is_forked_from(workdir, monkeypatch):
     """``start_early`` (a training command's check) spawns the server a torch job will use, before the job; not where the
-    server would depend on the job's environment (TensorFlow's and JAX's cpu servers), or where the job is not forked."""
-    from tasks.common import warm
-
+    job is not forked."""
     monkeypatch.delenv(WARM_ENV, raising=False)
-    key = warm._preload("torch", dict(os.environ))
-    if key in warm._servers:  # this test process's, from an earlier test: this one starts it
-        warm._servers.pop(key)._stop()
+    key = _without_server("torch", dict(os.environ))
     before = dict(warm._servers)
-    assert not warm.start_early("tensorflow", 1, 1) and not warm.start_early("jax", 1, 1) and not warm.start_early("torch", 2, 2)
+    assert not warm.start_early("torch", 2, 2, {})
     monkeypatch.setenv(WARM_ENV, "0")
-    assert not warm.start_early("torch", 1, 1)
+    assert not warm.start_early("torch", 1, 1, {}) and not warm.start_early("tensorflow", 1, 1, {})
     assert warm._servers == before  # none of those started a server
     monkeypatch.delenv(WARM_ENV)
-    assert warm.start_early("torch", 1, 1)
+    assert warm.start_early("torch", 1, 1, {"OMP_NUM_THREADS": "1"})
     pid = warm._servers[key]._forkserver_pid
     assert psutil.Process(pid).ppid() == os.getpid()  # running before any job asked for it
     job = run_child("probe", DESCRIBE, {}, LOG)
@@ -82,9 +88,13 @@ def test_tensorflows_cpu_jobs_fork_from_a_server_that_imported_it_in_their_envir
     monkeypatch.delenv("TF_ENABLE_ONEDNN_OPTS", raising=False)
     body = "tests.tasks.common.job_bodies:describe_tensorflow"
     cpu = device_env("cpu", framework="tensorflow")
+    # the server a training command starts early (its check, with the plan's environment) is the one its jobs fork from
+    key = _without_server("tensorflow", {**os.environ, **cpu})
+    assert warm.start_early("tensorflow", 1, 1, cpu)
+    early = warm._servers[key]._forkserver_pid
     first = run_child("probe", body, {}, LOG, env=cpu, framework="tensorflow")
     second = run_child("probe", body, {}, LOG, env=cpu, framework="tensorflow")
-    assert first["tensorflow_preloaded"] and first["ppid"] == second["ppid"] and first["sum"] == second["sum"] == 45.0
+    assert first["tensorflow_preloaded"] and first["ppid"] == second["ppid"] == early and first["sum"] == second["sum"] == 45.0
     # a job whose import-time variables differ from the cpu environment's (another oneDNN choice, a GPU visible)
     # imports TensorFlow itself, in its own environment
     other = run_child("probe", body, {}, LOG, env={**cpu, "TF_ENABLE_ONEDNN_OPTS": "0"}, framework="tensorflow")
@@ -104,9 +114,12 @@ def test_jaxs_cpu_jobs_fork_from_a_server_that_imported_it_with_their_jax_variab
     monkeypatch.delenv(WARM_ENV, raising=False)
     body = "tests.tasks.common.job_bodies:describe_jax"
     cpu = device_env("cpu", framework="jax")
+    key = _without_server("jax", {**os.environ, **cpu})
+    assert warm.start_early("jax", 1, 1, cpu)  # as a training command's check starts it
+    early = warm._servers[key]._forkserver_pid
     first = run_child("probe", body, {"devices": 2}, LOG, env=cpu, framework="jax")
     second = run_child("probe", body, {"devices": 3}, LOG, env=cpu, framework="jax")
-    assert first["jax_preloaded"] and first["ppid"] == second["ppid"] != os.getpid() and first["platforms"] == "cpu"
+    assert first["jax_preloaded"] and first["ppid"] == second["ppid"] == early != os.getpid() and first["platforms"] == "cpu"
     # XLA's flags, set by each job after the fork, are each job's own: no backend had started in the server
     assert (first["devices"], second["devices"]) == (2, 3) and first["sum"] == second["sum"] == 45.0
     # a job whose JAX variables differ (another compilation cache) imports JAX itself and reads its own
