@@ -369,7 +369,7 @@ class BenchmarkSpec(Spec):
     run, tagged in MLflow with a key of its inputs and the dataset digest, so a rerun skips the cells
     that finished."""
 
-    workloads: list[Annotated[str, StringConstraints(pattern=WORKLOAD_NAME)]] = Field(default=[DEFAULT_WORKLOAD], min_length=1, description="Workloads, by name from the workload table: karman (the Pix2Pix surrogate, with rollouts), digits (the MNIST CNN of seed 004), har (the BiLSTM of seed 002, UCI HAPT's real recordings by default); each trains in the frameworks it has")
+    workloads: list[Annotated[str, StringConstraints(pattern=WORKLOAD_NAME)]] = Field(default=[DEFAULT_WORKLOAD], min_length=1, description="Workloads, by name from the workload table: karman (the Pix2Pix surrogate, with rollouts), digits (the MNIST CNN of seed 004), har (the BiLSTM of seed 002, UCI HAPT's real recordings by default), calo (the 3-D calorimeter GAN of seed 001, synthetic showers); each trains in the frameworks it has")
     frameworks: list[Literal["torch", "tensorflow", "jax"]] = Field(default=["torch"], min_length=1, description="Training frameworks: torch, tensorflow (Keras 3 under tf.distribute), jax (one process over its devices); the report puts them side by side, cell by cell; a workload's cells run in those it has (karman: torch, tensorflow, jax)")
     devices: list[Device] = Field(default=["cpu"], min_length=1, description="Training devices: cpu, cuda (a GPU pool), xla (a TPU pool)")
     batch_sizes: list[PositiveInt] | None = Field(default=None, min_length=1, description="Global batch sizes of the training matrix, every workload's; None = each workload's (per_workload's, else its own: karman 8, 16, 32, 64, digits and har 64)")
