@@ -110,7 +110,9 @@ def spec_from_args(model: type[BaseModel], args: argparse.Namespace, base: BaseM
                 raise UserError(f"{_flag(name)}: {value!r} is not a list of KEY=VALUE pairs, e.g. cuda=gpu,xla=tpu")
             value = {k.strip(): v.strip() for k, v in pairs}
         elif is_list:
-            value = [v.strip() for given in value for v in given.split(",") if v.strip()]
+            given, value = value, [v.strip() for given in value for v in given.split(",") if v.strip()]
+            if not value:  # an empty list would silently mean the default where that is []
+                raise UserError(f"{_flag(name)}: no value in {','.join(given)!r}; give one or more, comma-separated")
         elif isinstance(value, str) and value.lower() == "none" and type(None) in typing.get_args(field.annotation):
             value = None
         values[name] = value

@@ -276,6 +276,13 @@ def check_benchmark_options(spec, base=None) -> None:
                 continue
             raise UserError(f"{section}.{field} = {value!r} is {' and '.join(whose)}'s option; no workload of this benchmark "
                             f"({', '.join(spec.workloads)}) takes it: add {' or '.join(whose)} to its workloads, or leave it out")
+    train_owners = owners("options")
+    for field in ("layers", "units"):  # the matrix's sweeps of a training option: the cells of the workloads that take it
+        value, whose = getattr(spec, field), train_owners.get(field, ())
+        if value is None or set(whose) & set(spec.workloads) or value == (getattr(base, field) if base is not None else None):
+            continue
+        raise UserError(f"--{field} {','.join(map(str, value))} sweeps {' and '.join(whose)}'s option; no workload of this benchmark "
+                        f"({', '.join(spec.workloads)}) takes it: add {' or '.join(whose)} to its workloads, or leave it out")
 
 
 def reset_foreign(workload: Workload, spec, kind: str = "options"):

@@ -47,6 +47,13 @@ def test_zero_or_negative_sizes(workdir, args, fragment):
     assert not (workdir / "data" / "datasets").exists()
 
 
+@pytest.mark.parametrize("args", [("bench-matmul", "--sizes", ""), ("train", "--batch-sizes", " , "), ("benchmark", "--workloads", ",")])
+def test_an_empty_list_is_refused_not_taken_for_the_default(workdir, args):
+    # (bench-matmul's sizes default to [], the device's own: an empty --sizes once ran and logged the default products)
+    assert_refused(run_in_process(*args, cwd=workdir), f"{args[1]}: no value in", "give one or more")
+    assert not (workdir / "data").exists()
+
+
 def test_unwritable_data_root(workdir):
     blocker = workdir / "a-file"
     blocker.write_text("not a folder")

@@ -68,6 +68,10 @@ def test_a_benchmark_option_none_of_its_workloads_takes_is_refused_unless_its_pr
     with pytest.raises(UserError, match=r"^generate\.events = 300 is calo's option; .* \(digits\) takes it: add calo to its workloads"):
         check_benchmark_options(BenchmarkSpec(workloads=["digits"], generate={"events": 300}))
     check_benchmark_options(BenchmarkSpec(workloads=["har", "calo"], train={"layers": 3}, generate={"events": 300}))
+    # the matrix's own sweep of har's sizes, too (each cell would drop it: before, a karman benchmark ran without a word)
+    with pytest.raises(UserError, match=r"^--units 16,32 sweeps har's option; no workload of this benchmark \(karman\) takes it"):
+        check_benchmark_options(BenchmarkSpec(workloads=["karman"], units=[16, 32]))
+    check_benchmark_options(BenchmarkSpec(workloads=["karman", "har"], layers=[1, 2], units=[16]))
     quick = quick_benchmark()  # the preset's karman widths and calo events stay out of a digits-only quick run's way
     check_benchmark_options(quick.model_copy(update={"workloads": ["digits"]}), quick)
     with pytest.raises(UserError, match=r"^train\.ngf = 16 is karman's option"):  # the same values given by hand
@@ -75,6 +79,8 @@ def test_a_benchmark_option_none_of_its_workloads_takes_is_refused_unless_its_pr
     (workdir / "har.json").write_text('{"workloads": ["har"], "train": {"ngf": 8}}')
     assert_refused(run_in_process("benchmark", "--spec", "har.json", cwd=workdir),
                    "train.ngf = 8 is karman's option; no workload of this benchmark (har) takes it")
+    assert_refused(run_in_process("benchmark", "--workloads", "karman", "--layers", "2", cwd=workdir),
+                   "--layers 2 sweeps har's option; no workload of this benchmark (karman) takes it")
 
 
 def test_the_command_line_shows_and_refuses_by_workload(workdir):
