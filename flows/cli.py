@@ -5,6 +5,7 @@ the CLI, the Prefect UI form and the child processes validate the same fields. B
 """
 
 import argparse
+import contextlib
 import logging
 import os
 import signal
@@ -16,7 +17,7 @@ from pydantic import BaseModel, ValidationError
 
 from flows.bench import BENCH_COMMANDS, add_bench_commands, run_bench
 from flows.jsonline import json_line
-from flows.options import OneLineParser, add_spec_options, spec_from_args, validation_message
+from flows.options import OneLineParser, add_spec_options, cli_fields, spec_from_args, validation_message
 from tasks.common.errors import UserError
 from tasks.workloads.presets import quick_benchmark
 from tasks.common.specs import AblationSpec, AggregateSpec, BenchmarkSpec, DemoSpec, GenerateSpec, InferSpec, TrainSpec, ValidateSpec
@@ -31,6 +32,31 @@ def _log() -> logging.Logger:
 
 # Checks that must fail before any flow starts, with one clear line; a stage that plans hands its
 # plan to the flow, which takes it instead of planning again.
+
+def _foreign_option(model, args, base) -> str | None:
+    """Where a request's spec failed its checks: the refusal of another workload's option it gave, if it gave one (that
+    option is the cause to name, not a check of the option's own workload)."""
+    if model not in OPTION_KINDS:
+        return None
+    from tasks.common.specs import DEFAULT_WORKLOAD
+    from tasks.workloads import foreign_option
+
+    given = {name for name in cli_fields(model) if getattr(args, name, None) is not None} | set(getattr(base, "model_fields_set", ()))
+    workload = getattr(args, "workload", None) or getattr(base, "workload", None) or DEFAULT_WORKLOAD
+    return foreign_option(workload, given, OPTION_KINDS[model])
+
+
+def _remove_empty(made: list) -> None:
+    """The data root's folders this command made (``made``, deepest first), removed where a refusal left them empty."""
+    if not made:
+        return
+    for folder, _, _ in os.walk(made[0], topdown=False):
+        with contextlib.suppress(OSError):  # a folder holding something stays
+            os.rmdir(folder)
+    for folder in made[1:]:
+        with contextlib.suppress(OSError):
+            os.rmdir(folder)
+
 
 def _check_generate(settings, spec: GenerateSpec) -> None:
     from tasks.generate.task import check_generate
@@ -286,7 +312,14 @@ def _demo_spec(args: argparse.Namespace) -> DemoSpec:
         demo["generate"]["dataset"] = demo["train"]["dataset"] = args.dataset
     if args.time_budget is not None:
         demo["train"]["time_budget"] = args.time_budget
-    return DemoSpec.model_validate(demo)
+    try:
+        return DemoSpec.model_validate(demo)
+    except ValidationError as exc:  # named by the demo's own flag (--time-budget), not the section it sets (train.time_budget)
+        err = exc.errors()[0]
+        flag = "--" + str(err["loc"][-1]).replace("_", "-") if len(err["loc"]) > 1 else None
+        if flag not in ("--dataset", "--time-budget"):
+            raise
+        raise UserError(f"{flag}: {err['msg'].rstrip('.')} (got {err.get('input')!r})") from None
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -314,6 +347,7 @@ def main(argv: list[str] | None = None) -> int:
     from tasks.common.collector import paused
 
     with paused():  # Prefect, MLflow and the flow's modules load without collections (tasks.common.collector)
+        base, made = None, []
         try:
             if cmd.spec is DemoSpec:
                 spec: BaseModel = _demo_spec(args)
@@ -338,7 +372,9 @@ def main(argv: list[str] | None = None) -> int:
 
             os.environ.update(Credentials.from_env().env())  # MLflow's and Prefect's clients here and in every child read them
             _prefect_ready()
-            settings = Settings.from_env().require_writable()
+            settings = Settings.from_env()
+            made = [p for p in (settings.data_root, *settings.data_root.parents) if not p.exists()]  # what a refusal removes
+            settings.require_writable()
             tracking_ready(settings, create=False)  # a tracking server that is down ends the command here, in seconds
             cmd.check(settings, spec)
             from tasks.common.prefect_api import temporary_api_started
@@ -347,9 +383,11 @@ def main(argv: list[str] | None = None) -> int:
             tracking_ready(settings)  # a new local store: its tables created under a lock
             reap_orphans(settings, logging.getLogger("karman.cli"))  # runs left RUNNING by killed commands
         except ValidationError as exc:
-            print(f"python -m flows {command}: error: {validation_message(exc)}", file=sys.stderr)
+            message = _foreign_option(cmd.spec, args, base) or validation_message(exc)
+            print(f"python -m flows {command}: error: {message}", file=sys.stderr)
             return EXIT_USAGE
         except UserError as exc:
+            _remove_empty(made)
             print(f"python -m flows {command}: error: {exc}", file=sys.stderr)
             return EXIT_USAGE
 

@@ -64,6 +64,8 @@ def _help(model: type[BaseModel], field, is_list: bool, default=None) -> str | N
     default = field.default if default is None else default
     if "(default:" not in text and not field.is_required() and not (as_written and (default is None or default == [])):
         text += f" (default: {default})"
+    elif field.is_required():
+        text += " (required)"
     return text + (" — comma-separated" if is_list and not as_written else "")
 
 

@@ -62,7 +62,7 @@ def bench_quality(bench: BenchQualitySpec) -> dict:
     folders = [settings.dataset_dir(name) for name in [spec.dataset, *bench.extra_dataset]]
     for folder in folders:
         if not (folder / "manifest.json").is_file():
-            raise ValueError(f"no dataset at {folder} (no manifest.json); make one with python -m flows generate --dataset {folder.name}")
+            raise ValueError(f"no dataset at {folder} (no manifest.json); make one with python -m flows generate --workload {spec.workload} --dataset {folder.name}")
     if spec.time_budget is None and spec.epochs is None:
         raise ValueError("give a time budget or an epoch limit: without either the run has no end")
     if not workload.bench_quality:

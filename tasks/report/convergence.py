@@ -50,7 +50,7 @@ class ConvergenceSpec(BaseModel):
     target through the benchmark, validating every epoch, and the epochs each run took written into the workload's convergence.json."""
 
     model_config = ConfigDict(extra="forbid")
-    workload: str = Field(description="Workload, by name from the workload table (default: none: it must be given)")
+    workload: str = Field(description="Workload, by name from the workload table")
     frameworks: list[Literal["torch", "tensorflow", "jax"]] | None = Field(default=None, min_length=1, description="Frameworks; None = every one the workload has")
     device: Literal["cpu", "cuda", "xla"] = Field(default="cpu", description="Device the reference runs train on")
     batch_sizes: list[PositiveInt] | None = Field(default=None, min_length=1, description="Global batch sizes; None = the workload's benchmark batch sizes")

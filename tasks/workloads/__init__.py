@@ -234,13 +234,31 @@ def check_options(spec, kind: str = "options") -> None:
     option of another workload away from its default, naming whose it is and the workload's own options."""
     workload = get_workload(spec.workload)
     model = type(spec)
-    flag = lambda field: "--" + field.replace("_", "-")  # noqa: E731
     for field, whose in owners(kind).items():
         if workload.name in whose or field not in model.model_fields or getattr(spec, field) == model.model_fields[field].default:
             continue
-        mine = getattr(workload, kind)
-        raise UserError(f"workload {workload.name} takes no {flag(field)} ({' and '.join(whose)}'s option); "
-                        + (f"its own options are {', '.join(map(flag, mine))}" if mine else "it has no options of its own"))
+        raise UserError(_not_its_option(workload, field, whose, kind))
+
+
+def foreign_option(workload_name: str, given, kind: str = "options") -> str | None:
+    """check_options' refusal where the options a request ``given`` (field names) hold one that another workload owns;
+    None where none does, or the workload is unknown. (A request whose spec failed its own checks: a check of karman's
+    recipe would otherwise name options a har request never gave.)"""
+    known = table()
+    if workload_name not in known:
+        return None
+    workload = get_workload(workload_name)
+    for field, whose in owners(kind).items():
+        if field in given and workload.name not in whose:
+            return _not_its_option(workload, field, whose, kind)
+    return None
+
+
+def _not_its_option(workload: Workload, field: str, whose, kind: str) -> str:
+    flag = lambda name: "--" + name.replace("_", "-")  # noqa: E731
+    mine = getattr(workload, kind)
+    return (f"workload {workload.name} takes no {flag(field)} ({' and '.join(whose)}'s option); "
+            + (f"its own options are {', '.join(map(flag, mine))}" if mine else "it has no options of its own"))
 
 
 def with_own_defaults(spec):

@@ -54,6 +54,12 @@ def test_an_empty_list_is_refused_not_taken_for_the_default(workdir, args):
     assert not (workdir / "data").exists()
 
 
+def test_the_demos_options_are_named_as_given_and_a_required_option_says_so(workdir):
+    assert_refused(run_in_process("demo", "--time-budget", "0", cwd=workdir), "demo: error: --time-budget: Input should be greater than 0")
+    shown = run_in_process("bench-frameworks", "--help", cwd=workdir)
+    assert shown.returncode == 0 and "(required)" in " ".join(shown.stdout.split())
+
+
 def test_unwritable_data_root(workdir):
     blocker = workdir / "a-file"
     blocker.write_text("not a folder")

@@ -93,6 +93,10 @@ def test_the_command_line_shows_and_refuses_by_workload(workdir):
     assert "--events" in calo.stdout and "--reynolds" not in calo.stdout
     assert_refused(run_in_process("train", "--workload", "har", "--dataset", "har", "--recipe", "paper", cwd=workdir),
                    "workload har takes no --recipe (karman's option)", "--layers, --units")
+    assert not (workdir / "data").exists()  # the data root the refused command made for itself is gone again
+    # refused for what it gave, not for a check of karman's recipe that the option failed (target_steps 40 > 10)
+    assert_refused(run_in_process("train", "--workload", "digits", "--validate-steps", "10", cwd=workdir),
+                   "workload digits takes no --validate-steps (karman's option)")
     assert_refused(run_in_process("generate", "--workload", "calo", "--dataset", "showers", "--nx", "300", cwd=workdir),
                    "workload calo takes no --nx (karman's option)")
 
