@@ -12,6 +12,29 @@ from typing import Any
 _DASK_LOGGERS = ("distributed", "distributed.scheduler", "distributed.nanny", "distributed.core", "distributed.worker", "prefect.task_runner.dask")
 
 
+def check_scheduler(address: str, timeout: float = 5.0) -> None:
+    """UserError, in one line, unless a Dask scheduler may be at ``address``: tcp://HOST:PORT or tls://HOST:PORT (a bare
+    HOST:PORT is tcp's) whose port takes a connection within ``timeout`` s. (Dask itself would try for 30 s, then end the
+    command in a traceback with the dataset's folder and lock made.)"""
+    import socket
+    from urllib.parse import urlsplit
+
+    from tasks.common.errors import UserError
+
+    parts = urlsplit(address if "://" in address else f"tcp://{address}")
+    try:
+        port = parts.port
+    except ValueError:
+        port = None
+    if parts.scheme not in ("tcp", "tls") or not parts.hostname or port is None:
+        raise UserError(f"--scheduler {address!r} is not a Dask scheduler's address; give tcp://HOST:PORT or tls://HOST:PORT")
+    try:
+        socket.create_connection((parts.hostname, port), timeout=timeout).close()
+    except OSError as exc:
+        raise UserError(f"--scheduler {address}: no Dask scheduler answers there ({exc.strerror or type(exc).__name__}); "
+                        "start one, or leave out --scheduler for a local cluster") from None
+
+
 @contextmanager
 def dask_task_runner(workers: int, scheduler: str | None = None, preload: Sequence[str] = ()) -> Iterator[Any]:
     """A started ``prefect_dask.DaskTaskRunner``: on ``scheduler`` (a Dask scheduler's address: a SLURM cluster of

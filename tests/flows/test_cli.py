@@ -93,6 +93,16 @@ def test_a_gpu_sweep_without_a_gpu_or_with_a_dask_scheduler_is_refused_before_an
     assert_refused(run_in_process("generate", "--device", "cuda", "--scheduler", "tcp://127.0.0.1:8786", cwd=workdir),
                    "--scheduler tcp://127.0.0.1:8786", "not on Dask workers")
     assert_refused(run_in_process("generate", "--workload", "digits", "--device", "cuda", cwd=workdir), "digits dataset is written on the cpu")
+    # a scheduler that is not there, or no scheduler's address: refused at once (Dask would try for 30 s, then fail in a traceback)
+    import socket
+
+    with socket.socket() as unused:  # a port nothing listens on
+        unused.bind(("127.0.0.1", 0))
+        port = unused.getsockname()[1]
+    assert_refused(run_in_process("generate", "--scheduler", f"tcp://127.0.0.1:{port}", cwd=workdir),
+                   f"--scheduler tcp://127.0.0.1:{port}: no Dask scheduler answers there")
+    assert_refused(run_in_process("generate", "--scheduler", "foo", cwd=workdir), "'foo' is not a Dask scheduler's address")
+    assert not (workdir / "data").exists()
     assert_refused(run_in_process("validate-solver", "--backend", "triton", "--device", "cuda", cwd=workdir), "cuda requested but no CUDA GPU")
     assert_refused(run_in_process("validate-solver", "--dtype", "float16s", cwd=workdir), "--dtype", "'float16s'", "'float32', 'float64'")
     assert not (workdir / "data" / "datasets").exists()
