@@ -174,6 +174,9 @@ def test_damaged_data_is_refused_naming_where_it_is_and_generate_verify_repairs_
     args = ["generate", "--dataset", "hurt", "--reynolds", "20,25,30", "--nx", "64", "--ny", "32", "--size", "6",
             "--warmup-steps", "300", "--frames", "12", "--frame-every", "10", "--workers", "1", "--json"]
     assert run_in_process(*args, cwd=workdir).returncode == 0
+    # another sweep under that name: refused in one line by the command's check, before its flow starts
+    assert_refused(run_in_process(*[a if a != "20,25,30" else "20,25" for a in args], cwd=workdir),
+                   "dataset 'hurt' already exists with different sweep parameters")
     store = workdir / "data" / "datasets" / "hurt" / STORE
     manifest = json.loads((workdir / "data" / "datasets" / "hurt" / MANIFEST).read_text())
     first, second = sorted(manifest["simulations"])[:2]

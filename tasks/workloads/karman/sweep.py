@@ -38,9 +38,16 @@ def sweep_key(spec: GenerateSpec) -> dict:
 
 
 def check_sweep(settings: Settings, spec: GenerateSpec) -> None:
-    """What a sweep can have refused before anything runs: a sweep member that does not validate, a cuda sweep
-    given a Dask scheduler, a cuda sweep without a GPU."""
+    """What a sweep can have refused before anything runs: a sweep member that does not validate, a dataset of that name
+    written by another sweep (unless it is to be overwritten), a cuda sweep given a Dask scheduler, a cuda sweep without a GPU."""
     expand(spec)
+    if not spec.overwrite:
+        try:
+            Manifest(settings.dataset_dir(spec.dataset), sweep_key(spec))  # UserError where its sweep differs
+        except UserError:
+            raise
+        except (ValueError, OSError):
+            pass  # a manifest that cannot be read: the sweep itself says what it finds
     if spec.device == "cuda":
         if spec.scheduler:
             raise UserError(f"--scheduler {spec.scheduler}: a cuda sweep runs batched in one process on this host's GPU, not on Dask workers; drop --scheduler or use --device cpu")
