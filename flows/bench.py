@@ -14,7 +14,7 @@ from typing import Callable
 from pydantic import BaseModel, ValidationError
 
 from flows.jsonline import json_line
-from flows.options import OneLineParser, add_spec_options, spec_from_args, validation_message
+from flows.options import OneLineParser, add_spec_options, parse_command, spec_from_args, validation_message
 from tasks.bench.specs import BenchFrameworksSpec, BenchInferSpec, BenchMatmulSpec, BenchQualitySpec, BenchSolverSpec, BenchTrainSpec, CompareDatasetsSpec, HistorySpec
 
 JSON_HELP = "Print a one-line JSON summary as the last line of stdout"
@@ -137,4 +137,4 @@ def main(argv: list[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=OneLineParser)
     sub.required = True
     add_bench_commands(sub)
-    return run_bench(parser.parse_args(argv))
+    return run_bench(parse_command(parser, argv))

@@ -17,7 +17,7 @@ from pydantic import BaseModel, ValidationError
 
 from flows.bench import BENCH_COMMANDS, add_bench_commands, run_bench
 from flows.jsonline import json_line
-from flows.options import OneLineParser, add_spec_options, cli_fields, spec_from_args, validation_message
+from flows.options import OneLineParser, add_spec_options, cli_fields, parse_command, spec_from_args, validation_message
 from tasks.common.errors import UserError
 from tasks.workloads.presets import quick_benchmark
 from tasks.common.specs import AblationSpec, AggregateSpec, BenchmarkSpec, DemoSpec, GenerateSpec, InferSpec, TrainSpec, ValidateSpec
@@ -324,7 +324,7 @@ def _demo_spec(args: argparse.Namespace) -> DemoSpec:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    args = build_parser(help_workload(argv)).parse_args(argv)
+    args = parse_command(build_parser(help_workload(argv)), argv)
     command = args.command
     from tasks.common.quiet import VERBOSE_ENV, quiet_libraries, quiet_prefect_console
 

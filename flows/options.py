@@ -23,6 +23,17 @@ class OneLineParser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: error: {message}\n")
 
 
+def parse_command(parser: argparse.ArgumentParser, argv: list[str] | None) -> argparse.Namespace:
+    """``parser``'s namespace for ``argv``; an argument that no option of its command takes ends the process (exit code
+    2) in one line naming the command and where its options are listed."""
+    args, unknown = parser.parse_known_args(argv)
+    if unknown:
+        command = getattr(args, "command", None)
+        parser.exit(2, f"python -m flows {command}: error: unrecognized arguments: {' '.join(unknown)} "
+                       f"(python -m flows {command} --help lists its options)\n")
+    return args
+
+
 def _choices(annotation) -> tuple[list[str] | None, Callable[[str], Any], bool]:
     """(choices, converter, is_list) for a field annotation."""
     origin, args = typing.get_origin(annotation), typing.get_args(annotation)

@@ -26,6 +26,12 @@ def test_unknown_command(workdir):
     assert_refused(run_in_process("simulate-everything", cwd=workdir), "invalid choice", "simulate-everything")
 
 
+@pytest.mark.parametrize("args", [("demo", "--workload", "har"), ("bench-quality", "--workload", "karman", "--layers", "2")])
+def test_an_option_the_command_does_not_take_is_refused_naming_the_command(workdir, args):
+    assert_refused(run_in_process(*args, cwd=workdir), f"python -m flows {args[0]}: error: unrecognized arguments: {' '.join(args[-2:])}",
+                   f"python -m flows {args[0]} --help lists its options")
+
+
 def test_unknown_device(workdir):
     assert_refused(run_in_process("train", "--device", "tpu", cwd=workdir), "--device", "tpu", "cpu")
 
