@@ -10,7 +10,7 @@ from tasks.common.names import Tag
 from tasks.common.registry import resolve_model_uri
 from tasks.common.settings import Settings
 from tasks.common.store import file_sha256
-from tasks.common.tracking import client_for, experiment_id, missing, training_run
+from tasks.common.tracking import client_for, missing, store_not_made, training_run
 
 # MlflowException is imported in the functions that catch it: Dask workers import the flows' modules and need no MLflow.
 
@@ -76,10 +76,12 @@ def resolve_model_run(settings: Settings, model_run: str, takes: Callable | None
     model's URI (models:/NAME@ALIAS, models:/NAME/VERSION) names."""
     if model_run.startswith("models:/"):
         model_run = resolve_model_uri(settings, model_run)
-    client = client_for(settings)
     if model_run == "latest":
-        runs = client.search_runs([experiment_id(client, settings)], f"tags.`{Tag.STAGE}` = 'train' and attributes.status = 'FINISHED'",
-                                  order_by=["attributes.start_time DESC"], max_results=1 if takes is None else 200)
+        # (looked up, not created: a refused request leaves neither a store nor an experiment behind)
+        experiment = None if store_not_made(settings) else client_for(settings).get_experiment_by_name(settings.experiment)
+        runs = [] if experiment is None else client_for(settings).search_runs(
+            [experiment.experiment_id], f"tags.`{Tag.STAGE}` = 'train' and attributes.status = 'FINISHED'",
+            order_by=["attributes.start_time DESC"], max_results=1 if takes is None else 200)
         runs = [r for r in runs if takes is None or takes(r)]
         if not runs:
             raise UserError(f"no finished {which} in experiment {settings.experiment!r}; run 'python -m flows train' first")

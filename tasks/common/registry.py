@@ -8,7 +8,7 @@ import re
 
 from tasks.common.errors import UserError
 from tasks.common.settings import Settings
-from tasks.common.tracking import client_for, missing
+from tasks.common.tracking import client_for, missing, store_not_made
 
 # MlflowException is imported in the functions that catch it: Dask workers import the flows' modules and need no MLflow.
 
@@ -24,6 +24,9 @@ def resolve_model_uri(settings: Settings, uri: str) -> str:
     found = MODEL_URI.fullmatch(uri)
     if found is None:
         raise UserError(f"model {uri!r} is not a registered model's URI; use models:/NAME@ALIAS or models:/NAME/VERSION")
+    if store_not_made(settings):
+        raise UserError(f"the model registry at {settings.tracking_uri} has no {uri} (no store there yet); "
+                        f"a benchmark registers models:/{settings.registered_model}@{CHAMPION}")
     client = client_for(settings)
     try:
         version = (client.get_model_version_by_alias(found["name"], found["alias"]) if found["alias"]

@@ -228,12 +228,15 @@ def training_run(settings: Settings, run_id: str, label: str = "run"):
 
     from tasks.common.errors import UserError
 
+    unknown = f"unknown {label} {run_id!r} in the tracking store {settings.tracking_uri}"
+    if store_not_made(settings):
+        raise UserError(unknown)
     try:
         run = client_for(settings).get_run(run_id)
     except MlflowException as exc:
         if not missing(exc):
             raise
-        raise UserError(f"unknown {label} {run_id!r} in the tracking store {settings.tracking_uri}") from None
+        raise UserError(unknown) from None
     if run.data.tags.get(Tag.STAGE) != "train":
         raise UserError(f"run {run_id!r} is not a training run (stage {run.data.tags.get(Tag.STAGE)!r})")
     return run
@@ -243,6 +246,13 @@ def missing(exc: MlflowException) -> bool:
     """Whether MLflow refused a request because what it names (a run, an artifact) does not exist or
     cannot be an id at all, rather than because the store failed."""
     return exc.error_code in ("RESOURCE_DOES_NOT_EXIST", "INVALID_PARAMETER_VALUE")
+
+
+def store_not_made(settings: Settings) -> bool:
+    """Whether the tracking store is a local SQLite file that does not exist yet: nothing is in it, and opening it to look
+    would make it (a lookup that finds nothing is refused without leaving a store behind)."""
+    uri = settings.tracking_uri
+    return uri.startswith("sqlite:///") and not Path(uri[len("sqlite:///"):]).exists()
 
 
 def client_for(settings: Settings) -> MlflowClient:

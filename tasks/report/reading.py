@@ -8,7 +8,7 @@ from tasks.common.names import Tag
 from tasks.common.records import RECORD_FILE, RolloutRecord, TrainRecord
 from tasks.common.settings import Settings
 from tasks.common.specs import AggregateSpec
-from tasks.common.tracking import client_for, missing
+from tasks.common.tracking import client_for, missing, store_not_made
 
 # MlflowException is imported in the functions that catch it: Dask workers import the flows' modules and need no MLflow.
 
@@ -124,8 +124,8 @@ def check_report_source(settings: Settings, spec: AggregateSpec) -> None:
     """UserError, before any run or file is written, when the runs the report should cover cannot be found."""
     from tasks.common.errors import UserError
 
-    client = client_for(settings)
-    exp = client.get_experiment_by_name(settings.experiment)
+    client = None if store_not_made(settings) else client_for(settings)
+    exp = None if client is None else client.get_experiment_by_name(settings.experiment)
     if exp is None:
         raise UserError(f"experiment {settings.experiment!r} does not exist in the tracking store {settings.tracking_uri}; run a benchmark or the demo first")
     covered_runs(settings, client, exp.experiment_id, spec.runs)

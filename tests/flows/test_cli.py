@@ -66,6 +66,19 @@ def test_the_demos_options_are_named_as_given_and_a_required_option_says_so(work
     assert shown.returncode == 0 and "(required)" in " ".join(shown.stdout.split())
 
 
+def test_a_lookup_in_a_store_not_made_yet_is_refused_and_makes_none(workdir):
+    """A run, a model or an experiment asked of a local store that does not exist: refused in one line, and neither the
+    store (MLflow would create it, its tables and the experiment just to look) nor the data root is left behind."""
+    db = workdir / "elsewhere" / "mlflow.db"
+    env = {"MLFLOW_TRACKING_URI": f"sqlite:///{db}", "KARMAN_DATA_ROOT": str(workdir / "elsewhere" / "data")}
+    for args, fragment in ((("train", "--resume", "0123456789abcdef0123456789abcdef"), "unknown run '0123456789abcdef0123456789abcdef'"),
+                           (("infer",), "no finished training run"),
+                           (("infer", "--model", "models:/nope@champion"), "has no models:/nope@champion"),
+                           (("aggregate",), "experiment 'test' does not exist")):
+        assert_refused(run_in_process(*args, cwd=workdir, env=env), fragment)
+    assert not (workdir / "elsewhere").exists()
+
+
 def test_unwritable_data_root(workdir):
     blocker = workdir / "a-file"
     blocker.write_text("not a folder")
