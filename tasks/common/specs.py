@@ -87,6 +87,12 @@ class GenerateSpec(Spec):
     def _no_repeats(cls, values: list) -> list:
         return once_each(values, "value of a sweep")
 
+    @model_validator(mode="after")
+    def _one_of_verify_and_overwrite(self) -> "GenerateSpec":
+        if self.verify and self.overwrite:
+            raise ValueError("--verify repairs the dataset and --overwrite deletes it first: give one of them")
+        return self
+
 
 # TrainSpec's fields added after a released version keyed its cells -> their defaults, at which a cell's key leaves them out
 KEYLESS_DEFAULTS = {"cuda_graph": "auto"}

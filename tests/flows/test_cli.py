@@ -79,6 +79,10 @@ def test_a_lookup_in_a_store_not_made_yet_is_refused_and_makes_none(workdir):
     assert not (workdir / "elsewhere").exists()
 
 
+def test_verify_and_overwrite_together_are_refused(workdir):
+    assert_refused(run_in_process("generate", "--verify", "--overwrite", cwd=workdir), "--verify repairs the dataset and --overwrite deletes it")
+
+
 def test_unwritable_data_root(workdir):
     blocker = workdir / "a-file"
     blocker.write_text("not a folder")
