@@ -116,7 +116,7 @@ def test_rcp_refuses_bad_input_in_one_line_before_anything_trains(workdir):
     toy = {"KARMAN_WORKLOADS": "toy=tests.workloads.toy"}  # every built-in workload has all three frameworks: the toy one lacks jax
     assert_refused(run_in_process("rcp", "--workload", "toy", "--frameworks", "jax", cwd=workdir, env=toy), "workload toy has no jax version")
     assert_refused(run_in_process("rcp", "--workload", "digits", "--out", str(workdir / "nowhere"), cwd=workdir), "is not a folder")
-    assert not any((workdir / "data").iterdir())  # nothing trained, nothing written
+    assert not (workdir / "data").exists()  # nothing trained, nothing written, not even the data root the refusals made
 
 
 def test_below_every_referenced_batch_size_only_converging_too_fast_is_flagged():
