@@ -33,28 +33,31 @@ def _log() -> logging.Logger:
 # Checks that must fail before any flow starts, with one clear line; a stage that plans hands its
 # plan to the flow, which takes it instead of planning again.
 
-def _foreign_option(model, args, base) -> str | None:
-    """Where a request's spec failed its checks: the refusal of another workload's option it gave, if it gave one (that
-    option is the cause to name, not a check of the option's own workload)."""
+def _foreign_option(model, args, base, exc: ValidationError) -> str | None:
+    """Where a request's spec failed a check across its options (or of one option) and the request gave another workload's
+    option (there), the refusal of that option: it is the cause to name, not a check of the option's own workload."""
     if model not in OPTION_KINDS:
         return None
     from tasks.common.specs import DEFAULT_WORKLOAD
     from tasks.workloads import foreign_option
 
-    given = {name for name in cli_fields(model) if getattr(args, name, None) is not None} | set(getattr(base, "model_fields_set", ()))
+    given = {name for name in cli_fields(model) if getattr(args, name, None) is not None}
+    given |= {name for name in getattr(base, "model_fields_set", ()) if getattr(base, name) != model.model_fields[name].default}
+    loc = [str(p) for p in exc.errors()[0]["loc"] if not isinstance(p, int)]
+    if loc:  # one option's own error: another workload's option only where it is that one
+        given &= {loc[0]}
     workload = getattr(args, "workload", None) or getattr(base, "workload", None) or DEFAULT_WORKLOAD
-    return foreign_option(workload, given, OPTION_KINDS[model])
+    try:
+        return foreign_option(workload, given, OPTION_KINDS[model])
+    except (UserError, ImportError):  # a workload table that does not load: the validation's own message
+        return None
 
 
 def _remove_empty(made: list) -> None:
-    """The data root's folders this command made (``made``, deepest first), removed where a refusal left them empty."""
-    if not made:
-        return
-    for folder, _, _ in os.walk(made[0], topdown=False):
+    """The folders this command made for its data root (``made``, deepest first), removed where a refusal left them
+    empty (only those: a folder another command has made inside meanwhile keeps them)."""
+    for folder in made:
         with contextlib.suppress(OSError):  # a folder holding something stays
-            os.rmdir(folder)
-    for folder in made[1:]:
-        with contextlib.suppress(OSError):
             os.rmdir(folder)
 
 
@@ -104,7 +107,7 @@ def _check_benchmark(settings, spec: BenchmarkSpec) -> None:
     for m in matrix:
         if m.workload.swept:
             remote = deployment_for("generate", m.generate.device, spec.pools) is not None  # its GPU is the pool's, not this host's
-            _check_generate(settings, m.generate.model_copy(update={"device": "cpu"}) if remote else m.generate)
+            _check_generate(settings, m.generate.model_copy(update={"device": "cpu", "scheduler": None}) if remote else m.generate)
     check_deployments(spec, matrix)
 
 
@@ -383,7 +386,7 @@ def main(argv: list[str] | None = None) -> int:
             tracking_ready(settings)  # a new local store: its tables created under a lock
             reap_orphans(settings, logging.getLogger("karman.cli"))  # runs left RUNNING by killed commands
         except ValidationError as exc:
-            message = _foreign_option(cmd.spec, args, base) or validation_message(exc)
+            message = _foreign_option(cmd.spec, args, base, exc) or validation_message(exc)
             print(f"python -m flows {command}: error: {message}", file=sys.stderr)
             return EXIT_USAGE
         except UserError as exc:

@@ -124,7 +124,7 @@ def spec_from_args(model: type[BaseModel], args: argparse.Namespace, base: BaseM
             value = {k.strip(): v.strip() for k, v in pairs}
         elif is_list:
             given, value = value, [v.strip() for given in value for v in given.split(",") if v.strip()]
-            if not value:  # an empty list would silently mean the default where that is []
+            if not value and field.default == []:  # an empty list would silently mean the default, which [] stands for
                 raise UserError(f"{_flag(name)}: no value in {','.join(given)!r}; give one or more, comma-separated")
         elif isinstance(value, str) and value.lower() == "none" and type(None) in typing.get_args(field.annotation):
             value = None

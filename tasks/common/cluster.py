@@ -12,9 +12,12 @@ from typing import Any
 _DASK_LOGGERS = ("distributed", "distributed.scheduler", "distributed.nanny", "distributed.core", "distributed.worker", "prefect.task_runner.dask")
 
 
+OTHER_COMMS = ("inproc", "ws", "wss", "ucx")  # Dask's transports besides tcp and tls (distributed.comm's registry)
+
+
 def check_scheduler(address: str, timeout: float = 5.0) -> None:
     """UserError, in one line, unless a Dask scheduler may be at ``address``: tcp://HOST:PORT or tls://HOST:PORT (a bare
-    HOST:PORT is tcp's) whose port takes a connection within ``timeout`` s. (Dask itself would try for 30 s, then end the
+    HOST:PORT is tcp's) whose port takes a connection within ``timeout`` s, or an address of another of Dask's transports. (Dask itself would try for 30 s, then end the
     command in a traceback with the dataset's folder and lock made.)"""
     import socket
     from urllib.parse import urlsplit
@@ -22,12 +25,15 @@ def check_scheduler(address: str, timeout: float = 5.0) -> None:
     from tasks.common.errors import UserError
 
     parts = urlsplit(address if "://" in address else f"tcp://{address}")
+    if parts.scheme in OTHER_COMMS:
+        return  # Dask's other transports: left to Dask
     try:
         port = parts.port
     except ValueError:
         port = None
     if parts.scheme not in ("tcp", "tls") or not parts.hostname or port is None:
-        raise UserError(f"--scheduler {address!r} is not a Dask scheduler's address; give tcp://HOST:PORT or tls://HOST:PORT")
+        raise UserError(f"--scheduler {address!r} is not a Dask scheduler's address; give tcp://HOST:PORT or tls://HOST:PORT "
+                        f"(or an address of Dask's {', '.join(OTHER_COMMS)} transports)")
     try:
         socket.create_connection((parts.hostname, port), timeout=timeout).close()
     except OSError as exc:

@@ -11,17 +11,13 @@ from tasks.workloads import Workload, check_options, get_workload
 def check_generate(settings: Settings, spec: GenerateSpec) -> None:
     """What a generate request can have refused before anything runs: an unknown workload, another workload's
     option, a device the workload does not write on, what the workload's own check refuses (a damaged dataset, a
-    sweep member that does not validate), or a Dask scheduler's address where none answers."""
+    sweep member that does not validate, a Dask scheduler where none answers and the dataset needs one)."""
     workload = get_workload(spec.workload)
     check_options(spec, "generate_options")  # another workload's field set: refused, naming whose it is
     if spec.device != "cpu" and not workload.swept:
         raise UserError(f"device {spec.device!r}: the {spec.workload} dataset is written on the cpu; use --device cpu")
     if workload.check_generate is not None:
         workload.check_generate(settings, spec)
-    if spec.scheduler:
-        from tasks.common.cluster import check_scheduler
-
-        check_scheduler(spec.scheduler)  # a scheduler that is not there: refused now, not after Dask's 30 s of retries
 
 
 def generate_dataset(settings: Settings, spec: GenerateSpec, workload: Workload, parent_run_id: str | None = None) -> dict:

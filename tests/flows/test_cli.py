@@ -53,11 +53,23 @@ def test_zero_or_negative_sizes(workdir, args, fragment):
     assert not (workdir / "data" / "datasets").exists()
 
 
-@pytest.mark.parametrize("args", [("bench-matmul", "--sizes", ""), ("train", "--batch-sizes", " , "), ("benchmark", "--workloads", ",")])
-def test_an_empty_list_is_refused_not_taken_for_the_default(workdir, args):
+@pytest.mark.parametrize("args,fragment", [(("bench-matmul", "--sizes", ""), "no value in ''; give one or more"),
+                                           (("train", "--batch-sizes", " , "), "at least 1 item"),
+                                           (("benchmark", "--workloads", ","), "at least 1 item")])
+def test_an_empty_list_is_refused_not_taken_for_the_default(workdir, args, fragment):
     # (bench-matmul's sizes default to [], the device's own: an empty --sizes once ran and logged the default products)
-    assert_refused(run_in_process(*args, cwd=workdir), f"{args[1]}: no value in", "give one or more")
+    assert_refused(run_in_process(*args, cwd=workdir), f"{args[1]}: ", fragment)
     assert not (workdir / "data").exists()
+
+
+def test_an_empty_list_that_means_something_of_its_own_is_taken():
+    """validate-solver's --convergence '' is no coarser resolution (its default, None, is N/4 and N/2)."""
+    import argparse
+
+    from flows.options import spec_from_args
+    from tasks.common.specs import ValidateSpec
+
+    assert spec_from_args(ValidateSpec, argparse.Namespace(convergence=[""])).convergence == []
 
 
 def test_the_demos_options_are_named_as_given_and_a_required_option_says_so(workdir):
@@ -129,6 +141,11 @@ def test_a_gpu_sweep_without_a_gpu_or_with_a_dask_scheduler_is_refused_before_an
     assert_refused(run_in_process("validate-solver", "--backend", "triton", "--device", "cuda", cwd=workdir), "cuda requested but no CUDA GPU")
     assert_refused(run_in_process("validate-solver", "--dtype", "float16s", cwd=workdir), "--dtype", "'float16s'", "'float32', 'float64'")
     assert not (workdir / "data" / "datasets").exists()
+    from tasks.common.cluster import check_scheduler
+
+    check_scheduler("ucx://10.0.0.1:8786")  # Dask's other transports are left to Dask
+    # a workload that writes its data without Dask is not held up by a scheduler it would not use
+    assert run_in_process("generate", "--workload", "digits", "--scheduler", f"tcp://127.0.0.1:{port}", "--json", cwd=workdir).returncode == 0
 
 
 def test_rollout_of_an_unknown_model_run(workdir):

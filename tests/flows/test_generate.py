@@ -3,6 +3,7 @@
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -177,6 +178,12 @@ def test_damaged_data_is_refused_naming_where_it_is_and_generate_verify_repairs_
     # another sweep under that name: refused in one line by the command's check, before its flow starts
     assert_refused(run_in_process(*[a if a != "20,25,30" else "20,25" for a in args], cwd=workdir),
                    "dataset 'hurt' already exists with different sweep parameters")
+    # a scheduler that is gone does not stop a rerun of a finished sweep, which runs nothing on Dask; a repair needs it
+    with socket.socket() as unused:  # a port nothing listens on
+        unused.bind(("127.0.0.1", 0))
+        gone = f"tcp://127.0.0.1:{unused.getsockname()[1]}"
+    assert run_in_process(*args[:-1], "--scheduler", gone, "--json", cwd=workdir).returncode == 0
+    assert_refused(run_in_process(*args[:-1], "--scheduler", gone, "--verify", cwd=workdir), f"--scheduler {gone}: no Dask scheduler answers there")
     store = workdir / "data" / "datasets" / "hurt" / STORE
     manifest = json.loads((workdir / "data" / "datasets" / "hurt" / MANIFEST).read_text())
     first, second = sorted(manifest["simulations"])[:2]

@@ -97,6 +97,9 @@ def test_the_command_line_shows_and_refuses_by_workload(workdir):
     # refused for what it gave, not for a check of karman's recipe that the option failed (target_steps 40 > 10)
     assert_refused(run_in_process("train", "--workload", "digits", "--validate-steps", "10", cwd=workdir),
                    "workload digits takes no --validate-steps (karman's option)")
+    # an option's own error is named as before, also beside another workload's option given at its default
+    assert_refused(run_in_process("train", "--workload", "har", "--recipe", "default", "--batch-sizes", "0", cwd=workdir),
+                   "--batch-sizes: Input should be greater than 0")
     assert_refused(run_in_process("generate", "--workload", "calo", "--dataset", "showers", "--nx", "300", cwd=workdir),
                    "workload calo takes no --nx (karman's option)")
 

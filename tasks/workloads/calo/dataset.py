@@ -146,14 +146,21 @@ def load_checked(dataset_dir: Path) -> dict:
 
 
 def check_generate(settings, spec) -> None:
-    """UserError if generate would refuse ``spec``: ranges outside the generator's, or an existing dataset of
-    that name that is another workload's or was written with other parameters, unless it is to be overwritten."""
+    """UserError if generate would refuse ``spec``: ranges outside the generator's, an existing dataset of that name
+    that is another workload's or was written with other parameters (unless it is to be overwritten), or a Dask
+    scheduler where none answers and the showers are still to be simulated."""
     check_ranges(spec)
     dataset_dir = settings.dataset_dir(spec.dataset)
+    complete = False
     if not spec.overwrite and (dataset_dir / MANIFEST).is_file():
         if manifest_of(dataset_dir)["parameters"] != parameters(spec):
             raise UserError(f"dataset {spec.dataset!r} already exists with different calo parameters; "
                             "choose another --dataset name or pass --overwrite")
+        complete = True
+    if spec.scheduler and not complete:  # its chunks run on Dask: a scheduler that is not there, refused now
+        from tasks.common.cluster import check_scheduler
+
+        check_scheduler(spec.scheduler)
 
 
 def generate(settings, spec, parent_run_id: str | None = None) -> dict:

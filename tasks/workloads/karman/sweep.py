@@ -10,7 +10,7 @@ import time
 from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 
-from tasks.common.cluster import dask_task_runner, finished, worth_retrying
+from tasks.common.cluster import check_scheduler, dask_task_runner, finished, worth_retrying
 from tasks.common.errors import UserError
 from tasks.common.names import Tag
 from tasks.common.progress import Progress
@@ -39,15 +39,19 @@ def sweep_key(spec: GenerateSpec) -> dict:
 
 def check_sweep(settings: Settings, spec: GenerateSpec) -> None:
     """What a sweep can have refused before anything runs: a sweep member that does not validate, a dataset of that name
-    written by another sweep (unless it is to be overwritten), a cuda sweep given a Dask scheduler, a cuda sweep without a GPU."""
-    expand(spec)
+    written by another sweep (unless it is to be overwritten), a Dask scheduler where none answers (where simulations are
+    left to run), a cuda sweep given a Dask scheduler, a cuda sweep without a GPU."""
+    sims = expand(spec)
+    dataset_dir = settings.dataset_dir(spec.dataset)
     if not spec.overwrite:
         try:
-            Manifest(settings.dataset_dir(spec.dataset), sweep_key(spec))  # UserError where its sweep differs
+            Manifest(dataset_dir, sweep_key(spec))  # UserError where its sweep differs
         except UserError:
             raise
         except (ValueError, OSError):
             pass  # a manifest that cannot be read: the sweep itself says what it finds
+    if spec.scheduler and spec.device == "cpu" and (spec.overwrite or spec.verify or not _complete(dataset_dir, spec, sims)):
+        check_scheduler(spec.scheduler)  # where Dask will run: a scheduler that is not there, refused now, not after 30 s of retries
     if spec.device == "cuda":
         if spec.scheduler:
             raise UserError(f"--scheduler {spec.scheduler}: a cuda sweep runs batched in one process on this host's GPU, not on Dask workers; drop --scheduler or use --device cpu")
