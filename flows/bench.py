@@ -112,19 +112,24 @@ def run_bench(args: argparse.Namespace) -> int:
     """Run a parsed bench command; one line on stderr and exit 2 for bad input."""
     from tasks.common.errors import RunFailed
 
+    from tasks.common.settings import data_root_from_env, folders_to_make, remove_if_empty
+
     command = BENCH_COMMANDS[args.command]
+    made = folders_to_make(data_root_from_env())  # what a refusal removes again
     try:
         result = command.run(spec_from_args(command.spec, args))
     except ValidationError as exc:
         print(f"python -m flows {args.command}: error: {validation_message(exc)}", file=sys.stderr)
         return 2
     except ValueError as exc:  # UserError included
+        remove_if_empty(made)
         print(f"python -m flows {args.command}: error: {exc}", file=sys.stderr)
         return 2
     except RunFailed as exc:  # a run that started and failed (a diverging loss)
         print(f"python -m flows {args.command}: failed: {exc}", file=sys.stderr)
         return 1
     except RuntimeError as exc:  # e.g. a torch device that is not there
+        remove_if_empty(made)
         print(f"python -m flows {args.command}: error: {str(exc).splitlines()[0]}", file=sys.stderr)
         return 2
     print(json_line(result, indent=None if args.json else 2))

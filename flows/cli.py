@@ -5,7 +5,6 @@ the CLI, the Prefect UI form and the child processes validate the same fields. B
 """
 
 import argparse
-import contextlib
 import logging
 import os
 import signal
@@ -19,6 +18,7 @@ from flows.bench import BENCH_COMMANDS, add_bench_commands, run_bench
 from flows.jsonline import json_line
 from flows.options import OneLineParser, add_spec_options, cli_fields, parse_command, spec_from_args, validation_message
 from tasks.common.errors import UserError
+from tasks.common.settings import folders_to_make, remove_if_empty
 from tasks.workloads.presets import quick_benchmark
 from tasks.common.specs import AblationSpec, AggregateSpec, BenchmarkSpec, DemoSpec, GenerateSpec, InferSpec, TrainSpec, ValidateSpec
 from tasks.report.convergence import ConvergenceSpec
@@ -51,14 +51,6 @@ def _foreign_option(model, args, base, exc: ValidationError) -> str | None:
         return foreign_option(workload, given, OPTION_KINDS[model])
     except (UserError, ImportError):  # a workload table that does not load: the validation's own message
         return None
-
-
-def _remove_empty(made: list) -> None:
-    """The folders this command made for its data root (``made``, deepest first), removed where a refusal left them
-    empty (only those: a folder another command has made inside meanwhile keeps them)."""
-    for folder in made:
-        with contextlib.suppress(OSError):  # a folder holding something stays
-            os.rmdir(folder)
 
 
 def _check_generate(settings, spec: GenerateSpec) -> None:
@@ -376,7 +368,7 @@ def main(argv: list[str] | None = None) -> int:
             os.environ.update(Credentials.from_env().env())  # MLflow's and Prefect's clients here and in every child read them
             _prefect_ready()
             settings = Settings.from_env()
-            made = [p for p in (settings.data_root, *settings.data_root.parents) if not p.exists()]  # what a refusal removes
+            made = folders_to_make(settings.data_root)  # what a refusal removes again
             settings.require_writable()
             tracking_ready(settings, create=False)  # a tracking server that is down ends the command here, in seconds
             cmd.check(settings, spec)
@@ -390,7 +382,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"python -m flows {command}: error: {message}", file=sys.stderr)
             return EXIT_USAGE
         except UserError as exc:
-            _remove_empty(made)
+            remove_if_empty(made)
             print(f"python -m flows {command}: error: {exc}", file=sys.stderr)
             return EXIT_USAGE
 

@@ -105,7 +105,7 @@ def bench_matmul(spec: BenchMatmulSpec) -> dict:
         if tracked:
             from tasks.common.tracking import tracking_ready
 
-            tracking_ready(settings)
+            tracking_ready(settings, create=False)  # a server that is down ends it now; a new local store is made once there are results
     load_before = os.getloadavg()[0]
     job = {"device": spec.device, "dtypes": dtypes, "sizes": sizes, "repeats": spec.repeats, "threads": spec.threads}
     children = [run_child("matmul", BODY, {**job, "framework": fw}, log, env=device_env(spec.device, framework=fw), framework=fw)
@@ -124,6 +124,7 @@ def bench_matmul(spec: BenchMatmulSpec) -> dict:
                       device_name=row["device_name"])
     summary["ceilings_file"] = str(settings.ceilings_path())
     if tracked:
+        tracking_ready(settings)  # a new local store: its tables created under a lock
         for row in rows:
             row["run_id"] = _log_run(settings, summary, row)
     summary["logged"] = "MLflow and the ceiling cache" if tracked else "the ceiling cache (MLflow is not installed)"

@@ -44,6 +44,26 @@ def _price_entries(text: str) -> dict[str, float]:
     return prices
 
 
+def data_root_from_env() -> Path:
+    """The data root this process's environment names (``KARMAN_DATA_ROOT``, else ./data), absolute."""
+    return Path(os.environ.get(DATA_ROOT_ENV, "data")).absolute()
+
+
+def folders_to_make(path: Path) -> list[Path]:
+    """``path`` and those of its parents that do not exist yet, deepest first: what making it creates."""
+    return [p for p in (path, *path.parents) if not p.exists()]
+
+
+def remove_if_empty(folders: list[Path]) -> None:
+    """``folders`` (deepest first: what a command made for its data root) removed where they are still empty, as a
+    refused command leaves them; only those, so a folder another command has made inside meanwhile keeps them."""
+    for folder in folders:
+        try:
+            folder.rmdir()
+        except OSError:  # gone, or holding something
+            pass
+
+
 class Settings(BaseModel):
     """Storage locations, prices and the registered model's name, passed explicitly from the flow entry to every task."""
 
@@ -72,7 +92,7 @@ class Settings(BaseModel):
         """Embedded defaults (./data, sqlite:///mlflow.db, ./mlartifacts, the illustrative prices in USD,
         model karman-surrogate), each overridable by environment."""
         return cls(
-            data_root=Path(os.environ.get(DATA_ROOT_ENV, "data")).absolute(),
+            data_root=data_root_from_env(),
             tracking_uri=os.environ.get("MLFLOW_TRACKING_URI", "sqlite:///mlflow.db"),
             artifact_root=Path(os.environ.get("KARMAN_ARTIFACT_ROOT", "mlartifacts")).absolute(),
             experiment=os.environ.get(EXPERIMENT_ENV, "karman-bench"),

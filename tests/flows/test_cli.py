@@ -89,6 +89,11 @@ def test_a_lookup_in_a_store_not_made_yet_is_refused_and_makes_none(workdir):
                            (("aggregate",), "experiment 'test' does not exist")):
         assert_refused(run_in_process(*args, cwd=workdir, env=env), fragment)
     assert not (workdir / "elsewhere").exists()
+    import torch
+
+    if not torch.cuda.is_available():  # a bench command's refusal too, from its child (the store is made once there are results)
+        assert_refused(run_in_process("bench-matmul", "--device", "cuda", cwd=workdir, env=env), "no CUDA GPU")
+        assert not (workdir / "elsewhere").exists()
 
 
 def test_verify_and_overwrite_together_are_refused(workdir):
