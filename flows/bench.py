@@ -111,7 +111,6 @@ def add_bench_commands(sub) -> None:
 def run_bench(args: argparse.Namespace) -> int:
     """Run a parsed bench command; one line on stderr and exit 2 for bad input."""
     from tasks.common.errors import RunFailed
-
     from tasks.common.settings import data_root_from_env, folders_to_make, remove_if_empty
 
     command = BENCH_COMMANDS[args.command]
