@@ -78,8 +78,9 @@ def resolve_model_run(settings: Settings, model_run: str, takes: Callable | None
         model_run = resolve_model_uri(settings, model_run)
     if model_run == "latest":
         # (looked up, not created: a refused request leaves neither a store nor an experiment behind)
-        experiment = None if store_not_made(settings) else client_for(settings).get_experiment_by_name(settings.experiment)
-        runs = [] if experiment is None else client_for(settings).search_runs(
+        client = None if store_not_made(settings) else client_for(settings)
+        experiment = None if client is None else client.get_experiment_by_name(settings.experiment)
+        runs = [] if experiment is None else client.search_runs(
             [experiment.experiment_id], f"tags.`{Tag.STAGE}` = 'train' and attributes.status = 'FINISHED'",
             order_by=["attributes.start_time DESC"], max_results=1 if takes is None else 200)
         runs = [r for r in runs if takes is None or takes(r)]

@@ -63,8 +63,7 @@ def tracking_ready(settings: Settings, timeout_s: float = 5.0, create: bool = Tr
             raise UserError(f"the MLflow tracking server {uri} does not answer ({reason}); start it (infra/start-mlflow-server.sh) "
                             "or set MLFLOW_TRACKING_URI to one that runs") from None
         _check_credentials(uri, timeout_s)
-    elif uri.startswith("sqlite:///") and create:
-        db = Path(uri[len("sqlite:///"):])
+    elif (db := sqlite_file(settings)) is not None and create:
         db.parent.mkdir(parents=True, exist_ok=True)
         with open(db.with_name(db.name + ".lock"), "a") as lock:
             fcntl.flock(lock, fcntl.LOCK_EX)  # one creator of the tables at a time
@@ -248,11 +247,17 @@ def missing(exc: MlflowException) -> bool:
     return exc.error_code in ("RESOURCE_DOES_NOT_EXIST", "INVALID_PARAMETER_VALUE")
 
 
+def sqlite_file(settings: Settings) -> Path | None:
+    """The file of a local SQLite tracking store (``sqlite:///PATH``); None for any other store."""
+    uri = settings.tracking_uri
+    return Path(uri[len("sqlite:///"):]) if uri.startswith("sqlite:///") else None
+
+
 def store_not_made(settings: Settings) -> bool:
     """Whether the tracking store is a local SQLite file that does not exist yet: nothing is in it, and opening it to look
     would make it (a lookup that finds nothing is refused without leaving a store behind)."""
-    uri = settings.tracking_uri
-    return uri.startswith("sqlite:///") and not Path(uri[len("sqlite:///"):]).exists()
+    db = sqlite_file(settings)
+    return db is not None and not db.exists()
 
 
 def client_for(settings: Settings) -> MlflowClient:

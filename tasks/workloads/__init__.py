@@ -244,10 +244,10 @@ def foreign_option(workload_name: str, given, kind: str = "options") -> str | No
     """check_options' refusal where the options a request ``given`` (field names) hold one that another workload owns;
     None where none does, or the workload is unknown. (A request whose spec failed its own checks: a check of karman's
     recipe would otherwise name options a har request never gave.)"""
-    known = table()
-    if workload_name not in known:
+    try:
+        workload = get_workload(workload_name)
+    except UserError:
         return None
-    workload = get_workload(workload_name)
     for field, whose in owners(kind).items():
         if field in given and workload.name not in whose:
             return _not_its_option(workload, field, whose, kind)

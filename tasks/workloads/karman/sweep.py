@@ -43,14 +43,16 @@ def check_sweep(settings: Settings, spec: GenerateSpec) -> None:
     left to run), a cuda sweep given a Dask scheduler, a cuda sweep without a GPU."""
     sims = expand(spec)
     dataset_dir = settings.dataset_dir(spec.dataset)
+    manifest = None
     if not spec.overwrite:
         try:
-            Manifest(dataset_dir, sweep_key(spec))  # UserError where its sweep differs
+            manifest = Manifest(dataset_dir, sweep_key(spec))  # UserError where its sweep differs
         except UserError:
             raise
         except (ValueError, OSError):
             pass  # a manifest that cannot be read: the sweep itself says what it finds
-    if spec.scheduler and spec.device == "cpu" and (spec.overwrite or spec.verify or not _complete(dataset_dir, spec, sims)):
+    complete = manifest is not None and all(manifest.is_complete(s.sim_id) for s in sims)
+    if spec.scheduler and spec.device == "cpu" and (spec.verify or not complete):
         check_scheduler(spec.scheduler)  # where Dask will run: a scheduler that is not there, refused now, not after 30 s of retries
     if spec.device == "cuda":
         if spec.scheduler:
