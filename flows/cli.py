@@ -20,7 +20,8 @@ from flows.options import OneLineParser, add_spec_options, cli_fields, parse_com
 from tasks.common.errors import UserError
 from tasks.common.settings import folders_to_make, remove_if_empty
 from tasks.workloads.presets import quick_benchmark
-from tasks.common.specs import AblationSpec, AggregateSpec, BenchmarkSpec, DemoSpec, GenerateSpec, InferSpec, TrainSpec, ValidateSpec
+from tasks.common.specs import AggregateSpec, BenchmarkSpec, DemoSpec, GenerateSpec, InferSpec, TrainSpec
+from tasks.workloads.karman.specs import AblationSpec, ValidateSpec
 from tasks.report.convergence import ConvergenceSpec
 
 EXIT_USAGE = 2
@@ -36,7 +37,7 @@ def _log() -> logging.Logger:
 def _foreign_option(model, args, base, exc: ValidationError) -> str | None:
     """Where a request's spec failed a check across its options (or of one option) and the request gave another workload's
     option (there), the refusal of that option: it is the cause to name, not a check of the option's own workload."""
-    if model not in OPTION_KINDS:
+    if model not in OPTION_KINDS:  # a training spec refuses another workload's option itself, before its own checks
         return None
     from tasks.common.specs import DEFAULT_WORKLOAD
     from tasks.workloads import foreign_option
@@ -236,7 +237,21 @@ def spec_file(model: type[BaseModel], path: str) -> BaseModel:
         raise UserError(f"--spec {path!r}: {where + ': ' if where else ''}{err['msg'].removeprefix('Value error, ').rstrip('.')}{got}") from None
 
 
-OPTION_KINDS = {TrainSpec: "options", GenerateSpec: "generate_options"}  # the specs whose fields a workload may own
+OPTION_KINDS = {GenerateSpec: "generate_options"}  # the specs whose fields a workload may own (a training spec's are its ``options``)
+OWN_DEFAULTS = (TrainSpec, GenerateSpec)  # the specs whose dataset (and sizes) a request leaves to its workload
+
+
+def option_models(spec: type[BaseModel], workload: str | None) -> list[type[BaseModel]]:
+    """The workload options whose fields are ``spec``'s flags too (a training spec's): the named workload's, or where the
+    command line names none (or an unknown one, which the command refuses when it runs), every workload's."""
+    if spec is not TrainSpec:
+        return []
+    from tasks.common.workload_table import options_model, table
+
+    try:
+        return [options_model(workload)] if workload else [options_model(name) for name in table()]
+    except UserError:
+        return [options_model(name) for name in table()]
 
 
 def help_workload(argv: list[str]) -> str | None:
@@ -265,7 +280,7 @@ def _shown(spec: type[BaseModel], workload: str | None) -> set[str] | None:
 
 def _own_defaults(spec: type[BaseModel], workload: str | None) -> dict | None:
     """For a named workload, the defaults of ``spec``'s fields that it sets itself (its dataset, batch size, epochs)."""
-    if workload is None or spec not in OPTION_KINDS:
+    if workload is None or spec not in OWN_DEFAULTS:
         return None
     from tasks.workloads import with_own_defaults
 
@@ -289,6 +304,10 @@ def build_parser(workload: str | None = None) -> argparse.ArgumentParser:
                            help=f"Wall-clock seconds of training (default: {DemoSpec().train.time_budget:g})")
         else:
             add_spec_options(p, command.spec, _shown(command.spec, workload), _own_defaults(command.spec, workload))
+            added = set(cli_fields(command.spec))
+            for model in option_models(command.spec, workload):  # the workload's own options, flags beside the shared ones
+                add_spec_options(p, model, set(cli_fields(model)) - added)
+                added |= set(cli_fields(model))
             p.add_argument("--spec", dest="spec_file", default=None, metavar="FILE",
                            help="A JSON or YAML file holding the whole spec, as the Prefect form's 'spec' parameter (nested fields "
                                 "included); the options given beside it override its values")
@@ -352,8 +371,8 @@ def main(argv: list[str] | None = None) -> int:
                     if base is not None:
                         raise UserError("--spec and --quick both give the whole matrix; give one")
                     base = spec_file(cmd.spec, args.spec_file)
-                spec = spec_from_args(cmd.spec, args, base)
-                if cmd.spec in OPTION_KINDS:  # what the request left unset, from its workload's entry (its dataset, sizes, epochs)
+                spec = spec_from_args(cmd.spec, args, base, option_models(cmd.spec, None))
+                if cmd.spec in OWN_DEFAULTS:  # what the request left unset, from its workload's entry (its dataset, sizes, epochs)
                     from tasks.workloads import with_own_defaults
 
                     spec = with_own_defaults(spec)

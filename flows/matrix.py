@@ -6,7 +6,7 @@ description. The benchmark flow (flows.pipeline) runs what this plans."""
 import itertools
 from dataclasses import dataclass
 
-from tasks.common.specs import BenchmarkSpec, GenerateSpec, InferSpec, TrainSpec
+from tasks.common.specs import BenchmarkSpec, GenerateSpec, InferSpec, TrainOptions, TrainSpec
 
 
 @dataclass
@@ -22,7 +22,7 @@ class WorkloadCells:
     sizes: list[dict]  # the network sizes swept (e.g. {"layers": 2, "units": 64}); [{}]: the workload's own
     repeats: int  # training runs (seeds) per cell: the benchmark's repeats, else the workload's run rules'
     generate: GenerateSpec  # the dataset its cells train on, as generate makes it
-    train: TrainSpec  # the benchmark's train section with the other workloads' options at their defaults
+    train: TrainOptions  # the benchmark's train section (its cells take their workload's options from it)
 
     def train_cells(self, spec: BenchmarkSpec) -> int:
         return len(self.frameworks) * len(spec.devices) * len(self.batch_sizes) * len(self.sizes) * self.repeats
@@ -42,7 +42,7 @@ def benchmark_matrix(spec: BenchmarkSpec) -> list[WorkloadCells]:
         else:  # its own dataset, made with the generate section's fields of that workload
             dataset, fields = benchmark_dataset(workload, spec.generate)
             generate = GenerateSpec(workload=name, dataset=dataset, **fields)
-        train, sizes = reset_foreign(workload, spec.train), swept_sizes(workload, spec)
+        train, sizes = spec.train, swept_sizes(workload, spec)
         own = spec.per_workload.get(name)  # a preset's sizes of this workload's cells, where they are not its own
         matrix.append(WorkloadCells(workload, [f for f in spec.frameworks if f in workload.frameworks],
                                     list(spec.batch_sizes or (own.batch_sizes if own else None) or workload.batch_sizes), dataset,
@@ -137,16 +137,18 @@ class BenchmarkPlan:
     skipped: dict[str, list[str]]  # workload -> the frameworks asked for that it has no version in
 
 
-def train_cell(train: TrainSpec, device: str, batch_size: int, seed: int, framework: str, workload: str, dataset: str | None = None,
+def train_cell(train: TrainOptions, device: str, batch_size: int, seed: int, framework: str, workload: str, dataset: str | None = None,
                epochs: int | None = None, size: dict | None = None) -> TrainSpec:
     """The training spec of a cell: the benchmark's train section ``train`` with the cell's device, batch size, seed,
-    framework, workload and its dataset, its network ``size`` and, where given, the epoch limit of the workload's cells
-    (the strategy is kept for a framework that has it, else auto)."""
+    framework, workload and its dataset, the workload's options from the section with its network ``size`` over them and,
+    where given, the epoch limit of the workload's cells (the strategy is kept for a framework that has it, else auto)."""
     from tasks.common.training.frameworks import FRAMEWORKS
 
+    own = train.options[workload].model_dump(exclude_unset=True) if workload in train.options else {}
     values = {"device": device, "batch_sizes": [batch_size], "seed": seed, "framework": framework, "strategy": FRAMEWORKS[framework].strategy_of(train.strategy),
-              "workload": workload, "dataset": dataset or train.dataset, **({"epochs": epochs} if epochs is not None else {}), **(size or {})}
-    return TrainSpec(**(train.model_dump() | values))
+              "workload": workload, "dataset": dataset or train.dataset, **({"epochs": epochs} if epochs is not None else {}),
+              "options": own | (size or {})}
+    return TrainSpec(**(train.model_dump(exclude={"options"}) | values))
 
 
 def infer_cell(infer: InferSpec, device: str, mode: str, workers: int, model_run: str = "latest") -> InferSpec:

@@ -108,11 +108,14 @@ def add_spec_options(parser: argparse.ArgumentParser, model: type[BaseModel], on
             parser.add_argument(flag, *getattr(model, "cli_aliases", {}).get(name, ()), dest=name, default=None, help=help_text)
 
 
-def spec_from_args(model: type[BaseModel], args: argparse.Namespace, base: BaseModel | None = None) -> BaseModel:
+def spec_from_args(model: type[BaseModel], args: argparse.Namespace, base: BaseModel | None = None,
+                   beside: list[type[BaseModel]] = ()) -> BaseModel:
     """The spec from the command line's options, over ``base``'s values when given; ValidationError or
-    UserError for bad input."""
+    UserError for bad input. ``beside``: models whose fields are flags of the command too, handed to the spec as given
+    (a training spec's workload options: the spec takes its own workload's)."""
     values = base.model_dump(include=base.model_fields_set) if base is not None else {}  # what it gave: the rest stays unset
-    for name, field in cli_fields(model).items():
+    flags = {name: field for other in beside for name, field in cli_fields(other).items()} | cli_fields(model)
+    for name, field in flags.items():
         value = getattr(args, name, None)
         if value is None:
             continue

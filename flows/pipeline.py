@@ -20,7 +20,8 @@ from tasks.common.errors import UserError
 from tasks.common.names import Tag, infer_label, infer_run_name, train_label, train_run_name
 from tasks.common.progress import Progress
 from tasks.common.settings import Settings
-from tasks.common.specs import AblationSpec, AggregateSpec, BenchmarkSpec, DemoSpec, GenerateSpec, InferSpec, TrainSpec, ValidateSpec
+from tasks.common.specs import AggregateSpec, BenchmarkSpec, DemoSpec, GenerateSpec, InferSpec, TrainSpec
+from tasks.workloads.karman.specs import AblationSpec, ValidateSpec
 from tasks.common.store import load_manifest
 from tasks.common.tracking import mlflow_run, reap_orphans, run_url
 from tasks.common.training.frameworks import DEFAULT

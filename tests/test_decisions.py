@@ -6,7 +6,8 @@ import pytest
 from pydantic import ValidationError
 
 from models.host import DEVICE_KINDS, DeviceKind
-from tasks.common.specs import DEFAULT_EPOCHS, FOLDER_NAME, AblationSpec, AggregateSpec, BenchmarkSpec, GenerateSpec, InferSpec, TrainSpec
+from tasks.common.specs import DEFAULT_EPOCHS, FOLDER_NAME, AggregateSpec, BenchmarkSpec, GenerateSpec, InferSpec, TrainSpec
+from tasks.workloads.karman.specs import AblationSpec
 
 
 def _choices(model, field: str) -> tuple:

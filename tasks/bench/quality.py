@@ -20,7 +20,7 @@ from tasks.common.settings import Settings
 from tasks.common.specs import TrainSpec
 from tasks.common.training import loop
 from tasks.common.training.runtime_torch import TorchRuntime
-from tasks.workloads import check_options, framework_module, get_workload, with_own_defaults
+from tasks.workloads import framework_module, get_workload, with_own_defaults
 
 log = logging.getLogger("karman.bench")
 
@@ -56,7 +56,6 @@ def bench_quality(bench: BenchQualitySpec) -> dict:
     settings = Settings.from_env()
     spec, repeats = with_own_defaults(bench.train_spec()), bench.repeats  # what it left out, its workload's (dataset, batch, epochs)
     workload = get_workload(spec.workload)
-    check_options(spec)
     if bench.extra_dataset and not workload.bench_quality:  # the workload's own part rolls its models out on them
         raise ValueError(f"--extra-dataset rolls out trained models on more datasets; the {spec.workload} workload has no rollouts")
     folders = [settings.dataset_dir(name) for name in [spec.dataset, *bench.extra_dataset]]

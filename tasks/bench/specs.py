@@ -217,8 +217,11 @@ def _quality_spec() -> type[BenchSpec]:
     from pydantic import create_model
 
     from tasks.common.specs import TrainSpec
+    from tasks.common.workload_table import option_owners, options_model
 
-    fields = {name: (TrainSpec.model_fields[name].annotation, TrainSpec.model_fields[name]) for name in QUALITY_TRAINING}
+    owners = option_owners()  # a workload's option: its field as the first workload that has it declares it
+    found = {name: TrainSpec.model_fields.get(name) or options_model(owners[name][0]).model_fields[name] for name in QUALITY_TRAINING}
+    fields = {name: (field.annotation, field) for name, field in found.items()}
     return create_model("BenchQualitySpec", __base__=_BenchQualityOwn, __module__=__name__,
                         __doc__="Time to quality: train a recipe on a stored dataset until a rollout target holds, then score rollouts "
                                 "and compare with the solver.", **fields)

@@ -39,15 +39,13 @@ class Tag:
 
 # Run names, made here only: MLflow's (``digits-torch-cpu-b8``) and Prefect's flow and task runs' (``train digits
 # torch cpu b8``) for the same run say the same things: what ran (workload, framework), where (device), at what batch,
-# and whatever else a benchmark varies (the seed, har's layers and units), so that no two runs of one benchmark share
+# and whatever else a benchmark varies (the seed, the workload's options' part: har's layers and units), so that no two runs of one benchmark share
 # a name. ``spec`` is a TrainSpec or an InferSpec (duck-typed, so that any process may import this module without
 # pydantic models).
 
 def _training(spec, sizes: str) -> list[str]:
     """The parts of a training run's name: workload, framework, device, batch(es), then what is set away from the default."""
-    extra = [f"l{spec.layers}" if getattr(spec, "layers", None) is not None else "",
-             f"u{spec.units}" if getattr(spec, "units", None) is not None else ""]
-    return [spec.workload, spec.framework, spec.device, f"b{sizes}", "".join(extra), f"s{spec.seed}" if spec.seed else ""]
+    return [spec.workload, spec.framework, spec.device, f"b{sizes}", spec.options.name_part(), f"s{spec.seed}" if spec.seed else ""]
 
 
 def train_run_name(spec, batch_size: int) -> str:

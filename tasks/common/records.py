@@ -148,16 +148,17 @@ class TrainRecord(Record):
     test: dict[str, float | None] = Field(default_factory=dict, description="Scores on the test split after training (workloads that score one, e.g. digits' accuracy)")
 
     def mlflow_params(self) -> dict[str, str]:
-        """Flat MLflow params, under the names runs have always had (strings, as MLflow keeps them)."""
+        """Flat MLflow params, under the names runs have always had (strings, as MLflow keeps them): the shared settings and the
+        run's own workload's options, those set only (no other workload's options, no None)."""
         c = self.config
-        spec = c.spec.model_dump(mode="json", exclude={"batch_sizes", "resume", "world_size", "strategy", "cell"})
+        spec = {k: v for k, v in c.spec.params().items() if k not in {"batch_sizes", "resume", "world_size", "strategy"}}
         values = {**spec, "workload": c.workload, "framework": c.framework, "framework_version": c.framework_version,
                   f"{c.framework}_version": c.framework_version, "device_name": c.device_name, "world_size": c.world_size,
                   "strategy": c.strategy, "cpu_threads": c.threads, "batch_size": c.batch_size, "per_device_batch": c.per_device_batch,
                   "dataset_digest": c.dataset_digest, "train_pairs": c.train_samples, "data_in_memory": c.data_in_memory,
                   "split": json.dumps(c.split), "host": c.host, "code_version": c.code_version, "speed": json.dumps(c.speed),
                   **c.workload_params}
-        return {k: json.dumps(v) if isinstance(v, (list, dict)) else str(v) for k, v in values.items()}
+        return {k: json.dumps(v) if isinstance(v, (list, dict)) else str(v) for k, v in values.items() if v is not None}
 
     def mlflow_metrics(self) -> dict[str, float]:
         """The summary's metrics (finite numbers only), under the names runs have always had."""
@@ -183,9 +184,12 @@ class TrainRecord(Record):
         def value(name: str, default=None):
             return _param(params, name, default)
 
-        spec = _spec_from_params(TrainSpec, params, skip={"batch_sizes", "resume", "world_size", "strategy", "cell"})
+        from tasks.common.workload_table import options_model
+
+        options = options_model(value("workload", DEFAULT_WORKLOAD)).model_fields  # the run's workload's, logged flat beside the shared
+        spec = _spec_from_params(TrainSpec, params, skip={"batch_sizes", "resume", "world_size", "strategy", "cell", "options"}, more=set(options))
         framework = value("framework", "torch")
-        known = set(TrainSpec.model_fields) | {"workload", "framework", "framework_version", f"{framework}_version", "device_name",
+        known = set(TrainSpec.model_fields) | set(options) | {"workload", "framework", "framework_version", f"{framework}_version", "device_name",
                                                 "world_size", "strategy", "cpu_threads", "batch_size", "per_device_batch", "dataset_digest",
                                                 "train_pairs", "data_in_memory", "split", "host", "code_version", "speed"}
         config = TrainConfig(
@@ -219,9 +223,10 @@ def _param(params: dict[str, str], name: str, default=None):
     return default if text is None or text == "None" else text
 
 
-def _spec_from_params(model: type[BaseModel], params: dict[str, str], skip: set[str]):
-    """The spec a version-1 run logged field by field as strings (lists and mappings as JSON), validated again."""
-    given = {name: _param(params, name) for name in model.model_fields if name not in skip}
+def _spec_from_params(model: type[BaseModel], params: dict[str, str], skip: set[str], more: set[str] = frozenset()):
+    """The spec a version-1 run logged field by field as strings (lists and mappings as JSON), validated again; ``more``: the
+    names of further fields the spec takes beside its own (a training spec's workload options)."""
+    given = {name: _param(params, name) for name in [*model.model_fields, *more] if name not in skip}
     return model(**{name: json.loads(text) if text[:1] in "[{" else text for name, text in given.items() if text is not None})
 
 

@@ -3,14 +3,14 @@
 Flows take these as parameters, so the Prefect UI's run form, the CLI's options and the child processes all read one validated object.
 """
 
-from typing import Annotated, ClassVar, Literal
+import itertools
+from typing import Annotated, Any, ClassVar, Literal
 
-from pydantic import (BaseModel, ConfigDict, Field, PositiveFloat, PositiveInt, StringConstraints, TypeAdapter, field_validator,
-                      model_validator)
+from pydantic import (BaseModel, ConfigDict, Field, PositiveFloat, PositiveInt, SerializeAsAny, StringConstraints, TypeAdapter,
+                      field_validator, model_validator)
 from pydantic.json_schema import SkipJsonSchema
 
 from models.host import DeviceKind as Device
-from models.nets.config import check_cuda_graph
 from models.tiling import DEFAULT_HALO
 from tasks.common.training.frameworks import FRAMEWORKS
 
@@ -94,16 +94,74 @@ class GenerateSpec(Spec):
         return self
 
 
-# TrainSpec's fields added after a released version keyed its cells -> their defaults, at which a cell's key leaves them out
-KEYLESS_DEFAULTS = {"cuda_graph": "auto"}
+class WorkloadOptions(Spec):
+    """A workload's own training options: what only its runs take (karman's recipe and widths, har's layers and units).
+    Its folder's ``options.py`` declares them as a subclass (``TRAIN``); a run's spec holds them as its ``options``, and
+    its command-line flags, MLflow params, run name and cell key come from them."""
+
+    def check(self, spec: "TrainSpec") -> None:
+        """ValueError, in one line, where these options do not fit the rest of ``spec``; none by default."""
+
+    def params(self) -> dict[str, Any]:
+        """The options as a run's MLflow params: those set (a None means 'the workload's own' and is not logged)."""
+        return {k: v for k, v in self.model_dump(mode="json").items() if v is not None}
+
+    def tags(self) -> dict[str, str]:
+        """MLflow tags the workload puts on a run of these options; none by default."""
+        return {}
+
+    def name_part(self) -> str:
+        """What a run's name adds for these options (har: ``l1u16``), so that no two runs of a benchmark share a name."""
+        return ""
+
+    def key_fields(self) -> dict[str, Any]:
+        """The options as a cell's key hashes them."""
+        return self.model_dump(mode="json")
+
+    @classmethod
+    def key_padding(cls) -> dict[str, Any]:
+        """What a cell's key holds of these options for another workload's run: nothing for a workload added after options
+        became a workload's own. The first four workloads' cells were keyed over one flat spec that held every one's
+        options, so theirs give their defaults here and those cells keep their keys."""
+        return {}
+
+
+def with_options(values: dict, shared: set[str]) -> dict:
+    """A training spec's ``values`` with its workload's options gathered into ``options``: given there, or beside the
+    shared fields (as the command line gives them, and as specs, records and deployments written when one flat spec held
+    every workload's options have them). Another workload's option at its default there (None, or that workload's
+    default) is dropped; set, it is refused in one line naming whose it is and the workload's own options."""
+    from tasks.common.workload_table import option_owners, options_model
+
+    values = dict(values)
+    name = values.get("workload", DEFAULT_WORKLOAD)
+    model = options_model(name)
+    given = values.pop("options", None)
+    own = dict(given.model_dump(exclude_unset=True) if isinstance(given, BaseModel) else given or {})
+    flat = {k: values.pop(k) for k in list(values) if k not in shared}
+    owners = option_owners() if flat else {}
+    for option, value in flat.items():
+        if option in model.model_fields:
+            own[option] = value  # beside the shared fields (the command line's flags) over ``options`` (a spec file's)
+        elif option in owners and all(value is None or value == options_model(o).model_fields[option].default for o in owners[option]):
+            continue  # another workload's option as the one flat spec held it: at its default
+        elif option in owners:
+            flag = lambda n: "--" + n.replace("_", "-")  # noqa: E731
+            mine = list(model.model_fields)
+            raise ValueError(f"workload {name} takes no {flag(option)} ({' and '.join(owners[option])}'s option); "
+                             + (f"its own options are {', '.join(map(flag, mine))}" if mine else "it has no options of its own"))
+        else:
+            values[option] = value  # not an option of any workload: the spec refuses it as an unknown field
+    values["options"] = model.model_validate(own)
+    return values
 
 
 class TrainSpec(Spec):
-    """One training run of a workload (the Kármán surrogate: Pix2Pix on (frame t -> frame t+k) pairs)."""
+    """One training run of a workload: the settings every workload's runs share, and its own ``options``."""
 
     model_config = CELL_IN_SCHEMA
 
-    workload: str = Field(default=DEFAULT_WORKLOAD, pattern=WORKLOAD_NAME, description="Workload, by name from the workload table: karman (the Pix2Pix surrogate of a vortex street), digits (a CNN on 5,000 real MNIST digits), har (bidirectional LSTMs on activity-sensor windows) or calo (a 3-D GAN of calorimeter showers, synthetic data); the recipe, rollout-validation and simulation-split fields are karman's")
+    workload: str = Field(default=DEFAULT_WORKLOAD, pattern=WORKLOAD_NAME, description="Workload, by name from the workload table: karman (the Pix2Pix surrogate of a vortex street), digits (a CNN on 5,000 real MNIST digits), har (bidirectional LSTMs on activity-sensor windows) or calo (a 3-D GAN of calorimeter showers, synthetic data); each has options of its own (--workload NAME --help shows them)")
     dataset: str = DatasetName
     framework: Literal["torch", "tensorflow", "jax"] = Field(default="torch", description="torch (PyTorch), tensorflow (Keras 3 under a tf.distribute strategy) or jax (one process, data-parallel over its devices): the same networks, recipe, data and metrics; a workload runs in the frameworks it has")
     device: Device = Field(default="cpu", description="cpu, cuda (all visible GPUs) or xla (TPU cores: torch_xla, or TPUStrategy for tensorflow)")
@@ -113,46 +171,21 @@ class TrainSpec(Spec):
     hosts: PositiveInt = Field(default=1, le=4096, description="Hosts of a SLURM allocation the world spreads over (torch: torchrun on each, a c10d rendezvous; tensorflow: multiworker, TF_CONFIG from SLURM's environment); the world size is the total, an equal share per host; > 1 runs inside the allocation (infra/slurm-train.sbatch)")
     epochs: PositiveInt | None = Field(default=None, le=100_000, description=f"Training epochs at most; None = {DEFAULT_EPOCHS}, or no limit with a time budget; left out, the workload's own (--workload NAME --help shows it)")
     time_budget: PositiveFloat | None = Field(default=None, le=30 * 86400, description="Wall-clock seconds of training (validation included): training stops at the end of the step that crosses it and saves the model of that moment")
-    validate_every: int = Field(default=2, ge=0, description="Epochs between validation rollouts on the validation simulations, logged against training time (0 = none)")
-    validate_steps: PositiveInt = Field(default=60, le=100_000, description="Steps of each validation rollout")
-    target_vorticity: PositiveFloat = Field(default=0.3, description="Quality target: vorticity relative L2 at most this ...")
-    target_steps: PositiveInt = Field(default=40, description="... for the first this many steps of every validation rollout")
-    target_accuracy: float | None = Field(default=None, gt=0, le=1, description="Quality target of a classification workload (digits): validation accuracy at least this; None = the workload's own (digits' option: another workload's request that sets it is refused)")
+    validate_every: int = Field(default=2, ge=0, description="Epochs between validations on the validation split, logged against training time (0 = none)")
     stop_at_target: bool = Field(default=False, description="End training at the validation that first reaches the quality target")
-    frame_stride: PositiveInt | None = Field(default=None, description="k: predict frame t+k from frame t; None = the recipe's (1; long-horizon 2)")
-    ngf: PositiveInt | None = Field(default=None, le=1024, description="Generator base width; None = the recipe's (default 16, paper 64)")
-    ndf: PositiveInt | None = Field(default=None, le=1024, description="Discriminator base width; None = the recipe's (default 16, paper 64)")
-    layers: PositiveInt | None = Field(default=None, le=64, description="Recurrent layers of the har network (stacked bidirectional LSTMs); None = the workload's own (2); har's option: another workload's request that sets it is refused")
-    units: PositiveInt | None = Field(default=None, le=4096, description="Units of each direction of each recurrent layer of the har network; None = the workload's own (32); har's option: another workload's request that sets it is refused")
-    depth: PositiveInt | None = Field(default=None, description="U-Net down-blocks; None = log2(crop, or min(height, width))")
-    crop: PositiveInt | None = Field(default=None, description="Train on random crops of this side (a multiple of 2^depth), which suits tiled (map-reduce) inference with tiles of that side; None = whole frames")
-    norm: Literal["batch", "instance"] = Field(default="batch", description="Normalisation layers")
-    recipe: Literal["default", "paper", "five-minute", "long-horizon"] = Field(default="default", description="Training recipe: default (the measured best: predicts the change of state, resize-convolutions, L1 only, input noise, three-step pushforward loss, cosine learning-rate decay), paper (the study's Pix2Pix: next frame, transposed convolutions, GAN + 100 L1, dropout), five-minute (the default with a loss growing from one step to two over the run: both 5-minute goals) or long-horizon (the default with the Reynolds number as input, frame stride 2, a curriculum over half the run, damping 1 and noise 0.02: the 30-minute goals); the fields below override single elements")
-    predict: Literal["state", "delta"] | None = Field(default=None, description="Network output: state (the next frame) or delta (its change from the current frame); None = the recipe's")
-    upsample: Literal["transpose", "resize"] | None = Field(default=None, description="Decoder upsampling: transpose (4x4 stride-2 transposed convolutions) or resize (nearest doubling + 3x3 convolution); None = the recipe's")
-    noise: float | None = Field(default=None, ge=0, description="Std of Gaussian noise on the input state (network units) during training; None = the recipe's")
-    unroll: PositiveInt | None = Field(default=None, description="Steps of the loss: 1 = one-step, 2+ = pushforward terms from the network's own predictions; None = the recipe's")
-    pushforward: Literal["detached", "through"] | None = Field(default=None, description="How the unrolled loss's later steps see the earlier predictions: detached (as constants) or through (gradients flow back through the chain); None = the recipe's")
-    condition: Literal["none", "reynolds"] | None = Field(default=None, description="What the network sees besides u, v, p and the obstacle: none, or reynolds (the simulation's Reynolds number as a constant input channel); None = the recipe's")
-    curriculum: float | None = Field(default=None, ge=0, le=1, description="Fraction of the run over which the loss grows from one step to --unroll, in equal parts (0 = full unroll from the start); None = the recipe's")
-    damping: float | None = Field(default=None, ge=0, le=3, description="Passes of a fixed binomial filter taken out of the predicted change, in the loss and every rollout step: 1 removes the cell-scale mode, 2 also about twice as much of waves of three to six cells (0 = none; needs predict delta); None = the recipe's")
-    constrain: bool = Field(default=False, description="Impose the rollout's constraints (u, v, p zero inside the obstacle, the inlet's u and v held) on every prediction of the unrolled training chain; rollouts of the model then hold the inlet too; whole frames only")
-    gan_weight: float | None = Field(default=None, ge=0, description="Weight of the adversarial term (0 = no discriminator training); None = the recipe's")
-    lr: PositiveFloat | None = Field(default=None, description="Adam learning rate; None = the recipe's")
-    schedule: Literal["constant", "cosine"] | None = Field(default=None, description="Learning-rate schedule: constant, or cosine (half a cosine down to a hundredth of the rate over the time budget, else over the epoch limit); None = the recipe's (karman) or the workload's own (har: constant)")
-    l1_weight: float | None = Field(default=None, ge=0, description="Weight of the L1 term; None = the recipe's")
     precision: Literal["fp32", "bf16"] = Field(default="fp32", description="fp32, or bf16 autocast")
-    channels_last: Literal["auto", "on", "off"] = Field(default="auto", description="NHWC memory layout; auto = on for cuda only (slower on CPU)")
     compile: Literal["auto", "on", "off"] = Field(default="auto", description="torch.compile the networks (torch; auto = off: slower on CPU, and on a GPU its compilation costs more than it saves in short runs), or XLA-compile the step with jit_compile (tensorflow; auto = off)")
-    cuda_graph: Literal["auto", "on", "off"] = Field(default="auto", description="Record the torch trainer's step as CUDA graphs and replay them (one process on a CUDA GPU; auto = on for cuda)")
-    winograd: Literal["auto", "on", "off"] = Field(default="auto", description="Winograd F(3x3,4x4) for the discriminator's wide stride-1 layer (CPU, fp32 only); auto = on for cpu")
-    val_simulations: int = Field(default=1, ge=0, description="Simulations held out for validation (scored by rollouts during training); taken inside the sweep's Reynolds range")
-    test_simulations: int = Field(default=1, ge=0, description="Simulations held out for testing (rollout); taken inside the sweep's Reynolds range, so the test interpolates")
     max_steps: PositiveInt | None = Field(default=None, le=10**9, description="Stop after this many optimiser steps (smoke runs)")
     threads: PositiveInt | None = Field(default=None, le=4096, description="CPU threads of the framework, at most the host's cores; None = all cores")
     seed: int = Field(default=0, ge=0, le=2**31 - 1, description="Seed of weights, split and shuffling")
     resume: str | None = Field(default=None, pattern=r"^[0-9a-f]{32}$", description="MLflow run id of an interrupted training run to continue from its last checkpoint (other fields are taken from that run)")
     cell: SkipJsonSchema[CellKey | None] = Field(default=None, description=CELL_DESCRIPTION)
+    options: SerializeAsAny[WorkloadOptions] = Field(default_factory=WorkloadOptions, description="The workload's own options (its folder's options.py): --workload NAME --help lists them")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _gather_options(cls, values: Any) -> Any:
+        return with_options(values, set(cls.model_fields)) if isinstance(values, dict) else values
 
     @field_validator("batch_sizes")
     @classmethod
@@ -160,17 +193,12 @@ class TrainSpec(Spec):
         return once_each(values, "batch size of a sweep")
 
     @model_validator(mode="after")
-    def _recipe_holds(self) -> "TrainSpec":
-        self.resolved_recipe()  # ValueError naming the element that does not fit
+    def _options_hold(self) -> "TrainSpec":
         FRAMEWORKS[self.framework].check(self)  # its strategies, precisions and hosts
         if self.hosts > 1:
             if not self.world_size or self.world_size % self.hosts:
                 raise ValueError(f"--hosts {self.hosts} needs --world-size, a multiple of {self.hosts} (the devices of all hosts)")
-        if self.crop and self.resolved_recipe().constrain:
-            raise ValueError(f"constrain holds the inlet column: it trains on whole frames, not crops of {self.crop} (leave out --crop)")
-        check_cuda_graph(self.cuda_graph, self.device)
-        if self.target_steps > self.validate_steps:
-            raise ValueError(f"target_steps {self.target_steps} exceeds validate_steps {self.validate_steps}: the validation rollout must be at least as long as the target")
+        self.options.check(self)  # the workload's own checks across its options and the shared ones
         return self
 
     @property
@@ -188,28 +216,22 @@ class TrainSpec(Spec):
         total = self.epoch_limit * steps_per_epoch
         return schedule_progress(train_s, step, self.time_budget, min(total, self.max_steps or total))
 
-    @property
-    def stride(self) -> int:
-        """The frame stride it trains at: the one given, else the recipe's."""
-        return self.resolved_recipe().frame_stride
+    def params(self) -> dict[str, Any]:
+        """The spec as a run's MLflow params: the shared fields that are set, and the workload's own options that are."""
+        shared = self.model_dump(mode="json", exclude={"options", "cell"})
+        return {k: v for k, v in shared.items() if v is not None} | self.options.params()
 
     def key_fields(self) -> dict:
-        """Its fields as a cell's key hashes them (tasks.common.cells.cell_key): the frame stride resolved, so that a spec
-        that leaves it to the recipe and one that names the recipe's own stride (as every spec did before a recipe could
-        set it) are one cell; fields added after cells were first keyed left out at their defaults (KEYLESS_DEFAULTS), so
-        that a cell keeps its key across the version that added them."""
-        fields = self.model_dump(mode="json", exclude={"cell"}) | {"frame_stride": self.stride}
-        return {k: v for k, v in fields.items() if k not in KEYLESS_DEFAULTS or v != KEYLESS_DEFAULTS[k]}
+        """Its fields as a cell's key hashes them (tasks.common.cells.cell_key): the shared ones, its workload's options, and
+        what the first workloads' cells held of the others' options (WorkloadOptions.key_padding), so that a cell keyed
+        before options were a workload's own keeps its key."""
+        from tasks.common.workload_table import options_model, table
 
-    def resolved_recipe(self):
-        """The models.recipe.Recipe this spec trains with: the named recipe and its overrides."""
-        from models.recipe import get_recipe
-
-        return get_recipe(self.recipe).with_overrides(
-            predict=self.predict, upsample=self.upsample, noise=self.noise, unroll=self.unroll,
-            gan_weight=self.gan_weight, lr=self.lr, l1_weight=self.l1_weight, ngf=self.ngf, ndf=self.ndf,
-            schedule=self.schedule, pushforward=self.pushforward, curriculum=self.curriculum,
-            condition=self.condition, damping=self.damping, constrain=self.constrain or None, frame_stride=self.frame_stride)
+        padding: dict = {}
+        for name in table():
+            if name != self.workload:
+                padding |= options_model(name).key_padding()
+        return self.model_dump(mode="json", exclude={"cell", "options"}) | padding | self.options.key_fields()
 
 
 class InferSpec(Spec):
@@ -250,86 +272,6 @@ class AggregateSpec(Spec):
     runs: str = Field(default="latest", pattern=r"^(latest|all|[0-9a-f]{32})$", description="Which runs the report covers: latest (the newest benchmark or demo run's), the MLflow run id of a benchmark or demo run, or all (every run of the experiment)")
 
 
-class ValidateSpec(Spec):
-    """The solver against the Schäfer-Turek cylinder benchmark (2D-1 steady Re 20, 2D-2 periodic Re 100)."""
-
-    case: Literal["2D-1", "2D-2"] = Field(default="2D-2", description="Benchmark case: 2D-1 (steady, Re 20) or 2D-2 (periodic, Re 100)")
-    cells_per_diameter: PositiveInt | None = Field(default=None, description="Lattice nodes across the cylinder, a multiple of 10; None = 40 for 2D-1, 60 for 2D-2 (90 with the triton backend)")
-    convergence: list[PositiveInt] | None = Field(default=None, description="Coarser resolutions for the convergence table; None = N/4 and N/2 (multiples of 10, at least 10)")
-    backend: Literal["numba", "numpy", "torch", "triton"] = Field(default="numba", description="Solver backend: numba or numpy on the CPU, torch on any torch device, triton (one fused kernel per step) on cuda")
-    dtype: Literal["float32", "float64"] = Field(default="float64", description="Precision of the populations")
-    device: str = Field(default="cpu", description="torch device for the torch and triton backends, e.g. cuda")
-    max_time: PositiveFloat | None = Field(default=None, description="Seconds of flow at most; None = 60 (2D-1) or 20 (2D-2)")
-    lattice_velocity: PositiveFloat | None = Field(default=None, description="Mean inflow in lattice units, at most 0.1 (the Mach number's control: the peak's is 2.6 times it); None = the case's own (0.02 for 2D-1, 0.05 for 2D-2)")
-
-    @model_validator(mode="after")
-    def _backend_offers(self) -> "ValidateSpec":
-        if self.backend in ("numba", "numpy") and self.device != "cpu":
-            raise ValueError(f"device {self.device!r}: the {self.backend} backend runs on the cpu; use backend triton or torch for {self.device}")
-        return self
-
-
-# The default with one recipe element changed each (taken back, or one of the long horizon's candidates
-# added), and the paper's whole recipe: the TrainSpec fields each variant sets.
-ABLATIONS: dict[str, dict] = {
-    "default": {},
-    "paper": {"recipe": "paper"},
-    "next-frame": {"predict": "state"},
-    "transposed-conv": {"upsample": "transpose"},
-    "no-noise": {"noise": 0.0},
-    "one-step-loss": {"unroll": 1},
-    "two-step-loss": {"unroll": 2},
-    "constant-lr": {"schedule": "constant"},
-    "gradient-through": {"pushforward": "through"},
-    "curriculum": {"curriculum": 0.5},
-    "reynolds-input": {"condition": "reynolds"},
-    "damped-change": {"damping": 0.5},
-    "constrained": {"constrain": True},
-    "noise-0.02": {"noise": 0.02},
-    "noise-0.05": {"noise": 0.05},
-    "through-6": {"unroll": 6, "pushforward": "through", "curriculum": 0.5},
-    "stride-2": {"frame_stride": 2},
-    "stride-4": {"frame_stride": 4},
-    "with-gan": {"gan_weight": 1.0, "l1_weight": 100.0},
-    "width-32": {"ngf": 32, "ndf": 32},
-}
-Ablation = Literal["default", "paper", "next-frame", "transposed-conv", "no-noise", "one-step-loss", "two-step-loss", "constant-lr",
-                   "gradient-through", "curriculum", "reynolds-input", "damped-change", "constrained", "noise-0.02", "noise-0.05",
-                   "through-6", "stride-2", "stride-4", "with-gan", "width-32"]
-
-
-class AblationSpec(Spec):
-    """The training recipe's elements measured one at a time on the same data, split, widths, seed and
-    wall-clock budget: each variant is trained, rolled out on the test simulation and tabulated."""
-
-    dataset: str = DatasetName
-    variants: list[Ablation] = Field(default=list(ABLATIONS), min_length=1, description="Variants: default, the paper's recipe, and the default with one element changed each")
-    time_budget: PositiveFloat = Field(default=120.0, le=30 * 86400, description="Wall-clock seconds of training per variant")
-    ngf: PositiveInt = Field(default=16, le=1024, description="Generator base width")
-    ndf: PositiveInt = Field(default=16, le=1024, description="Discriminator base width (variants with a GAN term)")
-    batch_size: PositiveInt = Field(default=8, description="Batch size")
-    threads: PositiveInt | None = Field(default=None, le=4096, description="CPU threads for torch, at most the host's cores; None = all cores")
-    seed: int = Field(default=0, ge=0, le=2**31 - 1, description="Seed of weights, split and shuffling")
-    repeats: PositiveInt = Field(default=1, le=100, description="Trainings per variant, with seeds seed, seed+1, ...")
-    steps: PositiveInt = Field(default=60, le=100_000, description="Rollout steps on the test simulation")
-    extra_dataset: str | None = Field(default=None, pattern=FOLDER_NAME, description="Also roll every model out on each simulation of this dataset (for example longer simulations at Reynolds numbers no run trained on); None = none")
-    extra_steps: PositiveInt = Field(default=600, le=100_000, description="Steps of the rollouts on the extra dataset")
-    name: str = Field(default="ablation", pattern=FOLDER_NAME, description="Report folder name under the data root's reports folder")
-
-    @field_validator("variants")
-    @classmethod
-    def _distinct(cls, values: list) -> list:
-        return once_each(values, "variant")
-
-    def seeds(self) -> list[int]:
-        return [self.seed + i for i in range(self.repeats)]
-
-    def train_spec(self, variant: str, seed: int | None = None) -> TrainSpec:
-        values = {"dataset": self.dataset, "batch_sizes": [self.batch_size], "ngf": self.ngf, "ndf": self.ndf,
-                  "time_budget": self.time_budget, "threads": self.threads, "seed": self.seed if seed is None else seed}
-        return TrainSpec(**(values | ABLATIONS[variant]))
-
-
 class DemoSpec(Spec):
     """The quick CPU pipeline: a small sweep, a narrow Pix2Pix, a rollout and a report."""
 
@@ -355,8 +297,35 @@ def options_of(model: type[Spec], matrix: set[str], doc: str) -> type[Spec]:
 
 
 # What a benchmark's train and infer sections offer: every field but the matrix's and the internal ones.
-TrainOptions = options_of(TrainSpec, {"workload", "framework", "device", "batch_sizes", "resume", "cell"},
-                          "Everything of a training cell but its workload, framework, device and batch size, which come from the matrix (strategy applies to tensorflow cells; dataset to karman's, the other workloads train on their own)")
+class TrainOptions(options_of(TrainSpec, {"workload", "framework", "device", "batch_sizes", "resume", "cell", "options"},
+                              "Everything of a training cell but its workload, framework, device and batch size, which come from the matrix "
+                              "(strategy applies to tensorflow cells; dataset to karman's, the other workloads train on their own)")):
+    options: dict[Annotated[str, StringConstraints(pattern=WORKLOAD_NAME)], SerializeAsAny[WorkloadOptions]] = Field(
+        default_factory=dict, description="Per workload, by name, its own options for its cells (a workload left out trains at its own)")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _gather_options(cls, values: Any) -> Any:
+        """Each workload's options under its name, validated by its model; an option given beside the shared fields (as
+        sections written when one flat spec held every workload's options have it) goes to every workload that has it."""
+        if not isinstance(values, dict):
+            return values
+        from tasks.common.workload_table import option_owners, options_model
+
+        values = dict(values)
+        given = {name: dict(o.model_dump(exclude_unset=True) if isinstance(o, BaseModel) else o) for name, o in (values.pop("options", None) or {}).items()}
+        flat = {k: values.pop(k) for k in list(values) if k not in cls.model_fields}
+        owners = option_owners() if flat else {}
+        for option, value in flat.items():
+            if option not in owners:
+                values[option] = value  # no workload's: refused as an unknown field
+            elif value is not None:
+                for name in owners[option]:
+                    given.setdefault(name, {}).setdefault(option, value)
+        values["options"] = {name: options_model(name).model_validate(o) for name, o in given.items()}
+        return values
+
+
 InferOptions = options_of(InferSpec, {"model_run", "device", "mode", "workers", "cell"},
                           "Everything of a rollout cell but its device, mode and workers (the matrix) and its model (the first trained cell)")
 
@@ -417,10 +386,14 @@ class BenchmarkSpec(Spec):
             raise ValueError(f"the rollout matrix has no cells: modes {self.modes} with workers {self.workers} (full-frame runs on 1 worker); add 1 to workers or mapreduce to modes")
         from pydantic import ValidationError
 
-        try:  # the checks of a whole training spec (recipe, target, strategy) hold for the shared settings
-            for framework in self.frameworks:  # as a cell of it would be (flows.matrix.train_cell): tensorflow's strategy only
-                TrainSpec(**(self.train.model_dump() | {"device": self.devices[0], "batch_sizes": [(self.batch_sizes or [8])[0]], "framework": framework,
-                                                        "strategy": FRAMEWORKS[framework].strategy_of(self.train.strategy)}))
+        from tasks.common.workload_table import table
+
+        shared = self.train.model_dump(exclude={"options"})
+        try:  # the checks of a whole training spec (the workload's options, strategy) hold for each workload's settings
+            for workload, framework in itertools.product([w for w in self.workloads if w in table()], self.frameworks):
+                # as a cell of it would be (flows.matrix.train_cell): tensorflow's strategy only; an unknown workload is the matrix's to refuse
+                TrainSpec(**(shared | {"workload": workload, "device": self.devices[0], "batch_sizes": [(self.batch_sizes or [8])[0]], "framework": framework,
+                                       "strategy": FRAMEWORKS[framework].strategy_of(self.train.strategy), "options": self.train.options.get(workload, {})}))
         except ValidationError as exc:
             err = exc.errors()[0]
             raise ValueError(f"train: {err.get('ctx', {}).get('error', err['msg'])}") from None

@@ -14,7 +14,7 @@ from tasks.common.store import writer_lock
 from tasks.common.tracking import training_run
 from tasks.common.training.checkpoint import check_checkpoint
 from tasks.common.training.frameworks import framework
-from tasks.workloads import check_framework, check_options, get_workload
+from tasks.workloads import check_framework, get_workload
 
 JOB_FILE = "job.json"  # the TrainJob the run's child received, kept with its checkpoint for --resume
 
@@ -148,7 +148,6 @@ def plan_training(settings: Settings, spec: TrainSpec, log) -> TrainPlan:
         spec, batch = resume_plan(settings, spec)
         batch_sizes = [batch]
     check_framework(get_workload(spec.workload), spec.framework)
-    check_options(spec)  # another workload's option set: refused, naming whose it is
     if spec.threads and spec.threads > cpu_cores():
         raise UserError(f"--threads {spec.threads} exceeds the {cpu_cores()} CPU cores of this host; use at most {cpu_cores()}")
     get_workload(spec.workload).dataset_info(settings, spec.dataset)  # UserError for a dataset that is not there

@@ -50,7 +50,7 @@ def headline(metrics: dict, currency: str) -> str:
 def training_tags(spec: TrainSpec, batch_size: int, digest: str) -> dict[str, str]:
     """The MLflow tags users filter training runs on."""
     tags = {Tag.WORKLOAD: spec.workload, Tag.FRAMEWORK: spec.framework, Tag.DEVICE: spec.device, Tag.BATCH_SIZE: str(batch_size),
-            Tag.RECIPE: spec.resolved_recipe().name, Tag.DATASET: spec.dataset, Tag.DATASET_DIGEST: digest}
+            Tag.DATASET: spec.dataset, Tag.DATASET_DIGEST: digest, **spec.options.tags()}
     if spec.cell:
         tags[Tag.CELL] = spec.cell
     return tags

@@ -16,7 +16,7 @@ from tasks.common.launch import run_child
 from tasks.common.names import Tag
 from tasks.common.plots import coefficient_history
 from tasks.common.settings import Settings
-from tasks.common.specs import ValidateSpec
+from tasks.workloads.karman.specs import ValidateSpec
 from tasks.common.tracking import mlflow_run
 from tasks.validate.job import BODY
 

@@ -1,31 +1,23 @@
-"""The workload table: every workload the benchmark trains, by name, and how to find its parts.
+"""The workload contract and how the stages find a workload's parts by its name (tasks.common.workload_table lists them).
 
-A workload is a folder: ``workload.py`` holds what is framework-neutral (its data, its quality score
+A workload is a folder: ``options.py`` declares its own training options (a tasks.common.specs.WorkloadOptions),
+``workload.py`` holds what is framework-neutral (its data, its quality score
 and target, its record's parameters) as one ``WORKLOAD`` object, and one module per framework
 (``torch.py``, ``tensorflow.py``, ``jax.py``) builds its trainer for the one training loop (tasks.common.training.loop).
 Its ``references/`` package, where it has one, holds bench-frameworks' idiomatic references, one module per
 framework (``references/torch.py``, ...: tasks.common.references says what each defines).
-Adding a workload is that folder and one line below. Workloads kept outside this repository join
-through ``KARMAN_WORKLOADS=name=package.module,...`` (child processes inherit it).
+Adding a workload is that folder and one line of tasks.common.workload_table. Workloads kept outside this repository
+join through ``KARMAN_WORKLOADS=name=package.module,...`` (child processes inherit it).
 """
 
 import importlib
 import inspect
-import os
 from dataclasses import dataclass, fields
 from typing import Callable
 
 from tasks.common.errors import UserError
 from tasks.common.specs import DEFAULT_EPOCHS
-
-# name -> the package of its folder
-WORKLOADS: dict[str, str] = {
-    "karman": "tasks.workloads.karman",
-    "digits": "tasks.workloads.digits",
-    "har": "tasks.workloads.har",
-    "calo": "tasks.workloads.calo",
-}
-EXTRA_ENV = "KARMAN_WORKLOADS"
+from tasks.common.workload_table import WORKLOADS, option_owners, options_model, package_of, table  # noqa: F401  (the table, as the stages ask it)
 
 
 @dataclass(frozen=True)
@@ -87,10 +79,9 @@ class Workload:
     # reference_module); (): bench-frameworks refuses it, naming the workloads that have references
     references: tuple[str, ...] = ()
     one_device: tuple[str, ...] = ()  # frameworks of its own whose version trains on one device only (no data-parallel world)
-    # Its own options: the TrainSpec and GenerateSpec fields only it takes (karman's recipe and widths, har's layers and units,
-    # calo's events, energy and angle). A request of another workload that sets one away from its default is refused
-    # (check_options); the command line's help for a workload shows the fields no workload owns and its own.
-    options: tuple[str, ...] = ()
+    # Its own GenerateSpec fields (calo's events, energy and angle; karman's sweep): a generate request of another workload that
+    # sets one away from its default is refused (check_options); the command line's help for a workload shows the fields no
+    # workload owns and its own. Its training options are its folder's options.py (TrainSpec.options).
     generate_options: tuple[str, ...] = ()
     # Capabilities: what some workloads have (karman today) and the shared stages ask for by these names, never by a workload's name.
     # (settings, InferSpec, the training run, logger) -> the checked plan of a rollout of its model (with the child's job ``body``,
@@ -203,19 +194,8 @@ def swept_sizes(workload: Workload, spec) -> list[dict]:
     return [dict(zip(axes, values)) for values in itertools.product(*axes.values())] if axes else [{}]
 
 
-def table() -> dict[str, str]:
-    """The workloads known in this process: the table and those named in KARMAN_WORKLOADS."""
-    extra = {}
-    for item in filter(None, (part.strip() for part in os.environ.get(EXTRA_ENV, "").split(","))):
-        name, _, module = item.partition("=")
-        if not name or not module:
-            raise UserError(f"{EXTRA_ENV}: {item!r} is not name=package.module")
-        extra[name.strip()] = module.strip()
-    return WORKLOADS | extra
-
-
-def owners(kind: str) -> dict[str, list[str]]:
-    """field -> the workloads of this process's table that own it, for ``kind`` 'options' (TrainSpec) or 'generate_options'."""
+def owners(kind: str = "generate_options") -> dict[str, list[str]]:
+    """field -> the workloads of this process's table whose generate requests take it (``kind`` 'generate_options')."""
     found: dict[str, list[str]] = {}
     for name in table():
         for field in getattr(get_workload(name), kind):
@@ -224,14 +204,14 @@ def owners(kind: str) -> dict[str, list[str]]:
 
 
 def own_fields(workload: Workload, kind: str, model) -> list[str]:
-    """The fields of ``model`` (TrainSpec or GenerateSpec) a request of ``workload`` takes: those no workload owns, and its own."""
+    """The fields of ``model`` (a GenerateSpec) a request of ``workload`` takes: those no workload owns, and its own."""
     owned = owners(kind)
     return [f for f in model.model_fields if f not in owned or f in getattr(workload, kind)]
 
 
-def check_options(spec, kind: str = "options") -> None:
-    """UserError, in one line, where ``spec`` (a TrainSpec, or a GenerateSpec with ``kind`` 'generate_options') sets an
-    option of another workload away from its default, naming whose it is and the workload's own options."""
+def check_options(spec, kind: str = "generate_options") -> None:
+    """UserError, in one line, where ``spec`` (a GenerateSpec) sets an option of another workload away from its default,
+    naming whose it is and the workload's own options."""
     workload = get_workload(spec.workload)
     model = type(spec)
     for field, whose in owners(kind).items():
@@ -240,7 +220,7 @@ def check_options(spec, kind: str = "options") -> None:
         raise UserError(_not_its_option(workload, field, whose, kind))
 
 
-def foreign_option(workload_name: str, given, kind: str = "options") -> str | None:
+def foreign_option(workload_name: str, given, kind: str = "generate_options") -> str | None:
     """check_options' refusal where the options a request ``given`` (field names) hold one that another workload owns;
     None where none does, or the workload is unknown. (A request whose spec failed its own checks: a check of karman's
     recipe would otherwise name options a har request never gave.)"""
@@ -283,18 +263,25 @@ def with_own_defaults(spec):
 def check_benchmark_options(spec, base=None) -> None:
     """UserError, in one line, where a benchmark ``spec`` sets a workload's option that none of its workloads takes, away
     from what ``base`` (the preset it started from, else the defaults) gives it: each cell would silently drop it."""
-    for section, kind in (("train", "options"), ("generate", "generate_options")):
-        given, model = getattr(spec, section), type(getattr(spec, section))
-        start = getattr(base, section) if base is not None else None
-        for field, whose in owners(kind).items():
-            if set(whose) & set(spec.workloads) or field not in model.model_fields:
-                continue
-            value = getattr(given, field)
-            if value == (getattr(start, field) if start is not None else model.model_fields[field].default):
-                continue
-            raise UserError(f"{section}.{field} = {value!r} is {' and '.join(whose)}'s option; no workload of this benchmark "
-                            f"({', '.join(spec.workloads)}) takes it: add {' or '.join(whose)} to its workloads, or leave it out")
-    train_owners = owners("options")
+    before = base.train.options if base is not None else {}
+    for name, options in spec.train.options.items():  # a workload's options for cells the benchmark has none of
+        changed = [f for f, field in options.model_fields.items() if getattr(options, f) != field.get_default(call_default_factory=True)]
+        if name in spec.workloads or (name in before and options == before[name]) or not changed:
+            continue
+        option = changed[0]
+        raise UserError(f"train.{option} = {getattr(options, option)!r} is {name}'s option; no workload of this benchmark "
+                        f"({', '.join(spec.workloads)}) takes it: add {name} to its workloads, or leave it out")
+    given, model = spec.generate, type(spec.generate)
+    start = base.generate if base is not None else None
+    for field, whose in owners("generate_options").items():
+        if set(whose) & set(spec.workloads) or field not in model.model_fields:
+            continue
+        value = getattr(given, field)
+        if value == (getattr(start, field) if start is not None else model.model_fields[field].default):
+            continue
+        raise UserError(f"generate.{field} = {value!r} is {' and '.join(whose)}'s option; no workload of this benchmark "
+                        f"({', '.join(spec.workloads)}) takes it: add {' or '.join(whose)} to its workloads, or leave it out")
+    train_owners = option_owners()
     for field in ("layers", "units"):  # the matrix's sweeps of a training option: the cells of the workloads that take it
         value, whose = getattr(spec, field), train_owners.get(field, ())
         if value is None or set(whose) & set(spec.workloads) or value == (getattr(base, field) if base is not None else None):
@@ -303,7 +290,7 @@ def check_benchmark_options(spec, base=None) -> None:
                         f"({', '.join(spec.workloads)}) takes it: add {' or '.join(whose)} to its workloads, or leave it out")
 
 
-def reset_foreign(workload: Workload, spec, kind: str = "options"):
+def reset_foreign(workload: Workload, spec, kind: str = "generate_options"):
     """``spec`` with every option of another workload at its default (a benchmark's sections hold every workload's options)."""
     model = type(spec)
     foreign = {f: model.model_fields[f].get_default(call_default_factory=True) for f, whose in owners(kind).items()
@@ -313,10 +300,7 @@ def reset_foreign(workload: Workload, spec, kind: str = "options"):
 
 def get_workload(name: str) -> Workload:
     """The workload ``name``; UserError listing the valid names for any other."""
-    known = table()
-    if name not in known:
-        raise UserError(f"unknown workload {name!r}; choose one of {', '.join(sorted(known))}")
-    return importlib.import_module(f"{known[name]}.workload").WORKLOAD
+    return importlib.import_module(f"{package_of(name)}.workload").WORKLOAD
 
 
 def part_of(workload: Workload, part: str, command: str) -> Callable:

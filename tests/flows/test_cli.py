@@ -67,7 +67,7 @@ def test_an_empty_list_that_means_something_of_its_own_is_taken():
     import argparse
 
     from flows.options import spec_from_args
-    from tasks.common.specs import ValidateSpec
+    from tasks.workloads.karman.specs import ValidateSpec
 
     assert spec_from_args(ValidateSpec, argparse.Namespace(convergence=[""])).convergence == []
 

@@ -8,40 +8,60 @@ import pytest
 
 from tasks.common.errors import UserError
 from tasks.common.specs import BenchmarkSpec, GenerateSpec, TrainSpec
-from tasks.workloads import check_benchmark_options, check_options, get_workload, own_fields, owners, with_own_defaults
+from pydantic import ValidationError
+
+from flows.options import validation_message
+from tasks.workloads import check_benchmark_options, check_options, get_workload, option_owners, owners, with_own_defaults
 from tests.conftest import run_in_process
 from tests.flows.test_cli import assert_refused
 
 
-def test_every_owned_field_is_a_spec_field_and_each_workload_owns_its_own():
-    train, generate = owners("options"), owners("generate_options")
-    assert set(train) <= set(TrainSpec.model_fields) and set(generate) <= set(GenerateSpec.model_fields)
+def test_each_workload_declares_its_own_options_and_the_shared_spec_none_of_them():
+    train, generate = option_owners(), owners("generate_options")
+    assert not set(train) & set(TrainSpec.model_fields) and set(generate) <= set(GenerateSpec.model_fields)
     assert train["recipe"] == ["karman"] and train["layers"] == ["har"] and train["target_accuracy"] == ["digits"]
     assert generate["events"] == ["calo"] and generate["reynolds"] == ["karman"]
-    har = own_fields(get_workload("har"), "options", TrainSpec)
-    assert {"layers", "units", "framework", "batch_sizes", "epochs", "seed"} <= set(har) and not {"recipe", "crop", "target_vorticity"} & set(har)
+    assert len(TrainSpec.model_fields) <= 20  # the settings every workload's runs share, and its ``options``
+    har = TrainSpec(workload="har", layers=3)
+    assert set(har.options.model_fields) == {"layers", "units", "schedule"} and (har.options.layers, har.options.units) == (3, None)
 
 
-@pytest.mark.parametrize(("spec", "kind", "words"), [
-    (TrainSpec(workload="har", recipe="paper"), "options", "workload har takes no --recipe (karman's option); its own options are --layers, --units"),
-    (TrainSpec(workload="digits", layers=3), "options", "workload digits takes no --layers (har's option); its own options are --target-accuracy"),
-    (TrainSpec(workload="calo", target_accuracy=0.9), "options", "workload calo takes no --target-accuracy (digits's option); it has no options of its own"),
-    (TrainSpec(workload="karman", units=8), "options", "workload karman takes no --units (har's option); its own options are --validate-steps"),
-    (GenerateSpec(workload="calo", nx=300), "generate_options", "workload calo takes no --nx (karman's option); its own options are --events, --energy, --angle"),
-    (GenerateSpec(workload="karman", events=300), "generate_options", "workload karman takes no --events (calo's option)"),
+@pytest.mark.parametrize(("values", "words"), [
+    ({"workload": "har", "recipe": "paper"}, "workload har takes no --recipe (karman's option); its own options are --layers, --units"),
+    ({"workload": "digits", "layers": 3}, "workload digits takes no --layers (har's option); its own options are --target-accuracy"),
+    ({"workload": "calo", "target_accuracy": 0.9}, "workload calo takes no --target-accuracy (digits's option); it has no options of its own"),
+    ({"workload": "karman", "units": 8}, "workload karman takes no --units (har's option); its own options are --validate-steps"),
+    ({"workload": "har", "options": {"ngf": 8}}, "1 validation error"),  # given where only its own options go: refused as unknown
 ])
-def test_another_workloads_option_is_refused_naming_whose_it_is(spec, kind, words):
+def test_another_workloads_training_option_is_refused_naming_whose_it_is(values, words):
+    with pytest.raises(ValidationError) as caught:
+        TrainSpec(**values)
+    message = validation_message(caught.value) if not words.startswith("1 ") else str(caught.value)
+    assert message.startswith(words) and ("\n" not in message or words.startswith("1 "))
+
+
+@pytest.mark.parametrize(("spec", "words"), [
+    (GenerateSpec(workload="calo", nx=300), "workload calo takes no --nx (karman's option); its own options are --events, --energy, --angle"),
+    (GenerateSpec(workload="karman", events=300), "workload karman takes no --events (calo's option)"),
+])
+def test_another_workloads_generate_option_is_refused_naming_whose_it_is(spec, words):
     with pytest.raises(UserError) as caught:
-        check_options(spec, kind)
+        check_options(spec)
     assert str(caught.value).startswith(words) and "\n" not in str(caught.value)
 
 
-def test_own_options_and_defaults_pass():
-    check_options(TrainSpec(workload="har", layers=3, units=16, epochs=2))
-    check_options(TrainSpec(workload="karman", recipe="paper", crop=64))
-    check_options(TrainSpec(workload="digits", target_accuracy=0.9))
-    check_options(GenerateSpec(workload="calo", events=300), "generate_options")
-    check_options(GenerateSpec(workload="karman", reynolds=[100.0]), "generate_options")
+def test_own_options_and_defaults_pass_and_records_of_one_flat_spec_still_open():
+    assert TrainSpec(workload="har", layers=3, units=16, epochs=2).options.units == 16
+    assert TrainSpec(workload="karman", recipe="paper", crop=64).options.resolved_recipe().name.startswith("paper")
+    assert TrainSpec(workload="digits", target_accuracy=0.9).options.target_accuracy == 0.9
+    check_options(GenerateSpec(workload="calo", events=300))
+    check_options(GenerateSpec(workload="karman", reynolds=[100.0]))
+    # a spec as records, deployments and spec files held it when one flat spec held every workload's options
+    flat = {"workload": "har", "layers": 2, "units": None, "recipe": "default", "ngf": None, "target_vorticity": 0.3, "cuda_graph": "auto",
+            "target_accuracy": None, "schedule": None, "batch_sizes": [64]}
+    har = TrainSpec.model_validate(flat)
+    assert har.options.model_dump() == {"layers": 2, "units": None, "schedule": None}
+    assert TrainSpec.model_validate(har.model_dump()) == har  # and its new form round-trips
 
 
 def test_a_benchmark_gives_each_workloads_cells_their_own_options():
@@ -51,13 +71,12 @@ def test_a_benchmark_gives_each_workloads_cells_their_own_options():
     cells = {m.workload.name: m for m in benchmark_matrix(bench)}
     karman_data, calo_data = cells["karman"].generate, cells["calo"].generate
     assert karman_data.events == GenerateSpec().events and calo_data.events == 300
-    check_options(karman_data, "generate_options")
-    check_options(calo_data, "generate_options")
+    check_options(karman_data)
+    check_options(calo_data)
     calo_cell = train_cell(cells["calo"].train, "cpu", 8, 0, "torch", "calo", "calo")
     karman_cell = train_cell(cells["karman"].train, "cpu", 8, 0, "torch", "karman")
-    assert (calo_cell.recipe, calo_cell.layers) == ("default", None) and (karman_cell.recipe, karman_cell.layers) == ("paper", None)
-    check_options(calo_cell)
-    check_options(karman_cell)
+    assert calo_cell.options.model_dump() == {} and (karman_cell.options.recipe, type(karman_cell.options).__name__) == ("paper", "KarmanOptions")
+    assert bench.train.options["har"].layers == 3  # a flat option goes to the workloads that have it
 
 
 def test_a_benchmark_option_none_of_its_workloads_takes_is_refused_unless_its_preset_set_it(workdir):

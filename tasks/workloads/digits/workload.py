@@ -211,7 +211,7 @@ def prepare(settings, spec, main: bool = True) -> DigitsData:
 
 
 def target_of(spec) -> float:
-    return spec.target_accuracy if spec.target_accuracy is not None else TARGET_ACCURACY
+    return spec.options.target_accuracy if spec.options.target_accuracy is not None else TARGET_ACCURACY
 
 
 def check(settings, spec, batch_sizes: list[int], world: int, memory: int | None = None) -> None:
@@ -275,7 +275,6 @@ WORKLOAD = Workload(
     generate=generate,
     check_generate=check_generate,
     one_device=("tensorflow",),
-    options=("target_accuracy",),
     learned_nothing=at_chance(CLASSES),
     rules=RunRules(runs=5, failures=1, max_runtime_s=600.0),  # MLPerf's count for its image classifier; the CPU reaches the target in seconds
 )

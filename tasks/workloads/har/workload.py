@@ -129,12 +129,12 @@ class Network:
 
 def schedule_of(spec) -> str:
     """The learning-rate schedule a training spec asks for: TrainSpec.schedule, None for SCHEDULE."""
-    return spec.schedule or SCHEDULE
+    return spec.options.schedule or SCHEDULE
 
 
 def network_of(spec) -> Network:
     """The network a training spec asks for: TrainSpec.layers and .units, each None for the default."""
-    return Network(layers=spec.layers or LAYERS, units=spec.units or UNITS)
+    return Network(layers=spec.options.layers or LAYERS, units=spec.options.units or UNITS)
 
 
 # ---- scores -------------------------------------------------------------------------------------------------------
@@ -385,7 +385,6 @@ WORKLOAD = Workload(
     generate=generate,
     check_generate=check_generate,
     sizes=("layers", "units"),  # seed 002's axes: a benchmark's --layers x --units
-    options=("layers", "units", "schedule"),  # schedule: TrainSpec's, shared with karman's recipe
     generate_fields=("source",),  # a benchmark with --source synthetic trains on dataset har-sourcesynthetic
     generate_options=("source",),
     learned_nothing=at_chance(CLASSES),

@@ -63,8 +63,8 @@ class KarmanJax(KarmanTrainer):
         reader = train.prefetch((order[s * b: (s + 1) * b] for s in range(steps)), self.data.codec.norm)
         try:
             for step, (cond, target) in enumerate(reader):
-                if spec.crop:
-                    cond, target = crop_pairs(cond, target, crop_offsets(b, train.height, train.width, spec.crop, spec.seed, epoch, step), spec.crop)
+                if spec.options.crop:
+                    cond, target = crop_pairs(cond, target, crop_offsets(b, train.height, train.width, spec.options.crop, spec.seed, epoch, step), spec.options.crop)
                 yield jax.device_put(cond, self.split), jax.device_put(target, self.split)
         finally:
             reader.close()

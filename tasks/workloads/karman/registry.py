@@ -28,7 +28,7 @@ FLOOR_SHARE = 0.5  # a model that missed the target may be champion only with a 
 
 def spec_target(spec) -> str:
     """The quality target of a karman run, in words, from its spec (TrainSpec)."""
-    return f"vorticity <= {spec.target_vorticity:g} for {spec.target_steps} steps"
+    return f"vorticity <= {spec.options.target_vorticity:g} for {spec.options.target_steps} steps"
 
 
 @dataclass(frozen=True)
@@ -92,7 +92,7 @@ class Candidate:
         if record.config.workload != "karman" or s is None or not model_uri or run.info.status != "FINISHED":
             return None
         return cls(run.info.run_id, model_uri, record.config.dataset_digest, spec_target(record.config.spec), s.target_reached,
-                   s.time_to_target_s, s.validation.get("horizon_vorticity"), FLOOR_SHARE * record.config.spec.target_steps)
+                   s.time_to_target_s, s.validation.get("horizon_vorticity"), FLOOR_SHARE * record.config.spec.options.target_steps)
 
 
 def candidate(client, run_id: str) -> Candidate | None:

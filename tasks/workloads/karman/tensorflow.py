@@ -42,7 +42,7 @@ class KarmanKeras(KarmanTrainer):
         self.has_validation = data.validation is not None and bool(data.validation.sims)
         self.headline = HEADLINE
         self.flops_per_sample = data.flops_per_sample
-        self.side = (spec.crop, spec.crop) if spec.crop else (data.train.height, data.train.width)
+        self.side = (spec.options.crop, spec.options.crop) if spec.options.crop else (data.train.height, data.train.width)
         self.channels = (data.net.in_channels, data.net.out_channels * data.recipe.unroll)
         self.local = batch_size // ctx.workers  # this worker's share of a global batch
         self.per_replica = batch_size // ctx.world_size
@@ -62,9 +62,9 @@ class KarmanKeras(KarmanTrainer):
         def shares():
             for step in range(steps):
                 cond, target = train.batch(order[step * b: (step + 1) * b][lo:hi], self.data.codec.norm)
-                if spec.crop:
-                    corners = crop_offsets(b, train.height, train.width, spec.crop, spec.seed, epoch, step)[lo:hi]
-                    cond, target = crop_pairs(cond, target, corners, spec.crop)
+                if spec.options.crop:
+                    corners = crop_offsets(b, train.height, train.width, spec.options.crop, spec.seed, epoch, step)[lo:hi]
+                    cond, target = crop_pairs(cond, target, corners, spec.options.crop)
                 cond, target = nhwc(cond), nhwc(target)
                 for r in range(ctx.local_replicas):  # replica r of this worker takes the r-th share
                     share = slice(r * self.per_replica, (r + 1) * self.per_replica)

@@ -24,7 +24,7 @@ class KarmanTorch(KarmanTrainer):
         self.data, self.spec, self.batch_size, self.runtime = data, spec, batch_size, runtime
         ctx = runtime.ctx
         self.local_batch = batch_size // ctx.world_size if ctx.strategy == "ddp" else batch_size
-        self.options = speed_options(spec.device, spec.precision, spec.channels_last, spec.compile, spec.winograd, spec.cuda_graph) | {
+        self.options = speed_options(spec.device, spec.precision, spec.options.channels_last, spec.compile, spec.options.winograd, spec.options.cuda_graph) | {
             "keep_freed_memory": runtime.keeps_freed_memory}
         torch.manual_seed(spec.seed)  # the same initial weights on every rank
         self.model = build_trainer(data.net, OptimConfig.from_recipe(data.recipe, data.codec.delta_ratio, data.codec.zero), ctx, self.options)
@@ -49,9 +49,9 @@ class KarmanTorch(KarmanTrainer):
         reader = train.prefetch((order[s * b: (s + 1) * b][lo:hi] for s in range(steps)), self.data.codec.norm)
         try:
             for step, (cond, target) in enumerate(reader):
-                if spec.crop:  # this rank's slice of the global batch's crops
-                    corners = crop_offsets(b, train.height, train.width, spec.crop, spec.seed, epoch, step)[lo:hi]
-                    cond, target = crop_pairs(cond, target, corners, spec.crop)
+                if spec.options.crop:  # this rank's slice of the global batch's crops
+                    corners = crop_offsets(b, train.height, train.width, spec.options.crop, spec.seed, epoch, step)[lo:hi]
+                    cond, target = crop_pairs(cond, target, corners, spec.options.crop)
                 yield ctx.shard(self._to_device(cond)), ctx.shard(self._to_device(target))
         finally:
             reader.close()

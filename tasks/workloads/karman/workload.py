@@ -77,16 +77,16 @@ class KarmanTrainer:
 def _pairs(settings, spec) -> tuple[Path, dict, dict, object, PairSource]:
     dataset_dir = settings.dataset_dir(spec.dataset)
     manifest = load_manifest(dataset_dir)
-    split = split_of(manifest, spec.val_simulations, spec.test_simulations, spec.seed)
-    recipe = spec.resolved_recipe()
+    split = split_of(manifest, spec.options.val_simulations, spec.options.test_simulations, spec.seed)
+    recipe = spec.options.resolved_recipe()
     reynolds = [float(manifest["simulations"][s]["spec"]["reynolds"]) for s in split["train"]] if recipe.condition == "reynolds" else None
-    return dataset_dir, manifest, split, recipe, PairSource(dataset_dir, split["train"], spec.stride, unroll=recipe.unroll,
+    return dataset_dir, manifest, split, recipe, PairSource(dataset_dir, split["train"], spec.options.stride, unroll=recipe.unroll,
                                                             reynolds=reynolds)
 
 
 def _net(source: PairSource, spec, recipe):
-    return training_net(source.height, source.width, spec.crop, spec.depth, in_channels=source.channels, ngf=recipe.ngf,
-                        ndf=recipe.ndf, norm=spec.norm, dropout=recipe.dropout, upsample=recipe.upsample, output=recipe.output)
+    return training_net(source.height, source.width, spec.options.crop, spec.options.depth, in_channels=source.channels, ngf=recipe.ngf,
+                        ndf=recipe.ndf, norm=spec.options.norm, dropout=recipe.dropout, upsample=recipe.upsample, output=recipe.output)
 
 
 def prepare(settings, spec, main: bool = True) -> KarmanData:
@@ -100,9 +100,9 @@ def prepare(settings, spec, main: bool = True) -> KarmanData:
         train.hold_in_memory()
     codec = StepCodec(Normalizer.fit(train), train.change_rms().tolist() if recipe.predict == "delta" else None, recipe.damping, recipe.constrain)
     net = _net(train, spec, recipe)
-    validation = (Validation.of(dataset_dir, manifest, split["val"], codec, net, spec.stride, spec.validate_every,
-                                spec.validate_steps, spec.target_vorticity, spec.target_steps, recipe.condition) if main else None)
-    return KarmanData(dataset_dir, manifest, split, recipe, train, codec, net, validation, spec.crop)
+    validation = (Validation.of(dataset_dir, manifest, split["val"], codec, net, spec.options.stride, spec.validate_every,
+                                spec.options.validate_steps, spec.options.target_vorticity, spec.options.target_steps, recipe.condition) if main else None)
+    return KarmanData(dataset_dir, manifest, split, recipe, train, codec, net, validation, spec.options.crop)
 
 
 def check(settings, spec, batch_sizes: list[int], world: int, memory: int | None = None) -> None:
@@ -112,9 +112,9 @@ def check(settings, spec, batch_sizes: list[int], world: int, memory: int | None
     _, manifest, split, recipe, source = _pairs(settings, spec)
     net = _net(source, spec, recipe)
     if spec.stop_at_target and spec.validate_every and split["val"]:
-        shortest = min((int(manifest["simulations"][s]["frames"]) - 1) // spec.stride for s in split["val"])
-        if spec.target_steps > shortest:
-            raise UserError(f"target_steps {spec.target_steps} exceeds the {shortest} steps of frame stride {spec.stride} that the shortest "
+        shortest = min((int(manifest["simulations"][s]["frames"]) - 1) // spec.options.stride for s in split["val"])
+        if spec.options.target_steps > shortest:
+            raise UserError(f"target_steps {spec.options.target_steps} exceeds the {shortest} steps of frame stride {spec.options.stride} that the shortest "
                             f"validation simulation of dataset {spec.dataset!r} holds, so --stop-at-target could never stop; "
                             f"use --target-steps {shortest} or less, or a smaller stride")
     for b in batch_sizes:
@@ -123,7 +123,7 @@ def check(settings, spec, batch_sizes: list[int], world: int, memory: int | None
         if b > len(source):
             raise UserError(f"batch size {b} exceeds the {len(source)} training pairs of dataset {spec.dataset!r}")
     if memory:
-        side = (spec.crop, spec.crop) if spec.crop else (source.height, source.width)
+        side = (spec.options.crop, spec.options.crop) if spec.options.crop else (source.height, source.width)
         need = net.training_bytes(max(batch_sizes) // world, *side, recipe.unroll)
         if need > 0.8 * memory:  # the rest for the data, the framework and everything else on the host
             raise UserError(f"ngf {recipe.ngf} and ndf {recipe.ndf} at batch {max(batch_sizes)} need about {need / 2**30:.3g} GiB a device "
@@ -159,10 +159,10 @@ def sample_figure(forward: Callable[[np.ndarray], np.ndarray], source: PairSourc
 
 def model_meta(net, codec: StepCodec, spec, manifest: dict, split: dict, framework: str, weights: Path) -> dict:
     """meta.json of a trained model: what a rollout needs besides the weights, and the weights file's name, size and checksum."""
-    inputs = model_inputs(spec.resolved_recipe().condition)
+    inputs = model_inputs(spec.options.resolved_recipe().condition)
     return {"net": dataclasses.asdict(net), "normalizer": dataclasses.asdict(codec.norm), "inputs": inputs, "outputs": OUTPUTS,
             "predict": "delta" if codec.delta_scale is not None else "state", "delta_scale": codec.delta_scale,
-            "damping": codec.damping, "constrain": codec.constrain, "recipe": spec.resolved_recipe().name, "frame_stride": spec.stride, "dataset": spec.dataset, "dataset_digest": manifest["digest"],
+            "damping": codec.damping, "constrain": codec.constrain, "recipe": spec.options.resolved_recipe().name, "frame_stride": spec.options.stride, "dataset": spec.dataset, "dataset_digest": manifest["digest"],
             "split": split, "framework": framework, "weights_file": weights.name,
             "train_reynolds": sorted(float(manifest["simulations"][s]["spec"]["reynolds"]) for s in split["train"]),
             # what a rollout checks before it uses the weights: their size (before any work) and checksum (on loading)
@@ -171,8 +171,8 @@ def model_meta(net, codec: StepCodec, spec, manifest: dict, split: dict, framewo
 
 def setting(spec) -> str:
     """The recipe and its widths, in words."""
-    recipe = spec.resolved_recipe()
-    return f"recipe {recipe.name}" + ("" if "ngf=" in recipe.name else f", ngf {recipe.ngf}") + (f", crop {spec.crop}" if spec.crop else "")
+    recipe = spec.options.resolved_recipe()
+    return f"recipe {recipe.name}" + ("" if "ngf=" in recipe.name else f", ngf {recipe.ngf}") + (f", crop {spec.options.crop}" if spec.options.crop else "")
 
 
 def generate(settings, spec, parent_run_id: str | None = None) -> dict:
@@ -231,10 +231,7 @@ WORKLOAD = Workload(
     check=check,
     dataset_info=dataset_info,
     setting=setting,
-    # the recipe, networks' widths, rollout validation and target, and the simulation split; the sweep's fields of generate
-    options=("validate_steps", "target_vorticity", "target_steps", "frame_stride", "ngf", "ndf", "depth", "crop", "norm", "recipe", "predict",
-             "upsample", "noise", "unroll", "pushforward", "condition", "curriculum", "damping", "constrain", "gan_weight", "lr", "schedule",
-             "l1_weight", "winograd", "channels_last", "val_simulations", "test_simulations"),
+    # the sweep's fields of generate (its training options are options.py's)
     generate_options=("reynolds", "shapes", "nx", "ny", "size", "x_position", "y_offset", "aspect", "u_max", "warmup_steps", "frames",
                       "frame_every", "cpu_backend", "verify"),
     generate=generate,

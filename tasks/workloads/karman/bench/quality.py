@@ -30,14 +30,14 @@ def bench_quality(settings, bench, spec: TrainSpec, runtime, train, folders: lis
     extra_sims = []  # (label, steps, frames, spec) of every extra simulation, read once for all seeds
     for extra_dir in folders[1:]:
         extra_manifest = load_manifest(extra_dir)
-        extra_sims += [(f"{extra_dir.name}/{sim_id}", bench.extra_steps, *load_simulation(extra_dir, extra_manifest, sim_id, spec.resolved_recipe().condition))
+        extra_sims += [(f"{extra_dir.name}/{sim_id}", bench.extra_steps, *load_simulation(extra_dir, extra_manifest, sim_id, spec.options.resolved_recipe().condition))
                        for sim_id in sorted(extra_manifest["simulations"])]
     runs = [_train_once(train, spec.model_copy(update={"seed": spec.seed + i}), runtime, bench.test_steps, extra_sims) for i in range(bench.repeats)]
     reached = [r["time_to_target_s"] for r in runs if r["time_to_target_s"] is not None]
     return {
-        "device": runtime.description, "recipe": spec.resolved_recipe().name, "batch_size": spec.batch_sizes[0],
+        "device": runtime.description, "recipe": spec.options.resolved_recipe().name, "batch_size": spec.batch_sizes[0],
         "time_budget_s": spec.time_budget, "epoch_limit": spec.epochs, "seeds": [r["seed"] for r in runs],
-        "target": {"vorticity": spec.target_vorticity, "steps": spec.target_steps},
+        "target": {"vorticity": spec.options.target_vorticity, "steps": spec.options.target_steps},
         "runs_reaching_target": len(reached), "time_to_target_median_s": statistics.median(reached) if reached else None,
         "time_to_target_min_s": min(reached, default=None), "time_to_target_max_s": max(reached, default=None),
         "test_horizon_vorticity_median": statistics.median(r["test"]["horizon_vorticity"] for r in runs),
@@ -52,7 +52,7 @@ def _train_once(train, spec: TrainSpec, runtime, test_steps: int, extra_sims: li
     generator, ctx, codec = trainer.generator.eval(), runtime.ctx, data.codec
     test_sim_id = data.split["test"][0]
     test_frames, test_sim = load_simulation(data.dataset_dir, data.manifest, test_sim_id, data.recipe.condition)
-    test = score_generator(generator, ctx.device, codec, test_frames, test_sim, spec.stride, test_steps)
+    test = score_generator(generator, ctx.device, codec, test_frames, test_sim, spec.options.stride, test_steps)
     surrogate_s = _surrogate_step_s(generator, ctx, codec, test_frames[0])
     solver = _solver_cost(test_sim, ctx.kind, torch.get_num_threads())
     result = {
@@ -67,7 +67,7 @@ def _train_once(train, spec: TrainSpec, runtime, test_steps: int, extra_sims: li
         "surrogate_speedup": solver[0] / surrogate_s,
     }
     for label, extra_steps, frames, sim in extra_sims:
-        scored = score_generator(generator, ctx.device, codec, frames, sim, spec.stride, extra_steps).summary()
+        scored = score_generator(generator, ctx.device, codec, frames, sim, spec.options.stride, extra_steps).summary()
         result.setdefault("extra", {})[label] = {"steps": extra_steps, **_scores(scored)}
     return result
 

@@ -25,11 +25,11 @@ def arrays(data) -> tuple[np.ndarray, np.ndarray]:
 def recipe_of(spec):
     """The spec's recipe, where the references write it: UserError naming what they do not (a discriminator, a
     pushforward through the chain, damping, constraints, crops, dropout, transposed convolutions, instance norm)."""
-    recipe = spec.resolved_recipe()
+    recipe = spec.options.resolved_recipe()
     unsupported = [what for what, on in (("a GAN term", recipe.gan_weight > 0), ("pushforward through", recipe.pushforward == "through"),
-                                         ("damping", recipe.damping > 0), ("constraints", recipe.constrain), ("crops", bool(spec.crop)),
+                                         ("damping", recipe.damping > 0), ("constraints", recipe.constrain), ("crops", bool(spec.options.crop)),
                                          ("dropout", recipe.dropout > 0), ("transposed convolutions", recipe.upsample != "resize"),
-                                         ("instance norm", spec.norm != "batch")) if on]
+                                         ("instance norm", spec.options.norm != "batch")) if on]
     if unsupported:
         raise UserError(f"the karman references write the default recipe's step; recipe {recipe.name!r} has {', '.join(unsupported)}")
     return recipe
