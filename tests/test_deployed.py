@@ -57,7 +57,7 @@ def test_quick_prefect_yaml_parameters_are_the_quick_matrix():
     for name in presets():
         assert BenchmarkSpec.model_validate(benchmarks[name]["parameters"]["spec"]) == benchmark_preset(name), name
     frameworks = benchmark_preset("frameworks")
-    assert (frameworks.frameworks, frameworks.batch_sizes, frameworks.repeats, frameworks.train.ngf) == (["torch", "tensorflow"], [8], 2, 16)
+    assert (frameworks.frameworks, frameworks.batch_sizes, frameworks.repeats, frameworks.train.options["karman"].ngf) == (["torch", "tensorflow"], [8], 2, 16)
     nightly = next(d for d in deployments if d["entrypoint"].endswith(":benchmark") and d["name"] == "nightly")
     assert nightly["schedules"][0]["cron"] == "0 2 * * *"
     pools = {(d["entrypoint"].rsplit(":", 1)[1], d["name"]): d["work_pool"] for d in deployments}
@@ -283,8 +283,8 @@ def test_quick_benchmark_deployed_on_real_servers_and_a_worker(tmp_path, monkeyp
         # one-slot limit, which deploy.sh created), while a cell sent to the gpu pool (on this host, its
         # spec on the cpu) runs beside them.
         gpu_worker, gpu_log = services.start("worker-gpu", ["infra/start-worker.sh", "gpu"], worker_env)
-        tiny = {"dataset": "karman-demo", "epochs": 1, "max_steps": 3, "ngf": 8, "ndf": 8, "batch_sizes": [4], "threads": 1,
-                "val_simulations": 0, "device": "cpu"}
+        tiny = {"dataset": "karman-demo", "epochs": 1, "max_steps": 3, "batch_sizes": [4], "threads": 1, "device": "cpu",
+                "options": {"ngf": 8, "ndf": 8, "val_simulations": 0}}
         with temporary_settings({PREFECT_API_URL: api, PREFECT_API_AUTH_STRING: prefect_auth}), get_client(sync_client=True) as client:
             def send(pool: str, seed: int):
                 return client.create_flow_run_from_deployment(client.read_deployment_by_name(f"train/{pool}").id,

@@ -8,7 +8,7 @@ from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import (BaseModel, ConfigDict, Field, PositiveFloat, PositiveInt, SerializeAsAny, StringConstraints, TypeAdapter,
                       field_validator, model_validator)
-from pydantic.json_schema import SkipJsonSchema
+from pydantic.json_schema import SkipJsonSchema, WithJsonSchema
 
 from models.host import DeviceKind as Device
 from models.tiling import DEFAULT_HALO
@@ -126,6 +126,11 @@ class WorkloadOptions(Spec):
         return {}
 
 
+# A run form shows a workload's options as one object: which fields it takes depends on the workload chosen beside it,
+# and the spec validates them by that workload's model (the form's schema would otherwise refuse every field).
+AnyOptions = Annotated[SerializeAsAny[WorkloadOptions], WithJsonSchema({"type": "object", "additionalProperties": True})]
+
+
 def with_options(values: dict, shared: set[str]) -> dict:
     """A training spec's ``values`` with its workload's options gathered into ``options``: given there, or beside the
     shared fields (as the command line gives them, and as specs, records and deployments written when one flat spec held
@@ -180,7 +185,7 @@ class TrainSpec(Spec):
     seed: int = Field(default=0, ge=0, le=2**31 - 1, description="Seed of weights, split and shuffling")
     resume: str | None = Field(default=None, pattern=r"^[0-9a-f]{32}$", description="MLflow run id of an interrupted training run to continue from its last checkpoint (other fields are taken from that run)")
     cell: SkipJsonSchema[CellKey | None] = Field(default=None, description=CELL_DESCRIPTION)
-    options: SerializeAsAny[WorkloadOptions] = Field(default_factory=WorkloadOptions, description="The workload's own options (its folder's options.py): --workload NAME --help lists them")
+    options: AnyOptions = Field(default_factory=WorkloadOptions, description="The workload's own options (its folder's options.py): --workload NAME --help lists them")
 
     @model_validator(mode="before")
     @classmethod
@@ -300,7 +305,7 @@ def options_of(model: type[Spec], matrix: set[str], doc: str) -> type[Spec]:
 class TrainOptions(options_of(TrainSpec, {"workload", "framework", "device", "batch_sizes", "resume", "cell", "options"},
                               "Everything of a training cell but its workload, framework, device and batch size, which come from the matrix "
                               "(strategy applies to tensorflow cells; dataset to karman's, the other workloads train on their own)")):
-    options: dict[Annotated[str, StringConstraints(pattern=WORKLOAD_NAME)], SerializeAsAny[WorkloadOptions]] = Field(
+    options: dict[Annotated[str, StringConstraints(pattern=WORKLOAD_NAME)], AnyOptions] = Field(
         default_factory=dict, description="Per workload, by name, its own options for its cells (a workload left out trains at its own)")
 
     @model_validator(mode="before")

@@ -71,7 +71,7 @@ def train_model(settings: Settings, plan: TrainPlan, batch_size: int, parent_run
                    "the samples per second at it (where a limit cut the epochs short, their samples over their time); "
                    "val_* are validation scores, logged against epochs; record.json holds the run's configuration and summary.")
     # batch_size, world_size and strategy are logged by the run itself, as they resolved
-    params = None if resume_run_id else spec.model_dump(exclude={"batch_sizes", "resume", "world_size", "strategy", "cell"})
+    params = None if resume_run_id else {k: v for k, v in spec.params().items() if k not in {"batch_sizes", "world_size", "strategy"}}
     with contextlib.ExitStack() as held:
         if resume_run_id:  # one writer per run: taken before the run is reopened, so a refused second resume changes nothing
             held.enter_context(writer_lock(settings.run_dir(resume_run_id), f"run {resume_run_id}"))
@@ -142,7 +142,7 @@ def sweep_run(settings: Settings, spec: TrainSpec, parent_run_id: str | None = N
     """The parent MLflow run of a batch-size sweep (a context manager; see tasks.common.tracking.mlflow_run)."""
     digest, _ = get_workload(spec.workload).dataset_info(settings, spec.dataset)
     sizes = ",".join(map(str, spec.batch_sizes))
-    return mlflow_run(settings, "train-sweep", sweep_run_name(spec), params=spec.model_dump(exclude={"resume"}),
+    return mlflow_run(settings, "train-sweep", sweep_run_name(spec), params=spec.params(),
                       tags={Tag.DEVICE: spec.device, Tag.DATASET: spec.dataset, Tag.DATASET_DIGEST: digest},
                       parent_run_id=parent_run_id,
                       description=f"Batch-size sweep ({sizes}) on {spec.device}: one child run per batch size; study_table.md compares them "

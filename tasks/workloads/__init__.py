@@ -113,8 +113,8 @@ class Workload:
     # simulation, the extra simulations) -> (rows, Markdown) of the ablate flow's table, where its training recipe can be ablated
     ablation: Callable | None = None
     rules: RunRules = RunRules()  # how many runs make a result of one of its cells, and the time each may take
-    # Its cells' sizes in the quick preset where they are not its own (BenchmarkSpec.per_workload's fields: karman trains at the
-    # demo's batch 4 and 8 for 3 epochs there); None: its own sizes (tasks.workloads.presets)
+    # Its cells' sizes in the quick preset where they are not its own (BenchmarkSpec.per_workload's fields, and "options": its
+    # own options there; karman trains at the demo's batch 4 and 8 for 3 epochs, 16 wide); None: its own sizes (tasks.workloads.presets)
     quick: dict | None = None
 
     def __post_init__(self):

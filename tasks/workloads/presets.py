@@ -12,9 +12,11 @@ from tasks.workloads import WORKLOADS, get_workload
 
 
 def _quick() -> dict:
-    per_workload = {name: quick for name in WORKLOADS if (quick := get_workload(name).quick)}
+    quick = {name: sizes for name in WORKLOADS if (sizes := get_workload(name).quick)}
+    per_workload = {name: {k: v for k, v in sizes.items() if k != "options"} for name, sizes in quick.items()}
+    options = {name: sizes["options"] for name, sizes in quick.items() if "options" in sizes}
     # one run a cell: a smoke test of the whole pipeline in minutes, whose results the report marks indicative
-    return {"train": {"ngf": 16, "ndf": 16}, "per_workload": per_workload, "repeats": 1, "infer": {"steps": 40}, "workers": [1, 2],
+    return {"train": {"options": options}, "per_workload": per_workload, "repeats": 1, "infer": {"steps": 40}, "workers": [1, 2],
             "generate": {"events": 400}, "aggregate": {"name": "quick"}}  # events: calo's dataset (calo-events400)
 
 

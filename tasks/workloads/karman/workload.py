@@ -246,5 +246,5 @@ WORKLOAD = Workload(
     register=register_champion,
     report=report_sections,
     rules=RunRules(runs=5, failures=1, max_runtime_s=1800.0),  # the long-horizon recipe's half hour
-    quick={"batch_sizes": [4, 8], "epochs": 3},  # the demo's sizes: a quick benchmark's karman cells take minutes, not hours
+    quick={"batch_sizes": [4, 8], "epochs": 3, "options": {"ngf": 16, "ndf": 16}},  # the demo's sizes: a quick benchmark's karman cells take minutes, not hours
 )
