@@ -96,7 +96,7 @@ def add_spec_options(parser: argparse.ArgumentParser, model: type[BaseModel], on
             continue
         if typing.get_origin(annotation) is dict:
             parser.add_argument(flag, dest=name, default=None, metavar="KEY=VALUE,...",
-                                help=f"{field.description} (default: {','.join(f'{k}={v}' for k, v in field.default.items())})")
+                                help=f"{field.description} (default: {','.join(f'{k}={v}' for k, v in field.get_default(call_default_factory=True).items()) or 'none'})")
             continue
         choices, _, is_list = _choices(annotation)
         help_text = _help(model, field, is_list, (defaults or {}).get(name))

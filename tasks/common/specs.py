@@ -359,6 +359,22 @@ class BenchmarkSpec(Spec):
     repeats: PositiveInt | None = Field(default=None, le=100, description="Training runs per cell, with seeds train.seed, train.seed + 1, ...: the report's time to quality is their mean, the fastest and slowest dropped from three on; None = the workload's run rules (digits, har, karman, calo: 5 runs), so its results can be complete")
     layers: list[Annotated[int, Field(gt=0, le=64)]] | None = Field(default=None, min_length=1, description="Sweep of the recurrent workloads' depth (har: stacked BiLSTM layers, seed 002's axis), one cell per value and per units value; None = each workload's own; the other workloads ignore it")
     units: list[Annotated[int, Field(gt=0, le=4096)]] | None = Field(default=None, min_length=1, description="Sweep of the recurrent workloads' width (har: units per direction and layer), crossed with layers; None = each workload's own")
+    sweep: dict[Annotated[str, StringConstraints(pattern=r"^[a-z][a-z0-9_]{0,63}$")], list[int | float | str]] = Field(
+        default_factory=dict, description="Sweeps of workloads' own options, OPTION=V1:V2:...: one cell per value, crossed with each other and "
+                                          "with layers and units, for the cells of each workload that has the option")
+
+    @field_validator("sweep", mode="before")
+    @classmethod
+    def _sweep_values(cls, sweep: Any) -> Any:
+        """The command line's OPTION=V1:V2 gives each option's values as one text: its values, each checked by the option's
+        model when a cell takes it."""
+        if not isinstance(sweep, dict):
+            return sweep
+        values = {k: v.split(":") if isinstance(v, str) else v for k, v in sweep.items()}
+        for option, given in values.items():
+            if not given or len(set(map(str, given))) != len(given):
+                raise ValueError(f"--sweep {option}: give its values once each, colon-separated (got {':'.join(map(str, given))!r})")
+        return values
     infer_devices: list[Device] = Field(default=["cpu"], min_length=1, description="Rollout devices")
     modes: list[Literal["full", "mapreduce"]] = Field(default=["full", "mapreduce"], min_length=1, description="Rollout modes: full (the whole frame on one worker) and mapreduce (tiles spread over the workers)")
     workers: list[PositiveInt] = Field(default=[1, 2], min_length=1, description="Workers of map-reduce rollouts (full-frame always uses 1)")

@@ -186,11 +186,13 @@ def benchmark_dataset(workload: Workload, generate) -> tuple[str, dict]:
 
 
 def swept_sizes(workload: Workload, spec) -> list[dict]:
-    """Every combination of the network sizes a benchmark ``spec`` sweeps that ``workload`` takes (its ``sizes``: layers x
-    units for har); [{}] for a workload that takes none, or when the benchmark sweeps none."""
+    """Every combination of the option values a benchmark ``spec`` sweeps that ``workload`` takes (its ``sizes``: layers x
+    units for har; and ``spec.sweep``'s options of its own); [{}] for a workload that takes none, or when the benchmark sweeps none."""
     import itertools
 
     axes = {name: getattr(spec, name) for name in workload.sizes if getattr(spec, name) is not None}
+    own = options_model(workload.name).model_fields
+    axes |= {option: values for option, values in spec.sweep.items() if option in own}  # its own options' sweeps
     return [dict(zip(axes, values)) for values in itertools.product(*axes.values())] if axes else [{}]
 
 
@@ -288,6 +290,13 @@ def check_benchmark_options(spec, base=None) -> None:
             continue
         raise UserError(f"--{field} {','.join(map(str, value))} sweeps {' and '.join(whose)}'s option; no workload of this benchmark "
                         f"({', '.join(spec.workloads)}) takes it: add {' or '.join(whose)} to its workloads, or leave it out")
+    for option, values in spec.sweep.items():
+        whose = train_owners.get(option, [])
+        if not set(whose) & set(spec.workloads):
+            raise UserError(f"--sweep {option}={':'.join(map(str, values))}: " + (
+                f"{' and '.join(whose)}'s option; no workload of this benchmark ({', '.join(spec.workloads)}) takes it" if whose else
+                f"no workload has an option {option}; the benchmark's workloads' options are "
+                + ", ".join(sorted({o for w in spec.workloads if w in table() for o in options_model(w).model_fields}))))
 
 
 def reset_foreign(workload: Workload, spec, kind: str = "generate_options"):

@@ -92,3 +92,24 @@ def test_a_framework_a_workload_lacks_is_refused_by_name(monkeypatch):
         monkeypatch.setenv(name, value)
     with pytest.raises(UserError, match="^workload toy has no jax version; it runs in torch, tensorflow$"):
         check_framework(get_workload("toy"), "jax")
+
+
+@pytest.mark.full  # trains through the CLI
+def test_its_own_option_shows_in_its_help_is_logged_and_swept_by_a_benchmark(toy):
+    shown = run_in_process("train", "--workload", "toy", "--help", cwd=toy, env=TOY)
+    assert shown.returncode == 0 and "--hidden" in shown.stdout and not {"--recipe", "--layers"} & set(shown.stdout.split())
+    assert_refused(run_in_process("train", "--workload", "har", "--hidden", "8", cwd=toy, env=TOY), "workload har takes no --hidden (toy's option)")
+    out = _train(toy, "--epochs", "1", "--batch-sizes", "16", "--hidden", "8")
+    client = MlflowClient(tracking_uri=os.environ["MLFLOW_TRACKING_URI"])
+    run = client.get_run(out["run_id"])
+    assert (run.data.params["hidden"], run.data.params["hidden_units"]) == ("8", "8") and run.info.run_name == "toy-torch-cpu-b16-h8"
+    assert run.data.params["parameters"] == str(2 * 8 + 8 + 8 * 2 + 2)
+
+    (toy / "bench.json").write_text(json.dumps({"workloads": ["toy"], "train": {"epochs": 1},
+                                                "repeats": 1, "sweep": {"hidden": [4, 8]}, "aggregate": {"name": "toy-sweep"}}))
+    proc = run_in_process("benchmark", "--spec", "bench.json", "--sweep", "hidden=4:8", "--batch-sizes", "16", "--json", cwd=toy, env=TOY)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    swept = client.search_runs([run.info.experiment_id], "params.workload = 'toy' and tags.`karman.cell` != ''")
+    assert sorted(r.data.params["hidden"] for r in swept) == ["4", "8"]  # one cell per value of its own option
+    assert_refused(run_in_process("benchmark", "--workloads", "digits", "--sweep", "hidden=4:8", cwd=toy, env=TOY),
+                   "--sweep hidden=4:8: toy's option; no workload of this benchmark (digits) takes it")

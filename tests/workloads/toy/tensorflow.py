@@ -3,7 +3,7 @@
 import numpy as np
 
 from tasks.common.data import epoch_order
-from tests.workloads.toy.workload import FLOPS_PER_SAMPLE, TARGET_ACCURACY, ToyData
+from tests.workloads.toy.workload import TARGET_ACCURACY, ToyData, flops_per_sample
 
 
 class ToyKeras:
@@ -15,14 +15,14 @@ class ToyKeras:
         keras.utils.set_random_seed(spec.seed)  # the same initial weights in every worker
         strategy = runtime.ctx.strategy
         with strategy.scope():
-            self.net = keras.Sequential([keras.Input((2,)), keras.layers.Dense(16, activation="tanh"), keras.layers.Dense(2)])
+            self.net = keras.Sequential([keras.Input((2,)), keras.layers.Dense(spec.options.hidden, activation="tanh"), keras.layers.Dense(2)])
             self.opt = keras.optimizers.SGD(0.2)
             self.opt.build(self.net.trainable_variables)
         self.samples = len(data.y["train"])
         self.has_validation = True
         self.headline = {"accuracy": "accuracy"}
-        self.flops_per_sample = FLOPS_PER_SAMPLE
-        self.params = {"hidden_units": 16, "parameters": int(sum(np.prod(v.shape) for v in self.net.trainable_variables))}
+        self.flops_per_sample = flops_per_sample(spec.options.hidden)
+        self.params = {"hidden_units": spec.options.hidden, "parameters": int(sum(np.prod(v.shape) for v in self.net.trainable_variables))}
         self.speed = {}
         replicas = strategy.num_replicas_in_sync
 

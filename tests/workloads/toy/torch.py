@@ -5,21 +5,21 @@ import torch
 from torch import nn
 
 from tasks.common.data import epoch_order
-from tests.workloads.toy.workload import FLOPS_PER_SAMPLE, TARGET_ACCURACY, ToyData
+from tests.workloads.toy.workload import TARGET_ACCURACY, ToyData, flops_per_sample
 
 
 class ToyTorch:
     def __init__(self, data: ToyData, spec, batch_size: int, runtime):
         self.data, self.spec, self.batch_size, self.runtime = data, spec, batch_size, runtime
         torch.manual_seed(spec.seed)  # the same initial weights on every rank
-        self.net = nn.Sequential(nn.Linear(2, 16), nn.Tanh(), nn.Linear(16, 2)).to(runtime.ctx.device)
+        self.net = nn.Sequential(nn.Linear(2, spec.options.hidden), nn.Tanh(), nn.Linear(spec.options.hidden, 2)).to(runtime.ctx.device)
         self.run_net = runtime.ctx.wrap(self.net) if runtime.ctx.wrap else self.net
         self.opt = torch.optim.SGD(self.net.parameters(), lr=0.2)
         self.samples = len(data.y["train"])
         self.has_validation = True
         self.headline = {"accuracy": "accuracy"}
-        self.flops_per_sample = FLOPS_PER_SAMPLE
-        self.params = {"hidden_units": 16, "parameters": sum(p.numel() for p in self.net.parameters())}
+        self.flops_per_sample = flops_per_sample(spec.options.hidden)
+        self.params = {"hidden_units": spec.options.hidden, "parameters": sum(p.numel() for p in self.net.parameters())}
         self.speed = {}
 
     def batches(self, epoch: int, steps: int):
