@@ -177,7 +177,7 @@ class BenchMatmulSpec(BenchSpec):
     log: bool = Field(default=True, description="Write nothing: no MLflow runs, no entry in the ceiling cache")
 
     def resolved_dtypes(self) -> list[str]:
-        from tasks.common.matmul import DEFAULT_DTYPES
+        from tasks.common.measures.matmul import DEFAULT_DTYPES
 
         return list(self.dtypes or DEFAULT_DTYPES[self.device])
 

@@ -272,7 +272,7 @@ class RolloutRecord(Record):
     @classmethod
     def from_mlflow(cls, params: dict[str, str], metrics: dict[str, float], tags: dict[str, str], finished: bool) -> "RolloutRecord":
         """The record of a rollout logged before records existed (version 1: params, metrics and tags only)."""
-        from tasks.common.names import Tag
+        from tasks.common.tracking.names import Tag
 
         def value(name: str, default=None):
             return _param(params, name, default)

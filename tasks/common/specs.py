@@ -12,7 +12,7 @@ from pydantic.json_schema import SkipJsonSchema
 from models.host import DeviceKind as Device
 from models.nets.config import check_cuda_graph
 from models.tiling import DEFAULT_HALO
-from tasks.common.training.frameworks import FRAMEWORKS
+from tasks.common.config.frameworks import FRAMEWORKS
 
 DEFAULT_EPOCHS = 3  # a training run's epoch limit when it gives neither epochs nor a time budget
 

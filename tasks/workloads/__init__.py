@@ -15,7 +15,7 @@ import os
 from dataclasses import dataclass, fields
 from typing import Callable
 
-from tasks.common.errors import UserError
+from tasks.common.config.errors import UserError
 from tasks.common.specs import DEFAULT_EPOCHS
 
 # name -> the package of its folder
@@ -128,7 +128,7 @@ class Workload:
 
     def __post_init__(self):
         """TypeError naming the field of a workload whose part cannot be called as the stages call it (CALLS)."""
-        from tasks.common.training.frameworks import FRAMEWORKS
+        from tasks.common.config.frameworks import FRAMEWORKS
 
         unknown = [f for f in self.frameworks if f not in FRAMEWORKS]
         if unknown:

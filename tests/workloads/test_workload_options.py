@@ -6,7 +6,7 @@ workload's options, give each workload's cells its own only."""
 
 import pytest
 
-from tasks.common.errors import UserError
+from tasks.common.config.errors import UserError
 from tasks.common.specs import BenchmarkSpec, GenerateSpec, TrainSpec
 from tasks.workloads import check_benchmark_options, check_options, get_workload, own_fields, owners, with_own_defaults
 from tests.conftest import run_in_process

@@ -14,7 +14,7 @@ import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from tasks.common.errors import UserError
+from tasks.common.config.errors import UserError
 
 DEFAULT = "torch"  # a request's framework when it names none; run names leave it out
 
@@ -68,7 +68,7 @@ def _torch_rank_env(env: dict[str, str], rank: int, procs: int, ports: list[int]
 
 
 def _tensorflow_rank_env(env: dict[str, str], rank: int, procs: int, ports: list[int]) -> dict[str, str]:
-    from tasks.common.workers import worker_env
+    from tasks.common.process.workers import worker_env
 
     return worker_env(rank, procs, ports)
 
@@ -82,7 +82,7 @@ def _jax_env(device: str, world_size: int | None) -> dict[str, str]:
 class Framework:
     name: str
     runtime: str  # module with open_runtime(plan) -> the loop's Runtime, imported only in its own child
-    probe: str  # 'module:function' of its device probe, (job) -> {"device", "world_size", "memory_bytes"} (tasks.common.probe)
+    probe: str  # 'module:function' of its device probe, (job) -> {"device", "world_size", "memory_bytes"} (tasks.common.runtimes.probe)
     checkpoint: str  # the file the runtime writes after every epoch, beside the run's job file
     checkpoint_format: str  # how that file is written: 'torch' (torch.save's zip) or 'npz' (arrays, the history as JSON)
     # how a job's processes map onto the devices of one host: 'device' (one process per device: DDP; one for xla's SPMD),
@@ -99,10 +99,10 @@ class Framework:
     host_strategies: tuple[str, ...] = ("auto",)  # the strategies it takes over several hosts
     local_launcher: tuple[str, ...] = ()  # python -m MODULE ARGS that starts N processes on this host ({procs} is N); () where it needs none
     # (the job's environment, rank, procs, free ports of 127.0.0.1, one per process) -> what that launcher would add to it for
-    # each of its processes: the processes are then forked from a warm server instead (tasks.common.warm.ForkedGroup)
+    # each of its processes: the processes are then forked from a warm server instead (tasks.common.process.warm.ForkedGroup)
     rank_env: Callable[[dict[str, str], int, int, list[int]], dict[str, str]] | None = None
     check_device: Callable | None = None  # (spec) -> None; ValueError for a strategy that does not suit the spec's device or world
-    preload: tuple[str, ...] = ()  # its modules a warm server may import for its jobs, none reading the job's environment on import (tasks.common.warm)
+    preload: tuple[str, ...] = ()  # its modules a warm server may import for its jobs, none reading the job's environment on import (tasks.common.process.warm)
     # modules a warm server may import for its cpu jobs in their environment (``env("cpu")``): those whose jobs' variables
     # starting with an ``import_env`` prefix (what the framework reads on import) are what that environment gives
     cpu_preload: tuple[str, ...] = ()
@@ -143,13 +143,13 @@ class Framework:
         """The command that starts a job's processes before ``-m MODULE ARGS``: python itself for one process on one host;
         the framework's local launcher for ``procs`` on this host (its own files, such as torchrun's log folders, in the
         job's ``folder``, which goes with the job); srun over ``hosts`` hosts of a SLURM allocation, each task starting its
-        share through tasks.common.hosts."""
+        share through tasks.common.process.hosts."""
         if hosts > 1:
-            from tasks.common.workers import free_ports
+            from tasks.common.process.workers import free_ports
 
             tasks_per_host = procs if self.hosts == "workers" else 1
             return ["srun", f"--nodes={hosts}", f"--ntasks={hosts * tasks_per_host}", f"--ntasks-per-node={tasks_per_host}", "--kill-on-bad-exit=1",
-                    sys.executable, "-m", "tasks.common.hosts", self.name, str(procs), str(free_ports(1)[0])]
+                    sys.executable, "-m", "tasks.common.process.hosts", self.name, str(procs), str(free_ports(1)[0])]
         if procs == 1:
             return [sys.executable]
         if not self.local_launcher:
@@ -161,20 +161,20 @@ class Framework:
 
 FRAMEWORKS = {
     "torch": Framework(
-        "torch", "tasks.common.training.runtime_torch", "tasks.common.probe:probe_torch", "checkpoint.pt", "torch", processes="device",
+        "torch", "tasks.common.runtimes.runtime_torch", "tasks.common.runtimes.probe:probe_torch", "checkpoint.pt", "torch", processes="device",
         env=_torch_env, strategy_words="auto (DDP on cpu and cuda, SPMD on xla)", precisions=("fp32", "bf16"), hosts="rendezvous",
         local_launcher=("-m", "torch.distributed.run", "--standalone", "--nproc-per-node={procs}", "--log-dir={folder}/torchrun"), rank_env=_torch_rank_env,
         preload=("torch", "torch.nn", "torch.optim", "torch._dynamo")),
     "tensorflow": Framework(
-        "tensorflow", "tasks.common.training.runtime_keras", "tasks.common.probe:probe_tensorflow", "checkpoint.npz", "npz", processes="strategy",
+        "tensorflow", "tasks.common.runtimes.runtime_keras", "tasks.common.runtimes.probe:probe_tensorflow", "checkpoint.npz", "npz", processes="strategy",
         env=_tensorflow_env, resolve_strategy=_tensorflow_strategy, strategies=("auto", "default", "mirrored", "multiworker", "tpu"),
-        hosts="workers", host_strategies=("auto", "multiworker"), check_device=_tensorflow_check, local_launcher=("-m", "tasks.common.workers", "{procs}", "{python}"),
-        rank_env=_tensorflow_rank_env, cpu_preload=("tasks.common.training.tensorflow_preload",), import_env=("TF_", "KERAS_", "CUDA_", "XLA_", "ONEDNN_", "DNNL_"),
-        first_import="tasks.common.training.tensorflow_import:import_tensorflow"),
+        hosts="workers", host_strategies=("auto", "multiworker"), check_device=_tensorflow_check, local_launcher=("-m", "tasks.common.process.workers", "{procs}", "{python}"),
+        rank_env=_tensorflow_rank_env, cpu_preload=("tasks.common.runtimes.tensorflow_preload",), import_env=("TF_", "KERAS_", "CUDA_", "XLA_", "ONEDNN_", "DNNL_"),
+        first_import="tasks.common.runtimes.tensorflow_import:import_tensorflow"),
     "jax": Framework(
-        "jax", "tasks.common.training.runtime_jax", "tasks.common.probe:probe_jax", "checkpoint.npz", "npz", processes="host",
+        "jax", "tasks.common.runtimes.runtime_jax", "tasks.common.runtimes.probe:probe_jax", "checkpoint.npz", "npz", processes="host",
         env=_jax_env, strategy_words="auto (its devices in one process, the batch split over them)",
-        cpu_preload=("tasks.common.training.jax_preload",), import_env=("JAX_",)),
+        cpu_preload=("tasks.common.runtimes.jax_preload",), import_env=("JAX_",)),
 }
 
 

@@ -6,7 +6,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, Field, field_validator
 
-from tasks.common.errors import UserError
+from tasks.common.config.errors import UserError
 
 DATA_ROOT_ENV = "KARMAN_DATA_ROOT"
 EXPERIMENT_ENV = "KARMAN_EXPERIMENT"

@@ -8,8 +8,8 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from tasks.common.errors import UserError
-from tasks.common.settings import Settings
+from tasks.common.config.errors import UserError
+from tasks.common.config.settings import Settings
 
 BENCH = "bench-matmul"
 QUICK = "quick ceiling of a training run"

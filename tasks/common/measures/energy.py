@@ -16,7 +16,7 @@ import threading
 from pathlib import Path
 
 from tasks.common.records import Energy, TrainSummary
-from tasks.common.settings import Settings
+from tasks.common.config.settings import Settings
 
 POWERCAP = Path("/sys/class/powercap")
 RAPL_EVERY_S = 5.0

@@ -11,8 +11,8 @@ import statistics
 import time
 from typing import Callable
 
-from tasks.common.ceiling import on_host_cpu
-from tasks.common.errors import UserError
+from tasks.common.measures.ceiling import on_host_cpu
+from tasks.common.config.errors import UserError
 
 FRAMEWORKS = ("torch", "tensorflow", "jax")
 DTYPES = ("fp32", "tf32", "bf16", "fp16")
@@ -106,7 +106,7 @@ def _torch(device: str, dtype: str) -> _Backend:
         b.sync = lambda out: torch.cuda.synchronize()
         b.free_bytes = lambda: torch.cuda.mem_get_info()[0]
     else:
-        from tasks.common.ceiling import cpu_name
+        from tasks.common.measures.ceiling import cpu_name
 
         dev, b.name, b.sync = torch.device("cpu"), cpu_name(), lambda out: None
     kind = {"fp32": torch.float32, "tf32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[dtype]
@@ -136,7 +136,7 @@ def _tensorflow(device: str, dtype: str) -> _Backend:
             raise _no_tf32(b.name, major, minor, "tensorflow")
         place = "/GPU:0"
     else:
-        from tasks.common.ceiling import cpu_name
+        from tasks.common.measures.ceiling import cpu_name
 
         b.name, place = cpu_name(), "/CPU:0"
     # on by default (fp32 must turn it off), and one switch for the process
@@ -170,7 +170,7 @@ def _jax(device: str, dtype: str) -> _Backend:
         raise UserError(f"device {device} requested but jax has no {platform} backend here ({why})") from None
     b = _Backend()
     if device == "cpu":
-        from tasks.common.ceiling import cpu_name
+        from tasks.common.measures.ceiling import cpu_name
 
         b.name = cpu_name()
     else:

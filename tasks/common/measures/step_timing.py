@@ -53,7 +53,7 @@ class StepProcess:
         self.what = what
         self.proc = subprocess.Popen(
             [sys.executable, "-c", f"from {module} import {function}; {function}()"], env={**os.environ, **(env or {})},
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, cwd=Path(__file__).resolve().parents[2])
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, cwd=Path(__file__).resolve().parents[3])
         self._send(json.dumps(config))
         ready = self._answer()
         if not ready.startswith("ready"):
@@ -81,12 +81,12 @@ class StepProcess:
 
 
 def known_peak(ctx, precision: str) -> float | None:
-    """The GPU's datasheet bf16 peak (tasks.common.ceiling's table), for bf16 runs on cuda."""
+    """The GPU's datasheet bf16 peak (tasks.common.measures.ceiling's table), for bf16 runs on cuda."""
     if ctx.kind != "cuda" or precision != "bf16":
         return None
     import torch
 
-    from tasks.common.ceiling import peak_tflops
+    from tasks.common.measures.ceiling import peak_tflops
 
     peak = peak_tflops("cuda", torch.cuda.get_device_name(ctx.device), "bf16")
     return peak[0] if peak else None

@@ -9,9 +9,9 @@ times the share of its cores the run used (threads per process x processes over 
 
 import logging
 
-from tasks.common.errors import UserError
+from tasks.common.config.errors import UserError
 from tasks.common.records import TrainSummary, Utilisation
-from tasks.common.training.frameworks import framework
+from tasks.common.config.frameworks import framework
 
 log = logging.getLogger("karman.train")
 
@@ -24,7 +24,7 @@ def dtype_of(precision: str) -> str:
 def utilisation(trainer, runtime, summary: TrainSummary, spec, settings) -> Utilisation | None:
     """The run's Utilisation; None if the trainer cannot count its FLOPs. A ceiling that cannot be had
     (a dtype the framework does not multiply on the device) leaves that figure out, with the reason logged."""
-    from tasks.common import ceiling, matmul
+    from tasks.common.measures import ceiling, matmul
 
     flops = getattr(trainer, "flops_per_sample", None)
     if not flops:
@@ -58,7 +58,7 @@ def utilisation(trainer, runtime, summary: TrainSummary, spec, settings) -> Util
 def devices_used(runtime, device: str, world: int) -> tuple[float, int]:
     """(the run's devices as a multiple of one unit, CPU cores used): on a CPU the unit is the whole host
     (the run's share of its cores: threads per process x processes), elsewhere one device."""
-    from tasks.common import ceiling
+    from tasks.common.measures import ceiling
 
     if device == "cpu":
         cores = ceiling.this_cpu().cores
@@ -70,7 +70,7 @@ def devices_used(runtime, device: str, world: int) -> tuple[float, int]:
 
 def _share(runtime, device: str, world: int) -> tuple[float, str | None, int]:
     """(devices_used's multiple of one ceiling unit, the device's name, CPU cores used)."""
-    from tasks.common import matmul
+    from tasks.common.measures import matmul
 
     share, used = devices_used(runtime, device, world)
     if device == "cpu":

@@ -22,7 +22,7 @@ def check_scheduler(address: str, timeout: float = 5.0) -> None:
     import socket
     from urllib.parse import urlsplit
 
-    from tasks.common.errors import UserError
+    from tasks.common.config.errors import UserError
 
     parts = urlsplit(address if "://" in address else f"tcp://{address}")
     if parts.scheme in OTHER_COMMS:
@@ -90,12 +90,12 @@ WORKER_PRELOAD = ("distributed", "distributed.nanny", "numpy", "pandas", "prefec
 @contextmanager
 def _forked_workers(preload: Sequence[str] | None) -> Iterator[None]:
     """A LocalCluster's workers forked from multiprocessing's fork server, which imports ``WORKER_PRELOAD`` and
-    ``preload`` once and then freezes them (tasks.common.collector_frozen), instead of spawned as fresh interpreters
+    ``preload`` once and then freezes them (tasks.common.process.collector_frozen), instead of spawned as fresh interpreters
     that each import them (Dask's default): a four-simulation sweep on two workers 17.6 s of the machine's CPU against
     21.6 s (docs/architecture.md). The server starts with the first worker, in this process's environment as Dask has
     set it for its workers (one thread each) with this project's root on PYTHONPATH (its modules found from any
     folder), and imports nothing that starts a thread; each worker sets its default start method back to spawn as it
-    starts (tasks.common.dask_worker: no semaphore of numba's left behind by a worker stopped by a signal). ``None`` (a
+    starts (tasks.common.process.dask_worker: no semaphore of numba's left behind by a worker stopped by a signal). ``None`` (a
     scheduler given by address), or not Linux: as Dask has it."""
     if preload is None or sys.platform != "linux":
         yield
@@ -105,10 +105,10 @@ def _forked_workers(preload: Sequence[str] | None) -> Iterator[None]:
     import dask
     from distributed.utils import get_mp_context
 
-    from tasks.common.warm import FROZEN, importable_in_servers
+    from tasks.common.process.warm import FROZEN, importable_in_servers
 
     importable_in_servers()
-    with dask.config.set({"distributed.worker.multiprocessing-method": "forkserver", "distributed.worker.preload": ["tasks.common.dask_worker"]}):
+    with dask.config.set({"distributed.worker.multiprocessing-method": "forkserver", "distributed.worker.preload": ["tasks.common.process.dask_worker"]}):
         get_mp_context()  # Dask sets its own preload list once per process: ours replaces it
         multiprocessing.get_context("forkserver").set_forkserver_preload([*WORKER_PRELOAD, *preload, FROZEN])
         yield
@@ -144,7 +144,7 @@ def finished(runner: Any, futures: Iterable[Any]) -> Iterator[tuple[Any, Any, Ba
 def worth_retrying(task, task_run, state) -> bool:
     """A Prefect ``retry_condition_fn`` for a dataset's pieces: no retry for what would fail again the same way (a
     diverged simulation, a spec refused), a retry for the rest (a file system that hiccuped, a worker short of memory)."""
-    from tasks.common.errors import UserError
+    from tasks.common.config.errors import UserError
 
     return not isinstance(state.data, (FloatingPointError, ValueError, UserError))
 

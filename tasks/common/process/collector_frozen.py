@@ -1,4 +1,4 @@
-"""The last preload of a fork server (a warm server's, tasks.common.warm; a sweep's Dask workers', tasks.common.cluster): what it imported frozen.
+"""The last preload of a fork server (a warm server's, tasks.common.process.warm; a sweep's Dask workers', tasks.common.process.cluster): what it imported frozen.
 
 A fork server lives until its command ends, then ends as any interpreter does, and an interpreter's end walks every
 object still alive with the cycle collector a few times while it tears the modules down, collector on or off: 1.4–2.2 s

@@ -1,4 +1,4 @@
-"""Run by each Dask worker of a local cluster whose workers are forked from multiprocessing's fork server (tasks.common.cluster) as it starts.
+"""Run by each Dask worker of a local cluster whose workers are forked from multiprocessing's fork server (tasks.common.process.cluster) as it starts.
 
 Such a worker inherits the fork server's start method as its own default. numba, when its threads start (the solver's
 first parallel step), takes a process-wide lock for its threading layer in any process whose start method says "fork";
@@ -14,7 +14,7 @@ act on and stays off the terminal (unless --verbose); the worker's other warning
 import logging
 import multiprocessing
 
-from tasks.common.quiet import verbose
+from tasks.common.process.quiet import verbose
 
 HEARTBEAT_LOST = "Failed to communicate with scheduler during heartbeat"
 

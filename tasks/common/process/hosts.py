@@ -1,4 +1,4 @@
-"""One training over the hosts of a SLURM allocation: `srun ... python -m tasks.common.hosts FRAMEWORK PER_HOST PORT -m MODULE ARGS...`.
+"""One training over the hosts of a SLURM allocation: `srun ... python -m tasks.common.process.hosts FRAMEWORK PER_HOST PORT -m MODULE ARGS...`.
 
 srun starts this module as every task of the job step; it reads SLURM's environment and starts the
 training command of its task:
@@ -12,7 +12,7 @@ How a framework spreads over hosts is its entry's ``hosts`` in the framework tab
   task's host and port (PORT + the task's number, so that tasks on one host never share a port) and
   this task's index, SLURM_PROCID; LOCAL_RANK (SLURM_LOCALID) picks a worker's GPU on its host.
 
-The flow process (tasks.common.launch.run_child with hosts > 1) builds the srun line; this module is
+The flow process (tasks.common.process.launch.run_child with hosts > 1) builds the srun line; this module is
 what runs on the hosts.
 """
 
@@ -23,7 +23,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from tasks.common.training.frameworks import FRAMEWORKS as TABLE
+from tasks.common.config.frameworks import FRAMEWORKS as TABLE
 
 FRAMEWORKS = tuple(name for name, fw in TABLE.items() if fw.hosts)  # those that spread over hosts
 
@@ -111,7 +111,7 @@ def torchrun_command(step: SlurmStep, per_host: int, port: int, args: list[str],
 
 def main(argv: list[str]) -> int:
     if len(argv) < 4 or argv[0] not in FRAMEWORKS or not argv[1].isdigit() or not argv[2].isdigit() or int(argv[1]) < 1:
-        print(f"error: usage: python -m tasks.common.hosts {'|'.join(FRAMEWORKS)} PER_HOST PORT -m MODULE ARGS...", file=sys.stderr)
+        print(f"error: usage: python -m tasks.common.process.hosts {'|'.join(FRAMEWORKS)} PER_HOST PORT -m MODULE ARGS...", file=sys.stderr)
         return 2
     framework, per_host, port, args = argv[0], int(argv[1]), int(argv[2]), argv[3:]
     try:

@@ -1,4 +1,4 @@
-"""Child side of every job: the entry `python -m tasks.common.job_main KIND JOB.json RESULT.json` runs the job body its stage named.
+"""Child side of every job: the entry `python -m tasks.common.process.job_main KIND JOB.json RESULT.json` runs the job body its stage named.
 
 Every training or inference run executes here, in a fresh process for its framework and device:
 device environment (PJRT_DEVICE, CUDA_VISIBLE_DEVICES, ...) is set by the parent before any
@@ -7,7 +7,7 @@ honest. The job file names its body as ``module:function`` (each stage registers
 module imports no stage). A job of several processes has one such process per device; rank 0 writes the
 result, every rank its verdict event. Exit codes: 0 done, 3 user error, 4 the run failed for a stated reason, 5 stopped by a
 signal, 1 crash (after its traceback). The verdict is one line on stderr for people, a structured
-event on stdout (tasks.common.events) and {"error": {...}} in the result file for the parent.
+event on stdout (tasks.common.process.events) and {"error": {...}} in the result file for the parent.
 """
 
 import importlib
@@ -26,7 +26,7 @@ KINDS = ("train", "rollout", "probe", "matmul", "simulate", "validate", "bench")
 
 def job_body(name: str):
     """The function ``module:function`` a job file names; UserError if there is no such function."""
-    from tasks.common.errors import UserError
+    from tasks.common.config.errors import UserError
 
     module, _, function = name.partition(":")
     if not module or not function:
@@ -40,7 +40,7 @@ def job_body(name: str):
 def first_import(name: str | None) -> None:
     """The framework table's first import for the job's framework, where it has one (TensorFlow without the packages it
     loads only because they are installed); a job of no framework, or of one the table does not name, imports nothing here."""
-    from tasks.common.training.frameworks import FRAMEWORKS, call
+    from tasks.common.config.frameworks import FRAMEWORKS, call
 
     fw = FRAMEWORKS.get(name or "")
     if fw is not None and fw.first_import:
@@ -49,9 +49,9 @@ def first_import(name: str | None) -> None:
 
 def load(framework: str | None, body: str | None = None):
     """What a job process loads before it runs: its framework's first import (``first_import``) and, with a name, its body
-    (``job_body``), with the cycle collector off and what they loaded then frozen (tasks.common.collector); the body, or
+    (``job_body``), with the cycle collector off and what they loaded then frozen (tasks.common.process.collector); the body, or
     None without a name."""
-    from tasks.common.collector import uncollected
+    from tasks.common.process.collector import uncollected
 
     with uncollected():
         first_import(framework)
@@ -59,7 +59,7 @@ def load(framework: str | None, body: str | None = None):
 
 
 def main(argv: list[str]) -> int:
-    from tasks.common import lifetime
+    from tasks.common.process import lifetime
 
     for stream in (sys.stdout, sys.stderr):
         # Each line whole in one write as soon as it ends: the processes of a job of several share one pipe, and an
@@ -67,16 +67,16 @@ def main(argv: list[str]) -> int:
         stream.reconfigure(line_buffering=True, write_through=False)
     lifetime.die_with_parent()
     logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr)
-    from tasks.common.quiet import quiet_libraries
+    from tasks.common.process.quiet import quiet_libraries
 
     quiet_libraries()
     if len(argv) != 3 or argv[0] not in KINDS:
-        print(f"error: usage: python -m tasks.common.job_main {{{','.join(KINDS)}}} JOB.json RESULT.json", file=sys.stderr)
+        print(f"error: usage: python -m tasks.common.process.job_main {{{','.join(KINDS)}}} JOB.json RESULT.json", file=sys.stderr)
         return 2
     kind, job_path, result_path = argv[0], Path(argv[1]), Path(argv[2])
     job = json.loads(job_path.read_text())
     from models.host import DeviceUnavailable
-    from tasks.common.errors import RunFailed, RunStopped, UserError, signal_name
+    from tasks.common.config.errors import RunFailed, RunStopped, UserError, signal_name
 
     if kind == "train":  # training stops at the end of a step and says so; other jobs stop at once
         lifetime.request_stop_on_signals()
@@ -104,7 +104,7 @@ def main(argv: list[str]) -> int:
 
 def _write(path: Path, payload: dict) -> None:
     tmp = path.with_suffix(f".{os.getpid()}.tmp")
-    from tasks.common.events import strict
+    from tasks.common.process.events import strict
 
     tmp.write_text(json.dumps(strict(payload), indent=2, sort_keys=True, allow_nan=False))
     tmp.replace(path)
@@ -112,7 +112,7 @@ def _write(path: Path, payload: dict) -> None:
 
 def _verdict(result_path: Path, kind: str, prefix: str, exc, code: int) -> int:
     """The job's end in one line on stderr (for people) and as a structured event and result (for the parent; rank 0 or a single process)."""
-    from tasks.common import events
+    from tasks.common.process import events
 
     message = str(exc)
     print(f"{prefix}: {message}", file=sys.stderr)

@@ -1,4 +1,4 @@
-"""A warm server's last preload (tasks.common.warm): what every job forked from it would otherwise load or work out itself.
+"""A warm server's last preload (tasks.common.process.warm): what every job forked from it would otherwise load or work out itself.
 
 MLflow checks a logged or loaded model's requirements against a map of every installed distribution's top-level modules,
 which it builds on first use by reading each distribution's file list: 0.5-1.3 s of CPU in each job that logs a model (a

@@ -12,14 +12,14 @@ from collections import deque
 from pathlib import Path
 
 from models.host import DeviceKind
-from tasks.common import events
-from tasks.common.errors import RunFailed, RunStopped, UserError, signal_name
-from tasks.common.lifetime import JOB_DIR_PREFIX, PARENT_ENV, defer, forwarding_to, raise_pending, signal_of, stop_child
-from tasks.common.flowrun import flow_run_env
-from tasks.common.training.frameworks import DEFAULT, FRAMEWORKS
-from tasks.common.warm import ForkedChild, ForkedGroup, warm_enabled
+from tasks.common.process import events
+from tasks.common.config.errors import RunFailed, RunStopped, UserError, signal_name
+from tasks.common.process.lifetime import JOB_DIR_PREFIX, PARENT_ENV, defer, forwarding_to, raise_pending, signal_of, stop_child
+from tasks.common.tracking.flowrun import flow_run_env
+from tasks.common.config.frameworks import DEFAULT, FRAMEWORKS
+from tasks.common.process.warm import ForkedChild, ForkedGroup, warm_enabled
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 
 
 class ChildFailed(RuntimeError):
@@ -34,8 +34,8 @@ RUNTIME_NOISE = re.compile(r"^(?:[IWE]\d{4} [\d:.]+\s+\d+ [\w./-]+:\d+\] |WARNIN
 
 def _relay(proc: subprocess.Popen, kind: str, tail: deque, verdicts: list, log, on_event) -> None:
     """The child's output, line by line, until it closes: log text into the log (once), structured
-    events (tasks.common.events) to ``on_event``, verdict events kept in ``verdicts``."""
-    from tasks.common.quiet import verbose
+    events (tasks.common.process.events) to ``on_event``, verdict events kept in ``verdicts``."""
+    from tasks.common.process.quiet import verbose
 
     loud = verbose()
     for line in proc.stdout:
@@ -97,7 +97,7 @@ def device_env(device: DeviceKind, world_size: int | None = None, framework: str
 
 def launcher(framework: str, procs: int, hosts: int = 1, folder: str = "") -> list[str]:
     """The command that starts a job's processes before ``-m MODULE ARGS`` (the framework table's ``launcher``): python
-    itself, torchrun (torch; its log folders in the job's ``folder``) or tasks.common.workers (tensorflow, a TF_CONFIG
+    itself, torchrun (torch; its log folders in the job's ``folder``) or tasks.common.process.workers (tensorflow, a TF_CONFIG
     cluster on 127.0.0.1) on this host, or srun over the hosts of a SLURM allocation (torch: one task per host running
     torchrun; tensorflow: one per worker)."""
     return FRAMEWORKS[framework].launcher(procs, hosts, folder)
@@ -106,7 +106,7 @@ def launcher(framework: str, procs: int, hosts: int = 1, folder: str = "") -> li
 def run_child(kind: str, body: str, job: dict, log, env: dict[str, str] | None = None, procs: int = 1, on_event=None,
               framework: str = DEFAULT, hosts: int = 1) -> dict:
     """Run the job body ``body`` (``module:function``, registered by its stage) as a ``kind`` job on ``job``
-    in a process of its own, forked from a warm server or a fresh interpreter (tasks.common.warm) (``procs`` > 1:
+    in a process of its own, forked from a warm server or a fresh interpreter (tasks.common.process.warm) (``procs`` > 1:
     that many, one per device, each with what torchrun gives torch's or a TF_CONFIG cluster tensorflow's; ``hosts``
     > 1: that many per host on the hosts of the SLURM allocation, see ``launcher``); return its (rank 0's) result dictionary. ``on_event`` receives
     the child's structured events (progress) as they come.
@@ -123,15 +123,15 @@ def run_child(kind: str, body: str, job: dict, log, env: dict[str, str] | None =
         # the flow run it works for, so that a run it opens or reports to links back to it
         child_env = {**os.environ, **flow_run_env(), **(env or {}), "PYTHONUNBUFFERED": "1", PARENT_ENV: str(os.getpid())}
         child_env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), child_env.get("PYTHONPATH")]))
-        cmd = launcher(framework, procs, hosts, tmp) + ["-m", "tasks.common.job_main", kind, str(job_path), str(result_path)]
+        cmd = launcher(framework, procs, hosts, tmp) + ["-m", "tasks.common.process.job_main", kind, str(job_path), str(result_path)]
         tail: deque[str] = deque(maxlen=30)
         verdicts: list[dict] = []
         args = [kind, str(job_path), str(result_path)]
-        if warm_enabled(procs, hosts, framework):  # forked from a server that has imported what every job imports (tasks.common.warm)
+        if warm_enabled(procs, hosts, framework):  # forked from a server that has imported what every job imports (tasks.common.process.warm)
             if procs == 1:
                 started = ForkedChild(args, child_env, os.getcwd(), framework)
             else:  # the processes the framework's launcher would start, each with what it would give them
-                from tasks.common.workers import free_ports
+                from tasks.common.process.workers import free_ports
 
                 ports, rank_env = free_ports(procs), FRAMEWORKS[framework].rank_env
                 envs = [{**child_env, **rank_env(child_env, rank, procs, ports)} for rank in range(procs)]

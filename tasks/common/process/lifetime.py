@@ -10,8 +10,8 @@ import time
 
 import psutil
 
-from tasks.common.errors import Interrupted
-from tasks.common.settings import Settings
+from tasks.common.config.errors import Interrupted
+from tasks.common.config.settings import Settings
 
 PR_SET_PDEATHSIG = 1
 GRACE_S = float(os.environ.get("KARMAN_STOP_GRACE_S", "30"))  # how long a signalled child may take to stop
@@ -223,7 +223,7 @@ def guard(pid: int, every_s: float = 0.5, grace_s: float = 10.0, settings: Setti
 
 
 def _import_tracking() -> None:
-    import tasks.common.tracking  # noqa: F401
+    import tasks.common.tracking.runs  # noqa: F401
 
 
 def close_runs(settings: Settings, reason: str) -> list[str]:
@@ -231,7 +231,7 @@ def close_runs(settings: Settings, reason: str) -> list[str]:
     other process on this host that ended without closing its runs, as the next command would find them)
     marked KILLED with ``reason``. A store that cannot be reached leaves them to the next command."""
     try:
-        from tasks.common.tracking import reap_orphans
+        from tasks.common.tracking.runs import reap_orphans
 
         return reap_orphans(settings, reason=reason)
     except Exception:  # noqa: BLE001  (no one reads a guardian's errors; the next command reaps them)
@@ -242,7 +242,7 @@ def start_guardian(settings: Settings | None = None) -> subprocess.Popen:
     """A guardian for this process; with ``settings``, it also closes the runs this process leaves open
     in their tracking store when it is killed."""
     env = {**os.environ, **settings.child_env()} if settings is not None else None
-    return subprocess.Popen([sys.executable, "-m", "tasks.common.lifetime", str(os.getpid()), *(["--close-runs"] if settings else [])],
+    return subprocess.Popen([sys.executable, "-m", "tasks.common.process.lifetime", str(os.getpid()), *(["--close-runs"] if settings else [])],
                             start_new_session=True, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL, close_fds=True)
 

@@ -34,7 +34,7 @@ def temporary_api_started() -> threading.Thread | None:
         return None
     from prefect.server.api.server import SubprocessASGIServer
 
-    from tasks.common.quiet import quiet_prefect_console
+    from tasks.common.process.quiet import quiet_prefect_console
 
     quiet_prefect_console()  # Prefect's console handlers exist once it is imported: its "Starting temporary server" kept off
     server = SubprocessASGIServer()

@@ -8,7 +8,7 @@ process) imports those libraries once; each child is forked from it and is then 
 environment (set before any framework import: the frameworks themselves are preloaded only where their import reads none
 of it (torch for torch's jobs, whose settings read at import are re-applied below), or reads only what the framework's cpu
 environment fixes (TensorFlow and JAX for their cpu jobs, a server per set of those values)), its own folder, its output on a pipe this process reads
-line by line, its exit code, signals and verdicts as before (tasks.common.job_main), the kernel's SIGTERM when the
+line by line, its exit code, signals and verdicts as before (tasks.common.process.job_main), the kernel's SIGTERM when the
 fork server (and so this process) dies. ``ForkedChild`` answers as much of ``subprocess.Popen`` as the launcher uses.
 
 A job of several processes on this host (DDP's ranks, TF_CONFIG workers) is a ``ForkedGroup``: each process forked from
@@ -32,11 +32,11 @@ WARM_ENV = "KARMAN_WARM_CHILDREN"
 
 # What every job imports, none of which reads the job's environment at import; a framework's jobs add what the framework
 # table lets its server preload (torch's). The job's entry module comes first: the server's command line (and so each
-# forked job's, as ps and psutil show it) names it; then the cycle collector goes off for the rest (tasks.common.collector).
-COMMON = ("tasks.common.job_main", "tasks.common.collector_off", "numpy", "pandas", "xarray", "zarr", "psutil", "pydantic", "mlflow", "mlflow.tracking",
-          "mlflow.store.tracking.sqlalchemy_store", "matplotlib", "matplotlib.figure", "tasks.common.job_preload")
+# forked job's, as ps and psutil show it) names it; then the cycle collector goes off for the rest (tasks.common.process.collector).
+COMMON = ("tasks.common.process.job_main", "tasks.common.process.collector_off", "numpy", "pandas", "xarray", "zarr", "psutil", "pydantic", "mlflow", "mlflow.tracking",
+          "mlflow.store.tracking.sqlalchemy_store", "matplotlib", "matplotlib.figure", "tasks.common.process.job_preload")
 # The last, after the framework's: everything the server imported frozen (its own end then costs a fraction of a second).
-FROZEN = "tasks.common.collector_frozen"
+FROZEN = "tasks.common.process.collector_frozen"
 _servers: dict[tuple, forkserver.ForkServer] = {}
 _lock = threading.Lock()
 
@@ -46,7 +46,7 @@ def warm_enabled(procs: int, hosts: int, framework: str) -> bool:
     table entry gives each of several their environment."""
     if hosts != 1 or os.environ.get(WARM_ENV, "1") == "0" or sys.platform != "linux":
         return False
-    from tasks.common.training.frameworks import FRAMEWORKS
+    from tasks.common.config.frameworks import FRAMEWORKS
 
     return procs == 1 or FRAMEWORKS[framework].rank_env is not None
 
@@ -67,7 +67,7 @@ def _preload(framework: str, env: dict[str, str]) -> tuple[tuple[str, ...], tupl
     """The modules a warm server for a ``framework`` job of environment ``env`` imports, and what else tells servers apart:
     a cpu job whose import-time variables are those the framework's cpu environment gives (with this process's own
     environment, which the server inherits) also takes the framework's ``cpu_preload``, the server keyed by those values."""
-    from tasks.common.training.frameworks import FRAMEWORKS
+    from tasks.common.config.frameworks import FRAMEWORKS
 
     fw = FRAMEWORKS[framework]
     preload = (*COMMON, *fw.preload)  # frameworks that preload nothing share one server
@@ -93,21 +93,21 @@ def _server(framework: str, env: dict[str, str]) -> forkserver.ForkServer:
 
 
 def importable_in_servers() -> None:
-    """A fork server (a warm server here, a sweep's Dask workers' in tasks.common.cluster) imports its preload with the
+    """A fork server (a warm server here, a sweep's Dask workers' in tasks.common.process.cluster) imports its preload with the
     path of a new interpreter in this process's folder (multiprocessing sends it this process's sys.path, which Python
     3.11's server never applies), and skips a module it cannot import without a word: a command run from another folder
     would get servers without this project's modules (the job's entry, a framework's preload, a sweep's tasks, the last
     preload that freezes the rest). This project's root goes on PYTHONPATH, which the servers inherit, as it does for
     every job."""
-    root = str(Path(__file__).resolve().parents[2])
+    root = str(Path(__file__).resolve().parents[3])
     paths = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
     if root not in paths:
         os.environ["PYTHONPATH"] = os.pathsep.join([root, *paths])
 
 
 def _child(argv: list[str], env: dict[str, str], cwd: str) -> None:
-    """In the forked process: become the job process ``python -m tasks.common.job_main ARGV`` would have been."""
-    from tasks.common.collector import settle
+    """In the forked process: become the job process ``python -m tasks.common.process.job_main ARGV`` would have been."""
+    from tasks.common.process.collector import settle
 
     settle()  # the server's imports frozen, never walked by this job's collections; the collector on, as in any process
     out = forkserver.get_inherited_fds()[0]
@@ -117,7 +117,7 @@ def _child(argv: list[str], env: dict[str, str], cwd: str) -> None:
     # line by line, each line in one write (job_main.main says why), through a buffer that writes all it is given
     sys.stdout = io.TextIOWrapper(io.BufferedWriter(io.FileIO(1, "w", closefd=False)), line_buffering=True)
     sys.stderr = io.TextIOWrapper(io.BufferedWriter(io.FileIO(2, "w", closefd=False)), line_buffering=True)
-    from tasks.common.lifetime import PARENT_ENV, exit_status
+    from tasks.common.process.lifetime import PARENT_ENV, exit_status
 
     os.environ.clear()
     os.environ.update(env)
@@ -129,7 +129,7 @@ def _child(argv: list[str], env: dict[str, str], cwd: str) -> None:
     _fresh_process_state(env)
     code = 1
     try:
-        from tasks.common import job_main
+        from tasks.common.process import job_main
 
         code = job_main.main(argv)
     except SystemExit as exc:
@@ -163,7 +163,7 @@ def _fresh_process_state(env: dict[str, str]) -> None:
 
 class ForkedChild:
     """A job process forked from a warm server, with the part of ``subprocess.Popen`` the launcher and
-    ``tasks.common.lifetime.stop_child`` use: ``pid``, ``stdout`` (text, the child's stdout and stderr), ``poll``,
+    ``tasks.common.process.lifetime.stop_child`` use: ``pid``, ``stdout`` (text, the child's stdout and stderr), ``poll``,
     ``wait``, ``send_signal``, ``kill``, ``returncode``, a context manager."""
 
     def __init__(self, argv: list[str], env: dict[str, str], cwd: str, framework: str, out: int | None = None,

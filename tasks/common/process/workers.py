@@ -1,4 +1,4 @@
-"""Launcher of a multi-worker TensorFlow job (what torchrun is to torch): `python -m tasks.common.workers N CMD...`.
+"""Launcher of a multi-worker TensorFlow job (what torchrun is to torch): `python -m tasks.common.process.workers N CMD...`.
 
 Starts N copies of CMD on this host, each with TF_CONFIG naming all N workers on 127.0.0.1 and its own
 index (and RANK, WORLD_SIZE), their output passed through. It ends when they all have: with rank 0's
@@ -14,7 +14,7 @@ import subprocess
 import sys
 import time
 
-from tasks.common import lifetime
+from tasks.common.process import lifetime
 
 
 def free_ports(n: int) -> list[int]:
@@ -40,7 +40,7 @@ def worker_env(rank: int, procs: int, ports: list[int]) -> dict[str, str]:
 
 def main(argv: list[str]) -> int:
     if len(argv) < 2 or not argv[0].isdigit() or int(argv[0]) < 1:
-        print("error: usage: python -m tasks.common.workers N COMMAND...", file=sys.stderr)
+        print("error: usage: python -m tasks.common.process.workers N COMMAND...", file=sys.stderr)
         return 2
     lifetime.die_with_parent()
     n, cmd = int(argv[0]), argv[1:]

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
-from tasks.common.errors import UserError
+from tasks.common.config.errors import UserError
 
 _PLAIN = (bool, int, float, str, type(None))
 # The numpy scalar types an earlier version's histories hold (its records kept numpy's numbers as they came)

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import numpy as np
 
-from tasks.common.data import epoch_order
+from tasks.common.runtimes.data import epoch_order
 
 
 

@@ -8,7 +8,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from tasks.common.training.classifier import Classifier
+from tasks.common.runtimes.classifier import Classifier
 
 
 class JaxClassifier(Classifier):

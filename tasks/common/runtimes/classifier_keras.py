@@ -5,7 +5,7 @@ the weights and the checkpoint state."""
 
 import numpy as np
 
-from tasks.common.training.classifier import Classifier
+from tasks.common.runtimes.classifier import Classifier
 
 
 class KerasClassifier(Classifier):

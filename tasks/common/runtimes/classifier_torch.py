@@ -7,7 +7,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from tasks.common.training.classifier import Classifier
+from tasks.common.runtimes.classifier import Classifier
 
 
 class TorchClassifier(Classifier):

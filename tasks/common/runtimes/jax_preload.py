@@ -1,4 +1,4 @@
-"""A warm server's preload for JAX's cpu jobs (tasks.common.warm): jax and optax imported once.
+"""A warm server's preload for JAX's cpu jobs (tasks.common.process.warm): jax and optax imported once.
 
 They cost about 2.5 s of CPU to import, which every JAX job paid (a benchmark's JAX cells, each in a process of its own).
 JAX reads its ``JAX_`` variables on import (the platform, the compilation cache), so it is imported here in the
@@ -9,7 +9,7 @@ interpreter would."""
 
 import os
 
-from tasks.common.training.frameworks import FRAMEWORKS
+from tasks.common.config.frameworks import FRAMEWORKS
 
 os.environ.update(FRAMEWORKS["jax"].env("cpu", None))
 import jax  # noqa: E402,F401

@@ -23,13 +23,13 @@ from typing import Any, Iterator, Protocol, runtime_checkable
 
 import numpy as np
 
-from tasks.common import events
-from tasks.common.errors import RunFailed, RunStopped, signal_name
-from tasks.common.lifetime import stop_requested
-from tasks.common.progress import time_left
+from tasks.common.process import events
+from tasks.common.config.errors import RunFailed, RunStopped, signal_name
+from tasks.common.process.lifetime import stop_requested
+from tasks.common.process.progress import time_left
 from tasks.common.records import TrainSummary
 from tasks.common.specs import TrainSpec
-from tasks.common.training.checkpoint import plain
+from tasks.common.runtimes.checkpoint import plain
 
 WARMUP_STEPS = 2  # steps of each process timed apart: tracing, compilation, allocator and cache warm-up
 PROGRESS_EVERY_S = float(os.environ.get("KARMAN_PROGRESS_EVERY_S", "10"))  # within an epoch, a progress line at most this often
@@ -57,7 +57,7 @@ class Trainer(Protocol):
     def reached(self, scores: dict[str, float]) -> bool: ...  # the quality target holds
     def epoch_metrics(self) -> dict[str, float]: ...  # the trainer's own per-epoch measurements
     def finish(self, run_dir: Path, run, settings) -> dict[str, float] | None: ...
-    # after the last epoch, rank 0: its artifacts logged to ``run`` (tasks.common.tracking.Run); the test split's scores, if it scores one
+    # after the last epoch, rank 0: its artifacts logged to ``run`` (tasks.common.tracking.runs.Run); the test split's scores, if it scores one
 
 
 def protocol_members(protocol: type) -> list[str]:

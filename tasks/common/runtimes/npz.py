@@ -1,9 +1,9 @@
-"""What the runtimes whose state is numpy arrays share (tensorflow, jax): checkpoints as one npz of arrays with the history as JSON (tasks.common.training.checkpoint), and an epoch seed the trainers draw from."""
+"""What the runtimes whose state is numpy arrays share (tensorflow, jax): checkpoints as one npz of arrays with the history as JSON (tasks.common.runtimes.checkpoint), and an epoch seed the trainers draw from."""
 
 from pathlib import Path
 
-from tasks.common.training.checkpoint import load_npz, save_npz
-from tasks.common.training.frameworks import DeviceRuntime
+from tasks.common.runtimes.checkpoint import load_npz, save_npz
+from tasks.common.config.frameworks import DeviceRuntime
 
 
 class NpzRuntime(DeviceRuntime):
@@ -13,7 +13,7 @@ class NpzRuntime(DeviceRuntime):
 
     def seed_epoch(self, seed: int, epoch: int) -> None:
         """This epoch's seed on this worker, whatever ran before (the trainers draw statelessly from it)."""
-        from tasks.common.data import epoch_seed
+        from tasks.common.runtimes.data import epoch_seed
 
         self.epoch_seed = epoch_seed(seed, epoch, self.ctx.rank) % 2**31
 

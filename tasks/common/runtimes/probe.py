@@ -2,9 +2,9 @@
 
 Each framework's probe is named by its entry in the framework table (``Framework.probe``)."""
 
-from tasks.common.training.frameworks import DEFAULT, call, framework
+from tasks.common.config.frameworks import DEFAULT, call, framework
 
-BODY = "tasks.common.probe:probe_device"
+BODY = "tasks.common.runtimes.probe:probe_device"
 
 
 def probe_device(job: dict) -> dict:
@@ -35,7 +35,7 @@ def probe_tensorflow(device: str) -> dict:
 
 
 def probe_jax(device: str) -> dict:
-    from tasks.common.training.runtime_jax import resolve_jax
+    from tasks.common.runtimes.runtime_jax import resolve_jax
 
     ctx = resolve_jax(device)
     stats = ctx.device.memory_stats() if device != "cpu" else None

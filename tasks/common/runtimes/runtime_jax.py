@@ -8,8 +8,8 @@ os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
 from dataclasses import dataclass  # noqa: E402
 
 from models.host import DeviceUnavailable, host_peak_memory_mb  # noqa: E402
-from tasks.common.training.frameworks import FRAMEWORKS  # noqa: E402
-from tasks.common.training.npz import NpzRuntime  # noqa: E402
+from tasks.common.config.frameworks import FRAMEWORKS  # noqa: E402
+from tasks.common.runtimes.npz import NpzRuntime  # noqa: E402
 
 PLATFORMS = {"cpu": "cpu", "cuda": "gpu", "xla": "tpu"}  # the run's device kind -> jax's platform
 

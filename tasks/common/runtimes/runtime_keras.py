@@ -3,9 +3,9 @@
 import os
 
 from models.host import host_peak_memory_mb
-from tasks.common.lifetime import request_stop_on_signals
-from tasks.common.training.frameworks import FRAMEWORKS
-from tasks.common.training.npz import NpzRuntime
+from tasks.common.process.lifetime import request_stop_on_signals
+from tasks.common.config.frameworks import FRAMEWORKS
+from tasks.common.runtimes.npz import NpzRuntime
 
 
 

@@ -6,9 +6,9 @@ import torch
 
 from models.device import DeviceContext, keep_freed_memory, resolve_device, to_cpu
 from models.host import host_peak_memory_mb
-from tasks.common.errors import UserError
-from tasks.common.training.checkpoint import load_torch, save_torch
-from tasks.common.training.frameworks import FRAMEWORKS, DeviceRuntime
+from tasks.common.config.errors import UserError
+from tasks.common.runtimes.checkpoint import load_torch, save_torch
+from tasks.common.config.frameworks import FRAMEWORKS, DeviceRuntime
 
 
 
@@ -45,7 +45,7 @@ class TorchRuntime(DeviceRuntime):
 
     def seed_epoch(self, seed: int, epoch: int) -> None:
         """This epoch's randomness on this rank (dropout, noise), independent of what ran before."""
-        from tasks.common.data import epoch_seed
+        from tasks.common.runtimes.data import epoch_seed
 
         value = epoch_seed(seed, epoch, self.ctx.rank)
         torch.manual_seed(value)

@@ -1,4 +1,4 @@
-"""A warm server's preload for TensorFlow's cpu jobs (tasks.common.warm): TensorFlow imported once, quietly.
+"""A warm server's preload for TensorFlow's cpu jobs (tasks.common.process.warm): TensorFlow imported once, quietly.
 
 TensorFlow costs 6-8 s of CPU to import. It is imported here in the environment the framework table gives its cpu jobs,
 which it reads on import (its log level, oneDNN's kernels, no GPU). The notices it writes on import before absl's
@@ -7,7 +7,7 @@ job's own are on its own output anyway."""
 
 import os
 
-from tasks.common.training.frameworks import FRAMEWORKS
+from tasks.common.config.frameworks import FRAMEWORKS
 
 os.environ.update(FRAMEWORKS["tensorflow"].env("cpu", None))
 _saved = (os.dup(1), os.dup(2))
@@ -15,7 +15,7 @@ _null = os.open(os.devnull, os.O_WRONLY)
 try:
     os.dup2(_null, 1)
     os.dup2(_null, 2)
-    from tasks.common.training.tensorflow_import import import_tensorflow  # noqa: E402
+    from tasks.common.runtimes.tensorflow_import import import_tensorflow  # noqa: E402
 
     import_tensorflow()
 finally:

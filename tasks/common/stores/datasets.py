@@ -5,9 +5,9 @@ import time
 from pathlib import Path
 from typing import Callable, TypeVar
 
-from tasks.common.errors import UserError
-from tasks.common.names import Tag
-from tasks.common.store import MANIFEST, writer_lock
+from tasks.common.config.errors import UserError
+from tasks.common.tracking.names import Tag
+from tasks.common.stores.store import MANIFEST, writer_lock
 
 T = TypeVar("T")
 
@@ -71,7 +71,7 @@ def record_generate(settings, spec, manifest: dict, written: bool, wall: float, 
                     description: str, parent_run_id: str | None) -> dict:
     """The dataset's MLflow ``generate`` run (its parameters, wall time, tags and the dataset logged); returns the
     dataset summary the pipeline passes on. ``count`` is what the dataset holds, e.g. ("images", 5000)."""
-    from tasks.common.tracking import mlflow_run
+    from tasks.common.tracking.runs import mlflow_run
 
     dataset_dir = settings.dataset_dir(spec.dataset)
     noun, number = count

@@ -5,12 +5,12 @@ import tempfile
 from pathlib import Path
 from typing import Callable
 
-from tasks.common.errors import UserError
-from tasks.common.names import Tag
-from tasks.common.registry import resolve_model_uri
-from tasks.common.settings import Settings
-from tasks.common.store import file_sha256
-from tasks.common.tracking import client_for, missing, store_not_made, training_run
+from tasks.common.config.errors import UserError
+from tasks.common.tracking.names import Tag
+from tasks.common.tracking.registry import resolve_model_uri
+from tasks.common.config.settings import Settings
+from tasks.common.stores.store import file_sha256
+from tasks.common.tracking.runs import client_for, missing, store_not_made, training_run
 
 # MlflowException is imported in the functions that catch it: Dask workers import the flows' modules and need no MLflow.
 

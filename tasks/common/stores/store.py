@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from tasks.common.errors import UserError
+from tasks.common.config.errors import UserError
 
 if TYPE_CHECKING:  # zarr and xarray (with pandas, about 1 s of CPU) are imported where data is read or written: a flow
     import xarray as xr  # process that only plans, logs and reads manifests never loads them

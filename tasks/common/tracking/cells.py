@@ -9,10 +9,10 @@ import json
 from prefect import task
 from pydantic import BaseModel
 
-from tasks.common.flowrun import flow_run_link
-from tasks.common.names import Tag
-from tasks.common.settings import Settings
-from tasks.common.tracking import client_for, experiment_id
+from tasks.common.tracking.flowrun import flow_run_link
+from tasks.common.tracking.names import Tag
+from tasks.common.config.settings import Settings
+from tasks.common.tracking.runs import client_for, experiment_id
 
 
 def cell_key(kind: str, spec: BaseModel, dataset_digest: str) -> str:
@@ -59,7 +59,7 @@ def cell_error(settings: Settings, key: str, since_ms: int) -> tuple[str, str] |
 
 def interrupted_cell(settings: Settings, key: str) -> str | None:
     """The newest run of cell ``key`` that ended KILLED or FAILED, if any. A run still RUNNING is not
-    taken: runs whose driver on this host is gone were marked KILLED before (tasks.common.tracking.
+    taken: runs whose driver on this host is gone were marked KILLED before (tasks.common.tracking.runs.
     reap_orphans), so a RUNNING one is alive, or driven from another host where nothing proves it dead."""
     run = _newest_run(settings, key, "attributes.status != 'FINISHED'")
     return run.info.run_id if run and run.info.status != "RUNNING" else None

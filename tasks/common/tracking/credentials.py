@@ -6,7 +6,7 @@ Where those are not set, ``KARMAN_MLFLOW_AUTH_FILE`` and ``KARMAN_PREFECT_AUTH_F
 ``user:password`` on one line; a file that its group or others may read is refused. Credentials never
 come from a command line, where every user of the host can read them.
 
-    python -m tasks.common.credentials [--as NAME] COMMAND [ARG ...]   # COMMAND with the credentials in its environment
+    python -m tasks.common.tracking.credentials [--as NAME] COMMAND [ARG ...]   # COMMAND with the credentials in its environment
 """
 
 import os
@@ -16,7 +16,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, SecretStr
 
-from tasks.common.errors import UserError
+from tasks.common.config.errors import UserError
 
 MLFLOW_FILE_ENV = "KARMAN_MLFLOW_AUTH_FILE"
 PREFECT_FILE_ENV = "KARMAN_PREFECT_AUTH_FILE"
@@ -108,7 +108,7 @@ def auth_refused(url: str, auth: str | None, timeout_s: float = 5.0) -> int | No
 def main(argv: list[str]) -> int:
     """Exec ``argv`` with the credentials in its environment; a bad credentials file: one line (from
     ``--as NAME``, the script that asked), exit 2."""
-    name = "python -m tasks.common.credentials"
+    name = "python -m tasks.common.tracking.credentials"
     if argv[:1] == ["--as"] and len(argv) > 1:
         name, argv = argv[1], argv[2:]
     if not argv:

@@ -5,9 +5,9 @@ import sys
 
 from pydantic import BaseModel, ConfigDict
 
-from tasks.common.names import Tag
+from tasks.common.tracking.names import Tag
 
-# How a child job learns the flow run it works for (it does not load Prefect): set by tasks.common.launch.
+# How a child job learns the flow run it works for (it does not load Prefect): set by tasks.common.process.launch.
 FLOW_RUN_ID_ENV = "KARMAN_FLOW_RUN_ID"
 FLOW_RUN_URL_ENV = "KARMAN_FLOW_RUN_URL"
 FLOW_RUN_NAME_ENV = "KARMAN_FLOW_RUN_NAME"
@@ -55,7 +55,7 @@ def running_flow_run() -> FlowRunLink | None:
 
 def flow_run_link() -> FlowRunLink | None:
     """The Prefect flow run this process works for: in a flow process, the running flow run; in a child
-    job, the one its parent named in the environment (tasks.common.launch sets it); else None."""
+    job, the one its parent named in the environment (tasks.common.process.launch sets it); else None."""
     link = running_flow_run()
     if link is None and os.environ.get(FLOW_RUN_ID_ENV):
         link = FlowRunLink(id=os.environ[FLOW_RUN_ID_ENV], name=os.environ.get(FLOW_RUN_NAME_ENV), url=os.environ.get(FLOW_RUN_URL_ENV))

@@ -1,10 +1,10 @@
 """The names users filter and find runs by, each made once: MLflow tag names and the runs' names in MLflow and Prefect (no MLflow import, so any process may use them)."""
 
-from tasks.common.training.frameworks import DEFAULT
+from tasks.common.config.frameworks import DEFAULT
 
 
 class Tag:
-    """``karman.*`` run tags; experiment-level ones are in tasks.common.tracking."""
+    """``karman.*`` run tags; experiment-level ones are in tasks.common.tracking.runs."""
 
     STAGE = "karman.stage"  # generate, train, train-sweep, infer, aggregate, benchmark, demo, ablation, validate, ceiling
     WORKLOAD = "karman.workload"  # the workload a run trains or evaluates (tasks.workloads' table)

@@ -6,9 +6,9 @@ Which model a benchmark registers, and when the alias ``champion`` moves, is the
 
 import re
 
-from tasks.common.errors import UserError
-from tasks.common.settings import Settings
-from tasks.common.tracking import client_for, missing, store_not_made
+from tasks.common.config.errors import UserError
+from tasks.common.config.settings import Settings
+from tasks.common.tracking.runs import client_for, missing, store_not_made
 
 # MlflowException is imported in the functions that catch it: Dask workers import the flows' modules and need no MLflow.
 

@@ -15,9 +15,9 @@ from typing import TYPE_CHECKING, Any, Iterator
 
 import psutil
 
-from tasks.common.flowrun import flow_run_link, running_flow_run
-from tasks.common.names import Tag
-from tasks.common.settings import Settings
+from tasks.common.tracking.flowrun import flow_run_link, running_flow_run
+from tasks.common.tracking.names import Tag
+from tasks.common.config.settings import Settings
 
 if TYPE_CHECKING:
     from mlflow.exceptions import MlflowException
@@ -51,7 +51,7 @@ def tracking_ready(settings: Settings, timeout_s: float = 5.0, create: bool = Tr
     """Fail fast, before any work, if the tracking store cannot be used: a server that does not answer its
     health check within ``timeout_s`` (UserError naming the URI). With ``create``, a local SQLite store
     is opened, its tables created under a file lock so that two commands never race on them."""
-    from tasks.common.errors import UserError
+    from tasks.common.config.errors import UserError
 
     uri = settings.tracking_uri
     if uri.startswith(("http://", "https://")):
@@ -73,8 +73,8 @@ def tracking_ready(settings: Settings, timeout_s: float = 5.0, create: bool = Tr
 def _check_credentials(uri: str, timeout_s: float) -> None:
     """UserError (one line) if the tracking server refuses this process's credentials, or asks for some
     and it has none; a server without authentication takes any request."""
-    from tasks.common.credentials import MLFLOW_FILE_ENV, MLFLOW_PASSWORD_ENV, MLFLOW_USER_ENV, auth_refused
-    from tasks.common.errors import UserError
+    from tasks.common.tracking.credentials import MLFLOW_FILE_ENV, MLFLOW_PASSWORD_ENV, MLFLOW_USER_ENV, auth_refused
+    from tasks.common.config.errors import UserError
 
     user, password = os.environ.get(MLFLOW_USER_ENV), os.environ.get(MLFLOW_PASSWORD_ENV)
     auth = f"{user}:{password}" if user and password else None
@@ -205,7 +205,7 @@ def code_version() -> str:
     import hashlib
     import subprocess
 
-    root = Path(__file__).resolve().parents[2]
+    root = Path(__file__).resolve().parents[3]
     digest = hashlib.sha256()
     for path in sorted(p for folder in ("models", "tasks", "flows") for p in (root / folder).rglob("*.py")):
         digest.update(str(path.relative_to(root)).encode())
@@ -225,7 +225,7 @@ def training_run(settings: Settings, run_id: str, label: str = "run"):
     """The MLflow run ``run_id``; UserError if the store does not know it or it is not a training run."""
     from mlflow.exceptions import MlflowException
 
-    from tasks.common.errors import UserError
+    from tasks.common.config.errors import UserError
 
     unknown = f"unknown {label} {run_id!r} in the tracking store {settings.tracking_uri}"
     if store_not_made(settings):
@@ -359,7 +359,7 @@ def reap_orphans(settings: Settings, log=None, reason: str | None = None) -> lis
 
 def stopped(exc: BaseException) -> bool:
     """Whether ``exc`` ends a run because it was asked to stop (a signal), not because it failed."""
-    from tasks.common.errors import Interrupted, RunStopped
+    from tasks.common.config.errors import Interrupted, RunStopped
 
     return isinstance(exc, (RunStopped, Interrupted, KeyboardInterrupt)) or type(exc).__name__ == "TerminationSignal"
 

@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import zarr
 
-from tasks.common.errors import UserError
+from tasks.common.config.errors import UserError
 from tasks.workloads import Workload
 
 MANIFEST = "manifest.json"
