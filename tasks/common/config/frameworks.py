@@ -8,8 +8,10 @@ framework is its runtime module, its probe and one entry below.
 """
 
 import importlib
+import json
 import os
 import platform
+import socket
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -67,9 +69,28 @@ def _torch_rank_env(env: dict[str, str], rank: int, procs: int, ports: list[int]
             "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(ports[0]), "OMP_NUM_THREADS": env.get("OMP_NUM_THREADS", "1")}
 
 
-def _tensorflow_rank_env(env: dict[str, str], rank: int, procs: int, ports: list[int]) -> dict[str, str]:
-    from tasks.common.process.workers import worker_env
+def free_ports(n: int) -> list[int]:
+    """n TCP ports on 127.0.0.1 that were free a moment ago."""
+    socks = []
+    try:
+        for _ in range(n):
+            s = socket.socket()
+            s.bind(("127.0.0.1", 0))
+            socks.append(s)
+        return [s.getsockname()[1] for s in socks]
+    finally:
+        for s in socks:
+            s.close()
 
+
+def worker_env(rank: int, procs: int, ports: list[int]) -> dict[str, str]:
+    """What worker ``rank`` of ``procs`` on this host gets on top of the job's environment: TF_CONFIG naming all of them on
+    127.0.0.1 at ``ports``, its index, RANK and WORLD_SIZE (tasks.common.process.workers starts them so)."""
+    cluster = {"worker": [f"127.0.0.1:{p}" for p in ports]}
+    return {"TF_CONFIG": json.dumps({"cluster": cluster, "task": {"type": "worker", "index": rank}}), "RANK": str(rank), "WORLD_SIZE": str(procs)}
+
+
+def _tensorflow_rank_env(env: dict[str, str], rank: int, procs: int, ports: list[int]) -> dict[str, str]:
     return worker_env(rank, procs, ports)
 
 
@@ -145,8 +166,6 @@ class Framework:
         job's ``folder``, which goes with the job); srun over ``hosts`` hosts of a SLURM allocation, each task starting its
         share through tasks.common.process.hosts."""
         if hosts > 1:
-            from tasks.common.process.workers import free_ports
-
             tasks_per_host = procs if self.hosts == "workers" else 1
             return ["srun", f"--nodes={hosts}", f"--ntasks={hosts * tasks_per_host}", f"--ntasks-per-node={tasks_per_host}", "--kill-on-bad-exit=1",
                     sys.executable, "-m", "tasks.common.process.hosts", self.name, str(procs), str(free_ports(1)[0])]

@@ -16,7 +16,7 @@ from tasks.common.process import events
 from tasks.common.config.errors import RunFailed, RunStopped, UserError, signal_name
 from tasks.common.process.lifetime import JOB_DIR_PREFIX, PARENT_ENV, defer, forwarding_to, raise_pending, signal_of, stop_child
 from tasks.common.tracking.flowrun import flow_run_env
-from tasks.common.config.frameworks import DEFAULT, FRAMEWORKS
+from tasks.common.config.frameworks import DEFAULT, FRAMEWORKS, free_ports
 from tasks.common.process.warm import ForkedChild, ForkedGroup, warm_enabled
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -131,8 +131,6 @@ def run_child(kind: str, body: str, job: dict, log, env: dict[str, str] | None =
             if procs == 1:
                 started = ForkedChild(args, child_env, os.getcwd(), framework)
             else:  # the processes the framework's launcher would start, each with what it would give them
-                from tasks.common.process.workers import free_ports
-
                 ports, rank_env = free_ports(procs), FRAMEWORKS[framework].rank_env
                 envs = [{**child_env, **rank_env(child_env, rank, procs, ports)} for rank in range(procs)]
                 started = ForkedGroup(args, envs, os.getcwd(), framework, server_env=child_env)

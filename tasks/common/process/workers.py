@@ -6,36 +6,14 @@ exit code, or the first failure's. A worker that fails stops the others (they wo
 their next collective); SIGTERM and SIGINT are passed on to every worker, and the workers die with it.
 """
 
-import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
 
+from tasks.common.config.frameworks import free_ports, worker_env
 from tasks.common.process import lifetime
-
-
-def free_ports(n: int) -> list[int]:
-    """n TCP ports on 127.0.0.1 that were free a moment ago."""
-    socks = []
-    try:
-        for _ in range(n):
-            s = socket.socket()
-            s.bind(("127.0.0.1", 0))
-            socks.append(s)
-        return [s.getsockname()[1] for s in socks]
-    finally:
-        for s in socks:
-            s.close()
-
-
-def worker_env(rank: int, procs: int, ports: list[int]) -> dict[str, str]:
-    """What worker ``rank`` of ``procs`` on this host gets on top of the job's environment: TF_CONFIG naming all of them on
-    127.0.0.1 at ``ports``, its index, RANK and WORLD_SIZE (the framework table's ``rank_env`` for tensorflow, too)."""
-    cluster = {"worker": [f"127.0.0.1:{p}" for p in ports]}
-    return {"TF_CONFIG": json.dumps({"cluster": cluster, "task": {"type": "worker", "index": rank}}), "RANK": str(rank), "WORLD_SIZE": str(procs)}
 
 
 def main(argv: list[str]) -> int:
