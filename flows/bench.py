@@ -63,7 +63,7 @@ def _matmul(spec: BenchMatmulSpec) -> dict:
 
 
 def _history(spec: HistorySpec) -> dict:
-    from tasks.common.settings import Settings
+    from tasks.common.config.settings import Settings
     from tasks.report.history import history_of_experiment
 
     out = history_of_experiment(Settings.from_env(), spec.metric, spec.min_change)
@@ -110,8 +110,8 @@ def add_bench_commands(sub) -> None:
 
 def run_bench(args: argparse.Namespace) -> int:
     """Run a parsed bench command; one line on stderr and exit 2 for bad input."""
-    from tasks.common.errors import RunFailed
-    from tasks.common.settings import data_root_from_env, folders_to_make, remove_if_empty
+    from tasks.common.config.errors import RunFailed
+    from tasks.common.config.settings import data_root_from_env, folders_to_make, remove_if_empty
 
     command = BENCH_COMMANDS[args.command]
     made = folders_to_make(data_root_from_env())  # what a refusal removes again

@@ -17,8 +17,8 @@ from pydantic import BaseModel, ValidationError
 from flows.bench import BENCH_COMMANDS, add_bench_commands, run_bench
 from flows.jsonline import json_line
 from flows.options import OneLineParser, add_spec_options, cli_fields, parse_command, spec_from_args, validation_message
-from tasks.common.errors import UserError
-from tasks.common.settings import folders_to_make, remove_if_empty
+from tasks.common.config.errors import UserError
+from tasks.common.config.settings import folders_to_make, remove_if_empty
 from tasks.workloads.presets import quick_benchmark
 from tasks.common.specs import AggregateSpec, BenchmarkSpec, DemoSpec, GenerateSpec, InferSpec, TrainSpec
 from tasks.workloads.karman.specs import AblationSpec, ValidateSpec
@@ -65,12 +65,12 @@ def _check_demo(settings, spec: DemoSpec) -> None:
 
 
 def _check_train(settings, spec: TrainSpec) -> None:
-    from tasks.common import plans
+    from tasks.common.config import plans
     from tasks.train.plan import plan_training
 
     plan = plan_training(settings, spec, _log())
     plans.hand_over("train", spec, plan)
-    from tasks.common.warm import start_early
+    from tasks.common.process.warm import start_early
 
     start_early(plan.framework, plan.procs, plan.hosts, plan.child_env())  # the job's warm server imports while the flow starts
 
@@ -81,13 +81,13 @@ def _check_ablation(settings, spec: AblationSpec) -> None:
     for variant in spec.variants:
         check_training_input(settings, spec.train_spec(variant), [spec.batch_size], 1)
     if spec.extra_dataset:  # every model is rolled out there: a missing dataset ends the command before anything trains
-        from tasks.common.store import load_manifest
+        from tasks.common.stores.store import load_manifest
 
         load_manifest(settings.dataset_dir(spec.extra_dataset))
 
 
 def _check_infer(settings, spec: InferSpec) -> None:
-    from tasks.common import plans
+    from tasks.common.config import plans
     from tasks.infer.plan import plan_rollout
 
     plans.hand_over("infer", spec, plan_rollout(settings, spec, _log()))
@@ -119,8 +119,8 @@ def _check_aggregate(settings, spec: AggregateSpec) -> None:
 
 def _check_validation(settings, spec: ValidateSpec) -> None:
     from models.solver import backend_from_name
-    from tasks.common import probe
-    from tasks.common.launch import run_child
+    from tasks.common.runtimes import probe
+    from tasks.common.process.launch import run_child
     from tasks.validate.task import setups
 
     setups(spec)
@@ -203,7 +203,7 @@ COMMANDS: dict[str, Command] = {
 def _prefect_ready() -> None:
     """UserError (one line) if the Prefect server in PREFECT_API_URL refuses this process's auth string,
     or asks for one and it has none; nothing to check on Prefect's temporary local API."""
-    from tasks.common.credentials import PREFECT_AUTH_ENV, PREFECT_FILE_ENV, auth_refused
+    from tasks.common.tracking.credentials import PREFECT_AUTH_ENV, PREFECT_FILE_ENV, auth_refused
 
     api, auth = os.environ.get("PREFECT_API_URL"), os.environ.get(PREFECT_AUTH_ENV)
     if api and (code := auth_refused(api.rstrip("/") + "/admin/version", auth)):
@@ -246,7 +246,7 @@ def option_models(spec: type[BaseModel], workload: str | None) -> list[type[Base
     command line names none (or an unknown one, which the command refuses when it runs), every workload's."""
     if spec is not TrainSpec:
         return []
-    from tasks.common.workload_table import options_model, table
+    from tasks.common.config.workload_table import options_model, table
 
     try:
         return [options_model(workload)] if workload else [options_model(name) for name in table()]
@@ -340,7 +340,7 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     args = parse_command(build_parser(help_workload(argv)), argv)
     command = args.command
-    from tasks.common.quiet import VERBOSE_ENV, quiet_libraries, quiet_prefect_console
+    from tasks.common.process.quiet import VERBOSE_ENV, quiet_libraries, quiet_prefect_console
 
     if getattr(args, "verbose", False):
         os.environ[VERBOSE_ENV] = "1"  # child processes inherit it
@@ -354,13 +354,13 @@ def main(argv: list[str] | None = None) -> int:
     quiet_libraries()
     if command in BENCH_COMMANDS:
         return run_bench(args)
-    from tasks.common.lifetime import raise_on_sigterm
+    from tasks.common.process.lifetime import raise_on_sigterm
 
     raise_on_sigterm()  # SIGTERM unwinds the command like Ctrl-C: children stopped, runs marked KILLED
     cmd = COMMANDS[command]
-    from tasks.common.collector import paused
+    from tasks.common.process.collector import paused
 
-    with paused():  # Prefect, MLflow and the flow's modules load without collections (tasks.common.collector)
+    with paused():  # Prefect, MLflow and the flow's modules load without collections (tasks.common.process.collector)
         base, made = None, []
         try:
             if cmd.spec is DemoSpec:
@@ -380,9 +380,9 @@ def main(argv: list[str] | None = None) -> int:
                     from tasks.workloads import check_benchmark_options
 
                     check_benchmark_options(spec, base if getattr(args, "quick", False) else None)
-            from tasks.common.credentials import Credentials
-            from tasks.common.settings import Settings
-            from tasks.common.tracking import reap_orphans, tracking_ready
+            from tasks.common.tracking.credentials import Credentials
+            from tasks.common.config.settings import Settings
+            from tasks.common.tracking.runs import reap_orphans, tracking_ready
 
             os.environ.update(Credentials.from_env().env())  # MLflow's and Prefect's clients here and in every child read them
             _prefect_ready()
@@ -391,7 +391,7 @@ def main(argv: list[str] | None = None) -> int:
             settings.require_writable()
             tracking_ready(settings, create=False)  # a tracking server that is down ends the command here, in seconds
             cmd.check(settings, spec)
-            from tasks.common.prefect_api import temporary_api_started
+            from tasks.common.process.prefect_api import temporary_api_started
 
             starting = temporary_api_started()  # what follows runs while Prefect's temporary API starts, where no server is named
             tracking_ready(settings)  # a new local store: its tables created under a lock
@@ -407,9 +407,9 @@ def main(argv: list[str] | None = None) -> int:
 
         flow = cmd.flow()  # imports Prefect, which sets up its console logging: quiet it after that
     quiet_prefect_console()
-    from tasks.common import lifetime
-    from tasks.common.errors import Interrupted, RunFailed, RunStopped
-    from tasks.common.launch import ChildFailed
+    from tasks.common.process import lifetime
+    from tasks.common.config.errors import Interrupted, RunFailed, RunStopped
+    from tasks.common.process.launch import ChildFailed
 
     guardian = lifetime.start_guardian(settings)  # if this command is killed outright: stops what it started, closes its runs
     try:

@@ -31,7 +31,7 @@ class WorkloadCells:
 def benchmark_matrix(spec: BenchmarkSpec) -> list[WorkloadCells]:
     """Each workload's cells, with what the workload table says of them (the dataset, made with which generate fields; the
     train section as its cells take it); UserError for an unknown workload, or a framework no workload of the matrix has."""
-    from tasks.common.errors import UserError
+    from tasks.common.config.errors import UserError
     from tasks.workloads import benchmark_dataset, get_workload, reset_foreign, swept_sizes
 
     matrix = []
@@ -63,8 +63,8 @@ def deployment_for(kind: str, device: str, pools: dict[str, str]) -> str | None:
 
 def check_deployments(spec: BenchmarkSpec, matrix: list[WorkloadCells]) -> None:
     """UserError naming every deployment the matrix needs that the Prefect API does not have."""
-    from tasks.common.errors import UserError
-    from tasks.common.prefect_api import missing
+    from tasks.common.config.errors import UserError
+    from tasks.common.process.prefect_api import missing
 
     swept = any(m.workload.swept for m in matrix)  # only a solver sweep runs on a generate deployment
     kinds = (("train", spec.devices), ("infer", spec.infer_devices), ("generate", [spec.generate.device] if swept else []))
@@ -142,7 +142,7 @@ def train_cell(train: TrainOptions, device: str, batch_size: int, seed: int, fra
     """The training spec of a cell: the benchmark's train section ``train`` with the cell's device, batch size, seed,
     framework, workload and its dataset, the workload's options from the section with its network ``size`` over them and,
     where given, the epoch limit of the workload's cells (the strategy is kept for a framework that has it, else auto)."""
-    from tasks.common.training.frameworks import FRAMEWORKS
+    from tasks.common.config.frameworks import FRAMEWORKS
 
     own = train.options[workload].model_dump(exclude_unset=True) if workload in train.options else {}
     values = {"device": device, "batch_sizes": [batch_size], "seed": seed, "framework": framework, "strategy": FRAMEWORKS[framework].strategy_of(train.strategy),

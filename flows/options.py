@@ -13,7 +13,7 @@ from typing import Any, Callable
 
 from pydantic import BaseModel, ValidationError
 
-from tasks.common.errors import UserError
+from tasks.common.config.errors import UserError
 
 
 class OneLineParser(argparse.ArgumentParser):

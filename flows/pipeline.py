@@ -15,16 +15,16 @@ from pydantic.json_schema import SkipJsonSchema
 
 from flows.lanes import device_slot, run_lanes
 from flows.matrix import BenchmarkPlan, Job, WorkloadPlan, plan_benchmark
-from tasks.common.cells import cell_error, finished_cell, interrupted_cell, keyed, record_failed_cell
-from tasks.common.errors import UserError
-from tasks.common.names import Tag, infer_label, infer_run_name, train_label, train_run_name
-from tasks.common.progress import Progress
-from tasks.common.settings import Settings
+from tasks.common.tracking.cells import cell_error, finished_cell, interrupted_cell, keyed, record_failed_cell
+from tasks.common.config.errors import UserError
+from tasks.common.tracking.names import Tag, infer_label, infer_run_name, train_label, train_run_name
+from tasks.common.process.progress import Progress
+from tasks.common.config.settings import Settings
 from tasks.common.specs import AggregateSpec, BenchmarkSpec, DemoSpec, GenerateSpec, InferSpec, TrainSpec
 from tasks.workloads.karman.specs import AblationSpec, ValidateSpec
-from tasks.common.store import load_manifest
-from tasks.common.tracking import mlflow_run, reap_orphans, run_url
-from tasks.common.training.frameworks import DEFAULT
+from tasks.common.stores.store import load_manifest
+from tasks.common.tracking.runs import mlflow_run, reap_orphans, run_url
+from tasks.common.config.frameworks import DEFAULT
 from tasks.generate.task import generate_dataset
 from tasks.infer.task import rollout
 from tasks.report.task import aggregate_runs, publish_artifacts, write_ablation
@@ -238,7 +238,7 @@ def _run_cell(kind: str, spec, settings: Settings, deployment: str | None, paren
     if done:
         return {"cell": spec.cell, "kind": kind, "label": label, "status": "SKIPPED", "run_id": done, "note": "finished earlier, reused"}
     if kind == "train" and (stale := interrupted_cell(settings, spec.cell)):
-        from tasks.common.errors import UserError
+        from tasks.common.config.errors import UserError
 
         try:  # continue from its last checkpoint if it left one here
             resume_plan(settings, spec.model_copy(update={"resume": stale}))

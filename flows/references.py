@@ -1,6 +1,6 @@
 """``python -m flows rcp``: a workload's reference convergence points, trained through the benchmark and written into its folder's convergence.json."""
 
-from tasks.common.settings import Settings
+from tasks.common.config.settings import Settings
 from tasks.report.convergence import ConvergenceSpec, write_references
 
 

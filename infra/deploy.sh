@@ -9,8 +9,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 if [ -z "${PREFECT_API_AUTH_STRING:-}" ] && [ -n "${KARMAN_PREFECT_AUTH_FILE:-}" ]; then
-  # the auth string of an authenticated server, read from its owner-only file (tasks/common/credentials.py)
-  exec .venv/bin/python -m tasks.common.credentials --as infra/deploy.sh infra/deploy.sh "$@"
+  # the auth string of an authenticated server, read from its owner-only file (tasks/common/tracking/credentials.py)
+  exec .venv/bin/python -m tasks.common.tracking.credentials --as infra/deploy.sh infra/deploy.sh "$@"
 fi
 export PREFECT_API_URL=${PREFECT_API_URL:-http://127.0.0.1:4200/api}
 export PREFECT_SERVER_ANALYTICS_ENABLED=${PREFECT_SERVER_ANALYTICS_ENABLED:-false}

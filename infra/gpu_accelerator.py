@@ -101,7 +101,7 @@ def calo(batches: list[int], variants: list[str], device: str = "cuda") -> dict:
     import torch.nn.functional as F
 
     from tasks.common.specs import TrainSpec
-    from tasks.common.training.runtime_torch import TorchRuntime
+    from tasks.common.runtimes.runtime_torch import TorchRuntime
     from tasks.workloads.calo import torch as calo_torch
     from tasks.workloads.calo import torch_nets as calo_nets
     from tasks.workloads.calo.workload import ACCELERATOR
@@ -173,7 +173,7 @@ def pix2pix_profile(device: str = "cuda", size: int = 256, batch: int = 16) -> d
     from torch.profiler import ProfilerActivity
     from torch.profiler import profile as profiler
 
-    from tasks.common.step_timing import alternate
+    from tasks.common.measures.step_timing import alternate
     from tasks.workloads.karman.bench.train import _PlainTrainer, _trainer_side
 
     sides, info = {}, {}

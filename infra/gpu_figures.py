@@ -58,7 +58,7 @@ def sweep(work: Path) -> dict:
     import numba
 
     from tasks.common.specs import GenerateSpec
-    from tasks.common.store import Manifest
+    from tasks.common.stores.store import Manifest
     from tasks.workloads.karman.simulate import expand, run_simulation, simulate_batch_job
 
     times = {}

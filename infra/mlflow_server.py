@@ -57,7 +57,7 @@ VIEW_STORAGE_KEY = "MLflowLocalStorage-1.1-ExperimentPage-{ids}-ReactComponentSt
 SAVED_VIEW_PREFIX = "mlflow.sharedViewState."
 VIEW_ID = "karman-benchmark"
 VIEW_NAME = "Benchmark: training runs"
-TRAIN_FILTER = "tags.`karman.stage` = 'train'"  # tasks.common.names.Tag.STAGE of a training run
+TRAIN_FILTER = "tags.`karman.stage` = 'train'"  # tasks.common.tracking.names.Tag.STAGE of a training run
 HEADLINE_TAGS = {"karman.workload": "workload", "karman.framework": "framework", "karman.device": "device",
                  "karman.batch_size": "batch"}
 # The results of a finished training run, as it logs them (tasks/train); test scores (``test_*``) are the
@@ -168,7 +168,7 @@ def _serve_landing_page():
 
     from mlflow.server import app as flask_app
     from mlflow.server.handlers import _get_tracking_store
-    from tasks.common.settings import Settings
+    from tasks.common.config.settings import Settings
 
     index = Path(flask_app.static_folder) / "index.html"
     html = index.read_text(encoding="utf-8")
@@ -213,7 +213,7 @@ def main(argv: list[str]) -> int:
     has no credentials, or its store's settings are wrong."""
     from infra.postgres import store_env
     from infra.server_auth import mlflow_auth
-    from tasks.common.errors import UserError
+    from tasks.common.config.errors import UserError
 
     host = argv[argv.index("--host") + 1] if "--host" in argv else "127.0.0.1"
     try:

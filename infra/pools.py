@@ -19,7 +19,7 @@ def ensure_pools(pools: tuple[str, ...] = POOLS) -> list[str]:
     from prefect.client.schemas.actions import GlobalConcurrencyLimitCreate, WorkPoolCreate
     from prefect.workers.process import ProcessWorker
 
-    from tasks.common.prefect_api import missing
+    from tasks.common.process.prefect_api import missing
 
     new_pools = missing(pools, lambda client, pool: client.read_work_pool(pool))
     new_limits = missing([f"pool-{pool}" for pool in pools], lambda client, limit: client.read_global_concurrency_limit_by_name(limit))

@@ -5,7 +5,7 @@
 ``postgres`` in the foreground on 127.0.0.1:``PGPORT`` (default 5432) with password authentication
 (scram-sha-256) only. Its user and password are the database's credentials: ``PGUSER`` and ``PGPASSWORD``,
 else ``KARMAN_DB_AUTH_FILE`` naming an owner-only file that holds ``user:password`` (the rules of
-tasks/common/credentials.py); never a command line. The binaries come from ``PG_BIN``, else
+tasks/common/tracking/credentials.py); never a command line. The binaries come from ``PG_BIN``, else
 ``pg_config --bindir``, else Debian's ``/usr/lib/postgresql/<version>/bin``. PostgreSQL refuses to run
 as root: started by root, it runs as the account ``PG_OS_USER`` (default ``postgres``), which then owns
 ``PGDATA``.
@@ -26,8 +26,8 @@ import sys
 import tempfile
 from pathlib import Path
 
-from tasks.common.credentials import plain, read_secret_file
-from tasks.common.errors import UserError
+from tasks.common.tracking.credentials import plain, read_secret_file
+from tasks.common.config.errors import UserError
 
 DATABASE_ENV = "DATABASE"  # sqlite (the default) or postgresql
 DB_FILE_ENV = "KARMAN_DB_AUTH_FILE"

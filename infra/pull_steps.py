@@ -23,7 +23,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 import yaml
 
-from tasks.common.errors import UserError
+from tasks.common.config.errors import UserError
 
 REPO_URL_ENV = "KARMAN_REPO_URL"
 REPO_COMMIT_ENV = "KARMAN_REPO_COMMIT"

@@ -2,7 +2,7 @@
 
 A server bound to a loopback address (127.0.0.0/8, ::1, localhost) starts without authentication
 unless ``AUTH=1`` asks for it; bound to any other address it always authenticates, and refuses to
-start without credentials. The credentials are those a client uses (tasks/common/credentials.py):
+start without credentials. The credentials are those a client uses (tasks/common/tracking/credentials.py):
 environment variables, or a file only its owner can read.
 
 - MLflow runs its basic-auth app (``mlflow server --app-name basic-auth``). Its admin is the MLflow
@@ -22,8 +22,8 @@ import sys
 from pathlib import Path
 
 from infra.postgres import store_env
-from tasks.common.credentials import MLFLOW_FILE_ENV, PREFECT_FILE_ENV, Credentials, plain
-from tasks.common.errors import UserError
+from tasks.common.tracking.credentials import MLFLOW_FILE_ENV, PREFECT_FILE_ENV, Credentials, plain
+from tasks.common.config.errors import UserError
 
 AUTH_ENV = "AUTH"  # 1: authenticate on loopback too; 0 or unset: only beyond it
 MLFLOW_AUTH_INI = Path(__file__).resolve().parent / "mlflow-auth.ini"

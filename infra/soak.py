@@ -33,7 +33,7 @@ import time
 from pathlib import Path
 
 from infra.services import ROOT, Services, free_port, wait_http
-from tasks.common.ceiling import cpu_name
+from tasks.common.measures.ceiling import cpu_name
 
 EXPERIMENT = "soak"
 DATASET = "soak-tiny"

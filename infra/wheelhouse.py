@@ -30,7 +30,7 @@ import tempfile
 import zipfile
 from pathlib import Path
 
-from tasks.common.errors import UserError
+from tasks.common.config.errors import UserError
 
 NAME = "python -m infra.wheelhouse"
 # manylinux x86-64, newest first: pip takes a platform only as named (it does not widen manylinux_2_28 to

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tasks.common.settings import CEILINGS_ENV
+from tasks.common.config.settings import CEILINGS_ENV
 
 # a test stuck past its timeout where pytest-timeout's signal cannot reach ends its process with every thread's stack
 pytest_plugins = ["tests.hang_guard"]
@@ -210,8 +210,8 @@ def _wait_healthy(url: str, server: subprocess.Popen | None = None, log: Path | 
 def pytest_collection(session):
     """The test modules and the libraries they import (MLflow, Prefect, torch) load without the cycle collector, and stay
     frozen: each collection of a worker that runs tests for half an hour then walks only what the tests made
-    (tasks.common.collector)."""
-    from tasks.common.collector import uncollected
+    (tasks.common.process.collector)."""
+    from tasks.common.process.collector import uncollected
 
     with uncollected():
         return (yield)
@@ -275,7 +275,7 @@ def write_sweep(data_root: Path, spec) -> None:
     """The sweep of GenerateSpec ``spec`` written under ``data_root``/datasets as the generate flow writes it
     (its zarr groups, manifest and consolidated metadata), simulated here one after the other: for tests that
     need a finished dataset, not a sweep (no Dask cluster, no flow run)."""
-    from tasks.common.store import Manifest, consolidate
+    from tasks.common.stores.store import Manifest, consolidate
     from tasks.workloads.karman.simulate import run_simulation
     from tasks.workloads.karman.sweep import expand, sweep_key
 
@@ -323,7 +323,7 @@ def _sigterm_when(condition: Callable[[str], bool] | None, err):
     if condition is None:
         yield
         return
-    from tasks.common import lifetime
+    from tasks.common.process import lifetime
 
     handlers, hook = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT)}, sys.unraisablehook
     done = threading.Event()
@@ -377,7 +377,7 @@ def run_in_process(*args: str, cwd: Path, env: dict | None = None, sigterm_when:
     from prefect.settings import PREFECT_API_URL, temporary_settings
 
     from flows import cli
-    from tasks.common import lifetime
+    from tasks.common.process import lifetime
 
     full_env = _command_env(env)
     api = full_env["PREFECT_API_URL"] = full_env["PREFECT_API_URL"] or shared_prefect_api()  # a server: Prefect's temporary one cannot run in process

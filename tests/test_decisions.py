@@ -43,10 +43,10 @@ def test_the_default_epochs_are_the_specs():
 @pytest.mark.parametrize("device", ["cpu", "cuda"])
 def test_the_keras_bench_step_gets_the_training_childs_environment(device, monkeypatch):
     """bench-train --framework tensorflow starts its Keras process with the environment a tensorflow
-    training child gets (tasks.common.launch.device_env), not a copy of it."""
+    training child gets (tasks.common.process.launch.device_env), not a copy of it."""
     import tasks.workloads.karman.bench.train as bench_train
     from tasks.bench.specs import BenchTrainSpec
-    from tasks.common.launch import device_env
+    from tasks.common.process.launch import device_env
 
     monkeypatch.delenv("TF_CPP_MIN_LOG_LEVEL", raising=False)
     seen = {}
@@ -73,7 +73,7 @@ def test_tensorflow_on_an_x86_cpu_takes_onednns_kernels_unless_the_user_chose(mo
     on every x86 host (docs/frameworks.md), keeps a value the user set, and a GPU job leaves it to TensorFlow."""
     import platform
 
-    from tasks.common.launch import device_env
+    from tasks.common.process.launch import device_env
 
     monkeypatch.delenv("TF_ENABLE_ONEDNN_OPTS", raising=False)
     x86 = platform.machine().lower() in ("x86_64", "amd64")
@@ -134,7 +134,7 @@ def test_a_training_run_has_one_name_in_mlflow_and_prefect(spec, mlflow_name, pr
     from types import SimpleNamespace
 
     from flows import pipeline
-    from tasks.common.names import train_label, train_run_name
+    from tasks.common.tracking.names import train_label, train_run_name
     from tasks.train.task import train_model
 
     assert train_run_name(spec, spec.batch_sizes[0]) == mlflow_name
@@ -145,7 +145,7 @@ def test_a_training_run_has_one_name_in_mlflow_and_prefect(spec, mlflow_name, pr
 
 
 def test_a_sweep_and_a_resumed_run_say_so():
-    from tasks.common.names import sweep_run_name, train_label
+    from tasks.common.tracking.names import sweep_run_name, train_label
 
     spec = TrainSpec(framework="tensorflow", batch_sizes=[4, 8])
     assert sweep_run_name(spec) == "sweep-karman-tensorflow-cpu-b4,8"
@@ -156,7 +156,7 @@ def test_a_sweep_and_a_resumed_run_say_so():
 
 def test_a_rollout_has_one_name_in_mlflow_and_prefect():
     from flows import pipeline
-    from tasks.common.names import infer_label, infer_run_name
+    from tasks.common.tracking.names import infer_label, infer_run_name
     from tasks.infer.task import rollout
 
     spec = InferSpec(mode="mapreduce", workers=2)
@@ -169,7 +169,7 @@ def test_a_rollout_has_one_name_in_mlflow_and_prefect():
 def test_no_two_runs_of_a_benchmark_share_a_name_and_each_says_what_ran():
     """Every training cell of a benchmark over every workload, framework, seed and har size, named as the flow names them."""
     from flows.matrix import plan_benchmark
-    from tasks.common.names import train_label, train_run_name
+    from tasks.common.tracking.names import train_label, train_run_name
 
     bench = BenchmarkSpec(workloads=["karman", "digits", "har", "calo"], frameworks=["torch", "tensorflow", "jax"], devices=["cpu"],
                           batch_sizes=[8, 16], repeats=2, layers=[1, 2], units=[16])

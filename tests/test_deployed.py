@@ -21,8 +21,8 @@ import yaml
 from mlflow.tracking import MlflowClient
 
 from infra.postgres import bindir
-from tasks.common.credentials import auth_refused
-from tasks.common.errors import UserError
+from tasks.common.tracking.credentials import auth_refused
+from tasks.common.config.errors import UserError
 from tasks.common.specs import BenchmarkSpec
 from tasks.workloads.presets import quick_benchmark
 from tests.conftest import ROOT, kill_tree

@@ -5,9 +5,9 @@ Imports no Prefect or MLflow; reads the zarr store."""
 import numpy as np
 
 from tasks.bench.specs import CompareDatasetsSpec
-from tasks.common.errors import UserError
-from tasks.common.settings import Settings
-from tasks.common.store import VARIABLES, load_manifest, open_simulation
+from tasks.common.config.errors import UserError
+from tasks.common.config.settings import Settings
+from tasks.common.stores.store import VARIABLES, load_manifest, open_simulation
 
 FIELDS = tuple(v for v in VARIABLES if v != "mask")
 

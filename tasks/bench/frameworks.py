@@ -3,7 +3,7 @@
 The parent imports no framework: it checks the request and the stored dataset, then runs one child per
 framework (``frameworks_job``), one after the other so that they never share the cores. A child holds both
 sides in one process, with the same threads and heap: our trainer (the workload's framework module, built as
-``train`` builds it) trained through the one loop (tasks.common.training.loop) exactly as ``train`` and
+``train`` builds it) trained through the one loop (tasks.common.runtimes.loop) exactly as ``train`` and
 ``bench-quality`` run it, and the reference (the workload's ``references/<framework>.py``, found through the
 workload table: tasks.workloads.reference_module), the same network and optimiser written as the framework's own
 documentation teaches. Both start from the workload's initial weights, and the child first checks that they give
@@ -23,7 +23,7 @@ import statistics
 from dataclasses import dataclass
 
 from tasks.bench.specs import BenchFrameworksSpec
-from tasks.common.errors import RunFailed, UserError
+from tasks.common.config.errors import RunFailed, UserError
 
 log = logging.getLogger("karman.bench")
 BODY = "tasks.bench.frameworks:frameworks_job"
@@ -67,10 +67,10 @@ def train_spec(spec: BenchFrameworksSpec, framework: str, batch_size: int):
 def frameworks_job(job: dict) -> dict:
     """Child side: our trainer and the reference of one framework in this process, checked for the same first loss,
     then timed block by block."""
-    from tasks.common.settings import Settings
+    from tasks.common.config.settings import Settings
     from tasks.common.specs import TrainSpec
-    from tasks.common.training import loop
-    from tasks.common.training.frameworks import FRAMEWORKS, open_runtime
+    from tasks.common.runtimes import loop
+    from tasks.common.config.frameworks import FRAMEWORKS, open_runtime
     from tasks.workloads import framework_module, get_workload, reference_module
 
     spec = TrainSpec.model_validate(job["spec"])
@@ -115,7 +115,7 @@ def frameworks_job(job: dict) -> dict:
 
 def _check_dataset(spec: BenchFrameworksSpec, batch_size: int) -> tuple[str, dict]:
     """The dataset's name and facts (its data: real or synthetic); UserError where it is not stored, or the batch does not fit it."""
-    from tasks.common.settings import Settings
+    from tasks.common.config.settings import Settings
     from tasks.workloads import get_workload
 
     settings, workload = Settings.from_env(), get_workload(spec.workload)
@@ -133,8 +133,8 @@ def bench_frameworks(spec: BenchFrameworksSpec) -> dict:
     """Every framework of the spec, ours against its reference, each in its own child; the summary with per framework
     both samples/s (median blocks), their ratio (ours / reference) and each repeat's."""
     from models.host import cpu_cores
-    from tasks.common.ceiling import cpu_name, this_cpu
-    from tasks.common.launch import device_env, run_child
+    from tasks.common.measures.ceiling import cpu_name, this_cpu
+    from tasks.common.process.launch import device_env, run_child
     from tasks.workloads import check_framework, check_reference, get_workload
 
     workload = get_workload(spec.workload)

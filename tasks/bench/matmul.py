@@ -1,7 +1,7 @@
 """bench-matmul: the FLOP ceiling of a device per framework and dtype (square products, cold and warm), each framework in its own child process.
 
 The parent imports no framework: it checks the request, runs one child per framework
-(``matmul_job``), sets each result beside the device's peak (tasks.common.ceiling), and only then
+(``matmul_job``), sets each result beside the device's peak (tasks.common.measures.ceiling), and only then
 writes: one MLflow run per (framework, device, dtype) where MLflow is installed, and the ceiling
 cache. Bad input, or a child that refuses its request, ends the command before anything is written.
 """
@@ -11,9 +11,9 @@ import logging
 import os
 
 from tasks.bench.specs import BenchMatmulSpec
-from tasks.common.ceiling import BENCH, cpu_name, host_key, peak_tflops, this_cpu, write_ceiling
-from tasks.common.errors import UserError
-from tasks.common.matmul import BYTES, check
+from tasks.common.measures.ceiling import BENCH, cpu_name, host_key, peak_tflops, this_cpu, write_ceiling
+from tasks.common.config.errors import UserError
+from tasks.common.measures.matmul import BYTES, check
 
 log = logging.getLogger("karman.bench")
 BODY = "tasks.bench.matmul:matmul_job"
@@ -23,7 +23,7 @@ STAGE = "ceiling"
 def matmul_job(job: dict) -> dict:
     """Child side: every dtype, then every size, of one framework on one device, in this process. The
     backends for all dtypes open first, so that a dtype the device lacks stops the job before it measures."""
-    from tasks.common.matmul import Timer
+    from tasks.common.measures.matmul import Timer
 
     if job.get("threads"):
         os.sched_setaffinity(0, sorted(os.sched_getaffinity(0))[: job["threads"]])
@@ -93,8 +93,8 @@ def _row(framework: str, device: str, cores: int, result: dict) -> dict:
 def bench_matmul(spec: BenchMatmulSpec) -> dict:
     """Measure every (framework, dtype) of the spec at every size; log and cache the results (unless
     ``--no-log``); return the summary."""
-    from tasks.common.launch import device_env, run_child
-    from tasks.common.settings import Settings
+    from tasks.common.process.launch import device_env, run_child
+    from tasks.common.config.settings import Settings
 
     dtypes, sizes = spec.resolved_dtypes(), spec.resolved_sizes()
     _check_request(spec, dtypes, sizes)
@@ -103,7 +103,7 @@ def bench_matmul(spec: BenchMatmulSpec) -> dict:
         settings = Settings.from_env().require_writable()
         tracked = importlib.util.find_spec("mlflow") is not None
         if tracked:
-            from tasks.common.tracking import tracking_ready
+            from tasks.common.tracking.runs import tracking_ready
 
             tracking_ready(settings, create=False)  # a server that is down ends it now; a new local store is made once there are results
     load_before = os.getloadavg()[0]
@@ -133,8 +133,8 @@ def bench_matmul(spec: BenchMatmulSpec) -> dict:
 
 def _log_run(settings, summary: dict, row: dict) -> str:
     """One MLflow run of stage ``ceiling`` for a (framework, device, dtype); returns its id."""
-    from tasks.common.names import Tag
-    from tasks.common.tracking import mlflow_run
+    from tasks.common.tracking.names import Tag
+    from tasks.common.tracking.runs import mlflow_run
 
     params = {"framework": row["framework"], "device": row["device"], "device_name": row["device_name"], "dtype": row["dtype"],
               "sizes": ",".join(str(s["n"]) for s in row["sizes"]), "repeats": summary["repeats"], "cores": summary["cores"],

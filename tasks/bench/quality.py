@@ -1,7 +1,7 @@
 """bench-quality: time to quality of a recipe on one device, its rollout scores and its cost against the solver's.
 
 It trains through the same loop, runtime, workload trainer, split, normaliser, recipe, validation
-and target as ``python -m flows train`` (tasks.common.training.loop), in this process, with a recorder that
+and target as ``python -m flows train`` (tasks.common.runtimes.loop), in this process, with a recorder that
 keeps the validations in memory and sends nothing anywhere: no MLflow run, checkpoint or child
 process. It imports no Prefect or MLflow, so it runs on a machine that has only the compute and data
 stack (numpy, numba, torch, zarr, pydantic). Then a workload with its own part (``Workload.bench_quality``: karman's
@@ -16,10 +16,10 @@ import time
 from pathlib import Path
 
 from tasks.bench.specs import BenchQualitySpec
-from tasks.common.settings import Settings
+from tasks.common.config.settings import Settings
 from tasks.common.specs import TrainSpec
-from tasks.common.training import loop
-from tasks.common.training.runtime_torch import TorchRuntime
+from tasks.common.runtimes import loop
+from tasks.common.runtimes.runtime_torch import TorchRuntime
 from tasks.workloads import framework_module, get_workload, with_own_defaults
 
 log = logging.getLogger("karman.bench")

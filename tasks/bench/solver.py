@@ -11,7 +11,7 @@ from models.solver import Backend, ChannelSolver, FlowConfig, SolverBatch, backe
 from models.solver import roofline
 from models.solver.timing import bench_config, timed_advances
 from tasks.bench.specs import BenchSolverSpec
-from tasks.common.ceiling import cpu_name, datasheet_bandwidth
+from tasks.common.measures.ceiling import cpu_name, datasheet_bandwidth
 
 
 def bench_batch_configs(nx: int, ny: int, dtype: str, batch: int) -> list[FlowConfig]:

@@ -177,7 +177,7 @@ class BenchMatmulSpec(BenchSpec):
     log: bool = Field(default=True, description="Write nothing: no MLflow runs, no entry in the ceiling cache")
 
     def resolved_dtypes(self) -> list[str]:
-        from tasks.common.matmul import DEFAULT_DTYPES
+        from tasks.common.measures.matmul import DEFAULT_DTYPES
 
         return list(self.dtypes or DEFAULT_DTYPES[self.device])
 
@@ -217,7 +217,7 @@ def _quality_spec() -> type[BenchSpec]:
     from pydantic import create_model
 
     from tasks.common.specs import TrainSpec
-    from tasks.common.workload_table import option_owners, options_model
+    from tasks.common.config.workload_table import option_owners, options_model
 
     owners = option_owners()  # a workload's option: its field as the first workload that has it declares it
     found = {name: TrainSpec.model_fields.get(name) or options_model(owners[name][0]).model_fields[name] for name in QUALITY_TRAINING}

@@ -184,7 +184,7 @@ class TrainRecord(Record):
         def value(name: str, default=None):
             return _param(params, name, default)
 
-        from tasks.common.workload_table import options_model
+        from tasks.common.config.workload_table import options_model
 
         options = options_model(value("workload", DEFAULT_WORKLOAD)).model_fields  # the run's workload's, logged flat beside the shared
         spec = _spec_from_params(TrainSpec, params, skip={"batch_sizes", "resume", "world_size", "strategy", "cell", "options"}, more=set(options))
@@ -277,7 +277,7 @@ class RolloutRecord(Record):
     @classmethod
     def from_mlflow(cls, params: dict[str, str], metrics: dict[str, float], tags: dict[str, str], finished: bool) -> "RolloutRecord":
         """The record of a rollout logged before records existed (version 1: params, metrics and tags only)."""
-        from tasks.common.names import Tag
+        from tasks.common.tracking.names import Tag
 
         def value(name: str, default=None):
             return _param(params, name, default)

@@ -12,7 +12,7 @@ from pydantic.json_schema import SkipJsonSchema, WithJsonSchema
 
 from models.host import DeviceKind as Device
 from models.tiling import DEFAULT_HALO
-from tasks.common.training.frameworks import FRAMEWORKS
+from tasks.common.config.frameworks import FRAMEWORKS
 
 DEFAULT_EPOCHS = 3  # a training run's epoch limit when it gives neither epochs nor a time budget
 
@@ -136,7 +136,7 @@ def with_options(values: dict, shared: set[str]) -> dict:
     shared fields (as the command line gives them, and as specs, records and deployments written when one flat spec held
     every workload's options have them). Another workload's option at its default there (None, or that workload's
     default) is dropped; set, it is refused in one line naming whose it is and the workload's own options."""
-    from tasks.common.workload_table import option_owners, options_model
+    from tasks.common.config.workload_table import option_owners, options_model
 
     values = dict(values)
     name = values.get("workload", DEFAULT_WORKLOAD)
@@ -227,10 +227,10 @@ class TrainSpec(Spec):
         return {k: v for k, v in shared.items() if v is not None} | self.options.params()
 
     def key_fields(self) -> dict:
-        """Its fields as a cell's key hashes them (tasks.common.cells.cell_key): the shared ones, its workload's options, and
+        """Its fields as a cell's key hashes them (tasks.common.tracking.cells.cell_key): the shared ones, its workload's options, and
         what the first workloads' cells held of the others' options (WorkloadOptions.key_padding), so that a cell keyed
         before options were a workload's own keeps its key."""
-        from tasks.common.workload_table import options_model, table
+        from tasks.common.config.workload_table import options_model, table
 
         padding: dict = {}
         for name in table():
@@ -315,7 +315,7 @@ class TrainOptions(options_of(TrainSpec, {"workload", "framework", "device", "ba
         sections written when one flat spec held every workload's options have it) goes to every workload that has it."""
         if not isinstance(values, dict):
             return values
-        from tasks.common.workload_table import option_owners, options_model
+        from tasks.common.config.workload_table import option_owners, options_model
 
         values = dict(values)
         given = {name: dict(o.model_dump(exclude_unset=True) if isinstance(o, BaseModel) else o) for name, o in (values.pop("options", None) or {}).items()}
@@ -407,7 +407,7 @@ class BenchmarkSpec(Spec):
             raise ValueError(f"the rollout matrix has no cells: modes {self.modes} with workers {self.workers} (full-frame runs on 1 worker); add 1 to workers or mapreduce to modes")
         from pydantic import ValidationError
 
-        from tasks.common.workload_table import table
+        from tasks.common.config.workload_table import table
 
         shared = self.train.model_dump(exclude={"options"})
         try:  # the checks of a whole training spec (the workload's options, strategy) hold for each workload's settings

@@ -2,8 +2,8 @@
 
 from prefect import task
 
-from tasks.common.errors import UserError
-from tasks.common.settings import Settings
+from tasks.common.config.errors import UserError
+from tasks.common.config.settings import Settings
 from tasks.common.specs import GenerateSpec
 from tasks.workloads import Workload, check_options, get_workload
 

@@ -3,11 +3,11 @@
 It resolves the model run the request names and asks that run's workload for its own plan (Workload.rollouts); no
 framework is imported here."""
 
-from tasks.common import plans
-from tasks.common.errors import UserError
-from tasks.common.model_files import resolve_model_run
-from tasks.common.names import Tag
-from tasks.common.settings import Settings
+from tasks.common.config import plans
+from tasks.common.config.errors import UserError
+from tasks.common.stores.model_files import resolve_model_run
+from tasks.common.tracking.names import Tag
+from tasks.common.config.settings import Settings
 from tasks.common.specs import DEFAULT_WORKLOAD, InferSpec
 from tasks.workloads import get_workload, table
 

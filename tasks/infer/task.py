@@ -2,12 +2,12 @@
 
 from prefect import get_run_logger, task
 
-from tasks.common.launch import device_env, run_child
-from tasks.common.names import Tag, infer_label, infer_run_name
-from tasks.common.settings import Settings
+from tasks.common.process.launch import device_env, run_child
+from tasks.common.tracking.names import Tag, infer_label, infer_run_name
+from tasks.common.config.settings import Settings
 from tasks.common.specs import InferSpec
-from tasks.common.store import load_manifest
-from tasks.common.tracking import mlflow_run, run_url
+from tasks.common.stores.store import load_manifest
+from tasks.common.tracking.runs import mlflow_run, run_url
 from tasks.infer.plan import plan_rollout
 
 

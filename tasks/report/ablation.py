@@ -7,8 +7,8 @@ import json
 
 from prefect import task
 
-from tasks.common.settings import Settings
-from tasks.common.tracking import mlflow_run
+from tasks.common.config.settings import Settings
+from tasks.common.tracking.runs import mlflow_run
 
 
 @task(name="write-ablation")

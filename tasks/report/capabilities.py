@@ -3,7 +3,7 @@
 A workload this process does not know (a record of one kept outside this repository) reads as one without
 any capability, under its bare name."""
 
-from tasks.common.errors import UserError
+from tasks.common.config.errors import UserError
 from tasks.common.records import TrainRecord
 from tasks.workloads import Workload, get_workload
 

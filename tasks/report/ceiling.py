@@ -1,7 +1,7 @@
 """The report's FLOP-ceiling section: bench-matmul's runs (stage ceiling) as one table per framework, device and dtype."""
 
-from tasks.common.names import Tag
-from tasks.common.tables import markdown_table
+from tasks.common.tracking.names import Tag
+from tasks.common.reports.tables import markdown_table
 
 STAGE = "ceiling"
 

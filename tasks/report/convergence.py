@@ -37,7 +37,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, PositiveInt
 
-from tasks.common.errors import UserError
+from tasks.common.config.errors import UserError
 from tasks.workloads import get_workload, table
 
 FILE = "convergence.json"
@@ -324,7 +324,7 @@ CONVERGENCE_COLUMNS = {"workload": "workload", "framework": "framework", "device
 
 def section(rows: list[dict], verdicts: list[dict]) -> list[str]:
     """The report's blocks on convergence: a table of every judged cell, and the workloads without references."""
-    from tasks.common.reporting import table_markdown
+    from tasks.common.reports.reporting import table_markdown
 
     missing = without_references(rows)
     if not verdicts and not missing:
@@ -404,8 +404,8 @@ def check_spec(spec: ConvergenceSpec) -> None:
 def write_references(settings, spec: ConvergenceSpec, benchmark: dict) -> dict:
     """convergence.json from the training runs of the finished ``benchmark`` (the benchmark flow's result), written whole (atomically)
     into ``spec.out`` or the workload's folder; returns where, and each point's mean and deviation."""
-    from tasks.common.store import write_json_atomic
-    from tasks.common.tracking import client_for
+    from tasks.common.stores.store import write_json_atomic
+    from tasks.common.tracking.runs import client_for
     from tasks.report.reading import training_records
 
     client = client_for(settings)

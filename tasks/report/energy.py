@@ -2,7 +2,7 @@
 
 import statistics
 
-from tasks.common.reporting import fmt
+from tasks.common.reports.reporting import fmt
 from tasks.report.capabilities import target_words
 from tasks.report.reading import Entry
 

@@ -11,9 +11,9 @@ so that a cell whose runs scatter needs a larger step, as asv's step detection w
 
 import statistics
 
-from tasks.common.names import Tag
-from tasks.common.settings import Settings
-from tasks.common.tracking import client_for, experiment_id
+from tasks.common.tracking.names import Tag
+from tasks.common.config.settings import Settings
+from tasks.common.tracking.runs import client_for, experiment_id
 from tasks.report.capabilities import setting_label
 from tasks.report.reading import Entry, training_records
 
@@ -109,7 +109,7 @@ def trend_section(client, exp_id: str, entries: list[Entry], min_change: float =
               f"between consecutive versions is flagged where it passes {min_change:.0%} and three times the larger of the two "
               "versions' spreads (`python -m flows history` lists every cell of the experiment).\n"]
     if rows:
-        from tasks.common.reporting import table_markdown
+        from tasks.common.reports.reporting import table_markdown
 
         blocks.append(table_markdown(rows, TREND_COLUMNS))
     else:

@@ -4,11 +4,11 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from tasks.common.names import Tag
+from tasks.common.tracking.names import Tag
 from tasks.common.records import RECORD_FILE, RolloutRecord, TrainRecord
-from tasks.common.settings import Settings
+from tasks.common.config.settings import Settings
 from tasks.common.specs import AggregateSpec
-from tasks.common.tracking import client_for, missing, store_not_made
+from tasks.common.tracking.runs import client_for, missing, store_not_made
 
 # MlflowException is imported in the functions that catch it: Dask workers import the flows' modules and need no MLflow.
 
@@ -73,7 +73,7 @@ def covered_runs(settings: Settings, client, exp_id: str, source: str) -> tuple[
 
     from mlflow.exceptions import MlflowException
 
-    from tasks.common.errors import UserError
+    from tasks.common.config.errors import UserError
 
     if source == "all":
         runs = [r for stage in ("train", "infer") for r in _rows(client, exp_id, stage)]
@@ -122,7 +122,7 @@ def covered_runs(settings: Settings, client, exp_id: str, source: str) -> tuple[
 
 def check_report_source(settings: Settings, spec: AggregateSpec) -> None:
     """UserError, before any run or file is written, when the runs the report should cover cannot be found."""
-    from tasks.common.errors import UserError
+    from tasks.common.config.errors import UserError
 
     client = None if store_not_made(settings) else client_for(settings)
     exp = None if client is None else client.get_experiment_by_name(settings.experiment)

@@ -3,11 +3,11 @@
 import datetime as dt
 from pathlib import Path
 
-from tasks.common.names import Tag
-from tasks.common.plots import bar_chart
-from tasks.common.reporting import Sections, table_markdown
-from tasks.common.settings import Settings
-from tasks.common.tracking import client_for, run_url
+from tasks.common.tracking.names import Tag
+from tasks.common.reports.plots import bar_chart
+from tasks.common.reports.reporting import Sections, table_markdown
+from tasks.common.config.settings import Settings
+from tasks.common.tracking.runs import client_for, run_url
 from tasks.report.capabilities import workload_of, workload_words
 from tasks.report.ceiling import ceiling_section
 from tasks.report.convergence import cell_of as convergence_cell

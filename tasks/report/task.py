@@ -9,11 +9,11 @@ import re
 
 from prefect import get_run_logger, task
 
-from tasks.common.reporting import embed, fmt, write_html
-from tasks.common.settings import Settings
-from tasks.common.store import write_json_atomic
+from tasks.common.reports.reporting import embed, fmt, write_html
+from tasks.common.config.settings import Settings
+from tasks.common.stores.store import write_json_atomic
 from tasks.common.specs import AggregateSpec
-from tasks.common.tracking import client_for, experiment_id, mlflow_run
+from tasks.common.tracking.runs import client_for, experiment_id, mlflow_run
 from tasks.report.ablation import write_ablation
 from tasks.report.reading import check_report_source, covered_runs
 from tasks.report.render import build_report

@@ -11,14 +11,14 @@ import contextlib
 import logging
 import socket
 
-from tasks.common.names import Tag
+from tasks.common.tracking.names import Tag
 from tasks.common.records import RECORD_FILE, TrainConfig, TrainRecord
-from tasks.common.tracking import Run, client_for, code_version, system_metrics
-from tasks.common.training import loop
-from tasks.common.training.frameworks import open_runtime
-from tasks.common.training.mlperf import LOG_FILE as MLPERF_LOG, RULESET, MLPerfLog, compliance
-from tasks.common.training.energy import EnergyMeter, energy_record
-from tasks.common.training.utilisation import devices_used, utilisation
+from tasks.common.tracking.runs import Run, client_for, code_version, system_metrics
+from tasks.common.runtimes import loop
+from tasks.common.config.frameworks import open_runtime
+from tasks.common.runtimes.mlperf import LOG_FILE as MLPERF_LOG, RULESET, MLPerfLog, compliance
+from tasks.common.measures.energy import EnergyMeter, energy_record
+from tasks.common.measures.utilisation import devices_used, utilisation
 from tasks.train.plan import TrainJob
 from tasks.workloads import framework_module, get_workload
 

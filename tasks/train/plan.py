@@ -5,15 +5,16 @@ import os
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from models.host import cpu_cores
-from tasks.common import plans, probe
-from tasks.common.errors import UserError
-from tasks.common.launch import device_env, run_child
-from tasks.common.settings import Settings
+from tasks.common.config import plans
+from tasks.common.runtimes import probe
+from tasks.common.config.errors import UserError
+from tasks.common.process.launch import device_env, run_child
+from tasks.common.config.settings import Settings
 from tasks.common.specs import TrainSpec
-from tasks.common.store import writer_lock
-from tasks.common.tracking import training_run
-from tasks.common.training.checkpoint import check_checkpoint
-from tasks.common.training.frameworks import framework
+from tasks.common.stores.store import writer_lock
+from tasks.common.tracking.runs import training_run
+from tasks.common.runtimes.checkpoint import check_checkpoint
+from tasks.common.config.frameworks import framework
 from tasks.workloads import check_framework, get_workload
 
 JOB_FILE = "job.json"  # the TrainJob the run's child received, kept with its checkpoint for --resume
@@ -27,7 +28,7 @@ class TrainPlan(BaseModel):
     batch_sizes: list[int] = Field(description="Global batch sizes, one run each; each splits evenly over the world and fits the training pairs")
     world: int = Field(description="Devices the batch is spread over")
     procs: int = Field(description="Processes launched on each host: one per device for cpu and cuda DDP, one for xla SPMD")
-    hosts: int = Field(default=1, description="Hosts of the SLURM allocation the processes spread over (tasks.common.hosts)")
+    hosts: int = Field(default=1, description="Hosts of the SLURM allocation the processes spread over (tasks.common.process.hosts)")
     threads: int | None = Field(description="CPU threads per process (cpu); None elsewhere")
     resume: str | None = Field(description="The run being resumed, or None")
     framework: str = Field(default="torch", description="Selects the training job's framework")

@@ -4,16 +4,16 @@ import contextlib
 
 from prefect import get_run_logger, task
 
-from tasks.common import events
-from tasks.common.launch import run_child
-from tasks.common.names import Tag, sweep_run_name, train_label, train_run_name
-from tasks.common.progress import Progress
+from tasks.common.process import events
+from tasks.common.process.launch import run_child
+from tasks.common.tracking.names import Tag, sweep_run_name, train_label, train_run_name
+from tasks.common.process.progress import Progress
 from tasks.common.records import TrainRecord
-from tasks.common.settings import Settings
+from tasks.common.config.settings import Settings
 from tasks.common.specs import TrainSpec
-from tasks.common.store import write_json_atomic, writer_lock
-from tasks.common.tables import markdown_table
-from tasks.common.tracking import client_for, mlflow_run, run_url
+from tasks.common.stores.store import write_json_atomic, writer_lock
+from tasks.common.reports.tables import markdown_table
+from tasks.common.tracking.runs import client_for, mlflow_run, run_url
 from tasks.train.plan import JOB_FILE, TrainJob, TrainPlan
 from tasks.workloads import get_workload
 
@@ -139,7 +139,7 @@ def log_study_table(settings: Settings, parent_run_id: str, results: list[dict])
 
 
 def sweep_run(settings: Settings, spec: TrainSpec, parent_run_id: str | None = None):
-    """The parent MLflow run of a batch-size sweep (a context manager; see tasks.common.tracking.mlflow_run)."""
+    """The parent MLflow run of a batch-size sweep (a context manager; see tasks.common.tracking.runs.mlflow_run)."""
     digest, _ = get_workload(spec.workload).dataset_info(settings, spec.dataset)
     sizes = ",".join(map(str, spec.batch_sizes))
     return mlflow_run(settings, "train-sweep", sweep_run_name(spec), params=spec.params(),

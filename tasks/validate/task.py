@@ -11,13 +11,13 @@ from prefect import get_run_logger, task
 
 from models.solver import backend_from_name
 from models.solver.benchmark import REFERENCE, Setup, within
-from tasks.common.errors import UserError
-from tasks.common.launch import run_child
-from tasks.common.names import Tag
-from tasks.common.plots import coefficient_history
-from tasks.common.settings import Settings
+from tasks.common.config.errors import UserError
+from tasks.common.process.launch import run_child
+from tasks.common.tracking.names import Tag
+from tasks.common.reports.plots import coefficient_history
+from tasks.common.config.settings import Settings
 from tasks.workloads.karman.specs import ValidateSpec
-from tasks.common.tracking import mlflow_run
+from tasks.common.tracking.runs import mlflow_run
 from tasks.validate.job import BODY
 
 TOLERANCE = 0.02  # every quantity within 2% of its reference interval

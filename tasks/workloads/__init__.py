@@ -1,12 +1,12 @@
-"""The workload contract and how the stages find a workload's parts by its name (tasks.common.workload_table lists them).
+"""The workload contract and how the stages find a workload's parts by its name (tasks.common.config.workload_table lists them).
 
 A workload is a folder: ``options.py`` declares its own training options (a tasks.common.specs.WorkloadOptions),
 ``workload.py`` holds what is framework-neutral (its data, its quality score
 and target, its record's parameters) as one ``WORKLOAD`` object, and one module per framework
-(``torch.py``, ``tensorflow.py``, ``jax.py``) builds its trainer for the one training loop (tasks.common.training.loop).
+(``torch.py``, ``tensorflow.py``, ``jax.py``) builds its trainer for the one training loop (tasks.common.runtimes.loop).
 Its ``references/`` package, where it has one, holds bench-frameworks' idiomatic references, one module per
-framework (``references/torch.py``, ...: tasks.common.references says what each defines).
-Adding a workload is that folder and one line of tasks.common.workload_table. Workloads kept outside this repository
+framework (``references/torch.py``, ...: tasks.common.runtimes.references says what each defines).
+Adding a workload is that folder and one line of tasks.common.config.workload_table. Workloads kept outside this repository
 join through ``KARMAN_WORKLOADS=name=package.module,...`` (child processes inherit it).
 """
 
@@ -15,9 +15,9 @@ import inspect
 from dataclasses import dataclass, fields
 from typing import Callable
 
-from tasks.common.errors import UserError
+from tasks.common.config.errors import UserError
 from tasks.common.specs import DEFAULT_EPOCHS
-from tasks.common.workload_table import WORKLOADS, option_owners, options_model, package_of, table  # noqa: F401  (the table, as the stages ask it)
+from tasks.common.config.workload_table import WORKLOADS, option_owners, options_model, package_of, table  # noqa: F401  (the table, as the stages ask it)
 
 
 @dataclass(frozen=True)
@@ -97,7 +97,7 @@ class Workload:
     # and is never a champion.
     learned_nothing: Callable | None = None
     # (its training rows, its rollout runs' entries, run id -> Markdown link, the report's folder) -> its own sections of the
-    # report (tasks.common.reporting.Sections: its frameworks compared, its rollouts' tables and figures); None: none
+    # report (tasks.common.reports.reporting.Sections: its frameworks compared, its rollouts' tables and figures); None: none
     report: Callable | None = None
     # (settings, BenchQualitySpec, TrainSpec, torch runtime, train, dataset folders) -> bench-quality's result, where the workload
     # scores its trained models itself (karman: rollouts, the surrogate's step against the solver's); ``train(spec)`` is the
@@ -119,7 +119,7 @@ class Workload:
 
     def __post_init__(self):
         """TypeError naming the field of a workload whose part cannot be called as the stages call it (CALLS)."""
-        from tasks.common.training.frameworks import FRAMEWORKS
+        from tasks.common.config.frameworks import FRAMEWORKS
 
         unknown = [f for f in self.frameworks if f not in FRAMEWORKS]
         if unknown:
@@ -159,7 +159,7 @@ CALLS = {
     "ablation": ("name", "params", "results", "simulation", "extra"),
 }
 BUILD = ("data", "spec", "batch_size", "runtime")  # a framework module's build(...) -> the loop's Trainer
-# What a reference module (references/<framework>.py) defines, and how bench-frameworks calls each (tasks.common.references)
+# What a reference module (references/<framework>.py) defines, and how bench-frameworks calls each (tasks.common.runtimes.references)
 REFERENCE = {"Reference": ("spec", "weights", "x", "y", "batch_size"), "arrays": ("data",), "ours_weights": ("trainer",),
              "ours_loss": ("trainer", "x", "y")}
 

@@ -114,7 +114,7 @@ def test_bad_benchmark_requests_are_refused_with_one_line(workdir, args, fragmen
 
 def test_a_gpu_sweep_is_the_gpu_pools_dataset_cell(monkeypatch):
     from flows.matrix import benchmark_matrix, check_deployments, deployment_for
-    from tasks.common.errors import UserError
+    from tasks.common.config.errors import UserError
 
     spec = quick_benchmark().model_copy(update={"generate": GenerateSpec(device="cuda"), "pools": {"cuda": "gpu"}})
     assert deployment_for("generate", spec.generate.device, spec.pools) == "generate/gpu"
@@ -129,7 +129,7 @@ def test_a_training_cell_killed_after_a_validated_epoch_is_resumed_by_the_next_b
 
     from flows import pipeline
     from flows.matrix import plan_benchmark
-    from tasks.common.cells import cell_key
+    from tasks.common.tracking.cells import cell_key
     from tests.tasks.train.interrupt import stop_after_epoch
 
     spec = TINY.model_copy(update={"train": TINY.train.model_copy(update={"epochs": 3, "validate_every": 1}), "batch_sizes": [4],

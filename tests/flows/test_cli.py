@@ -2,7 +2,7 @@
 
 import pytest
 
-from tasks.common.errors import UserError
+from tasks.common.config.errors import UserError
 from tests.conftest import run_cli, run_in_process
 
 
@@ -146,7 +146,7 @@ def test_a_gpu_sweep_without_a_gpu_or_with_a_dask_scheduler_is_refused_before_an
     assert_refused(run_in_process("validate-solver", "--backend", "triton", "--device", "cuda", cwd=workdir), "cuda requested but no CUDA GPU")
     assert_refused(run_in_process("validate-solver", "--dtype", "float16s", cwd=workdir), "--dtype", "'float16s'", "'float32', 'float64'")
     assert not (workdir / "data" / "datasets").exists()
-    from tasks.common.cluster import check_scheduler
+    from tasks.common.process.cluster import check_scheduler
 
     check_scheduler("ucx://10.0.0.1:8786")  # Dask's other transports are left to Dask
     # a workload that writes its data without Dask is not held up by a scheduler it would not use

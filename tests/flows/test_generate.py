@@ -12,9 +12,9 @@ import numpy as np
 import psutil
 import pytest
 
-from tasks.common.errors import UserError
+from tasks.common.config.errors import UserError
 from tasks.common.specs import GenerateSpec
-from tasks.common.store import MANIFEST, STORE, VARIABLES, content_digest, open_simulation
+from tasks.common.stores.store import MANIFEST, STORE, VARIABLES, content_digest, open_simulation
 from tasks.workloads.karman.sweep import expand, sweep_key
 from tests.conftest import ROOT, run_in_process
 from tests.flows.test_cli import assert_refused

@@ -119,7 +119,7 @@ def test_sigterm_stops_a_two_process_tensorflow_run_at_the_same_step_in_both_wor
     wait_for_line(proc, "] epoch 2:")
     below = tree(proc)
     servers = {p.pid for p in below if "multiprocessing.forkserver" in " ".join(p.cmdline())}
-    assert len([p for p in below if p.ppid() in servers]) == 2  # the two workers, forked from the server (tasks.common.warm)
+    assert len([p for p in below if p.ppid() in servers]) == 2  # the two workers, forked from the server (tasks.common.process.warm)
     proc.send_signal(signal.SIGTERM)
     _, err = proc.communicate(timeout=60)
     assert proc.returncode == 128 + signal.SIGTERM, err[-2000:]

@@ -16,10 +16,10 @@ from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
 from prefect.context import FlowRunContext
 from prefect.settings import PREFECT_UI_URL
 
-from tasks.common.launch import run_child
-from tasks.common.settings import Settings
+from tasks.common.process.launch import run_child
+from tasks.common.config.settings import Settings
 from tasks.common.specs import AggregateSpec, DemoSpec, GenerateSpec, InferSpec, TrainSpec
-from tasks.common.tracking import LOCAL_MLFLOW_UI, mlflow_run
+from tasks.common.tracking.runs import LOCAL_MLFLOW_UI, mlflow_run
 
 TINY = DemoSpec(
     generate=GenerateSpec(dataset="tiny", reynolds=[40.0, 50.0, 60.0], nx=64, ny=32, size=[6.0], warmup_steps=1500,
@@ -93,7 +93,7 @@ def test_rollout_feeds_predictions_back(demo_result, workdir):
     from tasks.workloads.karman.data import StepCodec, load_frames
     from models.flow_metrics import relative_l2
     from tasks.workloads.karman.infer.torch import load_model
-    from tasks.common.settings import Settings
+    from tasks.common.config.settings import Settings
 
     settings = Settings.from_env()
     client = MlflowClient(tracking_uri=demo_result["tracking_uri"])

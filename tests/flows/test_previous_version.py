@@ -27,7 +27,7 @@ def test_each_deployment_of_the_previous_version_still_validates_and_plans(deplo
     if name == "benchmark":
         from flows.matrix import plan_benchmark
 
-        from tasks.common.cells import cell_key
+        from tasks.common.tracking.cells import cell_key
 
         spec = parameters["spec"]
         plan = plan_benchmark(spec.model_copy(update={"pools": {}}))  # its cells, every one here (no deployments needed)
@@ -59,8 +59,8 @@ def test_a_training_run_of_the_previous_version_reads_and_is_reported(workdir):
     from mlflow.tracking import MlflowClient
 
     from tasks.common.records import TrainRecord
-    from tasks.common.settings import Settings
-    from tasks.common.tracking import experiment_id
+    from tasks.common.config.settings import Settings
+    from tasks.common.tracking.runs import experiment_id
 
     exported = json.loads((FIXTURES / "digits_training_run.json").read_text())
     record = TrainRecord.model_validate(exported["record"])  # the record's schema still reads it

@@ -8,7 +8,7 @@ import pytest
 
 from mlflow.tracking import MlflowClient
 
-from tasks.common.ceiling import cpu_name
+from tasks.common.measures.ceiling import cpu_name
 from tests.conftest import ROOT, run_cli, run_in_process, strict_json
 from tests.flows.test_cli import assert_refused
 

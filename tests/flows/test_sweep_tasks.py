@@ -12,7 +12,7 @@ from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
 
 from flows.pipeline import generate
 from tasks.common.specs import GenerateSpec
-from tasks.common.store import MANIFEST, STORE, VARIABLES, content_digest, open_simulation
+from tasks.common.stores.store import MANIFEST, STORE, VARIABLES, content_digest, open_simulation
 from tasks.workloads.karman.simulate import expand
 from tests.conftest import shared_prefect_api
 from tests.flows.test_generate import read_manifest
@@ -119,14 +119,14 @@ def test_a_dask_worker_killed_mid_sweep_leaves_every_simulation_stored_once(work
 
 def test_a_local_clusters_worker_keeps_a_heartbeat_lost_at_closing_off_the_terminal(prefect_api, tmp_path, monkeypatch):
     """A worker of the sweep's own cluster (forked from a server that imported the sweep's tasks and froze its imports,
-    tasks.common.dask_worker run as it starts) drops Dask's heartbeat failure, which a worker logs when the command
+    tasks.common.process.dask_worker run as it starts) drops Dask's heartbeat failure, which a worker logs when the command
     closes the cluster between two of its heartbeats (a traceback of a closed stream in a demo that went well); its other
     errors still reach the terminal. The server starts here, in a folder other than the project's and without
     PYTHONPATH, as a command run from elsewhere (or a test's command run in this process) starts it: it still finds
     the project's modules."""
     import multiprocessing.forkserver
 
-    from tasks.common.cluster import dask_task_runner
+    from tasks.common.process.cluster import dask_task_runner
 
     monkeypatch.chdir(tmp_path)
     monkeypatch.delenv("PYTHONPATH", raising=False)
@@ -156,6 +156,6 @@ def test_a_local_clusters_worker_keeps_a_heartbeat_lost_at_closing_off_the_termi
         (lines,) = runner.client.run(on_the_worker).values()
     frozen = int(lines.pop(0).split()[1])
     assert lines.pop(0) == "sweep: True"  # the server imported the sweep's tasks (never imported by the worker itself here)
-    assert frozen > 100_000  # what its fork server imported, frozen there (tasks.common.collector_frozen): its end is quick
+    assert frozen > 100_000  # what its fork server imported, frozen there (tasks.common.process.collector_frozen): its end is quick
     assert lines[0] == "Could not find data: ['x']" and "OSError: Stream is closed" in lines  # another error shows, whole
     assert not any("heartbeat" in line for line in lines)

@@ -9,7 +9,7 @@ import pytest
 
 from infra import postgres
 from infra.postgres import bindir, store_env
-from tasks.common.errors import UserError
+from tasks.common.config.errors import UserError
 from tests.conftest import ROOT
 
 

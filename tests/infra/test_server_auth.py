@@ -14,8 +14,8 @@ import pytest
 
 from infra.mlflow_server import DEFAULTS_SCRIPT
 from infra.server_auth import beyond_loopback
-from tasks.common.credentials import Credentials
-from tasks.common.errors import UserError
+from tasks.common.tracking.credentials import Credentials
+from tasks.common.config.errors import UserError
 from tests.conftest import ROOT
 from tests.servers import AUTH_PASSWORD as PASSWORD
 from tests.servers import AUTH_USER as USER
@@ -138,8 +138,8 @@ def test_the_cli_checks_its_credentials_before_any_work_and_logs_with_them(serve
     from mlflow.tracking import MlflowClient
 
     from flows.cli import _prefect_ready
-    from tasks.common.settings import Settings
-    from tasks.common.tracking import tracking_ready
+    from tasks.common.config.settings import Settings
+    from tasks.common.tracking.runs import tracking_ready
 
     uri, api, creds = servers
     monkeypatch.setenv("PREFECT_API_URL", api)

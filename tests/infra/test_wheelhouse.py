@@ -14,7 +14,7 @@ import pytest
 
 from infra import wheelhouse
 from infra.wheelhouse import normalise, read_have, read_pins, select
-from tasks.common.errors import UserError
+from tasks.common.config.errors import UserError
 from tests.conftest import ROOT
 
 # the node's install, as infra/wheelhouse.py and infra/README.md give it

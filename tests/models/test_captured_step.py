@@ -102,7 +102,7 @@ def test_on_a_gpu_the_graphed_steps_train_as_the_eager_ones():
 
 def test_a_cells_key_leaves_the_graph_choice_out_at_its_default_and_keeps_it_otherwise():
     """cuda_graph came after cells were keyed: at auto a cell keeps the key it had; a choice made is a different cell."""
-    from tasks.common.cells import cell_key
+    from tasks.common.tracking.cells import cell_key
 
     spec = TrainSpec(workload="karman", device="cuda")
     assert "cuda_graph" not in spec.key_fields()

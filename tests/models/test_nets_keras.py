@@ -18,7 +18,7 @@ from tests.conftest import ROOT
 # `/usr/bin/time pytest` of it on a 2-core host). TensorFlow is imported as a training job imports it.
 SCRIPT = r"""
 import json, sys
-from tasks.common.job_main import load
+from tasks.common.process.job_main import load
 load("tensorflow")
 import numpy as np
 import tensorflow as tf

@@ -92,7 +92,7 @@ def batched_sweep(folder: str) -> dict:
     from tasks.workloads.karman.simulation import SimulationSpec
     from pathlib import Path
 
-    from tasks.common.store import VARIABLES, open_simulation
+    from tasks.common.stores.store import VARIABLES, open_simulation
     from tasks.workloads.karman.simulate import simulate, simulate_batch_job
 
     sims = [SimulationSpec(nx=32, ny=16, reynolds=re, u_max=0.1, shape=shape, size=5.5, cx=9.3, cy=8.2, warmup_steps=2,

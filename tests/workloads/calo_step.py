@@ -115,7 +115,7 @@ def result(framework: str) -> dict:
 
 
 if __name__ == "__main__":
-    from tasks.common.job_main import load
+    from tasks.common.process.job_main import load
 
     load(sys.argv[1])  # the framework loaded as a job loads it
     print(json.dumps(result(sys.argv[1])))

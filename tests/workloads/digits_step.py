@@ -1,7 +1,7 @@
 """Child body of the digits tests: one framework's trainer takes one optimiser step on a fixed batch; its parameter count and the losses.
 
 Each framework's step runs as a job of its own (``stepped_in_children``: tensorflow and jax never share a process), with
-the framework's device environment (tasks.common.launch.device_env); ``python -m tests.workloads.digits_step FRAMEWORK``
+the framework's device environment (tasks.common.process.launch.device_env); ``python -m tests.workloads.digits_step FRAMEWORK``
 prints the same as JSON.
 """
 
@@ -20,7 +20,7 @@ def step_env(framework: str, fast_compile: bool = True) -> dict[str, str]:
     optimisations (tests/conftest.py's XLA_FAST_COMPILE: most of such a child's CPU is XLA compiling)."""
     import os
 
-    from tasks.common.launch import device_env
+    from tasks.common.process.launch import device_env
     from tests.conftest import ROOT, XLA_FAST_COMPILE
 
     return {**os.environ, **device_env("cpu", framework=framework), "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1",
@@ -29,12 +29,12 @@ def step_env(framework: str, fast_compile: bool = True) -> dict[str, str]:
 
 def stepped_in_children(module: str, frameworks: tuple[str, ...], fast_compile: bool = True) -> dict[str, dict]:
     """``module.result(FRAMEWORK)`` for each framework, each in a job process of its own with its ``step_env``, started as
-    the benchmark starts its training jobs (tasks.common.launch.run_child: forked from a warm server that has imported the
+    the benchmark starts its training jobs (tasks.common.process.launch.run_child: forked from a warm server that has imported the
     framework where the framework table lets it, as a training job's process is, instead of a fresh interpreter importing
     TensorFlow, about 12 s of CPU, for each module's step), one after the other."""
     import logging
 
-    from tasks.common.launch import run_child
+    from tasks.common.process.launch import run_child
 
     log = logging.getLogger("karman.test")
     return {framework: run_child("bench", STEP_BODY, {"module": module}, log, env=step_env(framework, fast_compile), framework=framework)
@@ -64,7 +64,7 @@ STEP_BODY = "tests.workloads.digits_step:step_body"
 
 
 def step_body(job: dict) -> dict:
-    """Job body (tasks.common.job_main): the step module's ``result`` for the job's framework, which the job process has
+    """Job body (tasks.common.process.job_main): the step module's ``result`` for the job's framework, which the job process has
     loaded as a training job loads it."""
     import importlib
 
@@ -74,14 +74,14 @@ def step_body(job: dict) -> dict:
 def runtime_of(framework: str):
     """The framework's runtime on one CPU device, as the training job opens it."""
     if framework == "torch":
-        from tasks.common.training.runtime_torch import TorchRuntime
+        from tasks.common.runtimes.runtime_torch import TorchRuntime
 
         return TorchRuntime("cpu", threads=1)
     if framework == "tensorflow":
-        from tasks.common.training.runtime_keras import KerasRuntime
+        from tasks.common.runtimes.runtime_keras import KerasRuntime
 
         return KerasRuntime("cpu", "default", 1, threads=1)
-    from tasks.common.training.runtime_jax import JaxRuntime
+    from tasks.common.runtimes.runtime_jax import JaxRuntime
 
     return JaxRuntime("cpu", threads=1)
 
@@ -124,7 +124,7 @@ def result(framework: str) -> dict:
 
 
 if __name__ == "__main__":
-    from tasks.common.job_main import load
+    from tasks.common.process.job_main import load
 
     load(sys.argv[1])  # the framework loaded as a job loads it
     print(json.dumps(result(sys.argv[1])))

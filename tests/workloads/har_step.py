@@ -1,7 +1,7 @@
 """Child body of the har tests: one framework's trainer takes one Adam step on a fixed batch of synthetic windows (and one at the end of a cosine schedule); its parameter count, the losses and the rates.
 
 Each framework's step runs as a job of its own (tests.workloads.digits_step.stepped_in_children), with the framework's
-device environment (tasks.common.launch.device_env); ``python -m tests.workloads.har_step FRAMEWORK`` prints the same as JSON.
+device environment (tasks.common.process.launch.device_env); ``python -m tests.workloads.har_step FRAMEWORK`` prints the same as JSON.
 """
 
 import json
@@ -60,7 +60,7 @@ def result(framework: str) -> dict:
 
 
 if __name__ == "__main__":
-    from tasks.common.job_main import load
+    from tasks.common.process.job_main import load
 
     load(sys.argv[1])  # the framework loaded as a job loads it
     print(json.dumps(result(sys.argv[1])))

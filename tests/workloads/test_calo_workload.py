@@ -58,7 +58,7 @@ def test_ranges_outside_the_generator_are_refused_and_nothing_is_written(workdir
 
 
 def test_the_dataset_is_synthetic_chunked_and_the_same_whatever_the_workers(workdir):
-    from tasks.common.settings import Settings
+    from tasks.common.config.settings import Settings
     from tasks.common.specs import GenerateSpec
     from tasks.workloads import get_workload
     from tasks.workloads.calo import dataset as calo
@@ -90,7 +90,7 @@ def test_the_dataset_is_synthetic_chunked_and_the_same_whatever_the_workers(work
     alone = shower_events(energy.astype(np.float64), angle.astype(np.float64), (4, 30, 1))  # chunk 1 in this process
     assert np.array_equal(cells, alone) and calo.chunk_digest(alone, energy, angle) == manifest["chunk_digests"][1]
     assert not calo.generate(Settings.from_env(), spec)["written"]  # complete: a no-op
-    from tasks.common.errors import UserError
+    from tasks.common.config.errors import UserError
     with pytest.raises(UserError, match="already exists with different calo parameters"):
         calo.check_generate(Settings.from_env(), spec.model_copy(update={"events": 200}))
 

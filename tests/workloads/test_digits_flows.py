@@ -92,9 +92,9 @@ def test_a_short_run_trains_and_scores_the_test_split(generated, framework, jax_
 
 
 def _the_mlperf_log_passes_mlcommons_checker(run, folder):
-    """The run's MLPerf-format log: MLCommons' compliance checker passes it on the rules that apply (tasks/common/training/mlperf.py);
+    """The run's MLPerf-format log: MLCommons' compliance checker passes it on the rules that apply (tasks/common/runtimes/mlperf.py);
     the same log without its run_start breaks them."""
-    from tasks.common.training.mlperf import compliance
+    from tasks.common.runtimes.mlperf import compliance
 
     assert run.data.tags["karman.mlperf"].startswith("passes MLCommons' compliance checker (training 4.1.0")
     client = MlflowClient(tracking_uri=os.environ["MLFLOW_TRACKING_URI"])
@@ -153,9 +153,9 @@ def test_bench_quality_trains_another_workload_and_scores_its_test_split(generat
 def _energy_and_cost_are_logged_and_reported(workdir, run):
     """The run's energy (or why there is none), device-hours at one thread of the host's cores, its cost at the default
     price, in MLflow and in the report's training tables."""
-    from tasks.common.ceiling import this_cpu
-    from tasks.common.settings import Settings
-    from tasks.common.training.energy import POWERCAP
+    from tasks.common.measures.ceiling import this_cpu
+    from tasks.common.config.settings import Settings
+    from tasks.common.measures.energy import POWERCAP
     from tasks.report.render import build_report
 
     metrics, params = run.data.metrics, run.data.params

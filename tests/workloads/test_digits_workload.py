@@ -74,7 +74,7 @@ def test_a_spec_refuses_what_jax_and_the_target_cannot_take(fields, message):
 
 
 def test_jax_plans_one_process_over_its_devices():
-    from tasks.common.errors import UserError
+    from tasks.common.config.errors import UserError
     from tasks.common.specs import TrainSpec
     from tasks.train.plan import plan_world
 

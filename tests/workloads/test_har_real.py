@@ -13,7 +13,7 @@ import pickletools
 import numpy as np
 import pytest
 
-from tasks.common.errors import UserError
+from tasks.common.config.errors import UserError
 from tasks.workloads.har import hapt, processing
 from tests.conftest import run_in_process
 from tests.flows.test_cli import assert_refused

@@ -136,7 +136,7 @@ def test_a_spec_refuses_a_network_without_layers_or_units(fields, message):
 
 
 def test_the_network_of_a_spec_and_its_size():
-    from tasks.common.errors import UserError
+    from tasks.common.config.errors import UserError
     from tasks.common.specs import TrainSpec
     from tasks.workloads.har.workload import Network, network_of
 

@@ -9,8 +9,8 @@ import pytest
 from zarr.abc.store import RangeByteRequest
 from zarr.storage import LocalStore, WrapperStore
 
-from tasks.common.errors import UserError
-from tasks.common.store import STORE
+from tasks.common.config.errors import UserError
+from tasks.common.stores.store import STORE
 from tasks.workloads.karman.simulate import run_simulation
 from tasks.workloads.karman.data import OUTPUTS, Normalizer, PairSource, StepCodec, load_frames, model_inputs, split_simulations, with_condition
 from tests.tasks.common.test_store import tiny_spec

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from tasks.common.training import loop
-from tasks.common.errors import UserError
+from tasks.common.runtimes import loop
+from tasks.common.config.errors import UserError
 from tasks.workloads import BUILD, CALLS, Workload, callable_as, framework_module, get_workload, reference_module, table
 
 TOY = "toy=tests.workloads.toy"

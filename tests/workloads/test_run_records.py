@@ -8,7 +8,7 @@ import pytest
 from mlflow.tracking import MlflowClient
 
 from tasks.common.specs import GenerateSpec, TrainSpec
-from tasks.common.workload_table import WORKLOADS, options_model
+from tasks.common.config.workload_table import WORKLOADS, options_model
 from tests.conftest import run_in_process, write_sweep
 
 # What every training run logs beside its spec's shared settings: how it ran (tasks.common.records.TrainRecord.mlflow_params)

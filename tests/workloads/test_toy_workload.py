@@ -83,7 +83,7 @@ def test_the_table_knows_a_workload_only_where_it_is_named(toy):
 
 
 def test_a_framework_a_workload_lacks_is_refused_by_name(monkeypatch):
-    from tasks.common.errors import UserError
+    from tasks.common.config.errors import UserError
     from tasks.workloads import check_framework, get_workload
 
     with pytest.raises(UserError, match="^unknown workload 'toy'; choose one of calo, digits, har, karman$"):

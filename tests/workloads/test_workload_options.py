@@ -6,7 +6,7 @@ workload's options, give each workload's cells its own only."""
 
 import pytest
 
-from tasks.common.errors import UserError
+from tasks.common.config.errors import UserError
 from tasks.common.specs import BenchmarkSpec, GenerateSpec, TrainSpec
 from pydantic import ValidationError
 

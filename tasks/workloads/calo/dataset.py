@@ -13,11 +13,11 @@ from pathlib import Path
 import numpy as np
 import zarr
 
-from tasks.common.cluster import dask_task_runner, finished, worth_retrying
-from tasks.common.datasets import read_checked, write_once
-from tasks.common.errors import UserError
-from tasks.common.names import Tag
-from tasks.common.store import MANIFEST, STORE, workload_manifest, write_json_atomic
+from tasks.common.process.cluster import dask_task_runner, finished, worth_retrying
+from tasks.common.stores.datasets import read_checked, write_once
+from tasks.common.config.errors import UserError
+from tasks.common.tracking.names import Tag
+from tasks.common.stores.store import MANIFEST, STORE, workload_manifest, write_json_atomic
 from tasks.workloads.calo import showers
 
 log = logging.getLogger("karman.calo")
@@ -158,7 +158,7 @@ def check_generate(settings, spec) -> None:
                             "choose another --dataset name or pass --overwrite")
         complete = True
     if spec.scheduler and not complete:  # its chunks run on Dask: a scheduler that is not there, refused now
-        from tasks.common.cluster import check_scheduler
+        from tasks.common.process.cluster import check_scheduler
 
         check_scheduler(spec.scheduler)
 
@@ -166,7 +166,7 @@ def check_generate(settings, spec) -> None:
 def generate(settings, spec, parent_run_id: str | None = None) -> dict:
     """Simulate the calo dataset ``spec.dataset`` (a no-op for a complete one of the same parameters;
     ``spec.overwrite`` writes it afresh), recorded as an MLflow ``generate`` run with the dataset logged."""
-    from tasks.common.tracking import mlflow_run
+    from tasks.common.tracking.runs import mlflow_run
 
     dataset_dir = settings.dataset_dir(spec.dataset)
     check_ranges(spec)

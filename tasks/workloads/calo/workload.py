@@ -11,8 +11,8 @@ from pathlib import Path
 import numpy as np
 
 from models.recipe import lr_factor
-from tasks.common.data import epoch_order
-from tasks.common.datasets import check_batches
+from tasks.common.runtimes.data import epoch_order
+from tasks.common.stores.datasets import check_batches
 from tasks.workloads import RunRules, Workload
 from tasks.workloads.calo import physics
 from tasks.workloads.calo.dataset import DATA, manifest_of, check_generate, generate, load_checked, read_dataset
@@ -286,7 +286,7 @@ class CaloTrainer:
 
 def profile_figure(data: np.ndarray, generated: np.ndarray, path: Path, title: str) -> Path:
     """Mean longitudinal, x and y profiles (GeV per layer / column / row) of two sets of showers."""
-    from tasks.common.plots import profile_panels
+    from tasks.common.reports.plots import profile_panels
 
     panels = {}
     for name, axis_sum, label in (("longitudinal", (1, 2), "layer"), ("transverse x", (2, 3), "x cell"), ("transverse y", (1, 3), "y cell")):

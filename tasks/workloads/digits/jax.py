@@ -3,7 +3,7 @@
 import jax
 import optax
 
-from tasks.common.training.classifier_jax import JaxClassifier
+from tasks.common.runtimes.classifier_jax import JaxClassifier
 from tasks.workloads.digits.workload import LEARNING_RATE, MOMENTUM, DigitsData, DigitsTrainer, initial_weights
 
 DIMENSIONS = ("NHWC", "HWIO", "NHWC")  # images, kernels (workload.py's layout), features

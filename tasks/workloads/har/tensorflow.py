@@ -1,6 +1,6 @@
 """The har workload in TensorFlow (Keras 3 under the run's tf.distribute strategy: default, mirrored or multiworker): the stacked bidirectional LSTM of workload.py from its numpy initial weights, one Adam step per batch, logits for scoring."""
 
-from tasks.common.training.classifier_keras import KerasClassifier
+from tasks.common.runtimes.classifier_keras import KerasClassifier
 from tasks.workloads.har.workload import DIRECTIONS, EPSILON, LEARNING_RATE, STEPS, HarData, HarTrainer, Network
 
 

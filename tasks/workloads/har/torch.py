@@ -4,7 +4,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from tasks.common.training.classifier_torch import TorchClassifier
+from tasks.common.runtimes.classifier_torch import TorchClassifier
 from tasks.workloads.har.workload import DIRECTIONS, EPSILON, LEARNING_RATE, HarData, HarTrainer, Network
 
 

@@ -20,10 +20,10 @@ import numpy as np
 import zarr
 
 from models.recipe import lr_factor
-from tasks.common.datasets import check_batches, read_checked, record_generate, refuse_damaged, write_once
-from tasks.common.errors import UserError
-from tasks.common.store import MANIFEST, STORE, workload_manifest, write_json_atomic
-from tasks.common.training.classifier import Classifier, ClassifierData, at_chance
+from tasks.common.stores.datasets import check_batches, read_checked, record_generate, refuse_damaged, write_once
+from tasks.common.config.errors import UserError
+from tasks.common.stores.store import MANIFEST, STORE, workload_manifest, write_json_atomic
+from tasks.common.runtimes.classifier import Classifier, ClassifierData, at_chance
 from tasks.workloads import RunRules, Workload
 from tasks.workloads.har.synthetic import DATA_SEED, SENSOR_MODEL, SOURCE, SPLIT, subject_split, synthesize
 from tasks.workloads.har.windows import ACTIVITIES, CHANNELS, CLASSES, ROLES, SAMPLE_HZ, STEPS, SUBJECTS
@@ -329,7 +329,7 @@ def setting(spec) -> str:
 
 
 class HarTrainer(Classifier):
-    """What the frameworks' har trainers share (tasks.common.training.classifier: batches in the loop's order, scoring
+    """What the frameworks' har trainers share (tasks.common.runtimes.classifier: batches in the loop's order, scoring
     from the framework's logits) with the har network's size, scores, target, record and artifact."""
 
     scores_of = staticmethod(scores)

@@ -17,8 +17,8 @@ from zarr.abc.store import Store
 
 from models.damping import damp
 from models.recipe import CONDITIONS
-from tasks.common.errors import UserError
-from tasks.common.store import frame_store, open_frame_arrays, read_frames
+from tasks.common.config.errors import UserError
+from tasks.common.stores.store import frame_store, open_frame_arrays, read_frames
 
 INPUTS = ("u", "v", "p", "mask")  # stored with every frame
 OUTPUTS = ("u", "v", "p")

@@ -19,7 +19,7 @@ import numpy as np
 from models.nets import pix2pix_jax as nets
 from models.nets.trainer_jax import Pix2PixJax
 from models.recipe import OptimConfig, lr_factor
-from tasks.common.data import epoch_order
+from tasks.common.runtimes.data import epoch_order
 from tasks.workloads.karman.data import crop_offsets, crop_pairs
 from tasks.workloads.karman.workload import HEADLINE, KarmanData, KarmanTrainer, model_meta, sample_figure
 

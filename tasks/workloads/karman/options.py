@@ -5,7 +5,7 @@ from typing import Any, Literal
 
 from pydantic import Field, PositiveFloat, PositiveInt
 
-from tasks.common.names import Tag
+from tasks.common.tracking.names import Tag
 from tasks.common.specs import WorkloadOptions
 
 

@@ -12,11 +12,11 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from tasks.common.names import Tag
+from tasks.common.tracking.names import Tag
 from tasks.common.records import RECORD_FILE, TrainRecord
-from tasks.common.registry import CHAMPION
-from tasks.common.settings import Settings
-from tasks.common.tracking import client_for, missing
+from tasks.common.tracking.registry import CHAMPION
+from tasks.common.config.settings import Settings
+from tasks.common.tracking.runs import client_for, missing
 
 QUALITY_TARGET = "karman.quality_target"  # a model version's quality target in words
 SCORE = "karman.score"  # a model version's score in words

@@ -7,10 +7,10 @@ import statistics
 from pathlib import Path
 from typing import Callable
 
-from tasks.common.plots import bar_chart
-from tasks.common.reporting import Sections, fmt, table_markdown
-from tasks.common.tables import markdown_table
-from tasks.common.training.frameworks import DEFAULT, order
+from tasks.common.reports.plots import bar_chart
+from tasks.common.reports.reporting import Sections, fmt, table_markdown
+from tasks.common.reports.tables import markdown_table
+from tasks.common.config.frameworks import DEFAULT, order
 
 ABLATION_COLUMNS = ("one_step_rel_l2_u", "one_step_rel_l2_vorticity", "one_step_skill_u", "one_step_skill_vorticity", "horizon_u", "horizon_vorticity",
                     "strouhal_rel_error", "correlation_periods", "energy_ratio_final", "horizon_vorticity_lagged", "frequency_rel_error_phase")

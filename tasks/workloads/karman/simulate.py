@@ -9,9 +9,9 @@ import numpy as np
 import xarray as xr
 
 from models.solver import SOLVER_VERSION, ChannelSolver
-from tasks.common.errors import UserError
+from tasks.common.config.errors import UserError
 from tasks.common.specs import GenerateSpec
-from tasks.common.store import VARIABLES, content_digest, write_simulation
+from tasks.common.stores.store import VARIABLES, content_digest, write_simulation
 from tasks.workloads.karman.simulation import SimulationSpec
 
 log = logging.getLogger("karman.simulate")

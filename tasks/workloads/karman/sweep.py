@@ -10,14 +10,14 @@ import time
 from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 
-from tasks.common.cluster import check_scheduler, dask_task_runner, finished, worth_retrying
-from tasks.common.errors import UserError
-from tasks.common.names import Tag
-from tasks.common.progress import Progress
-from tasks.common.settings import Settings
+from tasks.common.process.cluster import check_scheduler, dask_task_runner, finished, worth_retrying
+from tasks.common.config.errors import UserError
+from tasks.common.tracking.names import Tag
+from tasks.common.process.progress import Progress
+from tasks.common.config.settings import Settings
 from tasks.common.specs import GenerateSpec
-from tasks.common.store import Manifest, consolidate, remove_stale_groups, verify_simulation, writer_lock
-from tasks.common.tracking import mlflow_run
+from tasks.common.stores.store import Manifest, consolidate, remove_stale_groups, verify_simulation, writer_lock
+from tasks.common.tracking.runs import mlflow_run
 from tasks.workloads.karman.simulate import expand, run_simulation
 from tasks.workloads.karman.simulation import SimulationSpec
 
@@ -62,8 +62,8 @@ def check_sweep(settings: Settings, spec: GenerateSpec) -> None:
 
 def _probe_gpu() -> None:
     """UserError unless a CUDA GPU is there (asked in a child process: this one imports no framework)."""
-    from tasks.common import probe
-    from tasks.common.launch import run_child
+    from tasks.common.runtimes import probe
+    from tasks.common.process.launch import run_child
 
     run_child("probe", probe.BODY, {"device": "cuda"}, logging.getLogger("karman.generate"))
 
@@ -133,7 +133,7 @@ def _sweep(settings: Settings, spec: GenerateSpec, sims: list[SimulationSpec], d
 def _run_on_gpu(spec: GenerateSpec, dataset_dir, todo: list[SimulationSpec], manifest: Manifest, logger) -> None:
     """Every missing simulation batched on the GPU, in one child process (the fused kernel advances them
     together, one launch per step); the groups and manifest records are those of the CPU path."""
-    from tasks.common.launch import run_child
+    from tasks.common.process.launch import run_child
     from tasks.workloads.karman.simulate import BATCH_BODY
 
     dataset_dir.mkdir(parents=True, exist_ok=True)

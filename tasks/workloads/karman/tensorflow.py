@@ -11,8 +11,8 @@ from pathlib import Path
 import numpy as np
 
 from models.recipe import OptimConfig, lr_factor
-from tasks.common.data import epoch_order
-from tasks.common.names import Tag
+from tasks.common.runtimes.data import epoch_order
+from tasks.common.tracking.names import Tag
 from tasks.workloads.karman.data import crop_offsets, crop_pairs
 from tasks.workloads.karman.workload import HEADLINE, KarmanData, KarmanTrainer, largest_corner, model_meta, sample_figure
 

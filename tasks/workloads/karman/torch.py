@@ -10,8 +10,8 @@ from models.device import to_cpu
 from models.nets.pix2pix import build_generator
 from models.nets.trainer import NoClock, PhaseClock, build_trainer, speed_options
 from models.recipe import OptimConfig, lr_factor
-from tasks.common.data import epoch_order
-from tasks.common.names import Tag
+from tasks.common.runtimes.data import epoch_order
+from tasks.common.tracking.names import Tag
 from tasks.workloads.karman.data import OUTPUTS, crop_offsets, crop_pairs
 from tasks.workloads.karman.workload import HEADLINE, KarmanData, KarmanTrainer, largest_corner, model_meta, sample_figure
 

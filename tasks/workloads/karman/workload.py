@@ -13,9 +13,9 @@ import numpy as np
 
 from models.solver import vorticity
 
-from tasks.common.errors import UserError
-from tasks.common.plots import vorticity_panels
-from tasks.common.store import file_sha256, load_manifest
+from tasks.common.config.errors import UserError
+from tasks.common.reports.plots import vorticity_panels
+from tasks.common.stores.store import file_sha256, load_manifest
 from tasks.workloads import RunRules, Workload
 from tasks.workloads.karman.data import IN_MEMORY_BYTES, OUTPUTS, Normalizer, PairSource, StepCodec, model_inputs, split_of, training_net
 from tasks.workloads.karman.registry import register_champion, spec_target

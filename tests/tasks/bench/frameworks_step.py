@@ -1,7 +1,7 @@
 """Child body of the bench-frameworks tests: per workload, our trainer and the framework's idiomatic reference from the same weights, their losses on one batch before and after one optimiser step.
 
 Each framework's steps run as a job of its own (tests.workloads.digits_step.stepped_in_children: tensorflow and jax
-apart), with the framework's device environment (tasks.common.launch.device_env); karman reads the tiny sweep
+apart), with the framework's device environment (tasks.common.process.launch.device_env); karman reads the tiny sweep
 ``KARMAN_DATASET`` of the data root in the environment (the tests write it). ``python -m tests.tasks.bench.frameworks_step
 FRAMEWORK`` prints the same as JSON.
 """
@@ -36,7 +36,7 @@ def _karman(framework: str):
     their own), so that one step is the same step in both."""
     import os
 
-    from tasks.common.settings import Settings
+    from tasks.common.config.settings import Settings
     from tasks.common.specs import TrainSpec
     from tasks.workloads import get_workload
 
@@ -76,7 +76,7 @@ def result(framework: str) -> dict:
 
 
 if __name__ == "__main__":
-    from tasks.common.job_main import load
+    from tasks.common.process.job_main import load
 
     load(sys.argv[1])  # the framework loaded as a job loads it
     print(json.dumps(result(sys.argv[1])))

@@ -129,7 +129,7 @@ def test_the_command_process_imports_no_framework(workdir):
             "from tasks.bench.specs import BenchFrameworksSpec\n"
             "spec = BenchFrameworksSpec(workload='digits')\n"
             "print(f._check_dataset(spec, 64)[0], f.train_spec(spec, 'jax', 64).framework)\n"
-            "import tasks.common.launch, tasks.common.ceiling\n"
+            "import tasks.common.process.launch, tasks.common.measures.ceiling\n"
             "print([m for m in ('torch', 'tensorflow', 'keras', 'jax', 'prefect', 'mlflow') if m in sys.modules])\n")
     proc = subprocess.run([sys.executable, "-c", code], cwd=workdir, capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
     assert proc.returncode == 0, proc.stderr[-2000:]

@@ -7,10 +7,10 @@ import sys
 
 import pytest
 
-from tasks.common.ceiling import BENCH, host_key
-from tasks.common.names import Tag
-from tasks.common.settings import CEILINGS_ENV, CEILINGS_FILE, Settings
-from tasks.common.tracking import client_for
+from tasks.common.measures.ceiling import BENCH, host_key
+from tasks.common.tracking.names import Tag
+from tasks.common.config.settings import CEILINGS_ENV, CEILINGS_FILE, Settings
+from tasks.common.tracking.runs import client_for
 from tests.conftest import ROOT, strict_json
 from tests.flows.test_cli import assert_refused
 
@@ -95,7 +95,7 @@ def test_each_torch_timer_multiplies_under_its_own_tf32_switch_whichever_opened_
     is stood in for (CUDA hardware cannot run here); the products run on the CPU."""
     import torch
 
-    from tasks.common import matmul
+    from tasks.common.measures import matmul
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda dev=None: "NVIDIA H100 80GB HBM3")

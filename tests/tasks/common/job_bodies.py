@@ -2,8 +2,8 @@
 
 import logging
 
-from tasks.common import events
-from tasks.common.errors import RunFailed
+from tasks.common.process import events
+from tasks.common.config.errors import RunFailed
 
 log = logging.getLogger("karman.test")
 
@@ -30,8 +30,8 @@ def open_run(job: dict) -> dict:
     """Open (and close) an MLflow run, as a child job of a flow run; say whether Prefect was loaded here."""
     import sys
 
-    from tasks.common.settings import Settings
-    from tasks.common.tracking import mlflow_run
+    from tasks.common.config.settings import Settings
+    from tasks.common.tracking.runs import mlflow_run
 
     with mlflow_run(Settings.from_env(), "linktest", "link-child", description="A run opened by a child job.") as run:
         pass
@@ -74,7 +74,7 @@ def describe_tensorflow(job: dict) -> dict:
     import os
     import sys
 
-    preloaded = "tasks.common.training.tensorflow_preload" in sys.modules
+    preloaded = "tasks.common.runtimes.tensorflow_preload" in sys.modules
     skipped = {name: name not in sys.modules for name in ("jax", "sklearn")}
     import tensorflow as tf
 
@@ -94,7 +94,7 @@ def describe_jax(job: dict) -> dict:
     import os
     import sys
 
-    preloaded = "tasks.common.training.jax_preload" in sys.modules
+    preloaded = "tasks.common.runtimes.jax_preload" in sys.modules
     os.environ["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={job['devices']}"  # read when the backend starts, here
     import jax
     import jax.numpy as jnp
@@ -138,8 +138,8 @@ def slow_stop(job: dict) -> dict:
     import os
     import time
 
-    from tasks.common import lifetime
-    from tasks.common.errors import RunStopped
+    from tasks.common.process import lifetime
+    from tasks.common.config.errors import RunStopped
 
     print("ready", flush=True)
     while lifetime.stop_requested() is None:

@@ -4,10 +4,10 @@ import json
 
 import pytest
 
-from tasks.common.ceiling import BANDWIDTHS, BENCH, PEAKS, QUICK, cpu_name, datasheet_bandwidth, cpu_peak, host_key, parse_cpuinfo, peak_tflops, read_ceiling, write_ceiling
-from tasks.common.errors import UserError
-from tasks.common.matmul import check, measure, quick_ceiling, tflops
-from tasks.common.settings import CEILINGS_ENV, CEILINGS_FILE, Settings
+from tasks.common.measures.ceiling import BANDWIDTHS, BENCH, PEAKS, QUICK, cpu_name, datasheet_bandwidth, cpu_peak, host_key, parse_cpuinfo, peak_tflops, read_ceiling, write_ceiling
+from tasks.common.config.errors import UserError
+from tasks.common.measures.matmul import check, measure, quick_ceiling, tflops
+from tasks.common.config.settings import CEILINGS_ENV, CEILINGS_FILE, Settings
 
 
 def cpuinfo(model: str, vendor: str, family: int, flags: str, cores: int, sockets: int = 1, mhz: float = 2000.0) -> str:

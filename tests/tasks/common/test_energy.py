@@ -6,10 +6,10 @@ from pathlib import Path
 
 import pytest
 
-from tasks.common.errors import UserError
+from tasks.common.config.errors import UserError
 from tasks.common.records import TrainSummary
-from tasks.common.settings import Settings, parse_prices
-from tasks.common.training.energy import POWERCAP, EnergyMeter, energy_record
+from tasks.common.config.settings import Settings, parse_prices
+from tasks.common.measures.energy import POWERCAP, EnergyMeter, energy_record
 
 SUMMARY = TrainSummary(epochs=1, steps=10, warmup_s=0.1, time_per_epoch_s=1.0, samples_per_s=10.0, train_time_s=1800.0,
                        samples_seen=100, final_losses={}, target_reached=False)

@@ -2,7 +2,7 @@
 
 import pytest
 
-from tasks.common.training.loop import History, epoch_rate, summary
+from tasks.common.runtimes.loop import History, epoch_rate, summary
 
 EPOCH = 800  # samples in a whole epoch
 

@@ -5,9 +5,9 @@ import logging
 
 import pytest
 
-from tasks.common import events
-from tasks.common.errors import RunFailed, RunStopped
-from tasks.common.launch import ChildFailed, _raise_verdict, run_child
+from tasks.common.process import events
+from tasks.common.config.errors import RunFailed, RunStopped
+from tasks.common.process.launch import ChildFailed, _raise_verdict, run_child
 
 
 def test_progress_and_the_verdict_come_from_events_not_from_log_text(workdir):

@@ -4,8 +4,8 @@ import sys
 
 import pytest
 
-from tasks.common.errors import UserError
-from tasks.common.hosts import expand_nodelist, expand_tasks_per_node, slurm_step, tf_config, torchrun_command
+from tasks.common.config.errors import UserError
+from tasks.common.process.hosts import expand_nodelist, expand_tasks_per_node, slurm_step, tf_config, torchrun_command
 
 STEP = {"SLURM_JOB_ID": "77", "SLURM_PROCID": "3", "SLURM_LOCALID": "1", "SLURM_STEP_NODELIST": "gpu[08-09]", "SLURM_STEP_TASKS_PER_NODE": "2(x2)"}
 
@@ -32,9 +32,9 @@ def test_a_tasks_place_in_its_step_gives_tf_config_and_the_torchrun_line():
     assert step.task_hosts == ["gpu08", "gpu08", "gpu09", "gpu09"] and (step.task, step.local) == (3, 1)
     config = tf_config(step, 5000)  # every task its own port, so that two tasks of one host never share one
     assert config == {"cluster": {"worker": ["gpu08:5000", "gpu08:5001", "gpu09:5002", "gpu09:5003"]}, "task": {"type": "worker", "index": 3}}
-    line = torchrun_command(step, 4, 29400, ["-m", "tasks.common.job_main", "train"], "/shared/job")
+    line = torchrun_command(step, 4, 29400, ["-m", "tasks.common.process.job_main", "train"], "/shared/job")
     assert line[1:] == ["-m", "torch.distributed.run", "--nnodes=2", "--nproc-per-node=4", "--rdzv-backend=c10d", "--rdzv-endpoint=gpu08:29400",
-                        "--rdzv-id=karman-77", "--log-dir=/shared/job/torchrun", "-m", "tasks.common.job_main", "train"]
+                        "--rdzv-id=karman-77", "--log-dir=/shared/job/torchrun", "-m", "tasks.common.process.job_main", "train"]
     with pytest.raises(ValueError, match=r"\(SLURM_JOB_ID, SLURM_PROCID, SLURM_STEP_NODELIST, SLURM_STEP_TASKS_PER_NODE unset\)"):
         slurm_step({})
     with pytest.raises(ValueError, match=r"2 hosts \(gpu\[08-09\]\) but tasks per node for 1"):
@@ -42,12 +42,12 @@ def test_a_tasks_place_in_its_step_gives_tf_config_and_the_torchrun_line():
 
 
 def test_the_launcher_starts_one_task_per_host_for_torch_and_one_per_worker_for_tensorflow():
-    from tasks.common.launch import launcher
+    from tasks.common.process.launch import launcher
 
     torch_line, tf_line = launcher("torch", 4, hosts=2), launcher("tensorflow", 4, hosts=2)
     assert torch_line[:5] == ["srun", "--nodes=2", "--ntasks=2", "--ntasks-per-node=1", "--kill-on-bad-exit=1"]
     assert tf_line[:5] == ["srun", "--nodes=2", "--ntasks=8", "--ntasks-per-node=4", "--kill-on-bad-exit=1"]
-    assert torch_line[6:10] == ["-m", "tasks.common.hosts", "torch", "4"] and torch_line[10].isdigit()
+    assert torch_line[6:10] == ["-m", "tasks.common.process.hosts", "torch", "4"] and torch_line[10].isdigit()
     # torchrun's log folders go in the job's folder, which the command removes (not in /tmp, where torchrun leaves them)
     assert launcher("torch", 2, folder="/j")[-3:] == ["--standalone", "--nproc-per-node=2", "--log-dir=/j/torchrun"]
     assert launcher("tensorflow", 1) == [sys.executable]

@@ -3,7 +3,7 @@
 import numpy as np
 from PIL import Image
 
-from tasks.common.plots import _pyplot, rollout_animation, rollout_frame
+from tasks.common.reports.plots import _pyplot, rollout_animation, rollout_frame
 
 
 def full_drawing(pred: np.ndarray, ref: np.ndarray, step: int, title: str) -> np.ndarray:

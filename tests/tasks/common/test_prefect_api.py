@@ -14,7 +14,7 @@ SCRIPT = r"""
 import sys
 import httpx
 from prefect.server.api.server import SubprocessASGIServer
-from tasks.common.prefect_api import temporary_api_started
+from tasks.common.process.prefect_api import temporary_api_started
 
 popen = SubprocessASGIServer._run_uvicorn_command
 def run_and_say(self):  # the server's process, named as it starts
@@ -61,7 +61,7 @@ def test_the_temporary_api_is_up_once_joined_and_stopped_with_a_process_that_end
 def test_no_temporary_api_where_a_server_is_named():
     from prefect.settings import PREFECT_API_URL, temporary_settings
 
-    from tasks.common.prefect_api import temporary_api_started
+    from tasks.common.process.prefect_api import temporary_api_started
 
     with temporary_settings({PREFECT_API_URL: "http://127.0.0.1:9/api"}):
         assert temporary_api_started() is None

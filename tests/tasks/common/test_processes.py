@@ -9,7 +9,7 @@ import time
 
 import psutil
 
-from tasks.common.tracking import driver_alive, driver_id
+from tasks.common.tracking.runs import driver_alive, driver_id
 from tests.conftest import ROOT
 
 
@@ -42,8 +42,8 @@ def test_a_driver_that_ended_or_whose_pid_was_reused_is_gone_and_another_host_is
 def test_the_guardian_stops_what_a_killed_command_left_running_and_closes_its_runs(workdir):
     from mlflow.tracking import MlflowClient
 
-    from tasks.common.settings import Settings
-    from tasks.common.tracking import experiment_id
+    from tasks.common.config.settings import Settings
+    from tasks.common.tracking.runs import experiment_id
 
     settings = Settings.from_env()
     client = MlflowClient(settings.tracking_uri)
@@ -56,7 +56,7 @@ def test_the_guardian_stops_what_a_killed_command_left_running_and_closes_its_ru
     left = psutil.Process(int(command.stdout.readline()))
     theirs = client.create_run(exp, tags={"karman.driver": driver_id(command.pid)}).info.run_id
     ours = client.create_run(exp, tags={"karman.driver": driver_id()}).info.run_id  # driven by a living process: left alone
-    guardian = subprocess.Popen([sys.executable, "-m", "tasks.common.lifetime", str(command.pid), "--close-runs"], cwd=ROOT)
+    guardian = subprocess.Popen([sys.executable, "-m", "tasks.common.process.lifetime", str(command.pid), "--close-runs"], cwd=ROOT)
     try:
         time.sleep(1.5)  # the guardian has looked at the command's tree
         assert guardian.poll() is None and left.is_running()
@@ -82,8 +82,8 @@ def test_the_guardian_stops_what_a_killed_command_left_running_and_closes_its_ru
 
 SWALLOWED = """
 import os, signal, subprocess, sys, time
-from tasks.common import lifetime
-from tasks.common.errors import Interrupted
+from tasks.common.process import lifetime
+from tasks.common.config.errors import Interrupted
 
 class Collected:
     def __del__(self):  # the signal lands here, as it can in a transport's __del__ the collector runs

@@ -8,10 +8,10 @@ import pytest
 import xarray as xr
 import zarr
 
-from tasks.common import store as store_module
-from tasks.common.errors import UserError
+from tasks.common.stores import store as store_module
+from tasks.common.config.errors import UserError
 from tasks.workloads.karman.simulation import SimulationSpec
-from tasks.common.store import (STORE, VARIABLES, Manifest, consolidate, content_digest, frame_store, load_manifest, open_frame_arrays,
+from tasks.common.stores.store import (STORE, VARIABLES, Manifest, consolidate, content_digest, frame_store, load_manifest, open_frame_arrays,
                                 open_simulation, read_frames, remove_stale_groups, verify_simulation)
 from tasks.workloads.karman.simulate import run_simulation, simulate
 
@@ -158,8 +158,8 @@ def test_the_writer_lock_refuses_a_second_writer_or_waits_for_it_when_asked(tmp_
     import threading
     import time
 
-    from tasks.common.errors import UserError
-    from tasks.common.store import writer_lock
+    from tasks.common.config.errors import UserError
+    from tasks.common.stores.store import writer_lock
 
     folder = tmp_path / "busy"
     held, release = threading.Event(), threading.Event()

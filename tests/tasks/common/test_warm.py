@@ -1,4 +1,4 @@
-"""Warm children (tasks.common.warm): a job forked from a warm server is the job process a fresh interpreter would be, alone or as one of a job's ranks."""
+"""Warm children (tasks.common.process.warm): a job forked from a warm server is the job process a fresh interpreter would be, alone or as one of a job's ranks."""
 
 import logging
 import os
@@ -8,10 +8,10 @@ import signal
 import psutil
 import pytest
 
-from tasks.common import warm
-from tasks.common.errors import RunFailed, UserError
-from tasks.common.launch import ChildFailed, run_child
-from tasks.common.warm import WARM_ENV
+from tasks.common.process import warm
+from tasks.common.config.errors import RunFailed, UserError
+from tasks.common.process.launch import ChildFailed, run_child
+from tasks.common.process.warm import WARM_ENV
 
 LOG = logging.getLogger("karman.test")
 DESCRIBE = "tests.tasks.common.job_bodies:describe"
@@ -30,10 +30,10 @@ def test_a_forked_job_has_its_own_environment_folder_threads_and_randomness_and_
     assert first["pid"] != second["pid"] and first["draw"] != second["draw"]
     # the collector runs in the job as in any process, and never walks what the server imported (torch, MLflow: frozen)
     assert first["collector"] and second["collector"] and first["frozen"] > 200_000, first
-    # what a job would work out itself the first time it logs or loads a model, the server did once (tasks.common.job_preload)
+    # what a job would work out itself the first time it logs or loads a model, the server did once (tasks.common.process.job_preload)
     assert first["distributions_mapped"] and second["distributions_mapped"]
     server = psutil.Process(first["ppid"])
-    assert server.ppid() == os.getpid() and "tasks.common.job_main" in " ".join(server.cmdline())  # ps names what it serves
+    assert server.ppid() == os.getpid() and "tasks.common.process.job_main" in " ".join(server.cmdline())  # ps names what it serves
     assert f"[probe] line from {first['pid']}" in caplog.text  # its output relayed line by line
 
 
@@ -82,7 +82,7 @@ def test_a_job_killed_by_a_signal_and_a_refused_job_end_the_same_warm_or_fresh(w
 
 
 def test_tensorflows_cpu_jobs_fork_from_a_server_that_imported_it_in_their_environment_and_others_do_not(workdir, monkeypatch, capfd):
-    from tasks.common.launch import device_env
+    from tasks.common.process.launch import device_env
 
     monkeypatch.delenv(WARM_ENV, raising=False)
     monkeypatch.delenv("TF_ENABLE_ONEDNN_OPTS", raising=False)
@@ -109,7 +109,7 @@ def test_tensorflows_cpu_jobs_fork_from_a_server_that_imported_it_in_their_envir
 
 
 def test_jaxs_cpu_jobs_fork_from_a_server_that_imported_it_with_their_jax_variables_and_start_their_own_backend(workdir, monkeypatch):
-    from tasks.common.launch import device_env
+    from tasks.common.process.launch import device_env
 
     monkeypatch.delenv(WARM_ENV, raising=False)
     body = "tests.tasks.common.job_bodies:describe_jax"
@@ -162,7 +162,7 @@ def test_a_jobs_ranks_forked_or_under_torchrun_join_one_process_group_and_a_fail
 def test_a_signal_to_a_group_lets_each_rank_end_in_its_own_time(workdir):
     import json
 
-    from tasks.common.warm import ForkedGroup
+    from tasks.common.process.warm import ForkedGroup
     from tests.conftest import ROOT
 
     job = workdir / "job.json"
@@ -187,15 +187,15 @@ def test_every_warm_server_freezes_what_it_imported_as_its_last_preload():
     import subprocess
     import sys
 
-    from tasks.common.training.frameworks import FRAMEWORKS
-    from tasks.common.warm import FROZEN, _preload
+    from tasks.common.config.frameworks import FRAMEWORKS
+    from tasks.common.process.warm import FROZEN, _preload
     from tests.conftest import ROOT
 
     for name, fw in FRAMEWORKS.items():
         for env in ({}, {**os.environ, **fw.env("cpu", None)}):  # a server of the framework's cpu preload, where it has one
             modules, _ = _preload(name, env)
             assert modules[-1] == FROZEN and modules.count(FROZEN) == 1, (name, modules)
-    probe = "import gc; before = gc.get_freeze_count(); import tasks.common.collector_frozen; print(before, gc.get_freeze_count())"
+    probe = "import gc; before = gc.get_freeze_count(); import tasks.common.process.collector_frozen; print(before, gc.get_freeze_count())"
     done = subprocess.run([sys.executable, "-c", probe], cwd=ROOT, capture_output=True, text=True, timeout=60)
     before, after = map(int, done.stdout.split())
     assert before == 0 and after > 1000

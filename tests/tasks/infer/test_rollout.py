@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 from mlflow.tracking import MlflowClient
 
-from tasks.common.store import Manifest, consolidate
+from tasks.common.stores.store import Manifest, consolidate
 from tasks.workloads.karman.simulate import run_simulation
 from tests.conftest import ROOT, XLA_CPU_ENV, run_in_process, strict_json
 from tests.flows.test_cli import assert_refused
@@ -155,9 +155,9 @@ def test_unknown_model_runs_and_models_with_other_channels_are_refused(trained):
 def test_infer_rolls_out_models_of_workloads_with_rollouts_only(trained, monkeypatch):
     """A finished training run of a workload whose models are not rolled out (digits) is refused by name, in one line;
     'latest' passes over it to the newest run of a workload with rollouts (the infer stage asks the workload table)."""
-    from tasks.common.errors import UserError
-    from tasks.common.names import Tag
-    from tasks.common.settings import Settings
+    from tasks.common.config.errors import UserError
+    from tasks.common.tracking.names import Tag
+    from tasks.common.config.settings import Settings
     from tasks.common.specs import InferSpec
     from tasks.infer.plan import plan_rollout, rolled_model
 
@@ -246,7 +246,7 @@ def test_the_flow_process_plans_training_and_rollouts_without_importing_a_framew
 import sys
 import flows.cli, flows.pipeline
 print(sorted(m for m in ("zarr", "xarray", "pandas") if m in sys.modules))
-from tasks.common.settings import Settings
+from tasks.common.config.settings import Settings
 from tasks.common.specs import InferSpec, TrainSpec
 from tasks.infer.plan import plan_rollout
 from tasks.train.plan import plan_training
@@ -266,7 +266,7 @@ print(sorted(m for m in {FRAMEWORKS!r} if m in sys.modules))
 
 
 def test_a_rollout_plan_travels_to_the_job_as_json_unchanged(trained, monkeypatch):
-    from tasks.common.settings import Settings
+    from tasks.common.config.settings import Settings
     from tasks.common.specs import InferSpec
     from tasks.infer.plan import plan_rollout
     from tasks.workloads.karman.infer.plan import RolloutPlan
@@ -301,7 +301,7 @@ def _offered(trained, digest: str | None, reached: bool, time_to_target: float |
 
 def test_the_champion_alias_moves_only_to_a_better_model_on_the_same_data_and_target_and_infer_rolls_it_out(trained, monkeypatch):
     from tasks.workloads.karman.registry import register_champion
-    from tasks.common.settings import Settings
+    from tasks.common.config.settings import Settings
 
     root, env, run_id = trained
     for key, value in {**env, "KARMAN_REGISTERED_MODEL": "surrogate-test"}.items():
@@ -333,7 +333,7 @@ def test_a_diverging_run_fails_saying_why_and_is_neither_ranked_nor_registered(t
     """A run injected beside the finished one with a learning rate a million times too large: its loss becomes non-finite
     within steps; the run is marked failed with that reason (its tag and the report's failed runs), the ranking and the
     registry pass it over, and the registry takes the finished model offered beside it."""
-    from tasks.common.settings import Settings
+    from tasks.common.config.settings import Settings
     from tasks.workloads.karman.registry import register_champion
 
     root, env, run_id = trained

@@ -49,7 +49,7 @@ def test_medians_are_per_variant_over_the_runs_that_finished():
 
 
 def test_the_written_ablation_has_the_long_columns_only_with_long_rollouts_and_medians_only_over_seeds(workdir):
-    from tasks.common.settings import Settings
+    from tasks.common.config.settings import Settings
     from tasks.report.ablation import write_ablation
     from tasks.workloads import get_workload
 

@@ -76,7 +76,7 @@ def test_rows_are_compared_only_within_one_setting(workdir):
     """The demo's batch-8 run (10 epochs, 1 thread) and a benchmark's (3 epochs, 2 threads) are two
     settings: never one table, never a speedup between them; devices within a setting are compared
     at the same batch size over the median of their seeds."""
-    from tasks.common.reporting import fmt, table_markdown
+    from tasks.common.reports.reporting import fmt, table_markdown
     from tasks.report.tables import comparison, train_rows
 
     client = MlflowClient(tracking_uri=f"sqlite:///{workdir / 'q.db'}")
@@ -119,8 +119,8 @@ def test_a_runs_samples_per_s_is_its_epochs_samples_over_its_s_per_epoch(workdir
 def test_a_recorded_run_deleted_since_is_left_out_and_the_report_says_which_and_why(workdir):
     import json
 
-    from tasks.common.settings import Settings
-    from tasks.common.tracking import client_for, experiment_id
+    from tasks.common.config.settings import Settings
+    from tasks.common.tracking.runs import client_for, experiment_id
     from tasks.report.reading import covered_runs
     from tasks.report.render import build_report
 
@@ -187,7 +187,7 @@ def _priced(device: str, world: int, reached: float | None, price: float, joules
 
 
 def test_energy_cost_and_the_cheapest_device_to_the_target_are_shown_or_said_to_be_missing():
-    from tasks.common.reporting import table_markdown
+    from tasks.common.reports.reporting import table_markdown
     from tasks.report.energy import cheapest_to_target, energy_notes
     from tasks.report.tables import TRAIN_RESULT_COLUMNS, quality_table, train_rows
 

@@ -15,7 +15,7 @@ def _code_with_a_slower_step(folder):
     took 1-6 s; an unchanged cell once took 3.1 times as long on a host losing CPU to its hypervisor)."""
     for part in ("flows", "tasks", "models"):
         shutil.copytree(ROOT / part, folder / part, ignore=shutil.ignore_patterns("__pycache__"))
-    loop = folder / "tasks" / "common" / "training" / "loop.py"
+    loop = folder / "tasks" / "common" / "runtimes" / "loop.py"
     text = loop.read_text()
     assert STEP in text
     loop.write_text(text.replace(STEP, STEP + "                time.sleep(0.5 if batch_size == 32 else 0.0)\n"))

@@ -12,9 +12,9 @@ import numpy as np
 import pytest
 import torch
 
-from tasks.common.errors import UserError
-from tasks.common.training.checkpoint import check_checkpoint, load_npz, load_torch, plain, save_npz, save_torch
-from tasks.common.training.loop import History
+from tasks.common.config.errors import UserError
+from tasks.common.runtimes.checkpoint import check_checkpoint, load_npz, load_torch, plain, save_npz, save_torch
+from tasks.common.runtimes.loop import History
 
 
 def test_plain_turns_numpy_scalars_into_python_numbers_and_keeps_what_is_already_plain():

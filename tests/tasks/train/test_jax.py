@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tasks.common.names import Tag
+from tasks.common.tracking.names import Tag
 from tests.conftest import run_in_process
 from tests.tasks.train.test_training import NET, client, dataset_root, train, trainable  # noqa: F401
 

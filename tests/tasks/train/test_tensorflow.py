@@ -15,7 +15,7 @@ import tempfile
 import numpy as np
 import pytest
 
-from tasks.common.names import Tag
+from tasks.common.tracking.names import Tag
 from tests.conftest import run_in_process
 from tests.flows.test_cli import assert_refused
 from tests.tasks.train.interrupt import assert_same_result, stopped_and_resumed

@@ -20,9 +20,9 @@ import zarr
 from mlflow.tracking import MlflowClient
 
 from models.recipe import lr_factor
-from tasks.common.data import epoch_order
+from tasks.common.runtimes.data import epoch_order
 from tasks.common.records import RECORD_FILE
-from tasks.common.store import STORE, Manifest, consolidate
+from tasks.common.stores.store import STORE, Manifest, consolidate
 from tasks.workloads.karman.simulate import run_simulation
 from tasks.workloads.karman.data import split_of
 from tests.conftest import ROOT, XLA_CPU_ENV, run_cli, run_in_process
@@ -258,7 +258,7 @@ def test_validation_rollouts_score_quality_over_training_time_and_record_time_to
     assert sorted(m.step for m in wall if m.step > 0) == [1, 2] and wall[-1].value > 0  # step 0: the summary
     assert client().get_run(out["run_id"]).data.tags["karman.target"] == "reached"
     # its MLPerf-format log: the vorticity horizon as the eval score, run_stop a success, MLCommons' checker passes it
-    from tasks.common.training.mlperf import compliance
+    from tasks.common.runtimes.mlperf import compliance
 
     log = Path(client().download_artifacts(out["run_id"], "mlperf/mllog.txt", str(trainable)))
     events = [json.loads(line.removeprefix(":::MLLOG ")) for line in log.read_text().splitlines()]

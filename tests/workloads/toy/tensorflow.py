@@ -2,7 +2,7 @@
 
 import numpy as np
 
-from tasks.common.data import epoch_order
+from tasks.common.runtimes.data import epoch_order
 from tests.workloads.toy.workload import TARGET_ACCURACY, ToyData, flops_per_sample
 
 

@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import zarr
 
-from tasks.common.errors import UserError
+from tasks.common.config.errors import UserError
 from tasks.workloads import Workload
 
 MANIFEST = "manifest.json"
@@ -82,7 +82,7 @@ def write(settings, spec, parent_run_id: str | None = None) -> dict:
     """Its dataset in the store (written once, 240 points), recorded as an MLflow generate run: a benchmark makes it so."""
     import time
 
-    from tasks.common.datasets import record_generate
+    from tasks.common.stores.datasets import record_generate
 
     folder, start = settings.dataset_dir(spec.dataset), time.perf_counter()
     written = not (folder / MANIFEST).is_file()

@@ -6,10 +6,10 @@ execution); a callback times each epoch from its start to its end, as a multi-ep
 
 import numpy as np
 
-from tasks.common.references import KerasClassifierReference
-from tasks.common.references import classifier_arrays as arrays  # noqa: F401 (how the bench reads our side: a classifier's)
-from tasks.common.references import classifier_loss as ours_loss  # noqa: F401
-from tasks.common.references import classifier_weights as ours_weights  # noqa: F401
+from tasks.common.runtimes.references import KerasClassifierReference
+from tasks.common.runtimes.references import classifier_arrays as arrays  # noqa: F401 (how the bench reads our side: a classifier's)
+from tasks.common.runtimes.references import classifier_loss as ours_loss  # noqa: F401
+from tasks.common.runtimes.references import classifier_weights as ours_weights  # noqa: F401
 from tasks.workloads.digits.workload import LEARNING_RATE, MOMENTUM
 
 

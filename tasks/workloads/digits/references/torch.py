@@ -9,10 +9,10 @@ import numpy as np
 import torch
 from torch import nn
 
-from tasks.common.references import TorchClassifierReference
-from tasks.common.references import classifier_arrays as arrays  # noqa: F401 (how the bench reads our side: a classifier's)
-from tasks.common.references import classifier_loss as ours_loss  # noqa: F401
-from tasks.common.references import classifier_weights as ours_weights  # noqa: F401
+from tasks.common.runtimes.references import TorchClassifierReference
+from tasks.common.runtimes.references import classifier_arrays as arrays  # noqa: F401 (how the bench reads our side: a classifier's)
+from tasks.common.runtimes.references import classifier_loss as ours_loss  # noqa: F401
+from tasks.common.runtimes.references import classifier_weights as ours_weights  # noqa: F401
 from tasks.workloads.digits.workload import CONV2, LEARNING_RATE, MOMENTUM
 
 

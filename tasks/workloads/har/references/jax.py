@@ -9,10 +9,10 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from tasks.common.references import JaxClassifierReference
-from tasks.common.references import classifier_arrays as arrays  # noqa: F401 (how the bench reads our side: a classifier's)
-from tasks.common.references import classifier_loss as ours_loss  # noqa: F401
-from tasks.common.references import classifier_weights as ours_weights  # noqa: F401
+from tasks.common.runtimes.references import JaxClassifierReference
+from tasks.common.runtimes.references import classifier_arrays as arrays  # noqa: F401 (how the bench reads our side: a classifier's)
+from tasks.common.runtimes.references import classifier_loss as ours_loss  # noqa: F401
+from tasks.common.runtimes.references import classifier_weights as ours_weights  # noqa: F401
 from tasks.workloads.har.workload import EPSILON, LEARNING_RATE, network_of
 
 

@@ -11,7 +11,7 @@ import numpy as np
 import torch
 
 from tasks.common.specs import TrainSpec
-from tasks.common.store import load_manifest
+from tasks.common.stores.store import load_manifest
 from tasks.workloads.karman.data import StepCodec
 from tasks.workloads.karman.scoring import load_simulation, score_generator
 

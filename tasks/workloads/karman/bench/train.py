@@ -7,8 +7,8 @@ import contextlib
 import json
 import statistics
 
-from tasks.common.launch import device_env
-from tasks.common.step_timing import StepProcess, alternate, known_peak, serve_steps, timed_steps
+from tasks.common.process.launch import device_env
+from tasks.common.measures.step_timing import StepProcess, alternate, known_peak, serve_steps, timed_steps
 
 
 def _plain_step(gen, disc, opt_g, opt_d, cond, target, l1_weight: float) -> None:

@@ -9,7 +9,7 @@ def keras_step_server() -> None:
     """Reads one JSON line (size, batch_size, seed, threads, device, jit_compile); builds the default
     networks and the Keras step of the paper's recipe (the same as torch's bench-train), takes the
     first step (tracing and compilation: compile_s) and a second, answers "ready" with its facts,
-    then serves timed blocks of steps (tasks.common.step_timing.serve_steps)."""
+    then serves timed blocks of steps (tasks.common.measures.step_timing.serve_steps)."""
     config = json.loads(sys.stdin.readline())
     import numpy as np
     import tensorflow as tf
@@ -20,7 +20,7 @@ def keras_step_server() -> None:
     from models.nets.pix2pix_keras import trainable_count
     from models.nets.trainer_keras import KerasPix2Pix
     from models.recipe import OptimConfig
-    from tasks.common.step_timing import serve_steps
+    from tasks.common.measures.step_timing import serve_steps
 
     size, batch = config["size"], config["batch_size"]
     net = NetConfig(in_channels=4, out_channels=3, size=size)

@@ -4,10 +4,10 @@ import os
 import tempfile
 
 from models.nets.config import NetConfig
-from tasks.common.errors import UserError
-from tasks.common.settings import Settings
-from tasks.common.tracking import Run, client_for
-from tasks.common.model_files import checked_weights
+from tasks.common.config.errors import UserError
+from tasks.common.config.settings import Settings
+from tasks.common.tracking.runs import Run, client_for
+from tasks.common.stores.model_files import checked_weights
 from tasks.workloads.karman.infer.plan import RolloutPlan
 from tasks.workloads.karman.infer.rollout import roll_out
 

@@ -13,12 +13,12 @@ import numpy as np
 from models.flow_metrics import RolloutScore, relative_l2
 from models.inference import Predictor, StepTimes
 from models.tiling import TilingError
-from tasks.common.errors import UserError
-from tasks.common.plots import error_curves, rollout_animation, vorticity_panels
+from tasks.common.config.errors import UserError
+from tasks.common.reports.plots import error_curves, rollout_animation, vorticity_panels
 from tasks.common.records import RECORD_FILE, RolloutConfig, RolloutRecord, RolloutSummary
-from tasks.common.settings import Settings
+from tasks.common.config.settings import Settings
 from tasks.common.specs import InferSpec
-from tasks.common.tracking import Run
+from tasks.common.tracking.runs import Run
 from tasks.workloads.karman.infer.plan import RolloutPlan
 from tasks.workloads.karman.data import OUTPUTS, StepCodec, load_frames, with_condition
 from tasks.workloads.karman.scoring import roll, rollout_steps, step_time

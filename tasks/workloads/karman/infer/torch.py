@@ -8,9 +8,9 @@ from models.device import resolve_device
 from models.inference import make_runner
 from models.nets.config import NetConfig
 from models.nets.pix2pix import build_generator
-from tasks.common.settings import Settings
-from tasks.common.tracking import Run, client_for
-from tasks.common.model_files import checked_weights
+from tasks.common.config.settings import Settings
+from tasks.common.tracking.runs import Run, client_for
+from tasks.common.stores.model_files import checked_weights
 from tasks.workloads.karman.infer.plan import RolloutPlan
 from tasks.workloads.karman.infer.rollout import roll_out
 

@@ -14,7 +14,7 @@ order are ``unet_order``'s.
 
 import numpy as np
 
-from tasks.common.errors import UserError
+from tasks.common.config.errors import UserError
 
 
 def arrays(data) -> tuple[np.ndarray, np.ndarray]:

@@ -1,0 +1,58 @@
+"""The workload table: each workload's name and the package of its folder, and the typed options its folder declares.
+
+Adding a workload is its folder and one line here. Workloads kept outside this repository join through
+``KARMAN_WORKLOADS=name=package.module,...`` (child processes inherit it). A workload's package is imported by its
+name only when a request names it, so that this module, which the specs validate through, imports none of them.
+"""
+
+import importlib
+import os
+
+from tasks.common.config.errors import UserError
+
+# name -> the package of its folder
+WORKLOADS: dict[str, str] = {
+    "karman": "tasks.workloads.karman",
+    "digits": "tasks.workloads.digits",
+    "har": "tasks.workloads.har",
+    "calo": "tasks.workloads.calo",
+}
+EXTRA_ENV = "KARMAN_WORKLOADS"
+
+
+def table() -> dict[str, str]:
+    """The workloads known in this process: the table and those named in KARMAN_WORKLOADS."""
+    extra = {}
+    for item in filter(None, (part.strip() for part in os.environ.get(EXTRA_ENV, "").split(","))):
+        name, _, module = item.partition("=")
+        if not name or not module:
+            raise UserError(f"{EXTRA_ENV}: {item!r} is not name=package.module")
+        extra[name.strip()] = module.strip()
+    return WORKLOADS | extra
+
+
+def package_of(name: str) -> str:
+    """The package of workload ``name``'s folder; UserError listing the valid names for any other."""
+    known = table()
+    if name not in known:
+        raise UserError(f"unknown workload {name!r}; choose one of {', '.join(sorted(known))}")
+    return known[name]
+
+
+def options_model(name: str):
+    """The typed options of workload ``name``'s training runs: its folder's ``options.TRAIN`` (a subclass of
+    tasks.common.specs.WorkloadOptions); UserError for an unknown name or a folder that declares none."""
+    module = importlib.import_module(f"{package_of(name)}.options")
+    model = getattr(module, "TRAIN", None)
+    if model is None:
+        raise UserError(f"workload {name}: {module.__name__} declares no TRAIN options model")
+    return model
+
+
+def option_owners() -> dict[str, list[str]]:
+    """option name -> the workloads of this process's table whose training options have it."""
+    found: dict[str, list[str]] = {}
+    for name in table():
+        for option in options_model(name).model_fields:
+            found.setdefault(option, []).append(name)
+    return found

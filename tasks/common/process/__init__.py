@@ -1,0 +1,1 @@
+"""Processes: their lifetime and signals, a child job's launch and its entry, warm fork servers, multi-worker and multi-host launchers, Dask workers, the Prefect API's temporary server, quiet libraries and progress."""
