@@ -1,5 +1,7 @@
-"""A run records only what ran: one short training run of each of the four workloads, through the CLI, logs the
-settings every workload's runs share and its own workload's options, none of another workload's and no None."""
+"""A run records only what ran: the shared settings and its own workload's options, no other's and no None.
+
+One short training run of each of the four workloads, through the CLI.
+"""
 
 import json
 import os

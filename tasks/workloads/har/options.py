@@ -1,5 +1,4 @@
-"""Har's own training options: the network's depth and width (seed 002's axes, which a benchmark sweeps) and its
-learning-rate schedule."""
+"""Har's own training options: the network's depth and width (seed 002's axes) and its learning-rate schedule."""
 
 from typing import Any, Literal
 

@@ -1,5 +1,7 @@
-"""Karman's own training options: the recipe and its overrides, the networks' widths, the rollout validation and its
-target, the simulation split and the torch step's speed options; a run of another workload holds none of them."""
+"""Karman's own training options: its recipe, networks' widths, rollout validation, simulation split and step options.
+
+A run of another workload holds none of them.
+"""
 
 from typing import Any, Literal
 

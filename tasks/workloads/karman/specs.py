@@ -1,5 +1,4 @@
-"""Karman's own commands' specs: the solver's validation against the Schäfer-Turek benchmark, and the ablation of its
-training recipe (each variant a karman training spec)."""
+"""Karman's own commands' specs: the solver's validation (Schäfer-Turek) and the ablation of its training recipe."""
 
 from typing import Literal
 
