@@ -117,7 +117,7 @@ def _check_aggregate(settings, spec: AggregateSpec) -> None:
 
 
 def _check_validation(settings, spec: ValidateSpec) -> None:
-    from models.solver import backend_from_name
+    from models.karman.solver import backend_from_name
     from tasks.common import probe
     from tasks.common.launch import run_child
     from tasks.validate.task import setups

@@ -210,8 +210,8 @@ def graph_check(device: str = "cuda", size: int = 64, batch: int = 4, steps: int
     import torch
 
     from models.device import resolve_device
-    from models.nets.config import NetConfig
-    from models.nets.trainer import OptimConfig, build_trainer, speed_options
+    from models.karman.nets.config import NetConfig
+    from models.karman.nets.trainer import OptimConfig, build_trainer, speed_options
 
     net = NetConfig(in_channels=4, out_channels=3, size=size, dropout=0.0)
     ctx = resolve_device(device, "fp32")

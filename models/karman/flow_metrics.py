@@ -1,7 +1,7 @@
 """Scores of a predicted flow against a reference: errors, horizons, wake frequency, skill, correlation, energy.
 
 Relative L2 error, wake frequency (Strouhal), useful horizon, skill against persistence, vorticity
-correlation, kinetic energy, shedding; and, from models.rollout_diagnostics, the phase and shape
+correlation, kinetic energy, shedding; and, from models.karman.rollout_diagnostics, the phase and shape
 diagnostics and the anchors' metrics of a rollout.
 """
 
@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from models.rollout_diagnostics import (ACDM_STEPS, BANDS, MGN_HORIZONS, MIN_CYCLES, LagWindow, acdm_mse, band_errors, correlation_time,
+from models.karman.rollout_diagnostics import (ACDM_STEPS, BANDS, MGN_HORIZONS, MIN_CYCLES, LagWindow, acdm_mse, band_errors, correlation_time,
                                         lag_aligned_error, lowpass_error, phase_frequency_error, rollout_rmse)
 
 
@@ -201,7 +201,7 @@ class RolloutScore:
         } | self.diagnostics()
 
     def diagnostics(self) -> dict[str, float]:
-        """Summary of the phase and shape diagnostics and the anchors' metrics (models.rollout_diagnostics):
+        """Summary of the phase and shape diagnostics and the anchors' metrics (models.karman.rollout_diagnostics):
         the frequency from the wake probes' phase (signed relative error, the final phase lag in periods,
         the reference's Strouhal number), horizons, final and mean values of the lag-aligned and
         low-passed vorticity errors and the final lag, the band errors (final and mean), ACDM's MSE over

@@ -2,7 +2,7 @@
 
 A worker is one compute unit: a CPU core (a thread with one intra-op thread), a GPU (a thread with
 its own replica of the network), or a TPU core (one slot of a sharded batch under XLA SPMD). The
-step splits the frame into tiles (``models.tiling``), packs them into fixed-shape groups, maps the
+step splits the frame into tiles (``models.karman.tiling``), packs them into fixed-shape groups, maps the
 groups over the workers, and merges the outputs with blended overlaps. Full-frame is the same step
 with one tile, the whole frame, on one worker.
 
@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from models.host import cpu_cores
-from models.tiling import TilePlan, TilingError, pack_groups, unpack_groups
+from models.karman.tiling import TilePlan, TilingError, pack_groups, unpack_groups
 
 if TYPE_CHECKING:  # torch is imported where a torch runner is made: a TensorFlow rollout uses the Predictor without it
     import torch

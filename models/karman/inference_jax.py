@@ -1,4 +1,4 @@
-"""The map step of models.inference for a JAX generator (models.nets.pix2pix_jax): groups of NCHW tiles over W workers.
+"""The map step of models.karman.inference for a JAX generator (models.karman.nets.pix2pix_jax): groups of NCHW tiles over W workers.
 
 ``cpu``: W threads share the one CPU device's weights, each running its groups while the others run theirs
 (a jitted call releases the GIL while XLA computes). ``cuda``: the weights on each of W GPUs, one thread each.
@@ -13,9 +13,9 @@ import jax
 import numpy as np
 
 from models.host import cpu_cores
-from models.inference import map_over_workers
-from models.nets import pix2pix_jax as nets
-from models.nets.config import NetConfig
+from models.karman.inference import map_over_workers
+from models.karman.nets import pix2pix_jax as nets
+from models.karman.nets.config import NetConfig
 
 PLATFORMS = {"cpu": "cpu", "cuda": "gpu"}
 

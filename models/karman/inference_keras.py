@@ -1,4 +1,4 @@
-"""The map step of models.inference for a Keras generator: groups of NCHW tiles through the NHWC network over W workers.
+"""The map step of models.karman.inference for a Keras generator: groups of NCHW tiles through the NHWC network over W workers.
 
 ``cpu``: W threads share the network, each running its groups while the others run theirs
 (TensorFlow releases the GIL inside a call; its intra-op pool is sized to cores / W by the caller).
@@ -13,7 +13,7 @@ import tensorflow as tf
 import keras
 
 from models.host import cpu_cores
-from models.inference import map_over_workers
+from models.karman.inference import map_over_workers
 
 
 class KerasRunner:

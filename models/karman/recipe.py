@@ -25,7 +25,7 @@ A recipe fixes what the network predicts and how it is trained, apart from its w
 - ``curriculum``: the fraction of the run over which the loss grows from one step to ``unroll``, in
   equal parts (0: every step unrolls fully from the start); the cheaper early steps buy epochs;
 - ``damping``: the fraction of the cell-scale (Nyquist) mode taken out of the predicted change by a
-  fixed binomial filter (models.damping), in the loss and in every rollout step alike (0: none); only
+  fixed binomial filter (models.karman.damping), in the loss and in every rollout step alike (0: none); only
   for a recipe that predicts the change;
 - ``constrain``: the physical constraints a rollout imposes after every step (u, v and p zero inside the
   obstacle, u and v of the inlet column held at the start state's) imposed on every prediction of the
@@ -43,7 +43,7 @@ import math
 from dataclasses import dataclass
 from typing import Literal
 
-from models.damping import check_strength
+from models.karman.damping import check_strength
 
 
 SCHEDULES = ("constant", "cosine")
@@ -182,7 +182,7 @@ class OptimConfig:
     # Delta prediction: RMS of the change over the state's scale, per output channel (network units
     # of the change -> network units of the state); None: the network predicts the state itself.
     delta_ratio: tuple[float, ...] | None = None
-    damping: float = 0.0  # the predicted change's highest wavenumbers damped by this (models.damping)
+    damping: float = 0.0  # the predicted change's highest wavenumbers damped by this (models.karman.damping)
     fused: bool = False  # one fused Adam kernel over all parameters (CPU and CUDA; not XLA)
     # The recipe's constraints: u, v, p = 0 in network units (one value per channel), imposed inside the obstacle
     # on every state of the unrolled chain, whose inlet column's u and v are held at the start's; None: unconstrained.

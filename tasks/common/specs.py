@@ -10,8 +10,8 @@ from pydantic import (BaseModel, ConfigDict, Field, PositiveFloat, PositiveInt, 
 from pydantic.json_schema import SkipJsonSchema
 
 from models.host import DeviceKind as Device
-from models.nets.config import check_cuda_graph
-from models.tiling import DEFAULT_HALO
+from models.karman.nets.config import check_cuda_graph
+from models.karman.tiling import DEFAULT_HALO
 from tasks.common.training.frameworks import FRAMEWORKS
 
 DEFAULT_EPOCHS = 3  # a training run's epoch limit when it gives neither epochs nor a time budget
@@ -183,7 +183,7 @@ class TrainSpec(Spec):
     def progress(self, train_s: float, step: int, steps_per_epoch: int) -> float:
         """How far the run is, 0 to 1, for the learning-rate schedule: training time over the time
         budget or optimiser steps over the step limit (epochs, ``max_steps``), whichever is further."""
-        from models.recipe import schedule_progress
+        from models.karman.recipe import schedule_progress
 
         total = self.epoch_limit * steps_per_epoch
         return schedule_progress(train_s, step, self.time_budget, min(total, self.max_steps or total))
@@ -203,7 +203,7 @@ class TrainSpec(Spec):
 
     def resolved_recipe(self):
         """The models.recipe.Recipe this spec trains with: the named recipe and its overrides."""
-        from models.recipe import get_recipe
+        from models.karman.recipe import get_recipe
 
         return get_recipe(self.recipe).with_overrides(
             predict=self.predict, upsample=self.upsample, noise=self.noise, unroll=self.unroll,

@@ -9,8 +9,8 @@ from pathlib import Path
 import numpy as np
 from prefect import get_run_logger, task
 
-from models.solver import backend_from_name
-from models.solver.benchmark import REFERENCE, Setup, within
+from models.karman.solver import backend_from_name
+from models.karman.solver.benchmark import REFERENCE, Setup, within
 from tasks.common.errors import UserError
 from tasks.common.launch import run_child
 from tasks.common.names import Tag

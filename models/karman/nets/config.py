@@ -99,7 +99,7 @@ class NetConfig:
         return g_down + g_up, d
 
     def training_flops(self, height: int, width: int, unroll: int = 1, adversarial: bool = False) -> float:
-        """FLOPs of one training step per sample (models.nets.trainer's step, and the Keras one's): each of
+        """FLOPs of one training step per sample (models.karman.nets.trainer's step, and the Keras one's): each of
         the ``unroll`` generator passes forward and back (the backward pass costs twice the forward,
         less the gradient of the first layer's input, which nothing asks for); with an ``adversarial``
         term, the discriminator forward and back on a real and a generated pair, then forward and back

@@ -8,8 +8,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from models.nets import winograd
-from models.nets.config import NetConfig, Norm
+from models.karman.nets import winograd
+from models.karman.nets.config import NetConfig, Norm
 
 
 def _norm(kind: Norm, channels: int) -> nn.Module:

@@ -17,7 +17,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from models.nets.config import NetConfig
+from models.karman.nets.config import NetConfig
 
 SLOPE, EPS, MOMENTUM = 0.2, 1e-5, 0.1  # LeakyReLU, batch norm's epsilon and momentum (torch's)
 CONV = ("NHWC", "OIHW", "NHWC")  # activations, torch's Conv2d weights, activations

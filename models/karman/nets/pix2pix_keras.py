@@ -4,7 +4,7 @@ import numpy as np
 import keras
 from keras import layers, ops
 
-from models.nets.config import NetConfig
+from models.karman.nets.config import NetConfig
 
 # Keras defaults that differ from torch's and from the paper's: batch norm momentum 0.99 (torch's 0.1
 # is Keras' 0.9) and epsilon 1e-3 (torch 1e-5), LeakyReLU slope 0.3 (pix2pix 0.2). Stride-2 4x4

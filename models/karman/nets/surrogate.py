@@ -10,11 +10,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from models.damping import passes
+from models.karman.damping import passes
 
 
 def damp(x: torch.Tensor, strength: float) -> torch.Tensor:
-    """x (B, C, H, W) with its highest wavenumbers damped by ``strength``: models.damping.damp in torch."""
+    """x (B, C, H, W) with its highest wavenumbers damped by ``strength``: models.karman.damping.damp in torch."""
     if strength == 0:
         return x
     c = x.shape[1]
@@ -34,7 +34,7 @@ class Surrogate(nn.Module):
     lattice units, and for a model conditioned on the Reynolds number (``reynolds``: its centre and
     scale) a fifth channel holding it everywhere -> (B, 3, H, W) = u, v, p at t + k. H and W must suit
     the U-Net (multiples of 2^depth). ``damping``: the recipe's damping of the predicted change's
-    highest wavenumbers (models.damping)."""
+    highest wavenumbers (models.karman.damping)."""
 
     def __init__(self, generator: nn.Module, center: list[float], scale: list[float], delta_scale: list[float] | None,
                  reynolds: list[float] | None = None, damping: float = 0.0):

@@ -8,10 +8,10 @@ from typing import Callable
 import torch
 from torch import nn
 
-from models.nets.config import check_cuda_graph
-from models.nets.pix2pix import NetConfig, build_discriminator, build_generator, use_gemm_for_small_maps, use_winograd
-from models.nets.surrogate import damp
-from models.recipe import OptimConfig  # torch-free, shared with the Keras trainer
+from models.karman.nets.config import check_cuda_graph
+from models.karman.nets.pix2pix import NetConfig, build_discriminator, build_generator, use_gemm_for_small_maps, use_winograd
+from models.karman.nets.surrogate import damp
+from models.karman.recipe import OptimConfig  # torch-free, shared with the Keras trainer
 
 PHASES = ("forward", "backward", "optimizer")
 

@@ -1,4 +1,4 @@
-"""One Pix2Pix optimisation step in JAX, jitted whole: the torch trainer's recipe (models.nets.trainer), NHWC inside.
+"""One Pix2Pix optimisation step in JAX, jitted whole: the torch trainer's recipe (models.karman.nets.trainer), NHWC inside.
 
 The discriminator's update (when the recipe has an adversarial term), then the generator's: GAN + λ·L1 and
 the pushforward terms of an unrolled loss, detached or through the chain, the predicted change damped and
@@ -16,16 +16,16 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from models.damping import passes
-from models.nets import pix2pix_jax as nets
-from models.nets.config import NetConfig
-from models.recipe import OptimConfig
+from models.karman.damping import passes
+from models.karman.nets import pix2pix_jax as nets
+from models.karman.nets.config import NetConfig
+from models.karman.recipe import OptimConfig
 
 BETA2, EPSILON = 0.999, 1e-8  # torch's Adam defaults
 
 
 def damp(x: jax.Array, strength: float) -> jax.Array:
-    """x (B, H, W, C) with its highest wavenumbers damped by ``strength``: models.damping.damp in JAX."""
+    """x (B, H, W, C) with its highest wavenumbers damped by ``strength``: models.karman.damping.damp in JAX."""
     for weight in passes(strength):
         blurred = x
         for axis in (1, 2):  # H, then W, edges repeated

@@ -1,4 +1,4 @@
-"""One Pix2Pix optimisation step in TensorFlow under any tf.distribute strategy: the torch trainer's recipe (models.nets.trainer), NHWC.
+"""One Pix2Pix optimisation step in TensorFlow under any tf.distribute strategy: the torch trainer's recipe (models.karman.nets.trainer), NHWC.
 
 The step is one ``tf.function`` run by ``strategy.run`` on every replica: the discriminator's update
 (when the recipe has an adversarial term), then the generator's (GAN + λ·L1 and the pushforward terms
@@ -13,10 +13,10 @@ import tensorflow as tf
 import keras
 from keras import ops
 
-from models.damping import passes
-from models.nets.config import NetConfig
-from models.nets.pix2pix_keras import build_discriminator, build_generator
-from models.recipe import OptimConfig
+from models.karman.damping import passes
+from models.karman.nets.config import NetConfig
+from models.karman.nets.pix2pix_keras import build_discriminator, build_generator
+from models.karman.recipe import OptimConfig
 
 
 ADAM_EPSILON = 1e-8  # torch's default; Keras' is 1e-7
@@ -24,7 +24,7 @@ AGREED = "agreed"  # the key of train_step's reduced flags
 
 
 def damp(x, strength: float):
-    """x (B, H, W, C) with its highest wavenumbers damped by ``strength``: models.damping.damp in TensorFlow."""
+    """x (B, H, W, C) with its highest wavenumbers damped by ``strength``: models.karman.damping.damp in TensorFlow."""
     for weight in passes(strength):
         blurred = x
         for axis in (1, 2):  # H, then W, edges repeated

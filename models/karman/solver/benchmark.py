@@ -16,10 +16,10 @@ from typing import Callable, Literal
 
 import numpy as np
 
-from models.solver.config import FlowConfig
-from models.solver.geometry import Obstacle
-from models.solver.lattice import CS2
-from models.solver.solver import ChannelSolver
+from models.karman.solver.config import FlowConfig
+from models.karman.solver.geometry import Obstacle
+from models.karman.solver.lattice import CS2
+from models.karman.solver.solver import ChannelSolver
 
 Case = Literal["2D-1", "2D-2"]
 CASES: tuple[str, ...] = ("2D-1", "2D-2")

@@ -5,7 +5,7 @@ The fused kernels evaluate the same formulas cell by cell; tests hold them equal
 
 import numpy as np
 
-from models.solver.lattice import CX, CY, OPP, W
+from models.karman.solver.lattice import CX, CY, OPP, W
 
 # TRT "magic" parameter Lambda = (tau+ - 1/2)(tau- - 1/2). 3/16 places a half-way bounce-back wall exactly
 # half-way for Poiseuille flow at any viscosity. At small tau+ it asks for tau- >> 1, which the velocity

@@ -5,8 +5,8 @@ from typing import Literal
 
 import numpy as np
 
-from models.solver.collision import trt_rates
-from models.solver.geometry import Obstacle
+from models.karman.solver.collision import trt_rates
+from models.karman.solver.geometry import Obstacle
 
 # Stable ranges of the scheme (lattice units), from sweeps of circles, squares and rectangles 12-32 cells
 # across at u_max 0.05-0.17 in channels four obstacle sizes high (15 000 steps each). Two bounds: the

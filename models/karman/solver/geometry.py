@@ -10,7 +10,7 @@ from typing import Literal
 
 import numpy as np
 
-from models.solver.lattice import CX, CY, FLUID, INLET, OUTLET, SOLID
+from models.karman.solver.lattice import CX, CY, FLUID, INLET, OUTLET, SOLID
 
 Shape = Literal["circle", "square", "rectangle", "ellipse"]
 SHAPES: tuple[str, ...] = ("circle", "square", "rectangle", "ellipse")

@@ -1,4 +1,4 @@
-"""Fused CPU backend in numba: the operators of ``models.solver.operators`` in a few passes over memory.
+"""Fused CPU backend in numba: the operators of ``models.karman.solver.operators`` in a few passes over memory.
 
 Layout: the nine population planes live in one (9, P) buffer, plane i of node (y, x) at [i, y * nx + x].
 P exceeds ny * nx by a pad that staggers the planes across cache sets: with power-of-two lattices the
@@ -21,9 +21,9 @@ import numba
 import numpy as np
 from numba.core.compiler import Compiler
 
-from models.solver.lattice import CX, CY, OPP, W
-from models.solver.operators import INLET_DIRS as _INLET
-from models.solver.operators import OUTLET_DIRS as _OUTLET
+from models.karman.solver.lattice import CX, CY, OPP, W
+from models.karman.solver.operators import INLET_DIRS as _INLET
+from models.karman.solver.operators import OUTLET_DIRS as _OUTLET
 
 _CX = tuple(int(c) for c in CX)
 _CY = tuple(int(c) for c in CY)

@@ -7,9 +7,9 @@ The fused kernels (numba, torch) must agree with it to float tolerance.
 
 import numpy as np
 
-from models.solver.collision import trt_collide
-from models.solver.lattice import CX, CY, OPP, W
-from models.solver.operators import INLET_DIRS, OUTLET_DIRS, StepPlan
+from models.karman.solver.collision import trt_collide
+from models.karman.solver.lattice import CX, CY, OPP, W
+from models.karman.solver.operators import INLET_DIRS, OUTLET_DIRS, StepPlan
 
 
 def stream(fpost: np.ndarray, walls: bool) -> np.ndarray:

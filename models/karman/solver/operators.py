@@ -15,10 +15,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from models.solver.collision import trt_rates
-from models.solver.config import FlowConfig
-from models.solver.geometry import channel_nodes, obstacle_links
-from models.solver.lattice import CX, CY
+from models.karman.solver.collision import trt_rates
+from models.karman.solver.config import FlowConfig
+from models.karman.solver.geometry import channel_nodes, obstacle_links
+from models.karman.solver.lattice import CX, CY
 
 # Weak on purpose: the anchor reflects the channel's uniform acoustic mode, and with a rate of 1 that
 # mode rang on through a steady 2D-1 run (c_D swinging by 2%); 0.02 held the density, and c_D to about 0.1%.

@@ -5,11 +5,11 @@ from enum import Enum
 
 import numpy as np
 
-from models.solver import numpy_backend
-from models.solver.collision import equilibrium, moments
-from models.solver.config import FlowConfig
-from models.solver.lattice import CS2, SOLID
-from models.solver.operators import StepPlan, plan_for
+from models.karman.solver import numpy_backend
+from models.karman.solver.collision import equilibrium, moments
+from models.karman.solver.config import FlowConfig
+from models.karman.solver.lattice import CS2, SOLID
+from models.karman.solver.operators import StepPlan, plan_for
 
 NO_PROBES = np.zeros((0, 2), np.int64)
 
@@ -74,7 +74,7 @@ class NumbaStepper:
     """The fused kernels on padded planes (see numba_backend), many steps per call."""
 
     def __init__(self, plan: StepPlan, f: np.ndarray):
-        from models.solver import numba_backend
+        from models.karman.solver import numba_backend
 
         self.kernels, self.plan, self.shape = numba_backend, plan, f.shape[1:]
         # both buffers start from the same values: ghost populations that no step writes stay as set here
@@ -107,7 +107,7 @@ class TritonStepper:
     """The fused GPU kernel (see triton_backend) on a batch of one simulation."""
 
     def __init__(self, plan: StepPlan, f: np.ndarray, device: str, storage: str):
-        from models.solver.triton_backend import FusedBatch
+        from models.karman.solver.triton_backend import FusedBatch
 
         self.batch = FusedBatch([plan], f[None], device=device, storage=storage)
 
@@ -126,7 +126,7 @@ class TritonStepper:
 
 
 def _torch_stepper(plan: StepPlan, f: np.ndarray, device: str):
-    from models.solver.torch_backend import TorchStepper
+    from models.karman.solver.torch_backend import TorchStepper
 
     return TorchStepper(plan, f, device)
 
@@ -277,7 +277,7 @@ class SolverBatch:
     Each starts as ChannelSolver would (``perturb`` seeds apply before the batch is built)."""
 
     def __init__(self, configs: list[FlowConfig], seeds: list[int | None], device: str = "cuda", storage: str = "float32"):
-        from models.solver.triton_backend import FusedBatch
+        from models.karman.solver.triton_backend import FusedBatch
 
         if len({(c.ny, c.nx) for c in configs}) != 1:
             raise ValueError(f"a batch needs one lattice size; got {sorted({(c.nx, c.ny) for c in configs})} (nx, ny)")

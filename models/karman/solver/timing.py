@@ -3,9 +3,9 @@
 import statistics
 import time
 
-from models.solver.config import FlowConfig
-from models.solver.geometry import Obstacle
-from models.solver.solver import ChannelSolver
+from models.karman.solver.config import FlowConfig
+from models.karman.solver.geometry import Obstacle
+from models.karman.solver.solver import ChannelSolver
 
 BENCH_TAU = 0.6  # any stable relaxation time: the cost of a step does not depend on it
 

@@ -1,14 +1,14 @@
 """The solver's step in torch (CUDA GPUs, XLA devices), whole-array operations equal to the NumPy reference.
 
-The operators of ``models.solver.operators`` as whole-array tensor operations (streaming by shifted views, the obstacle by gathers and a scatter).
+The operators of ``models.karman.solver.operators`` as whole-array tensor operations (streaming by shifted views, the obstacle by gathers and a scatter).
 Semantics match ``numpy_backend.step``; tests hold them equal on the CPU.
 """
 
 import numpy as np
 import torch
 
-from models.solver.lattice import CX, CY, OPP, W
-from models.solver.operators import INLET_DIRS, OUTLET_DIRS, StepPlan
+from models.karman.solver.lattice import CX, CY, OPP, W
+from models.karman.solver.operators import INLET_DIRS, OUTLET_DIRS, StepPlan
 
 
 class TorchStepper:

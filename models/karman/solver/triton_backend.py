@@ -32,8 +32,8 @@ import torch
 import triton
 import triton.language as tl
 
-from models.solver.lattice import CX, CY, OPP, W
-from models.solver.operators import INLET_DIRS, OUTLET_DIRS, StepPlan
+from models.karman.solver.lattice import CX, CY, OPP, W
+from models.karman.solver.operators import INLET_DIRS, OUTLET_DIRS, StepPlan
 
 STORAGES = ("float32", "float64")
 FLAG_FLUID, FLAG_SOLID, FLAG_LINK = 0, 1, 2
@@ -218,7 +218,7 @@ def step_kernel(fa, fb, flags, block_links, link_row, link_kind, link_coef, inle
     WS: tl.constexpr = 1.0 / 9.0
     WD: tl.constexpr = 1.0 / 36.0
     zero = 0.0
-    # Direction order: rest, E, N, W, S, NE, NW, SW, SE (models.solver.lattice).
+    # Direction order: rest, E, N, W, S, NE, NW, SW, SE (models.karman.solver.lattice).
     f0 = _pull(fa, plane, nx, ny, y, xs, mask, 0, 0, 0, 0, W0, zero, drift, uc, anchor, first, last, FOLD, PERIODIC, CDT)
     f1 = _pull(fa, plane, nx, ny, y, xs, mask, 1, 3, 1, 0, WS, u1, drift, uc, anchor, first, last, FOLD, PERIODIC, CDT)
     f2 = _pull(fa, plane, nx, ny, y, xs, mask, 2, 4, 0, 1, WS, zero, drift, uc, anchor, first, last, FOLD, PERIODIC, CDT)

@@ -3,8 +3,8 @@
 from dataclasses import dataclass
 
 from models.host import cpu_cores
-from models.nets.config import NetConfig
-from models.tiling import TilePlan, TilingError
+from models.karman.nets.config import NetConfig
+from models.karman.tiling import TilePlan, TilingError
 from tasks.common import probe
 from tasks.common.errors import UserError
 from tasks.common.launch import device_env, run_child
