@@ -39,36 +39,17 @@ A recipe fixes what the network predicts and how it is trained, apart from its w
 """
 
 import dataclasses
-import math
 from dataclasses import dataclass
 from typing import Literal
 
 from models.karman.damping import check_strength
+from models.schedule import SCHEDULES
 
 
-SCHEDULES = ("constant", "cosine")
 PUSHFORWARDS = ("detached", "through")
 # What a model may take besides the frame: the flow's parameters as constant input channels
 # ("reynolds": the simulation's Reynolds number), so it need not infer the viscosity from the flow.
 CONDITIONS = ("none", "reynolds")
-LR_FLOOR = 0.01  # the cosine schedule ends at this fraction of the initial rate
-
-
-def lr_factor(schedule: str, progress: float) -> float:
-    """Multiplier of the initial learning rate at ``progress`` (0 at the start, 1 at the end of the run;
-    clipped to [0, 1])."""
-    if schedule == "constant":
-        return 1.0
-    if schedule == "cosine":
-        p = min(max(progress, 0.0), 1.0)
-        return LR_FLOOR + (1 - LR_FLOOR) * 0.5 * (1 + math.cos(math.pi * p))
-    raise ValueError(f"unknown learning-rate schedule {schedule!r}; choose {' or '.join(SCHEDULES)}")
-
-
-def schedule_progress(train_s: float, step: int, time_budget: float | None, total_steps: int | None) -> float:
-    """How far a run is, 0 to 1: training time over the time budget or optimiser steps over the run's
-    step limit, whichever is further (a run ends at the first limit it reaches)."""
-    return max(train_s / time_budget if time_budget else 0.0, step / total_steps if total_steps else 0.0)
 
 
 @dataclass(frozen=True)

@@ -183,7 +183,7 @@ class TrainSpec(Spec):
     def progress(self, train_s: float, step: int, steps_per_epoch: int) -> float:
         """How far the run is, 0 to 1, for the learning-rate schedule: training time over the time
         budget or optimiser steps over the step limit (epochs, ``max_steps``), whichever is further."""
-        from models.karman.recipe import schedule_progress
+        from models.schedule import schedule_progress
 
         total = self.epoch_limit * steps_per_epoch
         return schedule_progress(train_s, step, self.time_budget, min(total, self.max_steps or total))

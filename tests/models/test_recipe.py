@@ -11,7 +11,8 @@ import torch
 from models.karman.nets.config import NetConfig
 from models.karman.nets.pix2pix import build_generator
 from models.karman.nets.trainer import OptimConfig, Pix2Pix
-from models.karman.recipe import LR_FLOOR, RECIPES, get_recipe, lr_factor
+from models.karman.recipe import RECIPES, get_recipe
+from models.schedule import LR_FLOOR, lr_factor
 
 
 def test_unknown_recipe_names_the_choices():

@@ -44,7 +44,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from models.karman.recipe import SCHEDULES
+from models.schedule import SCHEDULES
 
 IMAGE = (51, 51, 25)
 SEED_GRID = (9, 9, 8)  # the generator's dense output, before upsampling
@@ -69,7 +69,7 @@ class NetConfig:
     average: the decay of a moving average of the generator's weights that generates for validation, test and
     the saved model (0: none, as published; see average_decay); profile: the weight of the longitudinal
     profile term of the generator's loss (0: none, as published; see the module); schedule: both networks'
-    learning rate over the run, ``constant`` (as published) or ``cosine`` (models.karman.recipe.lr_factor: half a
+    learning rate over the run, ``constant`` (as published) or ``cosine`` (models.schedule.lr_factor: half a
     cosine down to a hundredth over the time budget, else the epoch limit)."""
 
     latent: int = 256

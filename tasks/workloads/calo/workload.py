@@ -10,7 +10,7 @@ from pathlib import Path
 
 import numpy as np
 
-from models.karman.recipe import lr_factor
+from models.schedule import lr_factor
 from tasks.common.data import epoch_order
 from tasks.common.datasets import check_batches
 from tasks.workloads import RunRules, Workload

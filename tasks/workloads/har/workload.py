@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 import zarr
 
-from models.karman.recipe import lr_factor
+from models.schedule import lr_factor
 from tasks.common.datasets import check_batches, read_checked, record_generate, refuse_damaged, write_once
 from tasks.common.errors import UserError
 from tasks.common.store import MANIFEST, STORE, workload_manifest, write_json_atomic
@@ -47,7 +47,7 @@ DIRECTIONS = ("fw", "bw")
 # after it, so Keras' epsilon acts 1 / sqrt(1 - 0.999^t) times larger (32x at the first step): at Keras' default
 # 1e-7 the two frameworks' first steps differ by 4e-5 in the loss; at 1e-10 they agree to float precision.
 LEARNING_RATE, EPSILON = 3e-3, 1e-10
-# The rate over the run: models.karman.recipe.lr_factor of the loop's progress (0 to 1), set before every step in each framework.
+# The rate over the run: models.schedule.lr_factor of the loop's progress (0 to 1), set before every step in each framework.
 # The seed's is constant; TrainSpec.schedule (--schedule cosine) takes half a cosine down to a hundredth of it instead.
 SCHEDULE = "constant"
 TARGET_F1 = 0.85  # synthetic data: validation macro-F1 (4 held-out subjects, 384 windows); see WORKLOAD.epochs for what the default reaches

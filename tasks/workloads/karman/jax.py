@@ -18,7 +18,8 @@ import numpy as np
 
 from models.karman.nets import pix2pix_jax as nets
 from models.karman.nets.trainer_jax import Pix2PixJax
-from models.karman.recipe import OptimConfig, lr_factor
+from models.karman.recipe import OptimConfig
+from models.schedule import lr_factor
 from tasks.common.data import epoch_order
 from tasks.workloads.karman.data import crop_offsets, crop_pairs
 from tasks.workloads.karman.workload import HEADLINE, KarmanData, KarmanTrainer, model_meta, sample_figure

@@ -10,7 +10,8 @@ from pathlib import Path
 
 import numpy as np
 
-from models.karman.recipe import OptimConfig, lr_factor
+from models.karman.recipe import OptimConfig
+from models.schedule import lr_factor
 from tasks.common.data import epoch_order
 from tasks.common.names import Tag
 from tasks.workloads.karman.data import crop_offsets, crop_pairs

@@ -9,7 +9,8 @@ import torch
 from models.device import to_cpu
 from models.karman.nets.pix2pix import build_generator
 from models.karman.nets.trainer import NoClock, PhaseClock, build_trainer, speed_options
-from models.karman.recipe import OptimConfig, lr_factor
+from models.karman.recipe import OptimConfig
+from models.schedule import lr_factor
 from tasks.common.data import epoch_order
 from tasks.common.names import Tag
 from tasks.workloads.karman.data import OUTPUTS, crop_offsets, crop_pairs

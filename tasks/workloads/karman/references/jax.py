@@ -15,7 +15,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from models.karman.recipe import LR_FLOOR
+from models.schedule import LR_FLOOR
 from tasks.workloads.karman.references import arrays, depth_of, recipe_of, unet_order  # noqa: F401 (arrays: how the bench reads our side)
 
 EPSILON, MOMENTUM = 1e-5, 0.9  # batch norm's, as torch's (flax's nn.BatchNorm(epsilon=1e-5, momentum=0.9))

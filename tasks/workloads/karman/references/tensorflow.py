@@ -12,7 +12,7 @@ import time
 
 import numpy as np
 
-from models.karman.recipe import LR_FLOOR
+from models.schedule import LR_FLOOR
 from tasks.workloads.karman.references import arrays, depth_of, recipe_of, unet_order, widths_of  # noqa: F401 (arrays: how the bench reads our side)
 
 BN = {"momentum": 0.9, "epsilon": 1e-5}

@@ -13,7 +13,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from models.karman.recipe import LR_FLOOR
+from models.schedule import LR_FLOOR
 from tasks.workloads.karman.references import arrays, depth_of, recipe_of, unet_order, widths_of  # noqa: F401 (arrays: how the bench reads our side)
 
 
