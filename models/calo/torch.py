@@ -8,8 +8,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from tasks.workloads.calo.nets import (BN_EPSILON, BN_MOMENTUM, LEAKY_SLOPE, POWER, NetConfig, discriminator_convs, flat_features,
-                                       generator_convs, seed_channels)
+from models.calo.nets import (BN_EPSILON, BN_MOMENTUM, LEAKY_SLOPE, POWER, NetConfig, discriminator_convs, flat_features,
+                              generator_convs, seed_channels)
 
 # device kind -> (depth_blocks' depths per plane, its planes channels-last) for the step's convolutions; (0, False): torch's
 # 3-D convolution (the CPU's, and any kind not named). On an H200 at the published size and batch 32 (docs/accelerator.md),

@@ -16,9 +16,9 @@ def main(latent: int, width: float, pool: int = 1) -> dict:
     import torch
 
     from tasks.workloads.calo import tensorflow as kn
-    from tasks.workloads.calo import torch_nets as tn
+    from models.calo import torch as tn
     from tasks.workloads.calo.torch import profile_loss
-    from tasks.workloads.calo.nets import POWER, PROFILE_FLOOR, NetConfig, SMALL, initial_weights
+    from models.calo.nets import POWER, PROFILE_FLOOR, NetConfig, SMALL, initial_weights
 
     cfg = NetConfig(latent=latent, width=width, pool=pool)
     weights = initial_weights(cfg, 0)

@@ -19,7 +19,7 @@ EVENTS, BATCH = 6, 4
 
 def data_of():
     """Six synthetic showers in every role (each role the same), 100-200 GeV, 60-120 degrees."""
-    from tasks.workloads.calo.showers import shower_events
+    from models.calo.showers import shower_events
     from tasks.workloads.calo.workload import ROLES, CaloData
 
     energy, angle = np.linspace(105.0, 195.0, EVENTS), np.linspace(65.0, 115.0, EVENTS)
@@ -44,7 +44,7 @@ def steps(framework: str, dtype: str) -> dict:
         keras.config.set_floatx(dtype)
     from tasks.common.specs import TrainSpec
     from tasks.workloads import framework_module, get_workload
-    from tasks.workloads.calo.nets import SMALL, average_decay
+    from models.calo.nets import SMALL, average_decay
 
     cfg = replace(SMALL, dropout=0.0, width=0.25, pool=3, energy_scaled=True, average=0.9, profile=1.0, schedule="cosine")
     module = framework_module(get_workload("calo"), framework)
@@ -90,7 +90,7 @@ def folded_error(module, cfg) -> float:
     import jax
     import jax.numpy as jnp
 
-    from tasks.workloads.calo.nets import discriminator_convs, generator_convs, initial_weights
+    from models.calo.nets import discriminator_convs, generator_convs, initial_weights
 
     weights, rng, worst = initial_weights(cfg, 0), np.random.default_rng(2), 0.0
     first = {"generator": tuple(s * u for s, u in zip(cfg.seed_grid, cfg.upsample)), "discriminator": cfg.image}  # (x, y, z)

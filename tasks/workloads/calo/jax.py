@@ -1,4 +1,4 @@
-"""The 3DGAN in JAX (channels last, one jitted step): the generator and discriminator as pure functions of nets.py's weights, and the trainer of the published four-tape step with optax's RMSprop scaling.
+"""The 3DGAN in JAX (channels last, one jitted step): the generator and discriminator as pure functions of models/calo/nets.py's weights, and the trainer of the published four-tape step with optax's RMSprop scaling.
 
 The weightless heads, the profile term and (on a CPU) the batch norms' moments are taken in float64, as torch and
 Keras take them: jax computes in float64 only with x64 enabled, which the trainer turns on in its process; every
@@ -15,8 +15,8 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from tasks.workloads.calo.nets import (BN_EPSILON, BN_MOMENTUM, LEAKY_SLOPE, LEARNING_RATE, LOSS_WEIGHTS, POWER, PROFILE_FLOOR, average_decay,
-                                       NetConfig, discriminator_convs, generator_convs, initial_weights, seed_channels)
+from models.calo.nets import (BN_EPSILON, BN_MOMENTUM, LEAKY_SLOPE, LEARNING_RATE, LOSS_WEIGHTS, POWER, PROFILE_FLOOR, average_decay,
+                              NetConfig, discriminator_convs, generator_convs, initial_weights, seed_channels)
 from tasks.workloads.calo.workload import CaloData, CaloTrainer
 
 EPSILON = 1e-7  # Keras' fuzz factor: the clip of the probabilities, the floor of the percentage errors' denominators, RMSprop's epsilon

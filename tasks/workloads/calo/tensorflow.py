@@ -1,11 +1,11 @@
-"""The 3DGAN in Keras 3 (channels last): the generator and discriminator layer by layer as nets.py describes them (weights in its one layout), and the trainer of the published four-tape step, a custom loop of GradientTapes under the run's tf.distribute strategy."""
+"""The 3DGAN in Keras 3 (channels last): the generator and discriminator layer by layer as models/calo/nets.py describes them (weights in its one layout), and the trainer of the published four-tape step, a custom loop of GradientTapes under the run's tf.distribute strategy."""
 
 import math
 
 import numpy as np
 
-from tasks.workloads.calo.nets import (BN_EPSILON, BN_MOMENTUM, LEAKY_SLOPE, LEARNING_RATE, LOSS_WEIGHTS, POWER, PROFILE_FLOOR, average_decay,
-                                       NetConfig, discriminator_convs, generator_convs, initial_weights, seed_channels)
+from models.calo.nets import (BN_EPSILON, BN_MOMENTUM, LEAKY_SLOPE, LEARNING_RATE, LOSS_WEIGHTS, POWER, PROFILE_FLOOR, average_decay,
+                              NetConfig, discriminator_convs, generator_convs, initial_weights, seed_channels)
 from tasks.workloads.calo.workload import CaloData, CaloTrainer
 
 EPSILON = 1e-7  # Keras' fuzz factor: the clip of the probabilities and the floor of the percentage errors' denominators
