@@ -1,11 +1,9 @@
-"""The har workload in JAX (jit; data-parallel over the runtime's devices): the stacked bidirectional LSTM of workload.py as a pure function of its weights, optax Adam, logits for scoring."""
+"""The har network in JAX: the stacked bidirectional LSTM of layout.py as a pure function of its weights."""
 
 import jax
 import jax.numpy as jnp
-import optax
 
-from tasks.common.training.classifier_jax import JaxClassifier
-from tasks.workloads.har.workload import DIRECTIONS, EPSILON, LEARNING_RATE, HarData, HarTrainer
+from models.har.layout import DIRECTIONS
 
 
 def _layer(x: jax.Array, w: dict, layer: int) -> jax.Array:
@@ -13,7 +11,7 @@ def _layer(x: jax.Array, w: dict, layer: int) -> jax.Array:
 
     Both directions run in one scan over time, stacked on a leading axis of 2: the backward one reads the windows
     flipped in time and its outputs are flipped back, so each stays at its own step, as torch's and Keras' backward
-    halves do. A step's gates (i, f, c, o, workload.py's order) are one product of its input and hidden state with
+    halves do. A step's gates (i, f, c, o, layout.py's order) are one product of its input and hidden state with
     the direction's kernel and recurrent kernel stacked. The cell is rematerialised (``jax.checkpoint``): the
     backward pass keeps only each step's carry and recomputes the gates, where saving them would write a dozen
     (T, B, H) buffers a step, which costs more on a CPU than computing them again (docs/frameworks.md)."""
@@ -44,23 +42,3 @@ def forward(w: dict, x: jax.Array, layers: int) -> jax.Array:
     for layer in range(layers):
         x = _layer(x, w, layer)  # (B, T, 2H)
     return x.mean(axis=1) @ w["dense/kernel"] + w["dense/bias"]
-
-
-class HarJax(HarTrainer, JaxClassifier):
-    """The har trainer in JAX: the BiLSTM with Adam; the jitted step, logits, weights and state are JaxClassifier's."""
-
-    def __init__(self, data: HarData, spec, batch_size: int, runtime):
-        super().__init__(data, spec, batch_size)
-        layers = self.network.layers
-        # optax adds epsilon to sqrt(v) after the bias correction, as torch does: the same step; the rate is a state
-        # entry (inject_hyperparams), set before every step as torch's and Keras' are
-        self._jit(runtime, self.network.initial_weights(spec.seed), optax.inject_hyperparams(optax.adam)(learning_rate=LEARNING_RATE, eps=EPSILON),
-                  lambda w, x: forward(w, x, layers))
-
-    def step(self, batch, flags: list[float], progress: float):
-        self.opt_state.hyperparams["learning_rate"] = jax.device_put(jnp.asarray(self.rate_at(progress), jnp.float32), self.replicated)
-        return super().step(batch, flags, progress)
-
-
-def build(data: HarData, spec, batch_size: int, runtime) -> HarJax:
-    return HarJax(data, spec, batch_size, runtime)

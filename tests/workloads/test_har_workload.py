@@ -90,7 +90,7 @@ def test_flops_per_sample_match_torchs_flop_counter_on_a_real_training_step(laye
     import torch
     from torch.utils.flop_counter import FlopCounterMode
 
-    from tasks.workloads.har.torch import HarBiLSTM
+    from models.har.torch import HarBiLSTM
     from tasks.workloads.har.workload import Network
 
     network = Network(layers, units)
@@ -106,7 +106,7 @@ def test_flops_per_sample_match_torchs_flop_counter_on_a_real_training_step(laye
 
 
 def test_weights_round_trip_through_torch_in_the_workloads_layout():
-    from tasks.workloads.har.torch import HarBiLSTM
+    from models.har.torch import HarBiLSTM
     from tasks.workloads.har.workload import Network
 
     network = Network(2, 4)
