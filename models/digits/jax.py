@@ -1,12 +1,8 @@
-"""The digits workload in JAX (jit; data-parallel over the runtime's devices): the CNN of workload.py as a pure function of its weights, optax SGD with momentum, logits for scoring."""
+"""The digits network in JAX: the MNIST CNN as a pure function of its weights in the shared layout."""
 
 import jax
-import optax
 
-from tasks.common.training.classifier_jax import JaxClassifier
-from tasks.workloads.digits.workload import LEARNING_RATE, MOMENTUM, DigitsData, DigitsTrainer, initial_weights
-
-DIMENSIONS = ("NHWC", "HWIO", "NHWC")  # images, kernels (workload.py's layout), features
+DIMENSIONS = ("NHWC", "HWIO", "NHWC")  # images, kernels (the shared layout), features
 
 
 def _conv(x, kernel, bias):
@@ -29,13 +25,3 @@ def forward(w: dict, x: jax.Array) -> jax.Array:
     x = x.reshape(x.shape[0], -1)  # (B, 1600) in (h, w, c) order
     x = jax.nn.relu(x @ w["dense1/kernel"] + w["dense1/bias"])
     return x @ w["dense2/kernel"] + w["dense2/bias"]
-
-
-class DigitsJax(DigitsTrainer, JaxClassifier):
-    def __init__(self, data: DigitsData, spec, batch_size: int, runtime):
-        super().__init__(data, spec, batch_size)
-        self._jit(runtime, initial_weights(spec.seed), optax.sgd(LEARNING_RATE, momentum=MOMENTUM), forward)
-
-
-def build(data: DigitsData, spec, batch_size: int, runtime) -> DigitsJax:
-    return DigitsJax(data, spec, batch_size, runtime)

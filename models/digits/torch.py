@@ -1,12 +1,9 @@
-"""The digits workload in PyTorch: the CNN of workload.py from its numpy initial weights, one SGD-momentum step per batch, logits for scoring."""
+"""The digits network in PyTorch: the MNIST CNN, its weights in and out of the one layout every framework shares (conv (kh, kw, in, out), dense (in, out))."""
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
-
-from tasks.common.training.classifier_torch import TorchClassifier
-from tasks.workloads.digits.workload import LEARNING_RATE, MOMENTUM, DigitsData, DigitsTrainer, initial_weights
 
 
 class DigitsCNN(nn.Module):
@@ -25,7 +22,7 @@ class DigitsCNN(nn.Module):
         return self.dense2(F.relu(self.dense1(x)))
 
     def load_weights(self, weights: dict[str, np.ndarray]) -> None:
-        """Weights in workload.py's layout (conv (kh, kw, in, out), dense (in, out)) into torch's."""
+        """Weights in the shared layout (conv (kh, kw, in, out), dense (in, out)) into torch's."""
         with torch.no_grad():
             for name in ("conv1", "conv2", "dense1", "dense2"):
                 kernel = weights[f"{name}/kernel"]
@@ -40,16 +37,3 @@ class DigitsCNN(nn.Module):
             out[f"{name}/kernel"] = np.ascontiguousarray(w.transpose(2, 3, 1, 0) if w.ndim == 4 else w.T)
             out[f"{name}/bias"] = getattr(self, name).bias.detach().cpu().numpy()
         return out
-
-
-class DigitsTorch(DigitsTrainer, TorchClassifier):
-    def __init__(self, data: DigitsData, spec, batch_size: int, runtime):
-        super().__init__(data, spec, batch_size, *self.share(runtime))
-        net = DigitsCNN()
-        net.load_weights(initial_weights(spec.seed))  # the same on every rank and in every framework
-        self._place(runtime, net)
-        self.opt = torch.optim.SGD(self.net.parameters(), lr=LEARNING_RATE, momentum=MOMENTUM)
-
-
-def build(data: DigitsData, spec, batch_size: int, runtime) -> DigitsTorch:
-    return DigitsTorch(data, spec, batch_size, runtime)
