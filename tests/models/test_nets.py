@@ -216,3 +216,13 @@ def test_the_training_flops_from_the_shapes_are_what_torch_counts_in_a_step(reci
     counted = counter.get_total_flops() / batch
     assert counted > 0
     assert net.training_flops(height, width, r.unroll, r.gan_weight > 0) == pytest.approx(counted, rel=0.02)
+
+
+@pytest.mark.parametrize("module, name", [("surrogate", "Surrogate"), ("pix2pix", "UNetGenerator"), ("winograd", "KernelCache")])
+def test_a_pickle_made_before_the_networks_moved_finds_its_classes(module, name):
+    """MLflow's torch models pickle their classes by module path; those logged before models/karman/ name models.nets.*."""
+    import importlib
+    import pickle
+
+    old = pickle.loads(f"cmodels.nets.{module}\n{name}\n.".encode())  # protocol 0: a GLOBAL opcode, the class itself
+    assert old is getattr(importlib.import_module(f"models.karman.nets.{module}"), name)
