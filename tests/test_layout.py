@@ -108,6 +108,6 @@ MAX_LINES = 450  # a product module longer than this holds more than one idea: s
 
 
 def test_no_product_module_is_longer_than_the_bound():
-    long = {str(p.relative_to(ROOT)): n for folder in ("flows", "tasks") for p in sorted((ROOT / folder).rglob("*.py"))
+    long = {str(p.relative_to(ROOT)): n for folder in ("flows", "tasks", "models") for p in sorted((ROOT / folder).rglob("*.py"))
             if (n := len(p.read_text().splitlines())) > MAX_LINES}
     assert long == {}, f"over {MAX_LINES} lines: {long}"

@@ -106,7 +106,7 @@ def test_fp16_storage_is_not_offered(backend):
 
 
 def test_probes_must_be_interior_nodes():
-    from models.karman.solver.triton_backend import interior_probes
+    from models.karman.solver.triton_plan import interior_probes
 
     with pytest.raises(ValueError, match=r"probe nodes \[\[0, 5\]\] must be interior: rows 1..22, columns 1..30"):
         interior_probes(np.array([[0, 5]]), 24, 32)
@@ -114,7 +114,7 @@ def test_probes_must_be_interior_nodes():
 
 
 def test_a_gpu_advance_of_any_length_runs_all_but_a_few_steps_in_graphs_that_end_where_they_start():
-    from models.karman.solver.triton_backend import GRAPH_LENGTHS, graph_plan
+    from models.karman.solver.triton_plan import GRAPH_LENGTHS, graph_plan
 
     assert all(length % 6 == 0 for length in GRAPH_LENGTHS)  # buffer parity 2 x the outlet's slot cycle 3
     assert graph_plan(50, 1) == (5, [24, 12, 6])  # a 50-step frame after the first step: 8 steps eager

@@ -19,7 +19,7 @@ other buffer (x contiguous), collides them (TRT) and writes them back; nothing e
   pressure differences that make the lift are below fp16's resolution of the populations.
 * **CUDA graphs**: on a GPU, runs of steps are captured once and replayed, so small grids are not bound by
   launch latency. Graphs come in several lengths (``GRAPH_LENGTHS``), so that an advance of any length
-  (a frame of 50 steps, say) replays graphs for all but at most 10 of its steps (``graph_plan``).
+  (a frame of 50 steps, say) replays graphs for all but at most 10 of its steps (``graph_plan``; both in triton_plan.py).
 
 On a CPU the kernel runs only under Triton's interpreter (``TRITON_INTERPRET=1`` set before this module is
 imported), which is how the tests check it against the NumPy reference without a GPU.
@@ -34,12 +34,9 @@ import triton.language as tl
 
 from models.karman.solver.lattice import CX, CY, OPP, W
 from models.karman.solver.operators import INLET_DIRS, OUTLET_DIRS, StepPlan
+from models.karman.solver.triton_plan import FLAG_LINK, batch_capacity, bytes_per_simulation, graph_plan, interior_probes, link_tables
 
 STORAGES = ("float32", "float64")
-FLAG_FLUID, FLAG_SOLID, FLAG_LINK = 0, 1, 2
-# Steps per captured CUDA graph, longest first: each a multiple of 6 (buffer parity 2 x outlet slot cycle 3), so
-# that a graph ends where it started. Halving from 96 covers every multiple of 6 with few graphs.
-GRAPH_LENGTHS = (120, 96, 48, 24, 12, 6)
 
 
 def launch_shape(nx: int) -> tuple[int, int]:
@@ -50,21 +47,6 @@ def launch_shape(nx: int) -> tuple[int, int]:
     38,100) and 4096x1024 (256 and 4: 37,000; 128 and 2: 37,800)."""
     block = min(256, max(16, triton.next_power_of_2(-(-(nx - 1) // 2))))
     return block, max(1, min(4, block // 32))
-
-
-def graph_plan(steps: int, launches: int) -> tuple[int, list[int]]:
-    """How a GPU advances ``steps`` steps after ``launches`` launches: (eager launches first, until the launch
-    count is a multiple of 6, where every graph starts; the graphs' lengths, longest first). The steps left
-    after them, fewer than 6, run eagerly too."""
-    if steps < 0 or launches < 0:
-        raise ValueError(f"steps {steps} and launches {launches} must not be negative")
-    align = min(steps, -launches % 6)
-    rest, lengths = steps - align, []
-    for length in GRAPH_LENGTHS:
-        while rest >= length:
-            lengths.append(length)
-            rest -= length
-    return align, lengths
 
 
 def interpreting() -> bool:
@@ -290,47 +272,6 @@ def step_kernel(fa, fb, flags, block_links, link_row, link_kind, link_coef, inle
             tl.store(outlet_sum + zero_slot * nsim + sim, 0.0)
 
 
-def _links(plans: list[StepPlan], ny: int, nx: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """Cell flags (B, ny, nx) uint8, link rows (B, ny, nx) int32, and the concatenated link tables:
-    kinds (L, 9) uint8 and coefficients (L, 9, 3)."""
-    flags = np.zeros((len(plans), ny, nx), np.uint8)
-    rows = np.zeros((len(plans), ny, nx), np.int32)
-    start = 0
-    for b, plan in enumerate(plans):
-        flags[b][plan.solid[:, 0], plan.solid[:, 1]] = FLAG_SOLID
-        flags[b][plan.cells[:, 0], plan.cells[:, 1]] = FLAG_LINK
-        rows[b][plan.cells[:, 0], plan.cells[:, 1]] = start + np.arange(len(plan.cells))
-        start += len(plan.cells)
-    kinds = np.concatenate([p.kind for p in plans]) if start else np.zeros((1, 9), np.uint8)
-    coefs = np.concatenate([p.coef for p in plans]) if start else np.zeros((1, 9, 3))
-    return flags, rows, kinds, coefs
-
-
-def interior_probes(probes: np.ndarray, ny: int, nx: int) -> np.ndarray:
-    """``probes`` as (np, 2) int64 rows of (y, x); ValueError unless every one is an interior node (the kernel
-    keeps ghost nodes one step behind, so their density is not the step's)."""
-    probes = np.asarray(probes, np.int64).reshape(-1, 2)
-    if len(probes) and ((probes[:, 0] < 1) | (probes[:, 0] > ny - 2) | (probes[:, 1] < 1) | (probes[:, 1] > nx - 2)).any():
-        raise ValueError(f"probe nodes {probes.tolist()} must be interior: rows 1..{ny - 2}, columns 1..{nx - 2}")
-    return probes
-
-
-def bytes_per_simulation(ny: int, nx: int, storage: str) -> int:
-    """Device memory one simulation of a batch holds: two population buffers, the cell flag and link row
-    (1 + 4 bytes a node), and the state read back at the end of a run."""
-    item = 8 if storage == "float64" else 4
-    return ny * nx * (3 * 9 * item + 5)
-
-
-def batch_capacity(ny: int, nx: int, storage: str, device: str) -> int:
-    """How many simulations of ny x nx fit in 90 % of the device's free memory (no limit off a GPU)."""
-    dev = torch.device(device)
-    if dev.type != "cuda" or not torch.cuda.is_available():
-        return 1 << 30
-    free, _ = torch.cuda.mem_get_info(dev)
-    return int(0.9 * free // bytes_per_simulation(ny, nx, storage))
-
-
 class FusedBatch:
     """B simulations of one lattice size advanced together by ``step_kernel`` on ``device``.
 
@@ -355,7 +296,7 @@ class FusedBatch:
         self.compute = torch.float64 if storage == "float64" else torch.float32
         self.fa = on(f, self.compute)
         self.fb = self.fa.clone()  # ghost populations no step writes keep their values in both buffers
-        flags, rows, kinds, coefs = _links(self.plans, self.ny, self.nx)
+        flags, rows, kinds, coefs = link_tables(self.plans, self.ny, self.nx)
         self.flags, self.link_row = on(flags), on(rows)
         self.block, self.warps = launch_shape(self.nx)
         blocks = triton.cdiv(self.nx - 1, self.block)  # columns 0 .. nx - 2, from column 0 (aligned)

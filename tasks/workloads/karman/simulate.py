@@ -147,7 +147,7 @@ BATCH_BODY = "tasks.workloads.karman.simulate:simulate_batch_job"  # the GPU swe
 def simulate_batch_job(job: dict) -> dict:
     """Child job: simulate ``job["sims"]`` (SimulationSpec dicts) on ``job["device"]`` in as few batches as
     its free memory holds, writing each group into ``job["dataset_dir"]``; {"records": the manifest records}."""
-    from models.karman.solver.triton_backend import batch_capacity
+    from models.karman.solver.triton_plan import batch_capacity
 
     specs = [SimulationSpec(**s) for s in job["sims"]]
     size = batch_capacity(specs[0].ny, specs[0].nx, "float32", job["device"])
