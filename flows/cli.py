@@ -118,7 +118,7 @@ def _check_aggregate(settings, spec: AggregateSpec) -> None:
 
 
 def _check_validation(settings, spec: ValidateSpec) -> None:
-    from models.solver import backend_from_name
+    from models.karman.solver import backend_from_name
     from tasks.common.runtimes import probe
     from tasks.common.process.launch import run_child
     from tasks.validate.task import setups

@@ -37,7 +37,7 @@ CALO_VARIANTS = {
     "bf16": {"precision": "bf16"},
     "channels_last": {"channels_last": True},
     "bf16_channels_last": {"precision": "bf16", "channels_last": True},
-    # the convolutions as 2-D ones over runs of depths (calo.torch_nets.depth_blocks): depths per plane, planes channels-last
+    # the convolutions as 2-D ones over runs of depths (models.calo.torch.depth_blocks): depths per plane, planes channels-last
     "conv3d": {"depth_block": 0},
     "conv3d_bf16": {"depth_block": 0, "precision": "bf16"},
     "blocks8": {"depth_block": 8},
@@ -81,7 +81,7 @@ def _calo_batch(trainer_module, cfg, batch: int):
     step_shares' three steps after its warm-up take their own."""
     import numpy as np
 
-    from tasks.workloads.calo.showers import shower_events
+    from models.calo.showers import shower_events
     from tasks.workloads.calo.workload import ROLES, CaloData
 
     energy, angle = np.linspace(10.0, 500.0, 4 * batch), np.linspace(60.0, 120.0, 4 * batch)
@@ -103,7 +103,7 @@ def calo(batches: list[int], variants: list[str], device: str = "cuda") -> dict:
     from tasks.common.specs import TrainSpec
     from tasks.common.runtimes.runtime_torch import TorchRuntime
     from tasks.workloads.calo import torch as calo_torch
-    from tasks.workloads.calo import torch_nets as calo_nets
+    from models.calo import torch as calo_nets
     from tasks.workloads.calo.workload import ACCELERATOR
 
     broadcast = calo_nets.upsample
@@ -210,8 +210,8 @@ def graph_check(device: str = "cuda", size: int = 64, batch: int = 4, steps: int
     import torch
 
     from models.device import resolve_device
-    from models.nets.config import NetConfig
-    from models.nets.trainer import OptimConfig, build_trainer, speed_options
+    from models.karman.nets.config import NetConfig
+    from models.karman.nets.trainer import OptimConfig, build_trainer, speed_options
 
     net = NetConfig(in_channels=4, out_channels=3, size=size, dropout=0.0)
     ctx = resolve_device(device, "fp32")

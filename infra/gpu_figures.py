@@ -41,7 +41,7 @@ STEPS: dict[str, tuple[list[str], int]] = {
 def validate(case: str, dtype: str, cells: str, velocity: str | None = None) -> dict:
     """The Schäfer–Turek case at ``cells`` nodes per diameter (and lattice velocity, None: the case's own) on the
     fused kernel, with the intervals' verdict."""
-    from models.solver.benchmark import REFERENCE, within
+    from models.karman.solver.benchmark import REFERENCE, within
     from tasks.validate.job import validate_job
 
     with tempfile.TemporaryDirectory() as folder:

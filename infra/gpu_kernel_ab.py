@@ -4,7 +4,7 @@ Usage: ``python infra/gpu_kernel_ab.py [--against FILE]``. At each size (16 simu
 4096x1024, the bench-solver flows in fp32) every variant is built, run once to compile and capture its CUDA
 graphs, then timed five times, the variants interleaved so that they share the GPU's state. Variants: the
 kernel with its own ``launch_shape``, the same kernel with other (cells a block, warps) shapes, and with
-``--against`` a ``triton_backend.py`` of another revision (``git show REV:models/solver/triton_backend.py``).
+``--against`` a ``triton_backend.py`` of another revision (``git show REV:models/karman/solver/triton_backend.py``).
 Prints one JSON line per size: median steps/s per simulation and MLUPS per variant, each run's steps/s, and the
 largest difference between the variants' final states (fp32 rounding only: the shapes change no arithmetic but
 the order of the force sums).
@@ -22,8 +22,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from models.solver import ChannelSolver  # noqa: E402
-from models.solver import triton_backend  # noqa: E402
+from models.karman.solver import ChannelSolver  # noqa: E402
+from models.karman.solver import triton_backend  # noqa: E402
 from tasks.bench.solver import bench_batch_configs  # noqa: E402
 
 NO_PROBES = np.zeros((0, 2), np.int64)

@@ -6,7 +6,7 @@ Strategies by name:
 - ``mirrored``: MirroredStrategy over the world's devices in one process: GPUs, or on ``cpu`` that
   many logical CPU devices sharing the host's cores (how the strategy is exercised without GPUs);
 - ``multiworker``: MultiWorkerMirroredStrategy, one process per device, the cluster described in
-  TF_CONFIG by the launcher (tasks.common.workers); each process one device;
+  TF_CONFIG by the launcher (tasks.common.config.frameworks); each process one device;
 - ``tpu``: TPUStrategy on a TPU host (its cores are the replicas).
 
 Call ``resolve_strategy`` before anything else touches TensorFlow's devices: logical devices and
@@ -87,7 +87,7 @@ def resolve_strategy(device: str, strategy: str, world: int, threads: int | None
 def _multiworker(kind: str, name: str) -> KerasContext:
     config = json.loads(os.environ.get("TF_CONFIG", "{}"))
     if not config.get("cluster", {}).get("worker"):
-        raise DeviceUnavailable("strategy multiworker needs TF_CONFIG naming the workers (tasks.common.workers starts them)")
+        raise DeviceUnavailable("strategy multiworker needs TF_CONFIG naming the workers (tasks.common.config.frameworks starts them)")
     workers, rank = len(config["cluster"]["worker"]), int(config["task"]["index"])
     options = tf.distribute.experimental.CommunicationOptions(implementation=tf.distribute.experimental.CommunicationImplementation.RING)
     strategy = tf.distribute.MultiWorkerMirroredStrategy(communication_options=options)

@@ -7,9 +7,9 @@ from dataclasses import replace
 
 import numpy as np
 
-from models.solver import Backend, ChannelSolver, FlowConfig, SolverBatch, backend_from_name
-from models.solver import roofline
-from models.solver.timing import bench_config, timed_advances
+from models.karman.solver import Backend, ChannelSolver, FlowConfig, SolverBatch, backend_from_name
+from models.karman.solver import roofline
+from models.karman.solver.timing import bench_config, timed_advances
 from tasks.bench.specs import BenchSolverSpec
 from tasks.common.measures.ceiling import cpu_name, datasheet_bandwidth
 

@@ -13,8 +13,8 @@ from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Fie
 from pydantic_core import PydanticCustomError
 
 from models.host import DeviceKind
-from models.nets.config import check_cuda_graph
-from models.tiling import DEFAULT_HALO
+from models.karman.nets.config import check_cuda_graph
+from models.karman.tiling import DEFAULT_HALO
 from tasks.common.specs import DEFAULT_WORKLOAD, WORKLOAD_NAME
 
 
@@ -93,7 +93,7 @@ class BenchSolverSpec(BenchSpec):
 
     @model_validator(mode="after")
     def _backend_offers(self) -> "BenchSolverSpec":
-        from models.solver import backend_from_name
+        from models.karman.solver import backend_from_name
 
         backend = backend_from_name(self.backend)
         if self.batch > 1 and not backend.batched:

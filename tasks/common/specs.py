@@ -11,7 +11,8 @@ from pydantic import (BaseModel, ConfigDict, Field, PositiveFloat, PositiveInt, 
 from pydantic.json_schema import SkipJsonSchema, WithJsonSchema
 
 from models.host import DeviceKind as Device
-from models.tiling import DEFAULT_HALO
+from models.karman.nets.config import check_cuda_graph
+from models.karman.tiling import DEFAULT_HALO
 from tasks.common.config.frameworks import FRAMEWORKS
 
 DEFAULT_EPOCHS = 3  # a training run's epoch limit when it gives neither epochs nor a time budget
@@ -216,7 +217,7 @@ class TrainSpec(Spec):
     def progress(self, train_s: float, step: int, steps_per_epoch: int) -> float:
         """How far the run is, 0 to 1, for the learning-rate schedule: training time over the time
         budget or optimiser steps over the step limit (epochs, ``max_steps``), whichever is further."""
-        from models.recipe import schedule_progress
+        from models.schedule import schedule_progress
 
         total = self.epoch_limit * steps_per_epoch
         return schedule_progress(train_s, step, self.time_budget, min(total, self.max_steps or total))

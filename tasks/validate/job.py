@@ -2,7 +2,7 @@
 
 import numpy as np
 
-from models.solver.benchmark import Setup, run
+from models.karman.solver.benchmark import Setup, run
 
 BODY = "tasks.validate.job:validate_job"
 

@@ -9,8 +9,8 @@ from pathlib import Path
 import numpy as np
 from prefect import get_run_logger, task
 
-from models.solver import backend_from_name
-from models.solver.benchmark import REFERENCE, Setup, within
+from models.karman.solver import backend_from_name
+from models.karman.solver.benchmark import REFERENCE, Setup, within
 from tasks.common.config.errors import UserError
 from tasks.common.process.launch import run_child
 from tasks.common.tracking.names import Tag
@@ -18,6 +18,7 @@ from tasks.common.reports.plots import coefficient_history
 from tasks.common.config.settings import Settings
 from tasks.workloads.karman.specs import ValidateSpec
 from tasks.common.tracking.runs import mlflow_run
+from tasks.workloads.karman.specs import ValidateSpec
 from tasks.validate.job import BODY
 
 TOLERANCE = 0.02  # every quantity within 2% of its reference interval

@@ -151,7 +151,7 @@ def test_bad_sweep_lists_are_refused_on_the_command_line(workdir, args, fragment
 
 def test_a_diverging_simulation_fails_alone_and_is_never_marked_complete(workdir):
     """A square 24 cells across at Re 240 passes the stable-range checks but diverges within 4000 steps
-    (it sits at their edge: see models/solver/config.py); its neighbour at Re 20 must still land."""
+    (it sits at their edge: see models/karman/solver/config.py); its neighbour at Re 20 must still land."""
     args = ["generate", "--dataset", "edge", "--reynolds", "20,240", "--shapes", "square", "--nx", "288", "--ny", "96",
             "--size", "24", "--y-offset", "0", "--warmup-steps", "6000", "--frames", "2", "--frame-every", "10",
             "--workers", "1", "--json"]

@@ -91,7 +91,7 @@ def test_rollout_feeds_predictions_back(demo_result, workdir):
     import torch
 
     from tasks.workloads.karman.data import StepCodec, load_frames
-    from models.flow_metrics import relative_l2
+    from models.karman.flow_metrics import relative_l2
     from tasks.workloads.karman.infer.torch import load_model
     from tasks.common.config.settings import Settings
 

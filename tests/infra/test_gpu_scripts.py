@@ -7,7 +7,7 @@ import pytest
 
 from flows.bench import BENCH_COMMANDS
 from flows.options import OneLineParser, spec_from_args
-from models.solver.benchmark import Setup
+from models.karman.solver.benchmark import Setup
 from tests.conftest import ROOT
 
 sys.path.insert(0, str(ROOT / "infra"))

@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from models.solver.benchmark import LATTICE_U_MEAN, REFERENCE, Setup, periods, run, within
+from models.karman.solver.benchmark import LATTICE_U_MEAN, REFERENCE, Setup, periods, run, within
 
 
 def test_setup_reproduces_the_benchmark_geometry():
@@ -42,7 +42,7 @@ def test_pressure_stencil_is_exact_for_linear_fields():
     assert front == pytest.approx(0.3 + 0.01 * (c - r) - 0.02 * c)
     assert back == pytest.approx(0.3 + 0.01 * (c + r) - 0.02 * c)
     cfg = setup.config()
-    from models.solver.geometry import channel_nodes
+    from models.karman.solver.geometry import channel_nodes
 
     assert (channel_nodes(cfg.ny, cfg.nx, cfg.obstacle)[nodes[:, 0], nodes[:, 1]] == 0).all()  # all fluid
 

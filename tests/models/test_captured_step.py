@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from models.device import resolve_device
-from models.nets.config import NetConfig
-from models.nets.trainer import CapturedSteps, OptimConfig, Pix2Pix, build_trainer, speed_options
+from models.karman.nets.config import NetConfig
+from models.karman.nets.trainer import CapturedSteps, OptimConfig, Pix2Pix, build_trainer, speed_options
 from tasks.bench.specs import BenchTrainSpec
 from tasks.common.specs import TrainSpec
 

@@ -4,9 +4,9 @@ import numpy as np
 import pytest
 import torch
 
-from models.damping import blur, check_strength, damp
-from models.nets.surrogate import Surrogate
-from models.nets.surrogate import damp as damp_torch
+from models.karman.damping import blur, check_strength, damp
+from models.karman.nets.surrogate import Surrogate
+from models.karman.nets.surrogate import damp as damp_torch
 from tasks.workloads.karman.data import Normalizer, StepCodec
 
 H, W = 16, 24

@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from models.flow_metrics import RolloutScore, dominant_frequency, horizon, relative_l2, strouhal
+from models.karman.flow_metrics import RolloutScore, dominant_frequency, horizon, relative_l2, strouhal
 
 
 def test_relative_l2_is_zero_for_equal_fields_and_scales_with_the_error():

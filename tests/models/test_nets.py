@@ -4,9 +4,9 @@ import pytest
 import torch
 
 from models.device import DeviceUnavailable, resolve_device
-from models.nets.config import NetConfig
-from models.nets.pix2pix import build_discriminator, build_generator
-from models.nets.trainer import OptimConfig, Pix2Pix
+from models.karman.nets.config import NetConfig
+from models.karman.nets.pix2pix import build_discriminator, build_generator
+from models.karman.nets.trainer import OptimConfig, Pix2Pix
 
 
 def count(net):
@@ -76,7 +76,7 @@ def test_unavailable_devices_fail_fast(monkeypatch):
 def test_small_map_matrix_products_equal_the_convolutions(side):
     """The U-Net's strided convolutions computed as matrix products over unfolded patches give the
     same outputs and gradients as the convolution kernels."""
-    from models.nets.pix2pix import Down, Up
+    from models.karman.nets.pix2pix import Down, Up
 
     torch.manual_seed(0)
     for layer in (Down(6, 5, bias=True), Up(6, 5, bias=True), Down(6, 5, bias=False)):
@@ -94,7 +94,7 @@ def test_small_map_matrix_products_equal_the_convolutions(side):
 
 
 def test_generator_with_small_map_products_is_the_same_network():
-    from models.nets.pix2pix import use_gemm_for_small_maps
+    from models.karman.nets.pix2pix import use_gemm_for_small_maps
 
     torch.manual_seed(0)
     cfg = NetConfig(in_channels=4, out_channels=3, size=64, ngf=4, ndf=4)
@@ -107,7 +107,7 @@ def test_generator_with_small_map_products_is_the_same_network():
 
 
 def test_the_constraints_zero_the_obstacle_and_hold_the_inlet_velocity_and_touch_nothing_else():
-    from models.recipe import get_recipe
+    from models.karman.recipe import get_recipe
 
     zero = [-0.5, 0.25, 0.125]  # u = v = p = 0 in network units
     recipe = get_recipe("default").with_overrides(constrain=True)
@@ -200,8 +200,8 @@ def test_the_training_flops_from_the_shapes_are_what_torch_counts_in_a_step(reci
     from torch.utils.flop_counter import FlopCounterMode
 
     from models.device import resolve_device
-    from models.nets.trainer import build_trainer, speed_options
-    from models.recipe import OptimConfig, get_recipe
+    from models.karman.nets.trainer import build_trainer, speed_options
+    from models.karman.recipe import OptimConfig, get_recipe
 
     r = get_recipe(recipe).with_overrides(upsample=upsample)
     height, width = (crop, crop) if crop else (32, 64)
@@ -216,3 +216,13 @@ def test_the_training_flops_from_the_shapes_are_what_torch_counts_in_a_step(reci
     counted = counter.get_total_flops() / batch
     assert counted > 0
     assert net.training_flops(height, width, r.unroll, r.gan_weight > 0) == pytest.approx(counted, rel=0.02)
+
+
+@pytest.mark.parametrize("module, name", [("surrogate", "Surrogate"), ("pix2pix", "UNetGenerator"), ("winograd", "KernelCache")])
+def test_a_pickle_made_before_the_networks_moved_finds_its_classes(module, name):
+    """MLflow's torch models pickle their classes by module path; those logged before models/karman/ name models.nets.*."""
+    import importlib
+    import pickle
+
+    old = pickle.loads(f"cmodels.nets.{module}\n{name}\n.".encode())  # protocol 0: a GLOBAL opcode, the class itself
+    assert old is getattr(importlib.import_module(f"models.karman.nets.{module}"), name)

@@ -22,12 +22,12 @@ import contextlib, json
 import numpy as np
 import torch
 import jax, jax.numpy as jnp
-from models.nets.config import NetConfig
-from models.nets import pix2pix_jax as pj
-from models.nets.pix2pix import build_discriminator, build_generator
-from models.nets.trainer import OptimConfig, Pix2Pix
-from models.nets.trainer_jax import Pix2PixJax
-from models.recipe import get_recipe
+from models.karman.nets.config import NetConfig
+from models.karman.nets import pix2pix_jax as pj
+from models.karman.nets.pix2pix import build_discriminator, build_generator
+from models.karman.nets.trainer import OptimConfig, Pix2Pix
+from models.karman.nets.trainer_jax import Pix2PixJax
+from models.karman.recipe import get_recipe
 
 torch.set_num_threads(1)
 state = lambda module: pj.split_state({k: v.numpy() for k, v in module.state_dict().items()})

@@ -23,12 +23,12 @@ load("tensorflow")
 import numpy as np
 import tensorflow as tf
 import torch
-from models.nets.config import NetConfig
-from models.nets.pix2pix import build_discriminator, build_generator
-from models.nets import pix2pix_keras as kn
-from models.nets.trainer import OptimConfig, Pix2Pix
-from models.nets.trainer_keras import KerasPix2Pix
-from models.recipe import get_recipe
+from models.karman.nets.config import NetConfig
+from models.karman.nets.pix2pix import build_discriminator, build_generator
+from models.karman.nets import pix2pix_keras as kn
+from models.karman.nets.trainer import OptimConfig, Pix2Pix
+from models.karman.nets.trainer_keras import KerasPix2Pix
+from models.karman.recipe import get_recipe
 
 parity = []
 for options in json.loads(sys.argv[1]):

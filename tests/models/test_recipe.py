@@ -8,10 +8,11 @@ import contextlib
 import pytest
 import torch
 
-from models.nets.config import NetConfig
-from models.nets.pix2pix import build_generator
-from models.nets.trainer import OptimConfig, Pix2Pix
-from models.recipe import LR_FLOOR, RECIPES, get_recipe, lr_factor
+from models.karman.nets.config import NetConfig
+from models.karman.nets.pix2pix import build_generator
+from models.karman.nets.trainer import OptimConfig, Pix2Pix
+from models.karman.recipe import RECIPES, get_recipe
+from models.schedule import LR_FLOOR, lr_factor
 
 
 def test_unknown_recipe_names_the_choices():
@@ -164,7 +165,7 @@ def test_resize_upsampling_keeps_a_constant_input_constant_where_transposed_conv
 
 
 def test_the_broadcast_doubling_for_xla_equals_torchs_nearest_upsampling_and_its_gradient():
-    from models.nets.pix2pix import NearestDouble, broadcast_double
+    from models.karman.nets.pix2pix import NearestDouble, broadcast_double
 
     x = torch.randn(2, 3, 5, 7, requires_grad=True)
     grad_out = torch.randn(2, 3, 10, 14)
@@ -176,7 +177,7 @@ def test_the_broadcast_doubling_for_xla_equals_torchs_nearest_upsampling_and_its
 
 
 def test_a_resize_generator_gives_the_same_output_and_gradients_with_the_broadcast_doubling_xla_runs(monkeypatch):
-    from models.nets import pix2pix
+    from models.karman.nets import pix2pix
 
     torch.manual_seed(0)
     net = build_generator(NetConfig(in_channels=4, out_channels=3, size=32, depth=3, ngf=4, upsample="resize", output="linear"))

@@ -3,8 +3,8 @@
 import numpy as np
 import pytest
 
-from models.flow_metrics import RolloutScore, correlation, relative_l2
-from models.rollout_diagnostics import (ACDM_INC_STD, LagWindow, acdm_mse, band_edges, band_errors, correlation_time, gaussian_lowpass,
+from models.karman.flow_metrics import RolloutScore, correlation, relative_l2
+from models.karman.rollout_diagnostics import (ACDM_INC_STD, LagWindow, acdm_mse, band_edges, band_errors, correlation_time, gaussian_lowpass,
                                         lag_aligned_error, lowpass_error, phase_frequency, phase_frequency_error, rollout_rmse)
 
 OMEGA = 2 * np.pi / 15  # radians per step: 15 steps per shedding period, as the demo's wake at stride 1

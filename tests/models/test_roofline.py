@@ -5,7 +5,7 @@ import math
 import numpy as np
 import pytest
 
-from models.solver.roofline import (NumbaCopy, TorchCopy, bytes_per_cell, copy_bandwidth, population_bytes, roofline_fraction,
+from models.karman.solver.roofline import (NumbaCopy, TorchCopy, bytes_per_cell, copy_bandwidth, population_bytes, roofline_fraction,
                                     roofline_mlups)
 
 

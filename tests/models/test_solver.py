@@ -3,10 +3,10 @@
 import numpy as np
 import pytest
 
-from models.solver import ChannelSolver, FlowConfig, Obstacle
-from models.solver.collision import equilibrium, moments, trt_collide, trt_rates
-from models.solver.geometry import obstacle_links, channel_nodes
-from models.solver.lattice import CX, CY, SOLID, W
+from models.karman.solver import ChannelSolver, FlowConfig, Obstacle
+from models.karman.solver.collision import equilibrium, moments, trt_collide, trt_rates
+from models.karman.solver.geometry import obstacle_links, channel_nodes
+from models.karman.solver.lattice import CX, CY, SOLID, W
 
 FAST = ["numba", "torch"]
 ALL = ["numpy", *FAST]
@@ -189,7 +189,7 @@ def test_torch_backend_on_an_xla_device_matches_the_reference():
 
     code = (
         "import numpy as np, torch_xla\n"
-        "from models.solver import ChannelSolver, FlowConfig, Obstacle\n"
+        "from models.karman.solver import ChannelSolver, FlowConfig, Obstacle\n"
         "cfg = FlowConfig(nx=48, ny=24, reynolds=40.0, u_max=0.1, obstacle=Obstacle(cx=10.3, cy=12.2, size=5.0))\n"
         "ref = ChannelSolver(cfg, backend='numpy'); ref.perturb(1)\n"
         "xla = ChannelSolver(cfg, backend='torch', device=str(torch_xla.device())); xla.perturb(1)\n"

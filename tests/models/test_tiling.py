@@ -6,10 +6,10 @@ import torch
 from torch import nn
 
 from models.device import resolve_device
-from models.inference import Predictor, make_runner
-from models.nets.config import NetConfig
-from models.nets.pix2pix import build_generator
-from models.tiling import TilePlan, TilingError, pack_groups, unpack_groups
+from models.karman.inference import Predictor, make_runner
+from models.karman.nets.config import NetConfig
+from models.karman.nets.pix2pix import build_generator
+from models.karman.tiling import TilePlan, TilingError, pack_groups, unpack_groups
 
 PLANS = [
     dict(height=64, width=128, tile=(64, 64), halo=8, unit=64),

@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from models.solver import ChannelSolver, FlowConfig, Obstacle
+from models.karman.solver import ChannelSolver, FlowConfig, Obstacle
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -106,7 +106,7 @@ def test_fp16_storage_is_not_offered(backend):
 
 
 def test_probes_must_be_interior_nodes():
-    from models.solver.triton_backend import interior_probes
+    from models.karman.solver.triton_plan import interior_probes
 
     with pytest.raises(ValueError, match=r"probe nodes \[\[0, 5\]\] must be interior: rows 1..22, columns 1..30"):
         interior_probes(np.array([[0, 5]]), 24, 32)
@@ -114,7 +114,7 @@ def test_probes_must_be_interior_nodes():
 
 
 def test_a_gpu_advance_of_any_length_runs_all_but_a_few_steps_in_graphs_that_end_where_they_start():
-    from models.solver.triton_backend import GRAPH_LENGTHS, graph_plan
+    from models.karman.solver.triton_plan import GRAPH_LENGTHS, graph_plan
 
     assert all(length % 6 == 0 for length in GRAPH_LENGTHS)  # buffer parity 2 x the outlet's slot cycle 3
     assert graph_plan(50, 1) == (5, [24, 12, 6])  # a 50-step frame after the first step: 8 steps eager
@@ -138,7 +138,7 @@ def test_the_kernel_compiles_for_an_h100(storage, fold, periodic, shape):
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
-    from models.solver.triton_backend import step_kernel
+    from models.karman.solver.triton_backend import step_kernel
 
     store = compute = {"float32": "fp32", "float64": "fp64"}[storage]
     pointers = {"fa": store, "fb": store, "flags": "u8", "block_links": "u8", "link_row": "i32", "link_kind": "u8", "link_coef": compute,
@@ -155,7 +155,7 @@ def test_the_kernel_compiles_for_an_h100(storage, fold, periodic, shape):
 
 
 def test_launch_shapes_cover_each_row_with_aligned_blocks_of_one_or_two_cells_a_thread():
-    from models.solver.triton_backend import launch_shape
+    from models.karman.solver.triton_backend import launch_shape
 
     assert [launch_shape(nx) for nx in (64, 128, 1024, 4096)] == [(32, 1), (64, 2), (256, 4), (256, 4)]  # as measured on an H100
     for nx in range(4, 5000, 7):

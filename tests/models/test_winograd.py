@@ -7,10 +7,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from models.nets.config import NetConfig
-from models.nets.pix2pix import build_discriminator, use_winograd
-from models.nets.pix2pix import Conv
-from models.nets.winograd import KernelCache, conv4x4, supports
+from models.karman.nets.config import NetConfig
+from models.karman.nets.pix2pix import build_discriminator, use_winograd
+from models.karman.nets.pix2pix import Conv
+from models.karman.nets.winograd import KernelCache, conv4x4, supports
 
 
 def _all_grads(y, inputs):

@@ -13,9 +13,9 @@ import sys
 
 import numpy as np
 
-from models.solver import ChannelSolver, FlowConfig, Obstacle
-from models.solver.lattice import CX, CY
-from models.solver.triton_backend import FusedBatch, interpreting
+from models.karman.solver import ChannelSolver, FlowConfig, Obstacle
+from models.karman.solver.lattice import CX, CY
+from models.karman.solver.triton_backend import FusedBatch, interpreting
 
 PROBES = np.array([[5, 10], [12, 25]])
 

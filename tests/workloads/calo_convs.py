@@ -17,8 +17,8 @@ import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
-from tasks.workloads.calo import jax as calo_jax  # noqa: E402
-from tasks.workloads.calo.nets import discriminator_convs, generator_convs  # noqa: E402
+from models.calo import jax as calo_jax  # noqa: E402
+from models.calo.nets import discriminator_convs, generator_convs  # noqa: E402
 from tasks.workloads.calo.workload import CPU  # noqa: E402
 
 

@@ -15,10 +15,11 @@ def main(latent: int, width: float, pool: int = 1) -> dict:
     import numpy as np
     import torch
 
-    from tasks.workloads.calo import tensorflow as kn
-    from tasks.workloads.calo import torch_nets as tn
+    from models.calo import keras as kn
+    from models.calo import torch as tn
+    from models.calo.nets import POWER, PROFILE_FLOOR, NetConfig, SMALL, initial_weights
+    from tasks.workloads.calo.tensorflow import profile_loss as keras_profile_loss
     from tasks.workloads.calo.torch import profile_loss
-    from tasks.workloads.calo.nets import POWER, PROFILE_FLOOR, NetConfig, SMALL, initial_weights
 
     cfg = NetConfig(latent=latent, width=width, pool=pool)
     weights = initial_weights(cfg, 0)
@@ -58,12 +59,12 @@ def main(latent: int, width: float, pool: int = 1) -> dict:
         sum_level, sum_slope = level_slope(np.log(1 / np.array([[1.1], [0.9]])))
         e_t, e_k = torch.from_numpy(z[:, :1]), z[:, :1]
         out["profile"] = {"numpy": float(((level ** 2 + slope ** 2) / scale ** 2).mean()),
-                          "torch": float(profile_loss(t_img, torch.from_numpy(real), e_t)), "keras": float(kn.profile_loss(k_img, real, e_k)),
+                          "torch": float(profile_loss(t_img, torch.from_numpy(real), e_t)), "keras": float(keras_profile_loss(k_img, real, e_k)),
                           "level_only": float(profile_loss(t_img, torch.from_numpy(real), torch.ones_like(e_t))),
                           "numpy_level_only": float((level ** 2 / scale ** 2).mean()),
                           "scaled": float(profile_loss(t_img, t_img * torch.tensor([1.1, 0.9]).pow(POWER).reshape(2, 1, 1, 1, 1), e_t)),
                           "numpy_scaled": float((sum_level[0] ** 2 + sum_slope[0] ** 2) / len(scale)),
-                          "same": float(profile_loss(t_img, t_img, e_t)) + float(kn.profile_loss(k_img, k_img, e_k))}
+                          "same": float(profile_loss(t_img, t_img, e_t)) + float(keras_profile_loss(k_img, k_img, e_k))}
         back = kn.weights_of(kd)
         out["round_trip"] = all(np.array_equal(back[k], v) for k, v in td.weights().items()) and set(back) == set(td.weights())
     return out

@@ -19,7 +19,7 @@ EVENTS, BATCH = 6, 4
 
 def data_of():
     """Six synthetic showers in every role (each role the same), 100-200 GeV, 60-120 degrees."""
-    from tasks.workloads.calo.showers import shower_events
+    from models.calo.showers import shower_events
     from tasks.workloads.calo.workload import ROLES, CaloData
 
     energy, angle = np.linspace(105.0, 195.0, EVENTS), np.linspace(65.0, 115.0, EVENTS)
@@ -42,9 +42,10 @@ def steps(framework: str, dtype: str) -> dict:
         import keras
 
         keras.config.set_floatx(dtype)
+    from models.calo import keras as keras_nets
+    from models.calo.nets import SMALL, average_decay
     from tasks.common.specs import TrainSpec
     from tasks.workloads import framework_module, get_workload
-    from tasks.workloads.calo.nets import SMALL, average_decay
 
     cfg = replace(SMALL, dropout=0.0, width=0.25, pool=3, energy_scaled=True, average=0.9, profile=1.0, schedule="cosine")
     module = framework_module(get_workload("calo"), framework)
@@ -54,7 +55,7 @@ def steps(framework: str, dtype: str) -> dict:
     trainer = trainer_class(data, spec, BATCH, runtime, cfg)
     trainer.calibration_batches = 5  # (a run takes 100: at about 0.2 s a Keras forward pass here, they would take most of the test)
     batches = trainer.batches(1, 1)
-    weights_of = {"torch": lambda: trainer.g.weights(), "tensorflow": lambda: module.weights_of(trainer.g), "jax": lambda: trainer.live_weights()}[framework]  # noqa: E731
+    weights_of = {"torch": lambda: trainer.g.weights(), "tensorflow": lambda: keras_nets.weights_of(trainer.g), "jax": lambda: trainer.live_weights()}[framework]  # noqa: E731
     live = lambda: {k: np.array(v) for k, v in weights_of().items()}  # noqa: E731  (copies: torch's arrays share the tensors' memory)
     before = live()
     first, flags = trainer.step(next(batches), [0.0, 0.0, 1.5], 0.0)
@@ -77,12 +78,12 @@ def steps(framework: str, dtype: str) -> dict:
     rates = [trainer.learning_rate()] + (trainer.rates() if framework == "jax" else
                                          [float(o.lr) if framework == "torch" else float(o.learning_rate) for o in optimisers])
     shares = module.step_shares(trainer, 1) if framework == "torch" else {}
-    folded = folded_error(module, cfg) if framework == "jax" else None
+    folded = folded_error(cfg) if framework == "jax" else None
     return {"folded": folded, "shares": shares, "averaged": averaged, "statistics": statistics, "recalibrated": recalibrated, "first": first, "second": second, "second_fresh": second_fresh, "flags": flags, "restored": restored, "rates": rates,
             "scores": trainer.evaluate(), "generated_sum": float(trainer.generate("val").sum())}
 
 
-def folded_error(module, cfg) -> float:
+def folded_error(cfg) -> float:
     """The largest difference, relative to the outputs' largest magnitude, between JAX's convolutions folded into 2-D
     ones and XLA's 3-D convolutions, over every layer of both networks of ``cfg`` (random inputs, nets.py's weights).
     Each network's layers are compared in one compiled function: op by op, JAX compiled each of the 58 convolutions and
@@ -90,7 +91,8 @@ def folded_error(module, cfg) -> float:
     import jax
     import jax.numpy as jnp
 
-    from tasks.workloads.calo.nets import discriminator_convs, generator_convs, initial_weights
+    from models.calo.jax import conv
+    from models.calo.nets import discriminator_convs, generator_convs, initial_weights
 
     weights, rng, worst = initial_weights(cfg, 0), np.random.default_rng(2), 0.0
     first = {"generator": tuple(s * u for s, u in zip(cfg.seed_grid, cfg.upsample)), "discriminator": cfg.image}  # (x, y, z)
@@ -101,8 +103,8 @@ def folded_error(module, cfg) -> float:
 
         def errors(xs, w, convs=convs):
             def error(x, c):
-                native = module.conv(x, w, c, False)
-                return jnp.abs(native - module.conv(x, w, c, True)).max() / jnp.abs(native).max()
+                native = conv(x, w, c, False)
+                return jnp.abs(native - conv(x, w, c, True)).max() / jnp.abs(native).max()
 
             return jnp.stack([error(x, c) for c, x in zip(convs, xs)])
 

@@ -7,7 +7,7 @@ import torch.nn.functional as F
 
 
 def test_the_broadcast_upsampling_is_nearest_interpolation_forward_and_backward():
-    from tasks.workloads.calo.torch_nets import upsample
+    from models.calo.torch import upsample
 
     x = torch.randn(2, 3, 4, 5, 3, dtype=torch.float64, requires_grad=True)
     y = x.detach().clone().requires_grad_(True)
@@ -22,8 +22,8 @@ def test_the_broadcast_upsampling_is_nearest_interpolation_forward_and_backward(
 
 @pytest.mark.parametrize("moments", [torch.float64, torch.float32])
 def test_batch_norm_takes_its_moments_in_the_dtype_set_and_moves_its_statistics(moments):
-    from tasks.workloads.calo.nets import BN_MOMENTUM
-    from tasks.workloads.calo.torch_nets import BatchNorm
+    from models.calo.nets import BN_MOMENTUM
+    from models.calo.torch import BatchNorm
 
     torch.manual_seed(0)
     x = 3.0 + 2.0 * torch.randn(4, 2, 6, 5, 4)
@@ -40,9 +40,9 @@ def test_batch_norm_takes_its_moments_in_the_dtype_set_and_moves_its_statistics(
 
 def test_a_cpu_trainer_takes_float64_moments_and_its_batches_gather_the_precomputed_images():
     from tasks.common.specs import TrainSpec
-    from tasks.workloads.calo.nets import NetConfig
+    from models.calo.nets import NetConfig
     from tasks.workloads.calo.torch import CaloTorch
-    from tasks.workloads.calo.torch_nets import BatchNorm
+    from models.calo.torch import BatchNorm
     from tasks.workloads.calo.workload import to_image
     from tests.workloads.calo_step import data_of
     from tests.workloads.digits_step import runtime_of
@@ -62,7 +62,7 @@ def test_a_cpu_trainer_takes_float64_moments_and_its_batches_gather_the_precompu
 def test_convolutions_over_runs_of_depths_are_torchs_3d_convolutions_forward_and_backward(block, channels_last):
     """depth_blocks against F.conv3d in float64, the published layers' kernels (the generator's first, the
     discriminator's first from one channel, the last 2x2x2), depths that do and do not fill whole blocks."""
-    from tasks.workloads.calo.torch_nets import depth_blocks
+    from models.calo.torch import depth_blocks
 
     torch.manual_seed(block)
     for cin, cout, kernel, shape in ((8, 8, (6, 6, 8), (9, 8, 20)), (1, 16, (5, 6, 6), (7, 8, 13)), (6, 1, (2, 2, 2), (4, 5, 7))):
@@ -78,7 +78,7 @@ def test_convolutions_over_runs_of_depths_are_torchs_3d_convolutions_forward_and
 
 
 def test_a_cuda_trainer_runs_its_convolutions_over_runs_of_depths_and_a_cpu_one_in_3d():
-    from tasks.workloads.calo.torch_nets import DEPTH_BLOCKS
+    from models.calo.torch import DEPTH_BLOCKS
 
     assert DEPTH_BLOCKS.get("cpu", (0, False)) == (0, False)
     assert DEPTH_BLOCKS["cuda"][0] > 1

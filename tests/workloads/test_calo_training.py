@@ -10,7 +10,7 @@ from mlflow.tracking import MlflowClient
 
 from tests.conftest import run_in_process
 from tests.flows.test_cli import assert_refused
-from tasks.workloads.calo.nets import parameter_counts
+from models.calo.nets import parameter_counts
 from tasks.workloads.calo.workload import CPU
 from tests.tasks.train.interrupt import resumes_to_its_end
 from tests.workloads.digits_step import stepped_when_asked

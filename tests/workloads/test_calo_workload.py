@@ -15,7 +15,7 @@ from tests.flows.test_cli import assert_refused
 
 
 def test_the_mean_longitudinal_profile_is_the_analytic_gamma_profile():
-    from tasks.workloads.calo.showers import analytic_longitudinal, shower_events
+    from models.calo.showers import analytic_longitudinal, shower_events
 
     for fluctuate, events, tol in ((False, 40, 0.002), (True, 150, 0.004)):
         cells = shower_events(np.full(events, 150.0), np.full(events, 90.0), 7, fluctuate=fluctuate)
@@ -28,8 +28,8 @@ def test_the_mean_longitudinal_profile_is_the_analytic_gamma_profile():
 
 
 def test_the_metrics_recover_the_sampling_fraction_resolution_and_angle():
-    from tasks.workloads.calo import physics
-    from tasks.workloads.calo.showers import SAMPLING_FRACTION, STOCHASTIC, shower_events
+    from models.calo import physics
+    from models.calo.showers import SAMPLING_FRACTION, STOCHASTIC, shower_events
 
     rng = np.random.default_rng(3)
     energy, angle = rng.uniform(100, 200, 240), rng.choice([65.0, 90.0, 115.0], 240)
@@ -62,7 +62,7 @@ def test_the_dataset_is_synthetic_chunked_and_the_same_whatever_the_workers(work
     from tasks.common.specs import GenerateSpec
     from tasks.workloads import get_workload
     from tasks.workloads.calo import dataset as calo
-    from tasks.workloads.calo.showers import shower_events
+    from models.calo.showers import shower_events
 
     from prefect.client.orchestration import get_client
     from prefect.client.schemas.filters import TaskRunFilter, TaskRunFilterName, TaskRunFilterStartTime
@@ -108,7 +108,7 @@ def networks() -> dict[str, dict]:
 
 
 def test_torch_and_keras_have_the_published_parameter_counts_and_give_the_same_outputs(networks):
-    from tasks.workloads.calo.nets import PUBLISHED, SMALL, parameter_counts
+    from models.calo.nets import PUBLISHED, SMALL, parameter_counts
     from tasks.workloads.calo.workload import CPU
 
     published = {"generator": {"trainable": 1_364_983, "total": 1_365_047}, "discriminator": {"trainable": 87_354, "total": 87_402}}
@@ -131,11 +131,11 @@ def test_torch_and_keras_have_the_published_parameter_counts_and_give_the_same_o
 def test_the_coarse_grid_keeps_the_layers_the_energy_and_the_angle():
     """pool 3: the same convolutions end at 17 x 17 x 25; pooled showers keep every layer's energy, and their
     barycentre angle, measured in published cells, stays within a degree of the fine grid's."""
-    from tasks.workloads.calo import physics
-    from tasks.workloads.calo.nets import SMALL, NetConfig
+    from models.calo import physics
+    from models.calo.nets import SMALL, NetConfig
     from tasks.workloads.calo.workload import CPU
-    from tasks.workloads.calo.nets import generator_convs, pool_cells
-    from tasks.workloads.calo.showers import shower_events
+    from models.calo.nets import generator_convs, pool_cells
+    from models.calo.showers import shower_events
 
     assert CPU.image == (17, 17, 25) and generator_convs(CPU)[-1].out == CPU.image
     assert [c.kernel for c in generator_convs(CPU)] == [c.kernel for c in generator_convs(SMALL)]
@@ -155,8 +155,8 @@ def test_flops_per_layer_match_torchs_flop_counter():
     import torch
     from torch.utils.flop_counter import FlopCounterMode
 
-    from tasks.workloads.calo import torch_nets as tn
-    from tasks.workloads.calo.nets import SMALL, multiply_adds
+    from models.calo import torch as tn
+    from models.calo.nets import SMALL, multiply_adds
 
     g, d = tn.build_networks(SMALL)
     with torch.no_grad(), FlopCounterMode(display=False) as counter:
@@ -166,9 +166,9 @@ def test_flops_per_layer_match_torchs_flop_counter():
 
 
 def test_the_split_is_fixed_and_the_target_scores_say_what_they_measure():
-    from tasks.workloads.calo import physics
+    from models.calo import physics
     from tasks.workloads.calo import workload as calo
-    from tasks.workloads.calo.showers import shower_events
+    from models.calo.showers import shower_events
 
     parts = calo.split_of(100)
     assert [len(parts[r]) for r in calo.ROLES] == [60, 20, 20] and sorted(np.concatenate(list(parts.values())).tolist()) == list(range(100))
@@ -190,7 +190,7 @@ def test_the_split_is_fixed_and_the_target_scores_say_what_they_measure():
 def test_a_batch_carries_the_steps_randomness_from_numpy():
     from tasks.common.specs import TrainSpec
     from tasks.workloads.calo import workload as calo
-    from tasks.workloads.calo.nets import SMALL
+    from models.calo.nets import SMALL
 
     rng = np.random.default_rng(0)
     n = 40
@@ -221,7 +221,7 @@ def test_a_benchmark_trains_calo_on_a_dataset_named_after_the_fields_it_changes(
 def test_the_ranks_shares_of_a_batch_differ_and_together_are_the_one_device_batch():
     from tasks.common.specs import TrainSpec
     from tasks.workloads.calo import workload as calo
-    from tasks.workloads.calo.nets import SMALL
+    from models.calo.nets import SMALL
 
     rng = np.random.default_rng(1)
     n = 12
@@ -247,7 +247,7 @@ def test_the_calo_steps_cost_model_is_what_torch_counts_in_a_four_tape_step(widt
 
     from tasks.common.specs import TrainSpec
     from tasks.workloads import framework_module, get_workload
-    from tasks.workloads.calo.nets import SMALL, train_flops_per_sample
+    from models.calo.nets import SMALL, train_flops_per_sample
     from tests.workloads.calo_step import BATCH, data_of
     from tests.workloads.digits_step import runtime_of
 

@@ -35,7 +35,7 @@ def test_flops_per_sample_match_torchs_flop_counter_on_a_real_training_step():
     import torch
     from torch.utils.flop_counter import FlopCounterMode
 
-    from tasks.workloads.digits.torch import DigitsCNN
+    from models.digits.torch import DigitsCNN
     from tasks.workloads.digits.workload import initial_weights, train_flops_per_sample
 
     net = DigitsCNN()

@@ -39,7 +39,7 @@ def test_the_learning_rate_schedule_is_the_same_in_every_framework(stepped):
     assert SCHEDULE == "constant"  # the seed's: every step at LEARNING_RATE unless the run asks for cosine
     for framework, r in stepped.items():
         assert r["rate"] == pytest.approx(LEARNING_RATE), framework
-        # at the end of a cosine run the rate is a hundredth (models.recipe.LR_FLOOR); Adam's first step moves a weight by it
+        # at the end of a cosine run the rate is a hundredth (models.schedule.LR_FLOOR); Adam's first step moves a weight by it
         assert r["late_rate"] == pytest.approx(LEARNING_RATE / 100), framework
         assert r["late_moved"] == pytest.approx(LEARNING_RATE / 100, rel=0.01), framework  # float32 weights near 0.5: ulp 6e-8
 
@@ -90,7 +90,7 @@ def test_flops_per_sample_match_torchs_flop_counter_on_a_real_training_step(laye
     import torch
     from torch.utils.flop_counter import FlopCounterMode
 
-    from tasks.workloads.har.torch import HarBiLSTM
+    from models.har.torch import HarBiLSTM
     from tasks.workloads.har.workload import Network
 
     network = Network(layers, units)
@@ -106,7 +106,7 @@ def test_flops_per_sample_match_torchs_flop_counter_on_a_real_training_step(laye
 
 
 def test_weights_round_trip_through_torch_in_the_workloads_layout():
-    from tasks.workloads.har.torch import HarBiLSTM
+    from models.har.torch import HarBiLSTM
     from tasks.workloads.har.workload import Network
 
     network = Network(2, 4)

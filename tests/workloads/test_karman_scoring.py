@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from models.flow_metrics import RolloutScore
+from models.karman.flow_metrics import RolloutScore
 from tasks.workloads.karman.data import Normalizer, StepCodec
 from tasks.workloads.karman.scoring import reference_period, roll, wake_box, wake_probes
 from tasks.workloads.karman.simulation import SimulationSpec

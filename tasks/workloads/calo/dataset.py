@@ -1,4 +1,4 @@
-"""The calo workload's dataset: synthetic electron showers (showers.py's GFlash model) simulated in chunks of events on Dask into zarr, with its manifest, and read back checked.
+"""The calo workload's dataset: synthetic electron showers (models/calo/showers.py's GFlash model) simulated in chunks of events on Dask into zarr, with its manifest, and read back checked.
 
 The store holds ``cells`` (n, 51, 51, 25) float32 cell energies in GeV, chunked by CHUNK_EVENTS events,
 ``energy`` (n,) primary energies in GeV and ``angle`` (n,) incidence angles in degrees. Chunk k is a
@@ -13,12 +13,12 @@ from pathlib import Path
 import numpy as np
 import zarr
 
+from models.calo import showers
 from tasks.common.process.cluster import dask_task_runner, finished, worth_retrying
 from tasks.common.stores.datasets import read_checked, write_once
 from tasks.common.config.errors import UserError
 from tasks.common.tracking.names import Tag
 from tasks.common.stores.store import MANIFEST, STORE, workload_manifest, write_json_atomic
-from tasks.workloads.calo import showers
 
 log = logging.getLogger("karman.calo")
 CHUNK_EVENTS = 100

@@ -1,4 +1,4 @@
-"""The 3DGAN's trainer in PyTorch: the published four-tape step, its losses and Keras' RMSprop, over the networks of tasks.workloads.calo.torch_nets."""
+"""The 3DGAN's trainer in PyTorch: the published four-tape step, its losses and Keras' RMSprop, over the networks of models.calo.torch."""
 
 import copy
 import time
@@ -6,8 +6,8 @@ import time
 import numpy as np
 import torch
 
-from tasks.workloads.calo.nets import BN_MOMENTUM, LEARNING_RATE, LOSS_WEIGHTS, POWER, PROFILE_FLOOR, NetConfig, average_decay, initial_weights
-from tasks.workloads.calo.torch_nets import DEPTH_BLOCKS, BatchNorm, Generator, build_networks
+from models.calo.nets import BN_MOMENTUM, LEARNING_RATE, LOSS_WEIGHTS, POWER, PROFILE_FLOOR, NetConfig, average_decay, initial_weights
+from models.calo.torch import DEPTH_BLOCKS, BatchNorm, Generator, build_networks
 from tasks.workloads.calo.workload import CaloData, CaloTrainer
 
 

@@ -10,14 +10,14 @@ from pathlib import Path
 
 import numpy as np
 
-from models.recipe import lr_factor
+from models.calo import physics
+from models.calo.nets import (ENERGY_SCALE, LEARNING_RATE, LOSS_WEIGHTS, POWER, PUBLISHED, NetConfig, parameter_counts, pool_cells,
+                              train_flops_per_sample)
+from models.schedule import lr_factor
 from tasks.common.runtimes.data import epoch_order
 from tasks.common.stores.datasets import check_batches
 from tasks.workloads import RunRules, Workload
-from tasks.workloads.calo import physics
 from tasks.workloads.calo.dataset import DATA, manifest_of, check_generate, generate, load_checked, read_dataset
-from tasks.workloads.calo.nets import (ENERGY_SCALE, LEARNING_RATE, LOSS_WEIGHTS, POWER, PUBLISHED, NetConfig, parameter_counts, pool_cells,
-                                       train_flops_per_sample)
 
 log = logging.getLogger("karman.calo")
 

@@ -1,22 +1,8 @@
-"""The digits workload in TensorFlow (Keras 3 under the run's tf.distribute strategy): the CNN of workload.py from its numpy initial weights, one SGD-momentum step per batch, logits for scoring."""
+"""The digits workload in TensorFlow (Keras 3 under the run's tf.distribute strategy): models.digits.keras's CNN from the workload's numpy initial weights, one SGD-momentum step per batch, logits for scoring."""
 
-
+from models.digits.keras import build_cnn
 from tasks.common.runtimes.classifier_keras import KerasClassifier
 from tasks.workloads.digits.workload import LEARNING_RATE, MOMENTUM, WEIGHT_SHAPES, DigitsData, DigitsTrainer, initial_weights
-
-
-def build_cnn():
-    """Images (B, 28, 28, 1) -> logits (B, 10), NHWC: Flatten gives the (h, w, c) order of workload.py's dense1."""
-    import keras
-
-    layers = keras.layers
-    return keras.Sequential([
-        keras.Input((28, 28, 1)),
-        layers.Conv2D(32, 3, activation="relu", name="conv1"), layers.MaxPooling2D(2),  # (B, 13, 13, 32)
-        layers.Conv2D(64, 3, activation="relu", name="conv2"), layers.MaxPooling2D(2),  # (B, 5, 5, 64)
-        layers.Flatten(),  # (B, 1600)
-        layers.Dense(128, activation="relu", name="dense1"), layers.Dense(10, name="dense2"),
-    ])
 
 
 class DigitsKeras(DigitsTrainer, KerasClassifier):

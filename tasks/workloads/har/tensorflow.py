@@ -1,32 +1,8 @@
-"""The har workload in TensorFlow (Keras 3 under the run's tf.distribute strategy: default, mirrored or multiworker): the stacked bidirectional LSTM of workload.py from its numpy initial weights, one Adam step per batch, logits for scoring."""
+"""The har workload in TensorFlow (Keras 3 under the run's tf.distribute strategy: default, mirrored or multiworker): models.har.keras's BiLSTM from the workload's numpy initial weights, one Adam step per batch, logits for scoring."""
 
+from models.har.keras import build_bilstm, variables_of
 from tasks.common.runtimes.classifier_keras import KerasClassifier
-from tasks.workloads.har.workload import DIRECTIONS, EPSILON, LEARNING_RATE, STEPS, HarData, HarTrainer, Network
-
-
-def build_bilstm(network: Network):
-    """Windows (B, 128, 9) -> logits (B, classes): Bidirectional(LSTM) layers returning their sequences
-    (the backward half re-aligned in time, concatenated after the forward half, as torch's), the mean over time, a dense layer."""
-    import keras
-
-    layers = keras.layers
-    stack = [keras.Input((STEPS, network.inputs))]
-    for layer in range(network.layers):
-        stack.append(layers.Bidirectional(layers.LSTM(network.units, return_sequences=True), merge_mode="concat", name=f"lstm{layer}"))  # (B, T, 2H)
-    stack += [layers.GlobalAveragePooling1D(), layers.Dense(network.classes, name="dense")]  # (B, 2H) -> (B, classes)
-    return keras.Sequential(stack)
-
-
-def variables_of(net, network: Network) -> dict:
-    """Keras' variables under workload.py's weight names (Keras' gate order i, f, c, o and layouts are the workload's)."""
-    out = {}
-    for layer in range(network.layers):
-        bidirectional = net.get_layer(f"lstm{layer}")
-        for d, half in zip(DIRECTIONS, (bidirectional.forward_layer, bidirectional.backward_layer)):
-            cell = half.cell
-            out |= {f"lstm{layer}/{d}/kernel": cell.kernel, f"lstm{layer}/{d}/recurrent": cell.recurrent_kernel, f"lstm{layer}/{d}/bias": cell.bias}
-    dense = net.get_layer("dense")
-    return out | {"dense/kernel": dense.kernel, "dense/bias": dense.bias}
+from tasks.workloads.har.workload import EPSILON, LEARNING_RATE, STEPS, HarData, HarTrainer
 
 
 class HarKeras(HarTrainer, KerasClassifier):
@@ -38,7 +14,7 @@ class HarKeras(HarTrainer, KerasClassifier):
         super().__init__(data, spec, batch_size, runtime.ctx.rank, runtime.ctx.workers)  # this worker's share of each batch
         self.runtime = runtime
         with runtime.ctx.strategy.scope():
-            self.net = build_bilstm(self.network)
+            self.net = build_bilstm(self.network, STEPS)
             self.opt = keras.optimizers.Adam(LEARNING_RATE, epsilon=EPSILON)
             self.opt.build(self.net.trainable_variables)
         self._variables = variables_of(self.net, self.network)

@@ -7,8 +7,8 @@ Two sources (GenerateSpec.source; a dataset's manifest records which, and every 
   * ``synthetic``: windows drawn from the sensor model of synthetic.py.
 
 The data's format (UCI HAR's) is windows.py's. The framework modules (torch.py, tensorflow.py, jax.py) train the one
-network described here from the same initial weights (drawn once in numpy from the run's seed), with the same
-optimiser, loss and batch order.
+network described here, built by models/har/, from the same initial weights (drawn once in numpy from the run's seed),
+with the same optimiser, loss and batch order.
 """
 
 import hashlib
@@ -19,7 +19,8 @@ from pathlib import Path
 import numpy as np
 import zarr
 
-from models.recipe import lr_factor
+from models.har.layout import DIRECTIONS
+from models.schedule import lr_factor
 from tasks.common.stores.datasets import check_batches, read_checked, record_generate, refuse_damaged, write_once
 from tasks.common.config.errors import UserError
 from tasks.common.stores.store import MANIFEST, STORE, workload_manifest, write_json_atomic
@@ -35,19 +36,13 @@ log = logging.getLogger("karman.har")
 SOURCES = {"hapt": "real (UCI HAPT)", "synthetic": "synthetic"}  # GenerateSpec.source -> how runs and reports name the data
 
 # ---- the network ------------------------------------------------------------------------------------------------
-# Stacked bidirectional LSTMs (every layer returns its whole sequence), the last layer's (B, T, 2H) outputs
-# mean-pooled over time, then a dense layer to the class logits (softmax in the loss).
-# Weights in one layout for every framework, per layer l and direction d (fw, bw), gates in the order
-# i, f, c, o (input, forget, cell candidate, output; torch's i, f, g, o is the same order):
-#   lstm{l}/{d}/kernel (in, 4H), lstm{l}/{d}/recurrent (H, 4H), lstm{l}/{d}/bias (4H,)  [one bias, as Keras has]
-#   dense/kernel (2H, classes), dense/bias (classes,)
+# The stacked bidirectional LSTM of models/har/layout.py (its weight layout, the same in every framework).
 LAYERS, UNITS = 2, 32  # the defaults; a run sets its own with TrainSpec.layers and TrainSpec.units
-DIRECTIONS = ("fw", "bw")
 # Adam (betas 0.9, 0.999), the seed's optimiser. Keras adds epsilon to sqrt(v) before the bias correction, torch
 # after it, so Keras' epsilon acts 1 / sqrt(1 - 0.999^t) times larger (32x at the first step): at Keras' default
 # 1e-7 the two frameworks' first steps differ by 4e-5 in the loss; at 1e-10 they agree to float precision.
 LEARNING_RATE, EPSILON = 3e-3, 1e-10
-# The rate over the run: models.recipe.lr_factor of the loop's progress (0 to 1), set before every step in each framework.
+# The rate over the run: models.schedule.lr_factor of the loop's progress (0 to 1), set before every step in each framework.
 # The seed's is constant; TrainSpec.schedule (--schedule cosine) takes half a cosine down to a hundredth of it instead.
 SCHEDULE = "constant"
 TARGET_F1 = 0.85  # synthetic data: validation macro-F1 (4 held-out subjects, 384 windows); see WORKLOAD.epochs for what the default reaches

@@ -15,8 +15,8 @@ from pathlib import Path
 import numpy as np
 from zarr.abc.store import Store
 
-from models.damping import damp
-from models.recipe import CONDITIONS
+from models.karman.damping import damp
+from models.karman.recipe import CONDITIONS
 from tasks.common.config.errors import UserError
 from tasks.common.stores.store import frame_store, open_frame_arrays, read_frames
 
@@ -139,7 +139,7 @@ class StepCodec:
     """How a network output becomes the next state. ``delta_scale`` None: the output is the next state
     in the normaliser's units; otherwise the output is the change x(t+k) - x(t) in units of its
     per-channel RMS ``delta_scale`` (physical units) over the training pairs, its highest wavenumbers
-    damped by ``damping`` (models.damping) before it is added. ``constrain``: the model was trained with
+    damped by ``damping`` (models.karman.damping) before it is added. ``constrain``: the model was trained with
     the rollout's constraints in its unrolled chain, the inlet's held among them, so its rollouts hold the
     inlet too."""
 
@@ -178,7 +178,7 @@ def training_net(height: int, width: int, crop: int | None, depth: int | None = 
     """The NetConfig a training run uses on frames of height × width: its size is the crop side, or
     the frames' shorter side when training on whole frames. UserError when the frames or the crop do
     not fit the U-Net. ``widths``: ngf, ndf, norm, and the recipe's dropout, upsample and output."""
-    from models.nets.config import NetConfig
+    from models.karman.nets.config import NetConfig
 
     side = crop or min(height, width)
     if crop and crop > min(height, width):

@@ -1,4 +1,4 @@
-"""The Kármán workload in JAX (one process; data-parallel over the runtime's devices): the jitted Pix2Pix step of models.nets.trainer_jax, its batches, state and validation for the training loop, and the generator's artifacts.
+"""The Kármán workload in JAX (one process; data-parallel over the runtime's devices): the jitted Pix2Pix step of models.karman.nets.trainer_jax, its batches, state and validation for the training loop, and the generator's artifacts.
 
 The same pairs, split, normalisation, recipe and validation as the torch module. The weights carry the torch
 networks' state dict names and layouts, so the saved generator (``generator.npz``) is a torch state dict's arrays;
@@ -16,9 +16,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from models.nets import pix2pix_jax as nets
-from models.nets.trainer_jax import Pix2PixJax
-from models.recipe import OptimConfig, lr_factor
+from models.karman.nets import pix2pix_jax as nets
+from models.karman.nets.trainer_jax import Pix2PixJax
+from models.karman.recipe import OptimConfig
+from models.schedule import lr_factor
 from tasks.common.runtimes.data import epoch_order
 from tasks.workloads.karman.data import crop_offsets, crop_pairs
 from tasks.workloads.karman.workload import HEADLINE, KarmanData, KarmanTrainer, model_meta, sample_figure

@@ -44,7 +44,7 @@ class KarmanOptions(WorkloadOptions):
     test_simulations: int = Field(default=1, ge=0, description="Simulations held out for testing (rollout); taken inside the sweep's Reynolds range, so the test interpolates")
 
     def check(self, spec) -> None:
-        from models.nets.config import check_cuda_graph
+        from models.karman.nets.config import check_cuda_graph
 
         recipe = self.resolved_recipe()  # ValueError naming the element that does not fit
         if self.crop and recipe.constrain:
@@ -54,8 +54,8 @@ class KarmanOptions(WorkloadOptions):
             raise ValueError(f"target_steps {self.target_steps} exceeds validate_steps {self.validate_steps}: the validation rollout must be at least as long as the target")
 
     def resolved_recipe(self):
-        """The models.recipe.Recipe these options train with: the named recipe and its overrides."""
-        from models.recipe import get_recipe
+        """The models.karman.recipe.Recipe these options train with: the named recipe and its overrides."""
+        from models.karman.recipe import get_recipe
 
         return get_recipe(self.recipe).with_overrides(
             predict=self.predict, upsample=self.upsample, noise=self.noise, unroll=self.unroll,

@@ -21,7 +21,7 @@ LONG_COLUMNS = {"horizon_u": min, "horizon_vorticity": min, "horizon_vorticity_l
                 "energy_ratio_max_deviation": max, "shedding_amplitude_ratio": lambda values: max(values, key=lambda a: abs(a - 1)),
                 "frequency_rel_error_phase": lambda values: max(values, key=abs)}
 
-# A rollout's phase and shape diagnostics and the anchors' metrics (models.rollout_diagnostics), as its record holds them.
+# A rollout's phase and shape diagnostics and the anchors' metrics (models.karman.rollout_diagnostics), as its record holds them.
 DIAGNOSTIC_SCORES = ("horizon_vorticity_lagged", "final_lag_steps", "horizon_vorticity_lowpass", "frequency_rel_error_phase", "correlation_steps",
                      "band_error_low_final", "band_error_mid_final", "band_error_high_final", "acdm_mse_60", "mgn_rmse_1", "mgn_rmse_50", "mgn_rmse_600")
 

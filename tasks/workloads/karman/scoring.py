@@ -6,9 +6,9 @@ from pathlib import Path
 
 import numpy as np
 
-from models.flow_metrics import RolloutScore
-from models.rollout_diagnostics import LagWindow, phase_frequency
-from models.solver import vorticity
+from models.karman.flow_metrics import RolloutScore
+from models.karman.rollout_diagnostics import LagWindow, phase_frequency
+from models.karman.solver import vorticity
 from tasks.workloads.karman.data import StepCodec, load_frames, with_condition
 from tasks.workloads.karman.simulation import SimulationSpec
 
@@ -179,7 +179,7 @@ class Validation:
         """The worst case over the validation simulations of each rollout score."""
         import torch
 
-        from models.nets.pix2pix import build_generator
+        from models.karman.nets.pix2pix import build_generator
 
         if ctx.kind == "xla":  # a CPU copy: one-frame batches would not shard over the mesh
             copy = build_generator(self.net)

@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import xarray as xr
 
-from models.solver import SOLVER_VERSION, ChannelSolver
+from models.karman.solver import SOLVER_VERSION, ChannelSolver
 from tasks.common.config.errors import UserError
 from tasks.common.specs import GenerateSpec
 from tasks.common.stores.store import VARIABLES, content_digest, write_simulation
@@ -77,7 +77,7 @@ def simulate_batch(specs: list[SimulationSpec], device: str = "cuda") -> list[tu
     """The same simulations as ``simulate``, all advanced together by the fused GPU kernel (one launch per
     step; they share the lattice size and the frame schedule, as the members of a sweep do). ``wall_s`` is
     the batch's, and ``mlups`` each simulation's share of it."""
-    from models.solver import SolverBatch
+    from models.karman.solver import SolverBatch
 
     first = specs[0]
     schedule = {(s.nx, s.ny, s.warmup_steps, s.frames, s.frame_every) for s in specs}
@@ -147,7 +147,7 @@ BATCH_BODY = "tasks.workloads.karman.simulate:simulate_batch_job"  # the GPU swe
 def simulate_batch_job(job: dict) -> dict:
     """Child job: simulate ``job["sims"]`` (SimulationSpec dicts) on ``job["device"]`` in as few batches as
     its free memory holds, writing each group into ``job["dataset_dir"]``; {"records": the manifest records}."""
-    from models.solver.triton_backend import batch_capacity
+    from models.karman.solver.triton_plan import batch_capacity
 
     specs = [SimulationSpec(**s) for s in job["sims"]]
     size = batch_capacity(specs[0].ny, specs[0].nx, "float32", job["device"])

@@ -6,7 +6,7 @@ from typing import Literal
 
 from pydantic import BaseModel, Field
 
-from models.solver import FlowConfig, Obstacle
+from models.karman.solver import FlowConfig, Obstacle
 
 
 class SimulationSpec(BaseModel):

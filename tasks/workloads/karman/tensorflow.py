@@ -1,7 +1,7 @@
 """The Kármán workload in TensorFlow (Keras 3 under a tf.distribute strategy): batches through tf.data, the distributed Pix2Pix step, state and validation for the training loop, and the generator's artifacts.
 
 The same pairs, split, normalisation, recipe and validation as the torch module; what differs is the
-framework: NHWC tensors, the step in models.nets.trainer_keras, batches through tf.data with prefetch,
+framework: NHWC tensors, the step in models.karman.nets.trainer_keras, batches through tf.data with prefetch,
 and one process per worker under MultiWorkerMirroredStrategy.
 """
 
@@ -10,7 +10,8 @@ from pathlib import Path
 
 import numpy as np
 
-from models.recipe import OptimConfig, lr_factor
+from models.karman.recipe import OptimConfig
+from models.schedule import lr_factor
 from tasks.common.runtimes.data import epoch_order
 from tasks.common.tracking.names import Tag
 from tasks.workloads.karman.data import crop_offsets, crop_pairs
@@ -30,8 +31,8 @@ class KarmanKeras(KarmanTrainer):
     def __init__(self, data: KarmanData, spec, batch_size: int, runtime):
         import tensorflow as tf
 
-        from models.nets.pix2pix_keras import trainable_count
-        from models.nets.trainer_keras import KerasPix2Pix
+        from models.karman.nets.pix2pix_keras import trainable_count
+        from models.karman.nets.trainer_keras import KerasPix2Pix
 
         self.data, self.spec, self.batch_size, self.runtime = data, spec, batch_size, runtime
         ctx = runtime.ctx
@@ -78,7 +79,7 @@ class KarmanKeras(KarmanTrainer):
         return iter(ctx.strategy.distribute_datasets_from_function(dataset))
 
     def step(self, batch, flags: list[float], progress: float) -> tuple[dict[str, float], list[float]]:
-        from models.nets.trainer_keras import AGREED
+        from models.karman.nets.trainer_keras import AGREED
 
         if self.data.recipe.schedule != "constant":
             self.model.set_lr_factor(lr_factor(self.data.recipe.schedule, progress))
@@ -114,7 +115,7 @@ class KarmanKeras(KarmanTrainer):
     def finish(self, run_dir: Path, run, settings) -> None:
         """The trained generator as the run's artifacts: the Keras file (plain layers) and meta.json, a
         figure of one-step predictions, and the MLflow model 'generator' (rank 0)."""
-        from models.nets.pix2pix_keras import plain
+        from models.karman.nets.pix2pix_keras import plain
 
         data, net = self.data, self.data.net
         model_dir = run_dir / "model"

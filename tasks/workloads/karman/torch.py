@@ -7,9 +7,10 @@ import numpy as np
 import torch
 
 from models.device import to_cpu
-from models.nets.pix2pix import build_generator
-from models.nets.trainer import NoClock, PhaseClock, build_trainer, speed_options
-from models.recipe import OptimConfig, lr_factor
+from models.karman.nets.pix2pix import build_generator
+from models.karman.nets.trainer import NoClock, PhaseClock, build_trainer, speed_options
+from models.karman.recipe import OptimConfig
+from models.schedule import lr_factor
 from tasks.common.runtimes.data import epoch_order
 from tasks.common.tracking.names import Tag
 from tasks.workloads.karman.data import OUTPUTS, crop_offsets, crop_pairs
@@ -122,7 +123,7 @@ def _numpy_forward(generator):
 
 
 def log_surrogate(settings, run, generator: torch.nn.Module, data: KarmanData, meta: dict) -> str:
-    """The generator with its normalisation (models.nets.surrogate.Surrogate) as the run's MLflow model
+    """The generator with its normalisation (models.karman.nets.surrogate.Surrogate) as the run's MLflow model
     'generator': listed under the run's Models, loadable with mlflow.pytorch.load_model, registrable.
     Its signature is one physical state (u, v, p, mask, and the Reynolds number for a model conditioned on
     it) of the training frames' size -> the next (u, v, p); the model's code travels with it. Returns the model's URI."""
@@ -130,7 +131,7 @@ def log_surrogate(settings, run, generator: torch.nn.Module, data: KarmanData, m
     import mlflow.pytorch
     from mlflow.models import infer_signature
 
-    from models.nets.surrogate import Surrogate
+    from models.karman.nets.surrogate import Surrogate
 
     codec = data.codec
     model = Surrogate(generator.eval(), codec.norm.center, codec.norm.scale, codec.delta_scale, codec.norm.reynolds,

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import numpy as np
 
-from models.solver import vorticity
+from models.karman.solver import vorticity
 
 from tasks.common.config.errors import UserError
 from tasks.common.reports.plots import vorticity_panels
@@ -32,10 +32,10 @@ class KarmanData:
     dataset_dir: Path
     manifest: dict
     split: dict[str, list[str]]
-    recipe: object  # models.recipe.Recipe
+    recipe: object  # models.karman.recipe.Recipe
     train: PairSource
     codec: StepCodec
-    net: object  # models.nets.config.NetConfig
+    net: object  # models.karman.nets.config.NetConfig
     validation: object | None  # tasks.workloads.karman.scoring.Validation on rank 0, else None
     spec_crop: int | None = None  # the side of the training crops (None: whole frames)
 

@@ -28,7 +28,7 @@ def test_jax_trains_with_torchs_names_logs_its_generator_and_rolls_out_tiled_aga
     assert (p["framework"], p["batch_size"], p["jax_version"]) == ("jax", "4", p["framework_version"])
     assert json.loads(p["speed"])["jit"] is True
     # the torch networks' parameter counts (ngf = ndf = 8, the default recipe's resize U-Net of depth 3)
-    from models.nets.config import NetConfig
+    from models.karman.nets.config import NetConfig
 
     g, d = NetConfig(size=32, depth=3, ngf=8, ndf=8, upsample="resize", output="linear", dropout=0.0).weight_count()
     assert (p["generator_params"], p["discriminator_params"]) == (str(g), str(d))

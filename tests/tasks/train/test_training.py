@@ -19,7 +19,7 @@ import torch
 import zarr
 from mlflow.tracking import MlflowClient
 
-from models.recipe import lr_factor
+from models.schedule import lr_factor
 from tasks.common.runtimes.data import epoch_order
 from tasks.common.records import RECORD_FILE
 from tasks.common.stores.store import STORE, Manifest, consolidate

@@ -5,8 +5,8 @@ import time
 
 import numpy as np
 
-from models.solver import ChannelSolver
-from models.solver.timing import bench_config, time_solver
+from models.karman.solver import ChannelSolver
+from models.karman.solver.timing import bench_config, time_solver
 
 
 def bench_frame(height: int, width: int, warmup_steps: int = 200) -> np.ndarray:
@@ -37,10 +37,10 @@ def bench_infer(spec, seed: int = 0) -> dict:
 
     from models.device import resolve_device
     from models.host import cpu_cores
-    from models.inference import Predictor, make_runner
-    from models.nets.config import NetConfig
-    from models.nets.pix2pix import build_generator
-    from models.tiling import TilePlan
+    from models.karman.inference import Predictor, make_runner
+    from models.karman.nets.config import NetConfig
+    from models.karman.nets.pix2pix import build_generator
+    from models.karman.tiling import TilePlan
 
     if mode not in ("full", "mapreduce"):
         raise ValueError(f"unknown mode {mode!r}; choose full or mapreduce")

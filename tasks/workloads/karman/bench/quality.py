@@ -100,6 +100,6 @@ def _surrogate_step_s(generator, ctx, codec: StepCodec, frame: np.ndarray, repea
 def _solver_cost(sim, kind: str, threads: int) -> tuple[float, str]:
     """Seconds for the solver to advance one stored frame (frame_every steps) on this device: the torch
     backend on a GPU, numba on the surrogate's ``threads`` cores otherwise."""
-    from models.solver.timing import time_solver
+    from models.karman.solver.timing import time_solver
 
     return time_solver(sim.flow_config(), sim.frame_every, "cuda" if kind == "cuda" else "cpu", threads)

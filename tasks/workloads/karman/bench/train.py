@@ -49,8 +49,8 @@ class _PlainTrainer:
     def __init__(self, size: int, batch_size: int, seed: int, ctx):
         import torch
 
-        from models.nets.config import NetConfig
-        from models.nets.pix2pix import build_discriminator, build_generator
+        from models.karman.nets.config import NetConfig
+        from models.karman.nets.pix2pix import build_discriminator, build_generator
 
         net = NetConfig(in_channels=4, out_channels=3, size=size)
         torch.manual_seed(seed)
@@ -173,8 +173,8 @@ def _trainer_side(device: str, size: int, batch_size: int, precision: str, seed:
     import torch
 
     from models.device import keep_freed_memory, resolve_device
-    from models.nets.config import NetConfig
-    from models.nets.trainer import OptimConfig, build_trainer, speed_options
+    from models.karman.nets.config import NetConfig
+    from models.karman.nets.trainer import OptimConfig, build_trainer, speed_options
 
     net = NetConfig(in_channels=4, out_channels=3, size=size)
     net.check_image(size, size)
@@ -209,7 +209,7 @@ def bench_train_keras(spec, seed: int = 0) -> dict:
         raise ValueError(f"--device {device}: bench-train --framework tensorflow runs on cpu or cuda (TPUStrategy needs a TPU host)")
     import torch
 
-    from models.nets.config import NetConfig
+    from models.karman.nets.config import NetConfig
 
     NetConfig(size=size).check_image(size, size)
     threads = torch.get_num_threads()
@@ -254,7 +254,7 @@ def bench_train_keras(spec, seed: int = 0) -> dict:
 
 def _flops_per_sample(net) -> float:
     """FLOPs of one training step of the benchmarked trainer (the default OptimConfig: adversarial term, one step) per sample, from the layer shapes."""
-    from models.recipe import OptimConfig
+    from models.karman.recipe import OptimConfig
 
     o = OptimConfig()
     return net.training_flops(net.size, net.size, o.unroll, o.gan_weight > 0)

@@ -16,10 +16,10 @@ def keras_step_server() -> None:
 
     tf.config.threading.set_intra_op_parallelism_threads(config["threads"])
     tf.config.threading.set_inter_op_parallelism_threads(min(config["threads"], 2))
-    from models.nets.config import NetConfig
-    from models.nets.pix2pix_keras import trainable_count
-    from models.nets.trainer_keras import KerasPix2Pix
-    from models.recipe import OptimConfig
+    from models.karman.nets.config import NetConfig
+    from models.karman.nets.pix2pix_keras import trainable_count
+    from models.karman.nets.trainer_keras import KerasPix2Pix
+    from models.karman.recipe import OptimConfig
     from tasks.common.measures.step_timing import serve_steps
 
     size, batch = config["size"], config["batch_size"]

@@ -3,7 +3,7 @@
 import os
 import tempfile
 
-from models.nets.config import NetConfig
+from models.karman.nets.config import NetConfig
 from tasks.common.config.errors import UserError
 from tasks.common.config.settings import Settings
 from tasks.common.tracking.runs import Run, client_for
@@ -31,7 +31,7 @@ def run_rollout(job: dict) -> dict:
     spec = setup.spec
     if spec.device not in ("cpu", "cuda"):
         raise UserError(f"device {spec.device}: jax rollouts run on cpu or cuda (TPU rollouts are torch_xla's)")
-    from models.inference_jax import JaxRunner
+    from models.karman.inference_jax import JaxRunner
 
     run = Run(client_for(settings), job["run_id"])
     cfg, params, stats, _ = load_model(settings, setup.model_run_id)

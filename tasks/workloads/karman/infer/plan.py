@@ -3,13 +3,14 @@
 from dataclasses import dataclass
 
 from models.host import cpu_cores
-from models.nets.config import NetConfig
-from models.tiling import TilePlan, TilingError
+from models.karman.nets.config import NetConfig
+from models.karman.tiling import TilePlan, TilingError
 from tasks.common.runtimes import probe
 from tasks.common.config.errors import UserError
 from tasks.common.process.launch import device_env, run_child
 from tasks.common.stores.model_files import check_model_size, model_meta
 from tasks.common.config.settings import Settings
+from tasks.common.runtimes import probe
 from tasks.common.specs import InferSpec
 from tasks.common.stores.store import load_manifest
 from tasks.workloads.karman.data import CONDITIONS, OUTPUTS, model_inputs

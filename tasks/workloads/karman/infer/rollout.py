@@ -10,9 +10,9 @@ import time
 
 import numpy as np
 
-from models.flow_metrics import RolloutScore, relative_l2
-from models.inference import Predictor, StepTimes
-from models.tiling import TilingError
+from models.karman.flow_metrics import RolloutScore, relative_l2
+from models.karman.inference import Predictor, StepTimes
+from models.karman.tiling import TilingError
 from tasks.common.config.errors import UserError
 from tasks.common.reports.plots import error_curves, rollout_animation, vorticity_panels
 from tasks.common.records import RECORD_FILE, RolloutConfig, RolloutRecord, RolloutSummary
@@ -76,7 +76,7 @@ def run_scored(spec: InferSpec, settings: Settings, run: Run, setup: RolloutPlan
     warm = statistics.median(latencies[1:]) if steps > 1 else latencies[0]
     warm_phases = phases[1:] or phases
     errors = score.errors
-    from models.solver.timing import time_solver
+    from models.karman.solver.timing import time_solver
 
     solver_s, solver_name = time_solver(setup.sim_spec.flow_config(), stride * setup.sim_spec.frame_every, spec.device, spec.workers)
     quality = score.summary()

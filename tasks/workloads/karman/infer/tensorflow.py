@@ -32,7 +32,7 @@ def run_rollout(job: dict) -> dict:
     if spec.device == "cpu":  # the workers are the parallelism: each call runs on its share of the cores
         tf.config.threading.set_intra_op_parallelism_threads(max(1, cpu_cores() // spec.workers))
         tf.config.threading.set_inter_op_parallelism_threads(spec.workers)
-    from models.inference_keras import KerasRunner
+    from models.karman.inference_keras import KerasRunner
 
     run = Run(client_for(settings), job["run_id"])
     generator, _ = load_model(settings, setup.model_run_id)

@@ -5,9 +5,9 @@ import tempfile
 import torch
 
 from models.device import resolve_device
-from models.inference import make_runner
-from models.nets.config import NetConfig
-from models.nets.pix2pix import build_generator
+from models.karman.inference import make_runner
+from models.karman.nets.config import NetConfig
+from models.karman.nets.pix2pix import build_generator
 from tasks.common.config.settings import Settings
 from tasks.common.tracking.runs import Run, client_for
 from tasks.common.stores.model_files import checked_weights

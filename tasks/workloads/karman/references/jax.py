@@ -15,7 +15,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from models.recipe import LR_FLOOR
+from models.schedule import LR_FLOOR
 from tasks.workloads.karman.references import arrays, depth_of, recipe_of, unet_order  # noqa: F401 (arrays: how the bench reads our side)
 
 EPSILON, MOMENTUM = 1e-5, 0.9  # batch norm's, as torch's (flax's nn.BatchNorm(epsilon=1e-5, momentum=0.9))
@@ -135,7 +135,7 @@ def ours_weights(trainer) -> dict[str, np.ndarray]:
 
 
 def ours_loss(trainer, x: np.ndarray, y: np.ndarray) -> float:
-    """Our trainer's generator loss of a batch without the input noise: its unrolled chain (models.nets.trainer_jax), every
+    """Our trainer's generator loss of a batch without the input noise: its unrolled chain (models.karman.nets.trainer_jax), every
     step a step of the chain from the clean state, on the batch's statistics."""
     model, state = trainer.model, trainer.train_state
     cond, target = jnp.transpose(jnp.asarray(x), (0, 2, 3, 1)), jnp.transpose(jnp.asarray(y), (0, 2, 3, 1))

@@ -12,7 +12,7 @@ import time
 
 import numpy as np
 
-from models.recipe import LR_FLOOR
+from models.schedule import LR_FLOOR
 from tasks.workloads.karman.references import arrays, depth_of, recipe_of, unet_order, widths_of  # noqa: F401 (arrays: how the bench reads our side)
 
 BN = {"momentum": 0.9, "epsilon": 1e-5}
@@ -136,7 +136,7 @@ class Reference:
 # -- how the bench reads our side -----------------------------------------------------------------------------------------
 def ours_weights(trainer) -> dict[str, np.ndarray]:
     """Our Keras generator's weights under our torch generator's state dict names and layouts, and the recipe's delta_ratio."""
-    from models.nets.pix2pix_keras import _torch_generator_layers
+    from models.karman.nets.pix2pix_keras import _torch_generator_layers
 
     state = {}
     for name, (prefix, kind) in _torch_generator_layers(trainer.data.net).items():
@@ -150,7 +150,7 @@ def ours_weights(trainer) -> dict[str, np.ndarray]:
 
 
 def ours_loss(trainer, x: np.ndarray, y: np.ndarray) -> float:
-    """Our trainer's generator loss of a batch without the input noise: its step's algebra (models.nets.trainer_keras), batch
+    """Our trainer's generator loss of a batch without the input noise: its step's algebra (models.karman.nets.trainer_keras), batch
     norm on the batch's statistics, the moving ones put back after."""
     import tensorflow as tf
 

@@ -13,7 +13,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from models.recipe import LR_FLOOR
+from models.schedule import LR_FLOOR
 from tasks.workloads.karman.references import arrays, depth_of, recipe_of, unet_order, widths_of  # noqa: F401 (arrays: how the bench reads our side)
 
 
@@ -158,9 +158,9 @@ def ours_weights(trainer) -> dict[str, np.ndarray]:
 
 @torch.no_grad()
 def ours_loss(trainer, x: np.ndarray, y: np.ndarray) -> float:
-    """Our trainer's generator loss of a batch without the input noise: its step's algebra (models.nets.trainer), batch
+    """Our trainer's generator loss of a batch without the input noise: its step's algebra (models.karman.nets.trainer), batch
     norm on the batch's statistics, the running ones put back after."""
-    from models.nets.surrogate import damp
+    from models.karman.nets.surrogate import damp
 
     model, o = trainer.model, trainer.model.optim_config
     gen = model.generator
