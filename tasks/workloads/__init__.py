@@ -17,6 +17,8 @@ from typing import Callable
 
 from tasks.common.config.errors import UserError
 from tasks.common.specs import DEFAULT_EPOCHS
+from tasks.workloads.contract import (HOOKS, Ablation, BenchQuality, BenchStep, Build, Check, CheckGenerate, DatasetInfo, Generate,
+                                      LearnedNothing, Prepare, Register, Report, Rollouts, Setting, SpecTarget, conforms)
 from tasks.common.config.workload_table import WORKLOADS, option_owners, options_model, package_of, table  # noqa: F401  (the table, as the stages ask it)
 
 
@@ -57,20 +59,18 @@ class Workload:
     frameworks: tuple[str, ...]  # frameworks with a module in its folder
     main_loss: str  # the loss the report shows (a key of the step's losses, e.g. loss_l1)
     target: str  # the quality target, in words
-    prepare: Callable  # (settings, spec) -> the training data and everything the framework modules share (in the child)
-    check: Callable  # (settings, spec, batch_sizes, world, memory bytes or None) -> None; UserError for what cannot run
-    dataset_info: Callable  # (settings, dataset name) -> (its digest, a few facts for MLflow's dataset profile); UserError if missing
-    setting: Callable  # (spec) -> the workload's own settings of a run in a few words (recipe, widths), for descriptions and the report
+    prepare: Prepare  # the training data and everything the framework modules share (in the child)
+    check: Check  # None; UserError for what cannot run
+    dataset_info: DatasetInfo  # (its digest, a few facts for MLflow's dataset profile); UserError if missing
+    setting: Setting  # the workload's own settings of a run in a few words (recipe, widths), for descriptions and the report
     dataset: str = ""  # the dataset a benchmark trains it on when the benchmark does not name one (karman's comes from the sweep)
     batch_sizes: tuple[int, ...] = (8, 16, 32, 64)  # a benchmark's global batch sizes when it names none
     epochs: int = DEFAULT_EPOCHS  # a benchmark's epoch limit when it sets neither epochs nor a time budget
-    # (settings, GenerateSpec, parent MLflow run id or None) -> the dataset's summary (dataset, path, digest, run_id): writes the
-    # workload's dataset into the store as an MLflow generate run
-    generate: Callable | None = None
+    generate: Generate | None = None  # writes the workload's dataset into the store as an MLflow generate run
     # Its dataset is the benchmark's own generate section, a sweep whose simulations are task runs of the flow (Dask, or a GPU
     # pool's deployment: karman's solver sweep), rather than a dataset its generate writes in one task run
     swept: bool = False
-    check_generate: Callable | None = None  # (settings, GenerateSpec) -> None; UserError for what its generate would refuse, before it starts
+    check_generate: CheckGenerate | None = None  # UserError for what its generate would refuse, before it starts
     sizes: tuple[str, ...] = ()  # TrainSpec fields a benchmark sweeps for it (BenchmarkSpec fields of the same names; har: layers, units)
     # GenerateSpec fields of the benchmark's generate section that shape this workload's dataset (calo: events, energy, angle);
     # a benchmark that sets any of them away from its default trains on a dataset named after them (benchmark_dataset)
@@ -83,42 +83,36 @@ class Workload:
     # sets one away from its default is refused (check_options); the command line's help for a workload shows the fields no
     # workload owns and its own. Its training options are its folder's options.py (TrainSpec.options).
     generate_options: tuple[str, ...] = ()
-    # Capabilities: what some workloads have (karman today) and the shared stages ask for by these names, never by a workload's name.
-    # (settings, InferSpec, the training run, logger) -> the checked plan of a rollout of its model (with the child's job ``body``,
-    # ``framework``, ``model_run_id``, ``dataset``, ``simulation``, ``to_json()``), where the infer stage rolls its trained models
-    # out: a benchmark adds rollout cells, bench-quality extra datasets; None: its models are not rolled out
-    rollouts: Callable | None = None
-    spec_target: Callable | None = None  # (TrainSpec) -> the run's quality target in words where its spec sets one; None: ``target``
-    # (settings, training run ids) -> what was registered (tasks.workloads.karman.registry.register_champion's dictionary): a benchmark
-    # registers its best trained model in the Model Registry and moves the alias 'champion' to it where it beats the holder; None: none
-    register: Callable | None = None
-    # (a finished run's test scores) -> why they show it learned nothing (a classifier at chance), with the figure; None where
-    # they do not. Such a run is marked (MLflow tag karman.learned_nothing), left out of the report's ranking with that line,
-    # and is never a champion.
-    learned_nothing: Callable | None = None
-    # (its training rows, its rollout runs' entries, run id -> Markdown link, the report's folder) -> its own sections of the
-    # report (tasks.common.reports.reporting.Sections: its frameworks compared, its rollouts' tables and figures); None: none
-    report: Callable | None = None
-    # (settings, BenchQualitySpec, TrainSpec, torch runtime, train, dataset folders) -> bench-quality's result, where the workload
-    # scores its trained models itself (karman: rollouts, the surrogate's step against the solver's); ``train(spec)`` is the
-    # stage's training through the loop: (data, trainer, loop summary, validations, seconds). None: the test split's scores
-    bench_quality: Callable | None = None
-    # (BenchTrainSpec, seed) -> bench-train's result: its training step's samples/s against a plain step, on synthetic batches
-    # (karman: the Pix2Pix step, torch or Keras). None: it has no bench-train
-    bench_train: Callable | None = None
-    # (BenchInferSpec, seed) -> bench-infer's result: one rollout step's frames/s, full-frame or map-reduce over workers, against
-    # the solver (karman: its generator). None: it has no bench-infer
-    bench_infer: Callable | None = None
-    # (report name, the ablation's params, results: (variant, seed, training result, test rollout, extra rollouts) each, the test
-    # simulation, the extra simulations) -> (rows, Markdown) of the ablate flow's table, where its training recipe can be ablated
-    ablation: Callable | None = None
+    # Capabilities: what some workloads have (karman today) and the shared stages ask for by these names, never by a workload's name;
+    # each typed by its hook (tasks.workloads.contract), None where the workload has none.
+    # The checked plan of a rollout of its model, where the infer stage rolls its trained models out: a benchmark adds rollout
+    # cells, bench-quality extra datasets; None: its models are not rolled out
+    rollouts: Rollouts | None = None
+    spec_target: SpecTarget | None = None  # the run's quality target in words where its spec sets one; None: ``target``
+    # A benchmark registers its best trained model in the Model Registry and moves the alias 'champion' to it where it beats the holder
+    register: Register | None = None
+    # A run whose test scores show it learned nothing is marked (MLflow tag karman.learned_nothing), left out of the report's ranking
+    # with that line, and is never a champion.
+    learned_nothing: LearnedNothing | None = None
+    # Its own sections of the report: its frameworks compared, its rollouts' tables and figures
+    report: Report | None = None
+    # Where the workload scores its trained models itself (karman: rollouts, the surrogate's step against the solver's); ``train(spec)``
+    # is the stage's training through the loop: (data, trainer, loop summary, validations, seconds). None: the test split's scores
+    bench_quality: BenchQuality | None = None
+    # bench-train: its training step's samples/s against a plain step, on synthetic batches (karman: the Pix2Pix step). None: none
+    bench_train: BenchStep | None = None
+    # bench-infer: one rollout step's frames/s, full-frame or map-reduce over workers, against the solver. None: none
+    bench_infer: BenchStep | None = None
+    # The ablate flow's table, where its training recipe can be ablated: results are (variant, seed, training result, test rollout,
+    # extra rollouts) each
+    ablation: Ablation | None = None
     rules: RunRules = RunRules()  # how many runs make a result of one of its cells, and the time each may take
     # Its cells' sizes in the quick preset where they are not its own (BenchmarkSpec.per_workload's fields, and "options": its
     # own options there; karman trains at the demo's batch 4 and 8 for 3 epochs, 16 wide); None: its own sizes (tasks.workloads.presets)
     quick: dict | None = None
 
     def __post_init__(self):
-        """TypeError naming the field of a workload whose part cannot be called as the stages call it (CALLS)."""
+        """TypeError naming the field of a workload whose part cannot stand for its hook (tasks.workloads.contract)."""
         from tasks.common.config.frameworks import FRAMEWORKS
 
         unknown = [f for f in self.frameworks if f not in FRAMEWORKS]
@@ -128,8 +122,8 @@ class Workload:
             raise TypeError(f"workload {self.name}: references {', '.join(sorted(set(self.references) - set(self.frameworks)))} are not among its frameworks")
         for f in fields(self):
             value = getattr(self, f.name)
-            if f.name in CALLS and value is not None:
-                callable_as(value, CALLS[f.name], f"workload {self.name}: {f.name}")
+            if f.name in HOOKS and value is not None:
+                conforms(value, HOOKS[f.name], f"workload {self.name}: {f.name}")
 
     @property
     def synthetic(self) -> bool:
@@ -140,32 +134,13 @@ class Workload:
         return self.spec_target(spec) if self.spec_target else self.target
 
 
-# How the stages call each part of a workload: its arguments, by name (a part may take more, with defaults).
-CALLS = {
-    "prepare": ("settings", "spec"),
-    "check": ("settings", "spec", "batch_sizes", "world", "memory"),
-    "dataset_info": ("settings", "dataset"),
-    "setting": ("spec",),
-    "generate": ("settings", "spec", "parent_run_id"),
-    "check_generate": ("settings", "spec"),
-    "spec_target": ("spec",),
-    "register": ("settings", "run_ids"),
-    "learned_nothing": ("test",),
-    "report": ("trains", "rollouts", "link", "out"),
-    "rollouts": ("settings", "spec", "model", "log"),
-    "bench_quality": ("settings", "bench", "spec", "runtime", "train", "folders"),
-    "bench_train": ("bench", "seed"),
-    "bench_infer": ("bench", "seed"),
-    "ablation": ("name", "params", "results", "simulation", "extra"),
-}
-BUILD = ("data", "spec", "batch_size", "runtime")  # a framework module's build(...) -> the loop's Trainer
 # What a reference module (references/<framework>.py) defines, and how bench-frameworks calls each (tasks.common.runtimes.references)
 REFERENCE = {"Reference": ("spec", "weights", "x", "y", "batch_size"), "arrays": ("data",), "ours_weights": ("trainer",),
              "ours_loss": ("trainer", "x", "y")}
 
 
 def callable_as(part, arguments: tuple[str, ...], what: str) -> None:
-    """TypeError naming ``what`` unless ``part`` is callable with ``arguments`` given by position."""
+    """TypeError naming ``what`` unless ``part`` is callable with ``arguments`` given by position (a reference module's names)."""
     if not callable(part):
         raise TypeError(f"{what} is {type(part).__name__}, not a function taking ({', '.join(arguments)})")
     try:
@@ -333,7 +308,7 @@ def framework_module(workload: Workload, framework: str):
     """The module that builds ``workload``'s trainer in ``framework`` (imported here: its framework loads with it)."""
     check_framework(workload, framework)
     module = importlib.import_module(f"{table()[workload.name]}.{framework}")
-    callable_as(getattr(module, "build", None), BUILD, f"{module.__name__}.build")
+    conforms(getattr(module, "build", None), Build, f"{module.__name__}.build")
     return module
 
 

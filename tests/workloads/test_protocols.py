@@ -14,7 +14,8 @@ import pytest
 
 from tasks.common.runtimes import loop
 from tasks.common.config.errors import UserError
-from tasks.workloads import BUILD, CALLS, Workload, callable_as, framework_module, get_workload, reference_module, table
+from tasks.workloads import Workload, framework_module, get_workload, reference_module, table
+from tasks.workloads.contract import HOOKS, Check, conforms
 
 TOY = "toy=tests.workloads.toy"
 
@@ -34,9 +35,13 @@ def test_every_workload_and_framework_module_keeps_its_contract(every_workload):
     for name in every_workload:
         workload = get_workload(name)  # its parts' signatures checked as it is made
         assert isinstance(workload, Workload) and workload.name == name
-        for part, arguments in CALLS.items():
+        typed = typing.get_type_hints(Workload)
+        for part, hook in HOOKS.items():  # each hook field typed by its Protocol, and the workload's part standing for it
+            assert hook in (typing.get_args(typed[part]) or (typed[part],)), part
             if getattr(workload, part) is not None:
-                callable_as(getattr(workload, part), arguments, f"{name}.{part}")
+                conforms(getattr(workload, part), hook, f"{name}.{part}")
+        for part in ("prepare", "check", "dataset_info", "setting"):  # the hooks every workload has are annotated, and with the hook's types
+            assert "spec" in typing.get_type_hints(getattr(workload, part)) or part == "dataset_info", (name, part)
         for framework in workload.frameworks:
             module = framework_module(workload, framework)
             cls = trainer_class(module)
@@ -70,8 +75,19 @@ def test_trainer_protocol_names_what_a_trainer_lacks():
 
 def test_a_workload_whose_part_does_not_fit_is_refused_when_made():
     digits = get_workload("digits")
-    with pytest.raises(TypeError, match=r"workload digits: check cannot be called with \(settings, spec, batch_sizes, world, memory\)"):
+    with pytest.raises(TypeError, match=r"workload digits: check takes 2 positional argument\(s\); the stages call it with \(settings, spec, batch_sizes, world, memory\)"):
         dataclasses.replace(digits, check=lambda settings, spec: None)
+
+    def typed_wrongly(settings, spec: str, batch_sizes, world, memory=None) -> None: ...
+
+    with pytest.raises(TypeError, match=r"workload digits: check: its parameter spec is annotated <class 'str'>, where the stages pass <class 'tasks.common.specs.TrainSpec'>"):
+        dataclasses.replace(digits, check=typed_wrongly)
+
+    def wants_more(settings, spec, batch_sizes, world, memory, extra) -> None: ...
+
+    with pytest.raises(TypeError, match="workload digits: check needs more arguments than the stages give it"):
+        dataclasses.replace(digits, check=wants_more)
+    conforms(lambda *anything: None, Check, "takes anything")  # a part that takes more by position stands for the hook
     with pytest.raises(TypeError, match="workload digits: frameworks mxnet are not in the framework table"):
         dataclasses.replace(digits, frameworks=("torch", "mxnet"))
     with pytest.raises(TypeError, match="workload digits: setting is str"):
@@ -86,7 +102,7 @@ def test_a_framework_module_without_build_is_refused(monkeypatch, tmp_path):
     monkeypatch.syspath_prepend(str(tmp_path))
     monkeypatch.setenv("KARMAN_WORKLOADS", "brokenload=brokenload")
     broken = dataclasses.replace(get_workload("digits"), name="brokenload", frameworks=("torch",), references=())
-    with pytest.raises(TypeError, match=r"brokenload.torch.build cannot be called with \(" + ", ".join(BUILD)):
+    with pytest.raises(TypeError, match=r"brokenload.torch.build takes 2 positional argument\(s\); the stages call it with \(data, spec, batch_size, runtime\)"):
         framework_module(broken, "torch")
     importlib.invalidate_caches()
 

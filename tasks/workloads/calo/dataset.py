@@ -19,6 +19,8 @@ from tasks.common.stores.datasets import read_checked, write_once
 from tasks.common.config.errors import UserError
 from tasks.common.tracking.names import Tag
 from tasks.common.stores.store import MANIFEST, STORE, workload_manifest, write_json_atomic
+from tasks.common.config.settings import Settings
+from tasks.common.specs import GenerateSpec
 
 log = logging.getLogger("karman.calo")
 CHUNK_EVENTS = 100
@@ -145,7 +147,7 @@ def load_checked(dataset_dir: Path) -> dict:
     return read_checked(dataset_dir, "calo", read)
 
 
-def check_generate(settings, spec) -> None:
+def check_generate(settings: Settings, spec: GenerateSpec) -> None:
     """UserError if generate would refuse ``spec``: ranges outside the generator's, an existing dataset of that name
     that is another workload's or was written with other parameters (unless it is to be overwritten), or a Dask
     scheduler where none answers and the showers are still to be simulated."""
@@ -163,7 +165,7 @@ def check_generate(settings, spec) -> None:
         check_scheduler(spec.scheduler)
 
 
-def generate(settings, spec, parent_run_id: str | None = None) -> dict:
+def generate(settings: Settings, spec: GenerateSpec, parent_run_id: str | None = None) -> dict:
     """Simulate the calo dataset ``spec.dataset`` (a no-op for a complete one of the same parameters;
     ``spec.overwrite`` writes it afresh), recorded as an MLflow ``generate`` run with the dataset logged."""
     from tasks.common.tracking.runs import mlflow_run

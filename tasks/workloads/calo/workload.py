@@ -16,6 +16,8 @@ from models.calo.nets import (ENERGY_SCALE, LEARNING_RATE, LOSS_WEIGHTS, POWER, 
 from models.schedule import lr_factor
 from tasks.common.runtimes.data import epoch_order
 from tasks.common.stores.datasets import check_batches
+from tasks.common.config.settings import Settings
+from tasks.common.specs import TrainSpec
 from tasks.workloads import RunRules, Workload
 from tasks.workloads.calo.dataset import DATA, manifest_of, check_generate, generate, load_checked, read_dataset
 
@@ -98,7 +100,7 @@ class CaloData:
     in_memory: bool = True
 
 
-def prepare(settings, spec, main: bool = True) -> CaloData:
+def prepare(settings: Settings, spec: TrainSpec, main: bool = True) -> CaloData:
     dataset_dir = settings.dataset_dir(spec.dataset)
     manifest = load_checked(dataset_dir)
     cells, energy, angle = read_dataset(dataset_dir)
@@ -110,7 +112,7 @@ def prepare(settings, spec, main: bool = True) -> CaloData:
     return data
 
 
-def check(settings, spec, batch_sizes: list[int], world: int, memory: int | None = None) -> None:
+def check(settings: Settings, spec: TrainSpec, batch_sizes: list[int], world: int, memory: int | None = None) -> None:
     """UserError for a batch the run cannot take: one that does not split over the devices, one larger than
     the training events."""
     events = manifest_of(settings.dataset_dir(spec.dataset))["events"]
@@ -118,12 +120,12 @@ def check(settings, spec, batch_sizes: list[int], world: int, memory: int | None
     check_batches(batch_sizes, world, train, "showers", spec.dataset)
 
 
-def dataset_info(settings, dataset: str) -> tuple[str, dict]:
+def dataset_info(settings: Settings, dataset: str) -> tuple[str, dict]:
     manifest = load_checked(settings.dataset_dir(dataset))
     return manifest["digest"], {"events": manifest["events"], "synthetic": True}
 
 
-def setting(spec) -> str:
+def setting(spec: TrainSpec) -> str:
     cfg = config_of(spec)
     return (f"3DGAN (published layers, width {cfg.width:g}, latent {cfg.latent}, {'x'.join(map(str, cfg.image))} cells), RMSprop lr {LEARNING_RATE:g} {cfg.schedule}, "
             f"loss weights {'/'.join(f'{w:g}' for w in LOSS_WEIGHTS.values())}, two generator updates per step")

@@ -23,6 +23,8 @@ from tasks.common.stores.datasets import check_batches, read_checked, record_gen
 from tasks.common.config.errors import UserError
 from tasks.common.stores.store import MANIFEST, STORE, workload_manifest, write_json_atomic
 from tasks.common.runtimes.classifier import Classifier, ClassifierData, at_chance
+from tasks.common.config.settings import Settings
+from tasks.common.specs import GenerateSpec, TrainSpec
 from tasks.workloads import RunRules, Workload
 
 log = logging.getLogger("karman.digits")
@@ -183,7 +185,7 @@ def write_dataset(dataset_dir: Path) -> dict:
 check_generate = refuse_damaged(load_checked)  # generate refuses a damaged dataset of that name, or another workload's
 
 
-def generate(settings, spec, parent_run_id: str | None = None) -> dict:
+def generate(settings: Settings, spec: GenerateSpec, parent_run_id: str | None = None) -> dict:
     """Write the digits dataset ``spec.dataset`` (a no-op for a complete one; ``spec.overwrite`` writes it
     afresh; a damaged one is refused), recorded as an MLflow ``generate`` run with the dataset logged."""
     manifest, written, wall = write_once(settings, spec, check_generate, write_dataset, lambda folder: load_checked(folder)[0])
@@ -202,7 +204,7 @@ class DigitsData(ClassifierData):
     """The three roles' images (n, 28, 28, 1) float32 in [0, 1] and labels (n,) int64, held in memory."""
 
 
-def prepare(settings, spec, main: bool = True) -> DigitsData:
+def prepare(settings: Settings, spec: TrainSpec, main: bool = True) -> DigitsData:
     manifest, images, labels, split = load_checked(settings.dataset_dir(spec.dataset))
     x = {role: (images[split[role]].astype(np.float32) / 255.0)[..., None] for role in ROLES}  # (n, 28, 28, 1)
     y = {role: labels[split[role]].astype(np.int64) for role in ROLES}
@@ -214,18 +216,18 @@ def target_of(spec) -> float:
     return spec.options.target_accuracy if spec.options.target_accuracy is not None else TARGET_ACCURACY
 
 
-def check(settings, spec, batch_sizes: list[int], world: int, memory: int | None = None) -> None:
+def check(settings: Settings, spec: TrainSpec, batch_sizes: list[int], world: int, memory: int | None = None) -> None:
     train = _manifest(settings.dataset_dir(spec.dataset))["split"]["train"]
     check_batches(batch_sizes, world, train, "images", spec.dataset)
 
 
-def dataset_info(settings, dataset: str) -> tuple[str, dict]:
+def dataset_info(settings: Settings, dataset: str) -> tuple[str, dict]:
     """The digest and image count of a sound digits dataset (its content is checked: 4 MB); UserError otherwise."""
     manifest = load_checked(settings.dataset_dir(dataset))[0]
     return manifest["digest"], {"images": manifest["count"]}
 
 
-def setting(spec) -> str:
+def setting(spec: TrainSpec) -> str:
     return f"{NETWORK}, SGD momentum {MOMENTUM} lr {LEARNING_RATE}, target accuracy {target_of(spec):g}"
 
 

@@ -25,6 +25,8 @@ from tasks.common.stores.datasets import check_batches, read_checked, record_gen
 from tasks.common.config.errors import UserError
 from tasks.common.stores.store import MANIFEST, STORE, workload_manifest, write_json_atomic
 from tasks.common.runtimes.classifier import Classifier, ClassifierData, at_chance
+from tasks.common.config.settings import Settings
+from tasks.common.specs import GenerateSpec, TrainSpec
 from tasks.workloads import RunRules, Workload
 from tasks.workloads.har.synthetic import DATA_SEED, SENSOR_MODEL, SOURCE, SPLIT, subject_split, synthesize
 from tasks.workloads.har.windows import ACTIVITIES, CHANNELS, CLASSES, ROLES, SAMPLE_HZ, STEPS, SUBJECTS
@@ -236,7 +238,7 @@ def write_dataset(dataset_dir: Path, source: str = "hapt") -> dict:
 _refuse_damaged = refuse_damaged(load_checked)
 
 
-def check_generate(settings, spec) -> None:
+def check_generate(settings: Settings, spec: GenerateSpec) -> None:
     """UserError where generate would refuse ``spec``: a dataset of that name that is damaged, another workload's, or of
     the other source, unless it is to be overwritten."""
     _refuse_damaged(settings, spec)
@@ -252,7 +254,7 @@ def check_generate(settings, spec) -> None:
         hapt.verify()  # the package installed and its file the pinned one, before anything starts
 
 
-def generate(settings, spec, parent_run_id: str | None = None) -> dict:
+def generate(settings: Settings, spec: GenerateSpec, parent_run_id: str | None = None) -> dict:
     """Write the har dataset ``spec.dataset`` from ``spec.source`` (a no-op for a complete one; ``spec.overwrite``
     writes it afresh; a damaged one is refused), recorded as an MLflow ``generate`` run with the dataset logged."""
     manifest, written, wall = write_once(settings, spec, check_generate, lambda folder: write_dataset(folder, spec.source),
@@ -293,7 +295,7 @@ class HarData(ClassifierData):
     source: str = "synthetic"
 
 
-def prepare(settings, spec, main: bool = True) -> HarData:
+def prepare(settings: Settings, spec: TrainSpec, main: bool = True) -> HarData:
     manifest, windows, activities, subjects, split = load_checked(settings.dataset_dir(spec.dataset))
     take = {role: np.isin(subjects, split[role]) for role in ROLES}
     source = source_of(manifest)
@@ -303,13 +305,13 @@ def prepare(settings, spec, main: bool = True) -> HarData:
                    words, manifest["digest"], TARGETS[source], source=source)
 
 
-def check(settings, spec, batch_sizes: list[int], world: int, memory: int | None = None) -> None:
+def check(settings: Settings, spec: TrainSpec, batch_sizes: list[int], world: int, memory: int | None = None) -> None:
     network_of(spec)  # UserError for a size the network cannot take
     train = workload_manifest(settings.dataset_dir(spec.dataset), "har")["split"]["train"]
     check_batches(batch_sizes, world, train, "windows", spec.dataset)
 
 
-def dataset_info(settings, dataset: str) -> tuple[str, dict]:
+def dataset_info(settings: Settings, dataset: str) -> tuple[str, dict]:
     """The digest, window count and source of a sound har dataset (its content is checked: 13 MB synthetic, 46 MB real);
     UserError otherwise."""
     manifest = load_checked(settings.dataset_dir(dataset))[0]
@@ -317,7 +319,7 @@ def dataset_info(settings, dataset: str) -> tuple[str, dict]:
     return manifest["digest"], {"windows": manifest["count"], "synthetic": source == "synthetic", "data": SOURCES[source]}
 
 
-def setting(spec) -> str:
+def setting(spec: TrainSpec) -> str:
     target = (f"{TARGET_F1:g}" if TARGET_F1 == TARGET_F1_REAL else f"{TARGET_F1_REAL:g} on real data (UCI HAPT), {TARGET_F1:g} on synthetic")
     rate = f"Adam lr {LEARNING_RATE:g}" + ("" if schedule_of(spec) == "constant" else f" {schedule_of(spec)}")
     return f"{network_of(spec).words}, {rate}, target validation macro-F1 {target}"  # the report adds the run's data

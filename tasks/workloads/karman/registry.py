@@ -17,6 +17,7 @@ from tasks.common.records import RECORD_FILE, TrainRecord
 from tasks.common.tracking.registry import CHAMPION
 from tasks.common.config.settings import Settings
 from tasks.common.tracking.runs import client_for, missing
+from tasks.common.specs import TrainSpec
 
 QUALITY_TARGET = "karman.quality_target"  # a model version's quality target in words
 SCORE = "karman.score"  # a model version's score in words
@@ -26,7 +27,7 @@ HORIZON = "karman.val_horizon_vorticity"
 FLOOR_SHARE = 0.5  # a model that missed the target may be champion only with a validation horizon of at least this share of the target's steps
 
 
-def spec_target(spec) -> str:
+def spec_target(spec: TrainSpec) -> str:
     """The quality target of a karman run, in words, from its spec (TrainSpec)."""
     return f"vorticity <= {spec.options.target_vorticity:g} for {spec.options.target_steps} steps"
 

@@ -16,6 +16,8 @@ from models.karman.solver import vorticity
 from tasks.common.config.errors import UserError
 from tasks.common.reports.plots import vorticity_panels
 from tasks.common.stores.store import file_sha256, load_manifest
+from tasks.common.config.settings import Settings
+from tasks.common.specs import GenerateSpec, TrainSpec
 from tasks.workloads import RunRules, Workload
 from tasks.workloads.karman.data import IN_MEMORY_BYTES, OUTPUTS, Normalizer, PairSource, StepCodec, model_inputs, split_of, training_net
 from tasks.workloads.karman.registry import register_champion, spec_target
@@ -89,7 +91,7 @@ def _net(source: PairSource, spec, recipe):
                         ndf=recipe.ndf, norm=spec.options.norm, dropout=recipe.dropout, upsample=recipe.upsample, output=recipe.output)
 
 
-def prepare(settings, spec, main: bool = True) -> KarmanData:
+def prepare(settings: Settings, spec: TrainSpec, main: bool = True) -> KarmanData:
     """The training data of ``spec``: training sets that fit are decoded once and held in memory; the
     normalisation is fitted by streaming over the training frames; rank 0 (``main``) loads the
     validation simulations."""
@@ -105,7 +107,7 @@ def prepare(settings, spec, main: bool = True) -> KarmanData:
     return KarmanData(dataset_dir, manifest, split, recipe, train, codec, net, validation, spec.options.crop)
 
 
-def check(settings, spec, batch_sizes: list[int], world: int, memory: int | None = None) -> None:
+def check(settings: Settings, spec: TrainSpec, batch_sizes: list[int], world: int, memory: int | None = None) -> None:
     """What can be refused before any run starts (reads the dataset's metadata only): the frames must
     fit the U-Net, each batch must split over the devices and fit in the training pairs, and (given a
     device's ``memory`` in bytes) the estimated memory of a step must fit it."""
@@ -131,7 +133,7 @@ def check(settings, spec, batch_sizes: list[int], world: int, memory: int | None
                             "device has; use narrower networks or a smaller batch (the paper's width is 64)")
 
 
-def dataset_info(settings, dataset: str) -> tuple[str, dict]:
+def dataset_info(settings: Settings, dataset: str) -> tuple[str, dict]:
     """The dataset's digest and how many simulations it holds."""
     manifest = load_manifest(settings.dataset_dir(dataset))
     return manifest["digest"], {"simulations": len(manifest["simulations"])}
@@ -169,13 +171,13 @@ def model_meta(net, codec: StepCodec, spec, manifest: dict, split: dict, framewo
             "generator_bytes": weights.stat().st_size, "generator_sha256": file_sha256(weights)}
 
 
-def setting(spec) -> str:
+def setting(spec: TrainSpec) -> str:
     """The recipe and its widths, in words."""
     recipe = spec.options.resolved_recipe()
     return f"recipe {recipe.name}" + ("" if "ngf=" in recipe.name else f", ngf {recipe.ngf}") + (f", crop {spec.options.crop}" if spec.options.crop else "")
 
 
-def generate(settings, spec, parent_run_id: str | None = None) -> dict:
+def generate(settings: Settings, spec: GenerateSpec, parent_run_id: str | None = None) -> dict:
     """The solver sweep of ``spec`` (GenerateSpec) into its dataset (tasks.workloads.karman.sweep, imported here: Prefect's
     task runner and Dask load with it, which a training child never needs)."""
     from tasks.workloads.karman.sweep import run_sweep
@@ -212,7 +214,7 @@ def bench_infer(bench, seed: int = 0) -> dict:
     return timed(bench, seed)
 
 
-def check_generate(settings, spec) -> None:
+def check_generate(settings: Settings, spec: GenerateSpec) -> None:
     """What the sweep of ``spec`` refuses before anything runs (tasks.workloads.karman.sweep.check_sweep)."""
     from tasks.workloads.karman.sweep import check_sweep
 

@@ -13,6 +13,8 @@ import numpy as np
 import zarr
 
 from tasks.common.config.errors import UserError
+from tasks.common.config.settings import Settings
+from tasks.common.specs import GenerateSpec, TrainSpec
 from tasks.workloads import Workload
 
 MANIFEST = "manifest.json"
@@ -55,7 +57,7 @@ def _manifest(settings, dataset: str) -> dict:
     return json.loads(path.read_text())
 
 
-def prepare(settings, spec, main: bool = True) -> ToyData:
+def prepare(settings: Settings, spec: TrainSpec, main: bool = True) -> ToyData:
     """Samples split by index (shuffled by the seed): 60 % train, 20 % validation, 20 % test."""
     manifest = _manifest(settings, spec.dataset)
     root = zarr.open_group(settings.dataset_dir(spec.dataset) / "data.zarr", mode="r")
@@ -66,19 +68,19 @@ def prepare(settings, spec, main: bool = True) -> ToyData:
                    {k: [str(i) for i in v] for k, v in cut.items()}, manifest["digest"])
 
 
-def check(settings, spec, batch_sizes: list[int], world: int, memory: int | None = None) -> None:
+def check(settings: Settings, spec: TrainSpec, batch_sizes: list[int], world: int, memory: int | None = None) -> None:
     train = _manifest(settings, spec.dataset)["samples"] * 3 // 5
     for b in batch_sizes:
         if b % world or b > train:
             raise UserError(f"batch size {b} must split over {world} devices and be at most the {train} training samples")
 
 
-def dataset_info(settings, dataset: str) -> tuple[str, dict]:
+def dataset_info(settings: Settings, dataset: str) -> tuple[str, dict]:
     manifest = _manifest(settings, dataset)
     return manifest["digest"], {"samples": manifest["samples"]}
 
 
-def write(settings, spec, parent_run_id: str | None = None) -> dict:
+def write(settings: Settings, spec: GenerateSpec, parent_run_id: str | None = None) -> dict:
     """Its dataset in the store (written once, 240 points), recorded as an MLflow generate run: a benchmark makes it so."""
     import time
 
@@ -93,7 +95,7 @@ def write(settings, spec, parent_run_id: str | None = None) -> dict:
                            {"workload": "toy", "dataset": spec.dataset}, "Two Gaussian blobs (synthetic)", parent_run_id)
 
 
-def setting(spec) -> str:
+def setting(spec: TrainSpec) -> str:
     return f"MLP 2-{spec.options.hidden}-2"
 
 
