@@ -34,26 +34,6 @@ def _log() -> logging.Logger:
 # Checks that must fail before any flow starts, with one clear line; a stage that plans hands its
 # plan to the flow, which takes it instead of planning again.
 
-def _foreign_option(model, args, base, exc: ValidationError) -> str | None:
-    """Where a request's spec failed a check across its options (or of one option) and the request gave another workload's
-    option (there), the refusal of that option: it is the cause to name, not a check of the option's own workload."""
-    if model not in OPTION_KINDS:  # a training spec refuses another workload's option itself, before its own checks
-        return None
-    from tasks.common.specs import DEFAULT_WORKLOAD
-    from tasks.workloads import foreign_option
-
-    given = {name for name in cli_fields(model) if getattr(args, name, None) is not None}
-    given |= {name for name in getattr(base, "model_fields_set", ()) if getattr(base, name) != model.model_fields[name].default}
-    loc = [str(p) for p in exc.errors()[0]["loc"] if not isinstance(p, int)]
-    if loc:  # one option's own error: another workload's option only where it is that one
-        given &= {loc[0]}
-    workload = getattr(args, "workload", None) or getattr(base, "workload", None) or DEFAULT_WORKLOAD
-    try:
-        return foreign_option(workload, given, OPTION_KINDS[model])
-    except (UserError, ImportError):  # a workload table that does not load: the validation's own message
-        return None
-
-
 def _check_generate(settings, spec: GenerateSpec) -> None:
     from tasks.generate.task import check_generate
 
@@ -237,21 +217,21 @@ def spec_file(model: type[BaseModel], path: str) -> BaseModel:
         raise UserError(f"--spec {path!r}: {where + ': ' if where else ''}{err['msg'].removeprefix('Value error, ').rstrip('.')}{got}") from None
 
 
-OPTION_KINDS = {GenerateSpec: "generate_options"}  # the specs whose fields a workload may own (a training spec's are its ``options``)
 OWN_DEFAULTS = (TrainSpec, GenerateSpec)  # the specs whose dataset (and sizes) a request leaves to its workload
+KINDS = {TrainSpec: "train", GenerateSpec: "generate"}  # the specs that hold a workload's own options, by the options' kind
 
 
 def option_models(spec: type[BaseModel], workload: str | None) -> list[type[BaseModel]]:
-    """The workload options whose fields are ``spec``'s flags too (a training spec's): the named workload's, or where the
-    command line names none (or an unknown one, which the command refuses when it runs), every workload's."""
-    if spec is not TrainSpec:
+    """The workload options whose fields are ``spec``'s flags too (a training or generate spec's): the named workload's, or
+    where the command line names none (or an unknown one, which the command refuses when it runs), every workload's."""
+    if spec not in KINDS:
         return []
     from tasks.common.config.workload_table import options_model, table
 
     try:
-        return [options_model(workload)] if workload else [options_model(name) for name in table()]
+        return [options_model(workload, KINDS[spec])] if workload else [options_model(name, KINDS[spec]) for name in table()]
     except UserError:
-        return [options_model(name) for name in table()]
+        return [options_model(name, KINDS[spec]) for name in table()]
 
 
 def help_workload(argv: list[str]) -> str | None:
@@ -264,18 +244,6 @@ def help_workload(argv: list[str]) -> str | None:
         if arg.startswith("--workload="):
             return arg.partition("=")[2]
     return None
-
-
-def _shown(spec: type[BaseModel], workload: str | None) -> set[str] | None:
-    """The fields of ``spec`` whose options the help shows: for a named workload, those no workload owns and its own."""
-    if workload is None or spec not in OPTION_KINDS:
-        return None
-    from tasks.workloads import get_workload, own_fields
-
-    try:
-        return set(own_fields(get_workload(workload), OPTION_KINDS[spec], spec))
-    except UserError:  # an unknown name: every option, and the command refuses the name when it runs
-        return None
 
 
 def _own_defaults(spec: type[BaseModel], workload: str | None) -> dict | None:
@@ -303,7 +271,7 @@ def build_parser(workload: str | None = None) -> argparse.ArgumentParser:
             p.add_argument("--time-budget", dest="time_budget", default=None,
                            help=f"Wall-clock seconds of training (default: {DemoSpec().train.time_budget:g})")
         else:
-            add_spec_options(p, command.spec, _shown(command.spec, workload), _own_defaults(command.spec, workload))
+            add_spec_options(p, command.spec, None, _own_defaults(command.spec, workload))
             added = set(cli_fields(command.spec))
             for model in option_models(command.spec, workload):  # the workload's own options, flags beside the shared ones
                 add_spec_options(p, model, set(cli_fields(model)) - added)
@@ -397,7 +365,7 @@ def main(argv: list[str] | None = None) -> int:
             tracking_ready(settings)  # a new local store: its tables created under a lock
             reap_orphans(settings, logging.getLogger("karman.cli"))  # runs left RUNNING by killed commands
         except ValidationError as exc:
-            message = _foreign_option(cmd.spec, args, base, exc) or validation_message(exc)
+            message = validation_message(exc)
             print(f"python -m flows {command}: error: {message}", file=sys.stderr)
             return EXIT_USAGE
         except UserError as exc:

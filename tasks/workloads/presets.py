@@ -13,11 +13,12 @@ from tasks.workloads import WORKLOADS, get_workload
 
 def _quick() -> dict:
     quick = {name: sizes for name in WORKLOADS if (sizes := get_workload(name).quick)}
-    per_workload = {name: {k: v for k, v in sizes.items() if k != "options"} for name, sizes in quick.items()}
+    per_workload = {name: own for name, sizes in quick.items() if (own := {k: v for k, v in sizes.items() if k not in ("options", "generate")})}
     options = {name: sizes["options"] for name, sizes in quick.items() if "options" in sizes}
+    generate = {name: sizes["generate"] for name, sizes in quick.items() if "generate" in sizes}
     # one run a cell: a smoke test of the whole pipeline in minutes, whose results the report marks indicative
     return {"train": {"options": options}, "per_workload": per_workload, "repeats": 1, "infer": {"steps": 40}, "workers": [1, 2],
-            "generate": {"events": 400}, "aggregate": {"name": "quick"}}  # events: calo's dataset (calo-events400)
+            "generate": {"options": generate}, "aggregate": {"name": "quick"}}
 
 
 def presets() -> dict[str, dict]:

@@ -105,7 +105,7 @@ def test_killed_sweep_completes_on_rerun_with_every_simulation_once(workdir):
     assert sorted(p.name for p in store.iterdir() if p.is_dir()) == sweep
     for sim_id in sweep:
         ds = open_simulation(dataset, sim_id).load()
-        assert ds.sizes["time"] == SPEC.frames
+        assert ds.sizes["time"] == SPEC.options.frames
         assert all(np.isfinite(ds[name].values).all() for name in VARIABLES), f"{sim_id} has missing frames"
         assert content_digest(ds) == records[sim_id]["digest"]
     for sim_id, record in finished.items():
@@ -119,8 +119,8 @@ def test_sweep_expands_over_every_combination_and_keeps_the_default_sweep():
     sims = expand(spec)
     assert len(sims) == len({s.sim_id for s in sims}) == 2 * 2 * 2 * 2 * 2
     assert {(s.shape, s.reynolds, s.size, s.cx, s.cy) for s in sims} == {
-        (shape, re, size, x * spec.ny, 0.5 * (spec.ny - 1) + y)
-        for shape in spec.shapes for re in spec.reynolds for size in spec.size for x in spec.x_position for y in spec.y_offset}
+        (shape, re, size, x * sweep.ny, 0.5 * (sweep.ny - 1) + y)
+        for sweep in [spec.options] for shape in sweep.shapes for re in sweep.reynolds for size in sweep.size for x in sweep.x_position for y in sweep.y_offset}
     assert [s.reynolds for s in sims[:2]] == [70.0, 90.0]  # Reynolds number varies fastest
 
     # The default is a single-obstacle sweep of nine Reynolds numbers, recorded in the manifest as before.

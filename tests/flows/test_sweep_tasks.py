@@ -52,7 +52,7 @@ def stored_once(dataset_dir, spec: GenerateSpec) -> dict:
     assert sorted(p.name for p in (dataset_dir / STORE).iterdir() if p.is_dir()) == sweep
     for sim_id in sweep:
         ds = open_simulation(dataset_dir, sim_id).load()
-        assert ds.sizes["time"] == spec.frames  # rewritten whole, never appended to
+        assert ds.sizes["time"] == spec.options.frames  # rewritten whole, never appended to
         assert all(np.isfinite(ds[name].values).all() for name in VARIABLES)
         assert content_digest(ds) == records[sim_id]["digest"]
     return records

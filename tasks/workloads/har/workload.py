@@ -245,19 +245,19 @@ def check_generate(settings: Settings, spec: GenerateSpec) -> None:
     dataset_dir = settings.dataset_dir(spec.dataset)
     if not spec.overwrite and (dataset_dir / MANIFEST).is_file():
         held = source_of(workload_manifest(dataset_dir, "har"))
-        if held != spec.source:
-            raise UserError(f"dataset {spec.dataset!r} already holds {SOURCES[held]} har windows, not --source {spec.source}; "
+        if held != spec.options.source:
+            raise UserError(f"dataset {spec.dataset!r} already holds {SOURCES[held]} har windows, not --source {spec.options.source}; "
                             "choose another --dataset name or pass --overwrite")
-    elif spec.source == "hapt":
+    elif spec.options.source == "hapt":
         from tasks.workloads.har import hapt
 
         hapt.verify()  # the package installed and its file the pinned one, before anything starts
 
 
 def generate(settings: Settings, spec: GenerateSpec, parent_run_id: str | None = None) -> dict:
-    """Write the har dataset ``spec.dataset`` from ``spec.source`` (a no-op for a complete one; ``spec.overwrite``
+    """Write the har dataset ``spec.dataset`` from ``spec.options.source`` (a no-op for a complete one; ``spec.overwrite``
     writes it afresh; a damaged one is refused), recorded as an MLflow ``generate`` run with the dataset logged."""
-    manifest, written, wall = write_once(settings, spec, check_generate, lambda folder: write_dataset(folder, spec.source),
+    manifest, written, wall = write_once(settings, spec, check_generate, lambda folder: write_dataset(folder, spec.options.source),
                                          lambda folder: load_checked(folder)[0])
     source = source_of(manifest)
     log.info("dataset %s: %d %s windows %s (digest %s)", spec.dataset, manifest["count"], SOURCES[source], "written" if written else "already complete", manifest["digest"])
@@ -382,8 +382,6 @@ WORKLOAD = Workload(
     generate=generate,
     check_generate=check_generate,
     sizes=("layers", "units"),  # seed 002's axes: a benchmark's --layers x --units
-    generate_fields=("source",),  # a benchmark with --source synthetic trains on dataset har-sourcesynthetic
-    generate_options=("source",),
     learned_nothing=at_chance(CLASSES),
     rules=RunRules(runs=5, failures=1, max_runtime_s=1200.0),
 )

@@ -1,14 +1,14 @@
-"""Karman's own training options: its recipe, networks' widths, rollout validation, simulation split and step options.
+"""Karman's own options: its training's recipe, widths, rollout validation and split, and its dataset's solver sweep.
 
-A run of another workload holds none of them.
+A run or a dataset of another workload holds none of them.
 """
 
 from typing import Any, Literal
 
-from pydantic import Field, PositiveFloat, PositiveInt
+from pydantic import Field, PositiveFloat, PositiveInt, field_validator
 
 from tasks.common.tracking.names import Tag
-from tasks.common.specs import WorkloadOptions
+from tasks.common.specs import WorkloadOptions, once_each
 
 
 class KarmanOptions(WorkloadOptions):
@@ -83,4 +83,32 @@ class KarmanOptions(WorkloadOptions):
         return KarmanOptions().key_fields()
 
 
-TRAIN = KarmanOptions
+class KarmanSweep(WorkloadOptions):
+    """Karman's dataset: a parameter sweep of channel flows past obstacles (lattice units), simulated by the solver."""
+
+    reynolds: list[PositiveFloat] = Field(default=[70.0, 80.0, 90.0, 100.0, 110.0, 120.0, 130.0, 140.0, 150.0], min_length=1, description="Reynolds numbers (mean inflow velocity, obstacle size)")
+    shapes: list[Literal["circle", "square", "rectangle", "ellipse"]] = Field(default=["circle"], min_length=1, description="Obstacle shapes")
+    nx: PositiveInt = Field(default=128, le=16384, description="Channel length in cells")
+    ny: PositiveInt = Field(default=64, le=16384, description="Channel height in cells (walls included)")
+    size: list[PositiveFloat] = Field(default=[16.0], min_length=1, description="Obstacle cross-stream sizes in cells")
+    x_position: list[PositiveFloat] = Field(default=[0.375], min_length=1, description="Obstacle centre x positions as fractions of the channel height")
+    y_offset: list[float] = Field(default=[0.5], min_length=1, description="Obstacle centre offsets from mid-channel in cells (break symmetry)")
+    aspect: PositiveFloat = Field(default=1.0, description="Streamwise/cross-stream extent for rectangle and ellipse")
+    u_max: PositiveFloat = Field(default=0.1, description="Peak inflow velocity in lattice units (sets the Mach number)")
+    warmup_steps: int = Field(default=12000, ge=0, le=10_000_000, description="Solver steps before the first snapshot")
+    frames: PositiveInt = Field(default=64, le=100_000, description="Snapshots stored per simulation")
+    frame_every: PositiveInt = Field(default=50, description="Solver steps between snapshots")
+    cpu_backend: Literal["numba", "numpy"] = Field(default="numba", description="Solver backend of a cpu sweep: numba (the fused kernel) or numpy (the reference operators, slow)")
+    verify: bool = Field(default=False, description="Read every complete simulation back against its digest and simulate again those whose data is damaged or lost")
+
+    @field_validator("reynolds", "shapes", "size", "x_position", "y_offset")
+    @classmethod
+    def _no_repeats(cls, values: list) -> list:
+        return once_each(values, "value of a sweep")
+
+    def check(self, spec) -> None:
+        if self.verify and spec.overwrite:
+            raise ValueError("--verify repairs the dataset and --overwrite deletes it first: give one of them")
+
+
+TRAIN, GENERATE = KarmanOptions, KarmanSweep

@@ -20,14 +20,14 @@ log = logging.getLogger("karman.simulate")
 def expand(spec: GenerateSpec) -> list[SimulationSpec]:
     """One SimulationSpec per (shape, size, x position, y offset, Reynolds number), Reynolds number varying
     fastest; each validated before any step runs (UserError naming the member and the offending value)."""
-    sims = []
-    for shape, size, x_position, y_offset, re in itertools.product(spec.shapes, spec.size, spec.x_position, spec.y_offset, spec.reynolds):
+    sweep, sims = spec.options, []
+    for shape, size, x_position, y_offset, re in itertools.product(sweep.shapes, sweep.size, sweep.x_position, sweep.y_offset, sweep.reynolds):
         member = f"{shape} at Re {re:g}, size {size:g}, x position {x_position:g}, y offset {y_offset:g}"
         sim = SimulationSpec(
-            nx=spec.nx, ny=spec.ny, reynolds=re, u_max=spec.u_max, shape=shape, size=size,
-            cx=x_position * spec.ny, cy=0.5 * (spec.ny - 1) + y_offset, aspect=spec.aspect,
-            warmup_steps=spec.warmup_steps, frames=spec.frames, frame_every=spec.frame_every, seed=spec.seed,
-            backend="triton" if spec.device == "cuda" else spec.cpu_backend,
+            nx=sweep.nx, ny=sweep.ny, reynolds=re, u_max=sweep.u_max, shape=shape, size=size,
+            cx=x_position * sweep.ny, cy=0.5 * (sweep.ny - 1) + y_offset, aspect=sweep.aspect,
+            warmup_steps=sweep.warmup_steps, frames=sweep.frames, frame_every=sweep.frame_every, seed=spec.seed,
+            backend="triton" if spec.device == "cuda" else sweep.cpu_backend,
         )
         try:
             sim.flow_config().validate()

@@ -21,7 +21,6 @@ from tasks.common.tracking.runs import mlflow_run
 from tasks.workloads.karman.simulate import expand, run_simulation
 from tasks.workloads.karman.simulation import SimulationSpec
 
-CALO_FIELDS = ("events", "energy", "angle")  # the calo workload's: not part of a karman sweep
 
 # Fields that became lists; a dataset written while they were scalars recorded the scalar.
 _WERE_SCALARS = ("size", "x_position", "y_offset")
@@ -30,7 +29,13 @@ _WERE_SCALARS = ("size", "x_position", "y_offset")
 def sweep_key(spec: GenerateSpec) -> dict:
     """What identifies a dataset's sweep in its manifest. A one-value list of a field that used to be a
     scalar is recorded as that scalar, so datasets generated before stay the same sweep."""
-    key = spec.model_dump(exclude={"workers", "scheduler", "overwrite", "verify", "dataset", "workload", "device", "cpu_backend", *CALO_FIELDS})
+    from tasks.common.config.workload_table import options_model, table
+
+    padding = {}  # the other workloads' options as the one flat spec of earlier versions held them, where they keyed a sweep
+    for name in table():
+        if name != spec.workload:
+            padding |= options_model(name, "generate").key_padding()
+    key = {"seed": spec.seed} | padding | spec.options.model_dump(exclude={"verify", "cpu_backend"})
     for name in _WERE_SCALARS:
         if len(key[name]) == 1:
             key[name] = key[name][0]
@@ -52,7 +57,7 @@ def check_sweep(settings: Settings, spec: GenerateSpec) -> None:
         except (ValueError, OSError):
             pass  # a manifest that cannot be read: the sweep itself says what it finds
     complete = manifest is not None and all(manifest.is_complete(s.sim_id) for s in sims)
-    if spec.scheduler and spec.device == "cpu" and (spec.verify or not complete):
+    if spec.scheduler and spec.device == "cpu" and (spec.options.verify or not complete):
         check_scheduler(spec.scheduler)  # where Dask will run: a scheduler that is not there, refused now, not after 30 s of retries
     if spec.device == "cuda":
         if spec.scheduler:
@@ -88,7 +93,7 @@ def run_sweep(settings: Settings, spec: GenerateSpec, parent_run_id: str | None 
     dataset_dir = settings.dataset_dir(spec.dataset)
     # One writer per dataset: a second sweep is refused. A sweep with nothing left to simulate only checks
     # and consolidates, in a second: benchmarks that share a finished dataset wait their turn instead.
-    done = not (spec.overwrite or spec.verify) and _complete(dataset_dir, spec, sims)
+    done = not (spec.overwrite or spec.options.verify) and _complete(dataset_dir, spec, sims)
     with writer_lock(dataset_dir, f"dataset {spec.dataset!r}", wait_s=COMPLETE_WAIT_S if done else 0.0):
         return _sweep(settings, spec, sims, dataset_dir, parent_run_id, logger)
 
@@ -97,7 +102,7 @@ def _sweep(settings: Settings, spec: GenerateSpec, sims: list[SimulationSpec], d
     if spec.overwrite and dataset_dir.exists():
         shutil.rmtree(dataset_dir)
     manifest = Manifest(dataset_dir, sweep_key(spec))
-    if spec.verify:
+    if spec.options.verify:
         for sim_id in sorted(s for s in manifest.simulations if manifest.is_complete(s)):
             problem = verify_simulation(dataset_dir, sim_id, manifest.simulations[sim_id]["digest"])
             if problem:
@@ -108,9 +113,9 @@ def _sweep(settings: Settings, spec: GenerateSpec, sims: list[SimulationSpec], d
     if removed:
         logger.info("removed %d partial simulation group(s) left by an interrupted run: %s", len(removed), ", ".join(removed))
     logger.info("dataset %s: %d simulations, %d already complete, %d to run", spec.dataset, len(sims), len(sims) - len(todo), len(todo))
-    params = {**spec.model_dump(), "simulations": len(sims)}
+    params = {**spec.model_dump(exclude={"options"}), **spec.options.params(), "simulations": len(sims)}
     description = (f"Lattice-Boltzmann sweep into zarr dataset `{spec.dataset}`: {len(sims)} simulations ({len(todo)} run now, the rest "
-                   f"were complete), {spec.nx}x{spec.ny} cells, {spec.frames} frames every {spec.frame_every} steps.")
+                   f"were complete), {spec.options.nx}x{spec.options.ny} cells, {spec.options.frames} frames every {spec.options.frame_every} steps.")
     with mlflow_run(settings, "generate", f"generate-{spec.dataset}", params=params, parent_run_id=parent_run_id, description=description) as run:
         t0 = time.perf_counter()
         failures = []

@@ -233,9 +233,6 @@ WORKLOAD = Workload(
     check=check,
     dataset_info=dataset_info,
     setting=setting,
-    # the sweep's fields of generate (its training options are options.py's)
-    generate_options=("reynolds", "shapes", "nx", "ny", "size", "x_position", "y_offset", "aspect", "u_max", "warmup_steps", "frames",
-                      "frame_every", "cpu_backend", "verify"),
     generate=generate,
     check_generate=check_generate,
     swept=True,
