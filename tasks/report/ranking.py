@@ -37,9 +37,11 @@ def times_to_target(members: list[dict], rules: RunRules) -> list[float]:
     return [m["time_to_target_s"] if rules.reached(m["time_to_target_s"]) else math.inf for m in members]
 
 
-def cell_intervals(members: list[dict], rules: RunRules) -> dict[str, Interval]:
-    """A cell's figures over its runs, each a median with its 95 % interval and n (SPREAD's, at their factor)."""
-    out = {key: Interval.of([m[key] for m in members]).scaled(factor) for key, factor in SPREAD.items() if key != "time_to_target_s"}
+def cell_intervals(members: list[dict], rules: RunRules, shown: bool = True) -> dict[str, Interval]:
+    """A cell's figures over its runs, each a median with its 95 % interval and n: as the report shows them (SPREAD's factors),
+    or (``shown`` False) in the units of the runs' MLflow metrics (test scores and the share of the ceiling as fractions)."""
+    factors = SPREAD if shown else {key: 0.01 if key == "mfu_ceiling" else 1 for key in SPREAD}  # rows hold mfu_ceiling in percent
+    out = {key: Interval.of([m[key] * factor for m in members]) for key, factor in factors.items() if key != "time_to_target_s"}
     return {"time_to_target_s": Interval.of(times_to_target(members, rules)), **out}
 
 
@@ -136,7 +138,7 @@ def ranked(workload: str) -> bool:
 
 def cell_summaries(rows: list[dict], ranked_cells: dict[str, list[dict]]) -> list[dict]:
     """Every training cell of the report (ranked or not) for JSON: its key, runs, and each figure's median, 95 % interval
-    and n (energy per scope); where the ranking holds it, its rank, the cell it ties with, and its result by the run rules."""
+    and n, in its MLflow metric's units (energy in joules per scope); where the ranking holds it, its rank, the cell it ties with, and its result by the run rules."""
     groups: dict[tuple, list[dict]] = {}
     for r in rows:
         if r["status"] == "FINISHED" and not r.get("learned_nothing"):
@@ -151,6 +153,6 @@ def cell_summaries(rows: list[dict], ranked_cells: dict[str, list[dict]]) -> lis
                     "runs": len(members), "reached": sum(rules.reached(m["time_to_target_s"]) for m in members),
                     "result": rules.verdict(len(members), sum(rules.reached(m["time_to_target_s"]) for m in members)),
                     "rank": place["rank"] if isinstance(place.get("rank"), int) else None, "ties_with": place.get("tie") or None,
-                    **{k: iv.as_dict() for k, iv in cell_intervals(members, rules).items()},
+                    **{k: iv.as_dict() for k, iv in cell_intervals(members, rules, shown=False).items()},
                     "energy_j": {scope: iv.as_dict() for scope, iv in cell_energy(members)["energy_intervals"].items()}})
     return out
