@@ -120,11 +120,12 @@ def _only(*keys: str) -> Callable[[dict], dict]:
 
 
 def _with_convergence(summary: Callable[[dict], dict]) -> Callable[[dict], dict]:
-    """``summary`` with the report's convergence verdicts (its folder's convergence.json: one per judged cell)."""
+    """``summary`` with the report's convergence verdicts (its folder's convergence.json: one per judged cell) and each training
+    cell's medians with their 95 % intervals and n (intervals.json)."""
     def summarise(result: dict) -> dict:
-        from tasks.report.task import convergence_verdicts
+        from tasks.report.task import cell_intervals, convergence_verdicts
 
-        return summary(result) | {"convergence": convergence_verdicts(result["report"])}
+        return summary(result) | {"convergence": convergence_verdicts(result["report"]), "intervals": cell_intervals(result["report"])}
     return summarise
 
 

@@ -27,7 +27,7 @@ from tasks.common.tracking.runs import mlflow_run, reap_orphans, run_url
 from tasks.common.config.frameworks import DEFAULT
 from tasks.generate.task import generate_dataset
 from tasks.infer.task import rollout
-from tasks.report.task import aggregate_runs, publish_artifacts, write_ablation
+from tasks.report.task import aggregate_runs, interval_metrics, publish_artifacts, write_ablation
 from tasks.train.plan import plan_training, resume_plan
 from tasks.train.task import log_study_table, register_surrogate, sweep_run, train_model
 from tasks.validate.task import validate_solver as run_validation
@@ -354,8 +354,9 @@ def _run_plan(plan: BenchmarkPlan, settings: Settings) -> dict:
         report = aggregate(plan.aggregate.model_copy(update={"runs": bench.run_id}), parent_run=bench.run_id)
         # The report on the benchmark's own runs: its Prefect artifacts and its MLflow run's artifacts.
         publish_artifacts(report)
-        for path in (report["report"], report["html"], *report["figures"]):
+        for path in (report["report"], report["html"], report["intervals"], *report["figures"]):
             bench.log_artifact(Path(path), "report")
+        bench.log_metrics(interval_metrics(report["cell_intervals"]))  # each cell's medians, 95 % intervals and n
         # each registering workload's best model into the Model Registry; the alias 'champion' moves only to a better one
         registrations = [register_surrogate(settings, p.cells.workload.name, [c["run_id"] for c in cells if c["kind"] == "train"
                                                                               and c.get("workload") == p.cells.workload.name

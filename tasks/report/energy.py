@@ -4,6 +4,7 @@ import statistics
 
 from tasks.common.reports.reporting import fmt
 from tasks.report.capabilities import target_words
+from tasks.report.intervals import Interval
 from tasks.report.reading import Entry
 
 ENERGY_NOTE = ("Energy is the run's devices' over training, from their counters, and every figure names its scope and the counter's "
@@ -46,16 +47,16 @@ def money(amounts: list[tuple[float, str]]) -> str:
 
 def cell_energy(members: list[dict]) -> dict:
     """A cell's energy and cost over its runs (rows of run_energy's fields): per scope, the median joules of the runs that measured
-    them with the scope, their count and readings (one figure per scope: never a median across scopes); 'not measured' where
-    none could; the median cost."""
+    them with its 95 % interval and n (tasks.report.intervals), and their readings (one figure per scope: never a median across
+    scopes); 'not measured' where none could; the median cost."""
     by_scope: dict[str, list[dict]] = {}
     for m in members:
         if m["energy_j"] == m["energy_j"]:
             by_scope.setdefault(m["energy_scope"], []).append(m)
-    parts = [f"{fmt(statistics.median(r['energy_j'] for r in runs))} J ({scope}, {len(runs)} run{'s' if len(runs) > 1 else ''}, "
-             f"{_readings([r['energy_samples'] for r in runs])})" for scope, runs in sorted(by_scope.items())]
+    intervals = {scope: Interval.of(r["energy_j"] for r in runs) for scope, runs in sorted(by_scope.items())}
+    parts = [f"{scope}: {intervals[scope].text('J')}, {_readings([r['energy_samples'] for r in runs])}" for scope, runs in sorted(by_scope.items())]
     energy = "; ".join(parts) if parts else "not measured" if any(m["energy_unavailable"] for m in members) else "–"
-    return {"energy": energy, "energy_scopes": sorted(by_scope),
+    return {"energy": energy, "energy_scopes": sorted(by_scope), "energy_intervals": intervals,
             "cost_text": money([(m["cost"], m["currency"]) for m in members if m["cost"] == m["cost"]])}
 
 

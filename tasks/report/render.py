@@ -17,7 +17,7 @@ from tasks.report.convergence import section as convergence_section
 from tasks.report.energy import ENERGY_NOTE, cheapest_to_target, energy_notes, scopes_line
 from tasks.report.history import trend_section
 from tasks.report.profiles import section as profile_section
-from tasks.report.ranking import ranking, ranking_columns, resumed_line, unranked_line
+from tasks.report.ranking import cell_summaries, ranking, ranking_columns, resumed_line, ties_line, unranked_line
 from tasks.report.reading import Entry, rollout_records, training_records
 from tasks.report.tables import (COMPARE_COLUMNS, QUALITY_COLUMNS, TRAIN_RESULT_COLUMNS, TRAIN_SETTINGS_COLUMNS, comparison, quality_table,
                                  train_rows)
@@ -98,9 +98,11 @@ def build_report(settings: Settings, name: str, scope: str, runs, exp_id: str, o
                  f"Data: {workload_words(workload, 'data')}. Target: {workload_words(workload, 'target')}, judged on the validation split "
                  "after each validation; the test scores (accuracy, macro-F1, or the shower metrics' largest relative errors) are the "
                  "held-out test split's after the last epoch. Medians over the repeated runs "
-                 "(seeds), with their range; TFLOPS are the network's training FLOPs at the run's samples/s, % of ceiling against the "
+                 "(seeds) with their 95 % bootstrap interval and n (a run that missed the target counts as the slowest, as MLPerf "
+                 "counts it); a cell whose time to target's interval overlaps the cell's above it ties with it and shares its rank; "
+                 "TFLOPS are the network's training FLOPs at the run's samples/s, % of ceiling against the "
                  "warm matmul ceiling of the same device, framework and dtype, % of peak against the device's datasheet (CPU: derived) peak.\n",
-                 table_markdown(table, ranking_columns(table)) + scopes_line(table)]
+                 table_markdown(table, ranking_columns(table)) + scopes_line(table) + ties_line(table)]
     if excluded := unranked_line(trains):
         text.append(excluded)
     if resumed := resumed_line(trains):
@@ -115,8 +117,8 @@ def build_report(settings: Settings, name: str, scope: str, runs, exp_id: str, o
              table_markdown(trains, TRAIN_SETTINGS_COLUMNS, link), "Their results:\n", table_markdown(trains, TRAIN_RESULT_COLUMNS, link) + scopes_line(trains),
              ENERGY_NOTE + energy_notes(trains),
              "## Time to quality\n", "Wall-clock seconds of training until the validation rollouts first meet the run's quality "
-             "target (the mean over repeated runs, without the fastest and slowest when three or more reached it); energy and cost "
-             "to target are medians over the runs:\n",
+             "target (the mean over repeated runs, without the fastest and slowest when three or more reached it), and the median "
+             "with its 95 % interval and n (a run that missed counted as the slowest); energy and cost to target are medians over the runs:\n",
              table_markdown(quality, QUALITY_COLUMNS) + scopes_line(quality), cheapest_to_target(entries, link)]
     text += [block for s in own for block in s.rollouts]
     text.append(failed_section(failed, link))
@@ -127,7 +129,8 @@ def build_report(settings: Settings, name: str, scope: str, runs, exp_id: str, o
         text.append(f"## Runs left out\n\n{len(left_out)} recorded run(s) not reported:\n" + "".join(f"\n- {line}" for line in left_out) + "\n")
     text += [f"![{f.stem}]({f.name})\n" for f in figures]
     tables = {"train_rows": trains, "infer_rows": rollouts, "quality_rows": quality, "convergence_rows": verdicts, "trend_rows": trends,
-              "ranking_rows": [row | {"workload": w} for w, table in ranked.items() for row in table]}
+              "ranking_rows": [row | {"workload": w} for w, table in ranked.items() for row in table],
+              "cell_intervals": cell_summaries(trains, ranked)}
     for s in own:
         for key, rows in s.tables.items():
             tables.setdefault(key, []).extend(rows)

@@ -1,9 +1,11 @@
 """The report's training tables: one row per run, devices compared within a setting, time to the quality target."""
 
+import math
 import statistics
 
 from tasks.report.capabilities import budget, learned_nothing, setting_label, target_words
 from tasks.report.energy import cell_energy, money, run_energy
+from tasks.report.intervals import Interval
 from tasks.report.ranking import rules_of
 from tasks.report.reading import Entry
 
@@ -16,9 +18,9 @@ TRAIN_RESULT_COLUMNS = {"run": "run", "epochs": "epochs", "time_per_epoch_s": "s
                         "mfu_ceiling": "% of ceiling", "mfu_peak": "% of peak", "energy": "energy", "device_hours": "device-hours",
                         "cost_text": "cost"}
 COMPARE_COLUMNS = {"batch_size": "batch", "device": "device", "runs": "runs", "time_per_epoch_s": "s/epoch",
-                   "samples_per_s": "samples/s", "speedup": "× slowest device", "energy": "energy", "cost_text": "cost"}
+                   "samples_per_s_ci": "samples/s", "speedup": "× slowest device", "energy": "energy", "cost_text": "cost"}
 QUALITY_COLUMNS = {"framework": "framework", "device": "device", "batch_size": "batch", "recipe": "recipe", "target": "target", "runs": "runs",
-                   "reached": "reached", "result": "result (run rules)", "time_to_target_s": "to target [s]", "fastest_s": "fastest [s]", "slowest_s": "slowest [s]",
+                   "reached": "reached", "result": "result (run rules)", "time_to_target_s": "to target [s]", "median_ci": "median to target [s]", "fastest_s": "fastest [s]", "slowest_s": "slowest [s]",
                    "not_reached": "not reached", "energy": "energy", "cost_to_target": "cost to target"}
 
 
@@ -94,8 +96,9 @@ def comparison(rows: list[dict]) -> dict[str, list[dict]]:
             per_device = {}
             for d in sorted({r["device"] for r in finished if r["batch_size"] == b}):
                 members = [r for r in finished if r["batch_size"] == b and r["device"] == d]
+                samples = Interval.of(r["samples_per_s"] for r in members)
                 per_device[d] = {"time_per_epoch_s": statistics.median(r["time_per_epoch_s"] for r in members),
-                                 "samples_per_s": statistics.median(r["samples_per_s"] for r in members), "runs": len(members),
+                                 "samples_per_s": samples.median, "samples_per_s_ci": samples.text(), "runs": len(members),
                                  **cell_energy(members)}
             slowest = max(v["time_per_epoch_s"] for v in per_device.values())
             for d, v in per_device.items():
@@ -108,7 +111,8 @@ def comparison(rows: list[dict]) -> dict[str, list[dict]]:
 def quality_table(entries: list[Entry]) -> list[dict]:
     """Time to the quality target per configuration (workload, framework, device, batch size, setting, target),
     MLPerf-style over its repeated runs (seeds): the mean time-to-target with the fastest and slowest
-    dropped when at least three runs reached it, their spread, and how many runs never reached it."""
+    dropped when at least three runs reached it, their spread, and how many runs never reached it; and the median with its
+    95 % interval and n, a run that missed counted as the slowest (as the ranking counts it)."""
     groups: dict[tuple, list] = {}
     for e in entries:
         if e.status != "FINISHED" or e.record.summary is None:
@@ -128,6 +132,7 @@ def quality_table(entries: list[Entry]) -> list[dict]:
         rows.append({"framework": framework, "device": f"{device} x{world}", "batch_size": batch, "recipe": recipe, "target": target,
                      "runs": len(members), "reached": len(times), "result": rules.verdict(len(members), len(times)),
                      "time_to_target_s": sum(kept) / len(kept) if kept else nan,
+                     "median_ci": Interval.of([m.record.summary.time_to_target_s if m in timed else math.inf for m in members]).text(),
                      "fastest_s": times[0] if times else nan, "slowest_s": times[-1] if times else nan,
                      "time_per_epoch_s": sorted(m.record.summary.time_per_epoch_s for m in members)[len(members) // 2],
                      "not_reached": ", ".join(missed) or "-",

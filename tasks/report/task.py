@@ -15,21 +15,50 @@ from tasks.common.stores.store import write_json_atomic
 from tasks.common.specs import AggregateSpec
 from tasks.common.tracking.runs import client_for, experiment_id, mlflow_run
 from tasks.report.ablation import write_ablation
+from tasks.report.intervals import CONFIDENCE, SEED
 from tasks.report.reading import check_report_source, covered_runs
 from tasks.report.render import build_report
 
 # The flows import these from here: the CLI's check before a report, and the ablate flow's rows and writer.
-__all__ = ["aggregate_runs", "check_report_source", "convergence_verdicts", "publish_artifacts", "write_ablation"]
+__all__ = ["aggregate_runs", "cell_intervals", "interval_metrics", "check_report_source", "convergence_verdicts", "publish_artifacts", "write_ablation"]
 
 CONVERGENCE_FILE = "convergence.json"  # beside report.md: each judged cell's verdict against its reference convergence points
+INTERVALS_FILE = "intervals.json"  # beside report.md: each training cell's medians with their 95 % intervals and n
 
 
 def convergence_verdicts(report: str) -> list[dict]:
     """The convergence verdicts written beside the report ``report`` (report.md's path); [] where none were."""
+    return _cells_beside(report, CONVERGENCE_FILE)
+
+
+def cell_intervals(report: str) -> list[dict]:
+    """Each training cell's figures (median, 95 % interval, n) written beside the report ``report``; [] where none were."""
+    return _cells_beside(report, INTERVALS_FILE)
+
+
+def interval_metrics(cells: list[dict]) -> dict[str, float]:
+    """The cells of ``cell_intervals`` as MLflow metrics, so that a benchmark's run shows them: ``<cell> <figure> median|low|high|n``
+    (a cell is workload, framework, device and batch size; energy names its scope); a bound that is none or not reached is left out."""
+    out: dict[str, float] = {}
+    seen: dict[str, int] = {}
+    for cell in cells:
+        name = f"{cell['workload']} {cell['framework']} {cell['device']} b{cell['batch_size']}"
+        seen[name] = seen.get(name, 0) + 1
+        name += f" [{seen[name]}]" if seen[name] > 1 else ""  # the same cell in another setting
+        out[f"{name} runs"] = cell["runs"]
+        figures = {k: v for k, v in cell.items() if isinstance(v, dict) and "median" in v}
+        figures |= {f"energy_j {scope}": v for scope, v in cell["energy_j"].items()}
+        for figure, interval in figures.items():
+            out |= {f"{name} {figure} {part}": interval[part] for part in ("median", "low", "high", "n")
+                    if isinstance(interval[part], (int, float))}
+    return out
+
+
+def _cells_beside(report: str, name: str) -> list[dict]:
     import json
     from pathlib import Path
 
-    path = Path(report).parent / CONVERGENCE_FILE
+    path = Path(report).parent / name
     return json.loads(path.read_text())["cells"] if path.is_file() else []
 
 
@@ -86,12 +115,16 @@ def aggregate_runs(settings: Settings, spec: AggregateSpec, parent_run_id: str |
     verdicts = out / CONVERGENCE_FILE
     finite = lambda v: None if isinstance(v, float) and not math.isfinite(v) else v  # noqa: E731  (JSON has no NaN or infinity)
     write_json_atomic(verdicts, {"cells": [{k: finite(v) for k, v in c.items() if k != "setting"} for c in tables["convergence_rows"]]})
+    intervals = out / INTERVALS_FILE
+    write_json_atomic(intervals, {"confidence": CONFIDENCE, "statistic": "median", "method": "percentile bootstrap", "seed": SEED,
+                                  "cells": tables["cell_intervals"]})
     with mlflow_run(settings, "aggregate", f"aggregate-{spec.name}", params=spec.model_dump(), parent_run_id=parent_run_id,
                     description=f"Report `{spec.name}` over {scope}.") as run:
         run.log_metrics({"train_runs": len(tables["train_rows"]), "infer_runs": len(tables["infer_rows"])})
-        for path in [report, html_report, verdicts, *figures]:
+        for path in [report, html_report, verdicts, intervals, *figures]:
             run.log_artifact(path, "report")
     logger.info("report over %s: %d training and %d rollout rows, written to %s", scope, len(tables["train_rows"]),
                 len(tables["infer_rows"]), report)
     return {"name": spec.name, "report": str(report), "html": str(html_report), "markdown": embedded, "figures": [str(f) for f in figures],
+            "intervals": str(intervals),
             "run_id": run.run_id, "scope": scope, **tables}

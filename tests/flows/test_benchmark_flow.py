@@ -59,6 +59,20 @@ def test_benchmark_runs_every_cell_then_skips_the_finished_ones(workdir, prefect
     assert "batch size 500" in failed["error"]
     report = (workdir / "data" / "reports" / "tiny-bench" / "report.md").read_text()
     assert "FAILED" in report and "| cpu | mapreduce | 2 |" in report
+    # the --json summary and the benchmark's MLflow run carry each training cell's medians with their intervals and n
+    import json
+
+    from flows.cli import COMMANDS
+
+    summary = json.loads(json.dumps(COMMANDS["benchmark"].summary(first)))
+    (cell,) = summary["intervals"]  # the batch-500 cell failed: no figures
+    assert (cell["workload"], cell["framework"], cell["batch_size"], cell["runs"]) == ("karman", "torch", 4, 1)
+    assert cell["samples_per_s"]["n"] == 1 and cell["samples_per_s"]["median"] > 0 and cell["samples_per_s"]["low"] is None
+    assert set(cell) >= {"time_to_target_s", "test_accuracy", "mfu_ceiling", "energy_j"}
+    metrics = MlflowClient().get_run(first["benchmark_run_id"]).data.metrics
+    assert metrics["karman torch cpu x1 b4 samples_per_s median"] == cell["samples_per_s"]["median"]
+    assert metrics["karman torch cpu x1 b4 runs"] == 1 and "karman torch cpu x1 b4 samples_per_s low" not in metrics
+    assert "(1 run: no interval)" in report
     from prefect.client.orchestration import get_client
     from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey
 

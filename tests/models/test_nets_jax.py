@@ -99,6 +99,7 @@ def parity() -> dict:
 
 
 def test_every_option_has_the_torch_parameters_and_with_its_weights_the_same_outputs(parity):
+    assert len(parity["nets"]) == 4  # one case per option the child builds: an empty answer fails
     for case in parity["nets"]:
         assert case["loaded"] == case["own"] == case["torch"] and all(case["own_shapes_match"]), case  # its own initialisation too
         g_t, g_j, d_t, d_j = case["shapes"]
@@ -110,13 +111,15 @@ def test_every_option_has_the_torch_parameters_and_with_its_weights_the_same_out
 def test_the_first_step_and_the_next_two_from_the_same_weights_give_torchs_losses_weights_and_statistics(parity):
     """The first step equals torch's in every weight and running statistic of both networks; the next two steps'
     losses (Adam's moments, batch norm's running statistics carried on) and the generator after them do too."""
+    assert [case["recipe"] for case in parity["steps"]] == ["default", "paper", "through"]
     for case in parity["steps"]:
+        assert len(case["losses"]) == 3, case  # three steps
         assert case["compared"] == case["weights"] - 6, case  # all but batch norm's six step counters (jax's momentum is fixed)
         # measured about 1e-7 on weights that the step moved by about lr (1e-3 and 2e-4): a wrong gradient moves them by a whole step
         assert case["first_weights"] < 0.01 * case["lr"] and case["first_stats"] < 1e-6, case
         for step in case["losses"]:
             torch_keys, jax_keys = step.pop("keys")
-            assert torch_keys == jax_keys, case["recipe"]
+            assert torch_keys == jax_keys and torch_keys, case["recipe"]  # the same losses, and some
             for name, (t, j) in step.items():
                 assert j == pytest.approx(t, rel=1e-4, abs=1e-6), (case["recipe"], name, step)
         # the TensorFlow pair's bounds: Adam's sign-like first steps turn a near-zero gradient's rounding into a whole step

@@ -115,6 +115,7 @@ def parity(computed) -> list[dict]:
 
 
 def test_every_option_has_the_torch_parameter_count_and_shapes(parity):
+    assert len(parity) == len(CONFIGS)  # one case per option: an empty answer from the child fails
     for case in parity:
         assert case["params_keras"] == case["params_torch"], case
         g_t, g_k, d_t, d_k = case["shapes"]
@@ -124,6 +125,7 @@ def test_every_option_has_the_torch_parameter_count_and_shapes(parity):
 def test_with_the_torch_weights_the_outputs_agree_in_inference_mode(parity):
     # float32 through up to 16 layers, summed in another order by another library: about 1e-6 of the
     # output's scale is rounding; a wrong layout, padding, momentum or epsilon shows as 1e-2 or more.
+    assert len(parity) == len(CONFIGS)
     for case in parity:
         assert case["generator_error"] < 2e-5 and case["discriminator_error"] < 2e-5, case
 
@@ -133,7 +135,9 @@ def test_three_training_steps_from_the_same_weights_give_the_same_losses_and_wei
     L1, three-step pushforward), of the paper's (GAN + 100 L1, Adam 0.5) and of the default with gradients through
     the unrolled chain and the predicted change damped (one and a half passes), at 2, 3 and 1 loss steps (a curriculum's), give the same
     losses and networks."""
+    assert [case["recipe"] for case in computed["stepped"]] == ["default", "paper", "through"]
     for case in computed["stepped"]:
+        assert len(case["losses"]) == 3 and all(case["losses"]), case  # three steps, each with its losses
         # Adam's first steps move every weight by about lr whatever the gradient's size, so a
         # gradient that differs in sign or scale shows at once; rounding stays near 1e-5.
         for step in case["losses"]:

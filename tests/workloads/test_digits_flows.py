@@ -77,7 +77,11 @@ def test_a_short_run_trains_and_scores_the_test_split(generated, framework, jax_
     run = MlflowClient(tracking_uri=os.environ["MLFLOW_TRACKING_URI"]).get_run(out["run_id"])
     metrics, params = run.data.metrics, run.data.params
     assert run.info.status == "FINISHED" and out["steps"] == 8 and params["framework"] == framework
-    assert 0.1 < metrics["test_accuracy"] <= 1.0 and metrics["test_loss"] > 0 and "val_accuracy" in metrics
+    # above the workload's own floor (twice chance: at or under it the report calls the run one that learned nothing), not chance
+    from tasks.workloads import get_workload
+
+    assert get_workload("digits").learned_nothing({"accuracy": metrics["test_accuracy"]}) is None, metrics["test_accuracy"]
+    assert metrics["test_accuracy"] <= 1.0 and metrics["test_loss"] > 0 and "val_accuracy" in metrics
     assert params["workload"] == "digits" and params["parameters"] == "225034" and run.data.tags["karman.dataset_digest"] == first["digest"]
     # its MLflow description opens with the results, the setting after them
     note = run.data.tags["mlflow.note.content"]

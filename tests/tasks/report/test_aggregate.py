@@ -201,7 +201,7 @@ def test_energy_cost_and_the_cheapest_device_to_the_target_are_shown_or_said_to_
     assert "| 5000 J (GPU board, 7 readings) | 0.333 | 1 EUR |" in table and "| not measured | 0.167 | 0.0167 EUR |" in table
     assert energy_notes(rows) == "Energy not measured for cccccccc: no /sys/class/powercap on this host.\n"
     by_device = {r["device"]: r for r in quality_table([cpu, gpu])}
-    assert (by_device["cuda x2"]["energy"], by_device["cuda x2"]["cost_to_target"]) == ("5000 J (GPU board, 1 run, 7 readings)", "0.06 EUR")
+    assert (by_device["cuda x2"]["energy"], by_device["cuda x2"]["cost_to_target"]) == ("GPU board: 5000 J (1 run: no interval), 7 readings", "0.06 EUR")
     assert (by_device["cpu x1"]["energy"], by_device["cpu x1"]["cost_to_target"]) == ("not measured", "0.02 EUR")
     assert "no run reached the target, so no device is named" in cheapest_to_target([slow])
 
@@ -222,7 +222,8 @@ def test_energies_of_different_scopes_are_each_named_never_pooled_and_said_not_c
     assert scopes_line([r for r in rows if r["device"] == "cpu x1"]) == ""  # one scope: nothing to say
     # one cell whose runs were measured by different counters: a median per scope, never one across them
     mixed = cell_energy([run_energy(gpu.record.energy), run_energy(cpu.record.energy), run_energy(old.record.energy)])
-    assert mixed["energy"] == "85,000 J (CPU package, 2 runs, 141 readings); 5000 J (GPU board, 1 run, 9 readings)"
+    assert mixed["energy"] == ("CPU package: 85,000 J [80,000–90,000], n=2, 141 readings; "
+                               "GPU board: 5000 J (1 run: no interval), 9 readings")
     assert scopes_line([mixed]) != "" and scopes_line(quality_table([cpu, old])) == ""
 
 

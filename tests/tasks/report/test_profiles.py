@@ -43,8 +43,9 @@ def test_the_report_section_scores_by_time_and_by_cost_with_a_figure_each(tmp_pa
     blocks, figures = section(rows, tmp_path)
     text = "\n".join(blocks)
     assert "**By time to target** over digits, har" in text and "**By cost to target** over digits, har" in text
-    assert "| torch cpu x1 | 0.833 | 1.00 | 2.00 |" in text  # by time: ((4-1) + (4-2)) / 3 / 2
-    assert "| jax cpu x1 | 1.000 | 1.00 | 1.00 |" in text  # by cost: the cheapest on both
+    one = "(1 run: no interval)"  # each ratio says how many runs its median holds
+    assert f"| torch cpu x1 | 0.833 | 1.00 {one} | 2.00 {one} |" in text  # by time: ((4-1) + (4-2)) / 3 / 2
+    assert f"| jax cpu x1 | 1.000 | 1.00 {one} | 1.00 {one} |" in text  # by cost: the cheapest on both
     assert [f.name for f in figures] == ["performance_profile_time.png", "performance_profile_cost.png"] and all(f.stat().st_size > 0 for f in figures)
     assert section([row("digits", "torch", 2.0)], tmp_path) == ([], [])  # one submission: nothing to compare
 
@@ -84,6 +85,8 @@ def test_energy_is_profiled_per_scope_never_across_scopes(tmp_path):
     gpu = text.split("**By energy to target (GPU board)**", 1)[1].split("**By", 1)[0]
     cpu = text.split("**By energy to target (CPU package)**", 1)[1].split("**By", 1)[0]
     # each scope's submissions only: the CPU package's 45 J is never set against the GPU board's 500 J
-    assert "| torch cuda x1 | 1.000 | 1.00 |" in gpu and "| jax cuda x1 | 0.667 | 2.00 |" in gpu and "cpu" not in gpu
-    assert "| jax cpu x1 | 1.000 | 1.00 |" in cpu and "| torch cpu x1 | 0.667 | 2.00 |" in cpu and "cuda" not in cpu and "tensorflow" not in cpu
+    assert "| torch cuda x1 | 1.000 | 1.00 (1 run: no interval) |" in gpu and "| jax cuda x1 | 0.667 | 2.00 (1 run: no interval) |" in gpu
+    assert "cpu" not in gpu
+    assert "| jax cpu x1 | 1.000 | 1.00 (1 run: no interval) |" in cpu and "| torch cpu x1 | 0.667 | 2.00 (1 run: no interval) |" in cpu
+    assert "cuda" not in cpu and "tensorflow" not in cpu
     assert {f.name for f in figures} >= {"performance_profile_energy_gpu_board.png", "performance_profile_energy_cpu_package.png"}
