@@ -230,9 +230,10 @@ def option_models(spec: type[BaseModel], workload: str | None) -> list[type[Base
     from tasks.common.config.workload_table import options_model, table
 
     try:
-        return [options_model(workload, KINDS[spec])] if workload else [options_model(name, KINDS[spec]) for name in table()]
+        found = [options_model(workload, KINDS[spec])] if workload else [options_model(name, KINDS[spec]) for name in table()]
     except UserError:
-        return [options_model(name, KINDS[spec]) for name in table()]
+        found = [options_model(name, KINDS[spec]) for name in table()]
+    return [model for model in found if model is not None]  # a workload without generate options adds no flags
 
 
 def help_workload(argv: list[str]) -> str | None:

@@ -100,7 +100,7 @@ def with_options(values: dict, shared: set[str], kind: str = "train") -> dict:
 
     values = dict(values)
     name = values.get("workload", DEFAULT_WORKLOAD)
-    model = options_model(name, kind)
+    model = options_model(name, kind) or WorkloadOptions  # a workload without options of this kind takes none
     given = values.pop("options", None)
     own = dict(given.model_dump(exclude_unset=True) if isinstance(given, BaseModel) else given or {})
     flat = {k: values.pop(k) for k in list(values) if k not in shared}
@@ -304,7 +304,7 @@ def per_workload(cls: type[BaseModel], values: Any, kind: str) -> Any:
         elif value is not None:
             for name in owners[option]:
                 given.setdefault(name, {}).setdefault(option, value)
-    values["options"] = {name: options_model(name, kind).model_validate(o) for name, o in given.items()}
+    values["options"] = {name: (options_model(name, kind) or WorkloadOptions).model_validate(o) for name, o in given.items()}
     return values
 
 

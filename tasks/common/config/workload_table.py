@@ -44,16 +44,12 @@ KINDS = {"train": "TRAIN", "generate": "GENERATE"}  # a kind of request -> the n
 
 def options_model(name: str, kind: str = "train"):
     """The typed options of workload ``name``'s training runs (``kind`` "train": its folder's ``options.TRAIN``) or generate
-    requests ("generate": ``options.GENERATE``; a workload without one takes none), each a subclass of
-    tasks.common.specs.WorkloadOptions; UserError for an unknown name or a folder that declares no training options."""
+    requests ("generate": ``options.GENERATE``; None where a workload declares none: it takes no generate options), each a
+    subclass of tasks.common.specs.WorkloadOptions; UserError for an unknown name or a folder that declares no training options."""
     module = importlib.import_module(f"{package_of(name)}.options")
     model = getattr(module, KINDS[kind], None)
     if model is None and kind == "train":
         raise UserError(f"workload {name}: {module.__name__} declares no TRAIN options model")
-    if model is None:
-        from tasks.common.specs import WorkloadOptions
-
-        return WorkloadOptions
     return model
 
 
@@ -61,6 +57,6 @@ def option_owners(kind: str = "train") -> dict[str, list[str]]:
     """option name -> the workloads of this process's table whose options of ``kind`` have it."""
     found: dict[str, list[str]] = {}
     for name in table():
-        for option in options_model(name, kind).model_fields:
+        for option in getattr(options_model(name, kind), "model_fields", ()):
             found.setdefault(option, []).append(name)
     return found

@@ -33,8 +33,8 @@ def sweep_key(spec: GenerateSpec) -> dict:
 
     padding = {}  # the other workloads' options as the one flat spec of earlier versions held them, where they keyed a sweep
     for name in table():
-        if name != spec.workload:
-            padding |= options_model(name, "generate").key_padding()
+        if name != spec.workload and (model := options_model(name, "generate")) is not None:
+            padding |= model.key_padding()
     key = {"seed": spec.seed} | padding | spec.options.model_dump(exclude={"verify", "cpu_backend"})
     for name in _WERE_SCALARS:
         if len(key[name]) == 1:
