@@ -129,8 +129,9 @@ def resume_plan(settings: Settings, spec: TrainSpec) -> tuple[TrainSpec, int]:
     stored_spec = stored.plan.spec
     kind = framework(stored_spec.framework)
     check_checkpoint(settings.run_dir(run_id) / kind.checkpoint, kind.checkpoint_format)
-    for name in sorted(spec.model_fields_set - {"resume"}):
-        mine, theirs = getattr(spec, name), getattr(stored_spec, name)
+    given = [(name, getattr(spec, name), getattr(stored_spec, name)) for name in sorted(spec.model_fields_set - {"resume", "options"})]
+    given += [(name, getattr(spec.options, name), getattr(stored_spec.options, name, None)) for name in sorted(spec.options.model_fields_set)]
+    for name, mine, theirs in given:  # what the request gave, its workload's options one by one
         if mine != theirs:
             raise UserError(f"--{name.replace('_', '-')} {mine} differs from the run being resumed ({theirs}); leave it out to use the run's value")
     return stored_spec, stored.batch_size
