@@ -21,7 +21,7 @@ JSON_HELP = "Print a one-line JSON summary as the last line of stdout"
 
 
 def _solver(spec: BenchSolverSpec) -> dict:
-    from tasks.bench.solver import bench_solver
+    from tasks.workloads.karman.bench.solver import bench_solver
 
     return bench_solver(spec)
 

@@ -16,7 +16,7 @@ from pydantic import BaseModel, ValidationError
 
 from flows.bench import BENCH_COMMANDS, add_bench_commands, run_bench
 from flows.jsonline import json_line
-from flows.options import OneLineParser, add_spec_options, cli_fields, parse_command, spec_from_args, validation_message
+from flows.options import OneLineParser, add_spec_options, cli_fields, option_models, parse_command, spec_from_args, validation_message
 from tasks.common.config.errors import UserError
 from tasks.common.config.settings import folders_to_make, remove_if_empty
 from tasks.workloads.presets import quick_benchmark
@@ -101,7 +101,7 @@ def _check_validation(settings, spec: ValidateSpec) -> None:
     from models.karman.solver import backend_from_name
     from tasks.common.runtimes import probe
     from tasks.common.process.launch import run_child
-    from tasks.validate.task import setups
+    from tasks.workloads.karman.validate.task import setups
 
     setups(spec)
     kind = spec.device.split(":")[0]
@@ -219,21 +219,6 @@ def spec_file(model: type[BaseModel], path: str) -> BaseModel:
 
 
 OWN_DEFAULTS = (TrainSpec, GenerateSpec)  # the specs whose dataset (and sizes) a request leaves to its workload
-KINDS = {TrainSpec: "train", GenerateSpec: "generate"}  # the specs that hold a workload's own options, by the options' kind
-
-
-def option_models(spec: type[BaseModel], workload: str | None) -> list[type[BaseModel]]:
-    """The workload options whose fields are ``spec``'s flags too (a training or generate spec's): the named workload's, or
-    where the command line names none (or an unknown one, which the command refuses when it runs), every workload's."""
-    if spec not in KINDS:
-        return []
-    from tasks.common.config.workload_table import options_model, table
-
-    try:
-        found = [options_model(workload, KINDS[spec])] if workload else [options_model(name, KINDS[spec]) for name in table()]
-    except UserError:
-        found = [options_model(name, KINDS[spec]) for name in table()]
-    return [model for model in found if model is not None]  # a workload without generate options adds no flags
 
 
 def help_workload(argv: list[str]) -> str | None:
@@ -341,7 +326,7 @@ def main(argv: list[str] | None = None) -> int:
                     if base is not None:
                         raise UserError("--spec and --quick both give the whole matrix; give one")
                     base = spec_file(cmd.spec, args.spec_file)
-                spec = spec_from_args(cmd.spec, args, base, option_models(cmd.spec, None))
+                spec = spec_from_args(cmd.spec, args, base)
                 if cmd.spec in OWN_DEFAULTS:  # what the request left unset, from its workload's entry (its dataset, sizes, epochs)
                     from tasks.workloads import with_own_defaults
 

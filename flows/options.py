@@ -108,13 +108,28 @@ def add_spec_options(parser: argparse.ArgumentParser, model: type[BaseModel], on
             parser.add_argument(flag, *getattr(model, "cli_aliases", {}).get(name, ()), dest=name, default=None, help=help_text)
 
 
-def spec_from_args(model: type[BaseModel], args: argparse.Namespace, base: BaseModel | None = None,
-                   beside: list[type[BaseModel]] = ()) -> BaseModel:
+def option_models(model: type[BaseModel], workload: str | None = None) -> list[type[BaseModel]]:
+    """The workloads' options models whose fields are flags of ``model``'s command too (a spec that holds a workload's own
+    ``options``: its ``options_kind``): the named workload's, or where the command line names none (or an unknown one, which
+    the command refuses when it runs), every workload's of the table."""
+    kind = getattr(model, "options_kind", None)
+    if kind is None:
+        return []
+    from tasks.common.config.workload_table import options_model, table
+
+    try:
+        found = [options_model(workload, kind)] if workload else [options_model(name, kind) for name in table()]
+    except UserError:
+        found = [options_model(name, kind) for name in table()]
+    return [options for options in found if options is not None]  # a workload without options of that kind adds no flags
+
+
+def spec_from_args(model: type[BaseModel], args: argparse.Namespace, base: BaseModel | None = None) -> BaseModel:
     """The spec from the command line's options, over ``base``'s values when given; ValidationError or
-    UserError for bad input. ``beside``: models whose fields are flags of the command too, handed to the spec as given
-    (a training spec's workload options: the spec takes its own workload's)."""
+    UserError for bad input. A workload's options are handed to the spec beside its own fields, as given: the spec takes
+    its own workload's and refuses another's."""
     values = base.model_dump(include=base.model_fields_set) if base is not None else {}  # what it gave: the rest stays unset
-    flags = {name: field for other in beside for name, field in cli_fields(other).items()} | cli_fields(model)
+    flags = {name: field for other in option_models(model) for name, field in cli_fields(other).items()} | cli_fields(model)
     for name, field in flags.items():
         value = getattr(args, name, None)
         if value is None:

@@ -30,7 +30,7 @@ from tasks.infer.task import rollout
 from tasks.report.task import aggregate_runs, interval_metrics, publish_artifacts, write_ablation
 from tasks.train.plan import plan_training, resume_plan
 from tasks.train.task import log_study_table, register_surrogate, sweep_run, train_model
-from tasks.validate.task import validate_solver as run_validation
+from tasks.workloads.karman.validate.task import validate_solver as run_validation
 from tasks.workloads import get_workload, with_own_defaults
 
 # The MLflow run id to file a flow's run under as a child. The benchmark and the demo set it; run forms

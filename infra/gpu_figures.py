@@ -42,7 +42,7 @@ def validate(case: str, dtype: str, cells: str, velocity: str | None = None) -> 
     """The Schäfer–Turek case at ``cells`` nodes per diameter (and lattice velocity, None: the case's own) on the
     fused kernel, with the intervals' verdict."""
     from models.karman.solver.benchmark import REFERENCE, within
-    from tasks.validate.job import validate_job
+    from tasks.workloads.karman.validate.job import validate_job
 
     with tempfile.TemporaryDirectory() as folder:
         out = validate_job({"case": case, "cells_per_diameter": int(cells), "backend": "triton", "dtype": dtype, "max_time": None,

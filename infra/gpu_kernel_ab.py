@@ -24,7 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from models.karman.solver import ChannelSolver  # noqa: E402
 from models.karman.solver import triton_backend  # noqa: E402
-from tasks.bench.solver import bench_batch_configs  # noqa: E402
+from tasks.workloads.karman.bench.solver import bench_batch_configs  # noqa: E402
 
 NO_PROBES = np.zeros((0, 2), np.int64)
 # (nx, ny, simulations, steps a timed run, shapes tried beside the rule's)
@@ -34,7 +34,7 @@ SIZES = [(128, 64, 16, 2400, [(128, 4), (32, 1), (64, 1), (128, 2)]),
 
 
 def build(module, nx: int, ny: int, batch: int, shape: tuple[int, int] | None = None):
-    """A FusedBatch of ``module`` over bench-solver's flows (tasks.bench.solver.bench_batch_configs), at ``shape``
+    """A FusedBatch of ``module`` over bench-solver's flows (tasks.workloads.karman.bench.solver.bench_batch_configs), at ``shape``
     (None: the module's own choice)."""
     solvers = [ChannelSolver(config, backend="numpy") for config in bench_batch_configs(nx, ny, "float32", batch)]
     own = getattr(module, "launch_shape", None)

@@ -125,6 +125,8 @@ class GenerateSpec(Spec):
     """A workload's dataset, written into the store: the settings every workload's generate shares, and its own ``options``
     (karman's solver sweep, calo's showers, har's source)."""
 
+    options_kind: ClassVar[str] = "generate"  # which of a workload's options models its ``options`` are (its options.py's GENERATE)
+
     workload: str = Field(default=DEFAULT_WORKLOAD, pattern=WORKLOAD_NAME, description="Workload whose dataset to write, by name from the workload table: karman (a solver sweep), digits (5,000 real MNIST digits), har (activity-sensor windows: UCI HAPT's real recordings, or synthetic ones) or calo (synthetic calorimeter showers); each has options of its own (--workload NAME --help shows them)")
     dataset: str = DatasetName
     seed: int = Field(default=0, ge=0, le=2**31 - 1, description="Seed of what the dataset draws (karman: the initial perturbation; calo: the showers)")
@@ -149,6 +151,7 @@ class TrainSpec(Spec):
     """One training run of a workload: the settings every workload's runs share, and its own ``options``."""
 
     model_config = CELL_IN_SCHEMA
+    options_kind: ClassVar[str] = "train"  # which of a workload's options models its ``options`` are (its options.py's TRAIN)
 
     workload: str = Field(default=DEFAULT_WORKLOAD, pattern=WORKLOAD_NAME, description="Workload, by name from the workload table: karman (the Pix2Pix surrogate of a vortex street), digits (a CNN on 5,000 real MNIST digits), har (bidirectional LSTMs on activity-sensor windows) or calo (a 3-D GAN of calorimeter showers, synthetic data); each has options of its own (--workload NAME --help shows them)")
     dataset: str = DatasetName

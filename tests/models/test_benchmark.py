@@ -75,7 +75,7 @@ def test_periodic_case_2d2_at_coarse_resolution():
 def test_the_ladder_ends_at_the_case_and_backend_default_or_the_resolution_asked_for():
     # the fused GPU kernel's 2D-2 default is 90 nodes, where fp32 on an H100 lies inside every interval
     from tasks.workloads.karman.specs import ValidateSpec
-    from tasks.validate.task import resolutions
+    from tasks.workloads.karman.validate.task import resolutions
 
     assert resolutions(ValidateSpec(case="2D-1")) == [10, 20, 40]
     assert resolutions(ValidateSpec(case="2D-2")) == [10, 30, 60]

@@ -10,7 +10,6 @@ import numpy as np
 from models.karman.solver import Backend, ChannelSolver, FlowConfig, SolverBatch, backend_from_name
 from models.karman.solver import roofline
 from models.karman.solver.timing import bench_config, timed_advances
-from tasks.bench.specs import BenchSolverSpec
 from tasks.common.measures.ceiling import cpu_name, datasheet_bandwidth
 
 
@@ -25,7 +24,7 @@ class _Batch:
     """``spec.batch`` simulations in one fused launch per step (bench_batch_configs), behind the ``advance``
     that timed_advances calls."""
 
-    def __init__(self, spec: BenchSolverSpec):
+    def __init__(self, spec):  # tasks.bench.specs.BenchSolverSpec
         configs = bench_batch_configs(spec.nx, spec.ny, spec.dtype, spec.batch)
         self.batch = SolverBatch(configs, [None] * len(configs), device=spec.device, storage=spec.dtype)
 
@@ -33,7 +32,7 @@ class _Batch:
         self.batch.advance(steps)
 
 
-def bench_solver(spec: BenchSolverSpec) -> dict:
+def bench_solver(spec) -> dict:  # spec: tasks.bench.specs.BenchSolverSpec
     """Median MLUPS over ``spec.repeats`` timed runs of ``spec.steps`` steps, after an untimed run that compiles
     (and, for triton on cuda, captures the CUDA graphs)."""
     nx, ny, steps, backend, dtype, repeats, device = spec.nx, spec.ny, spec.steps, spec.backend, spec.dtype, spec.repeats, spec.device

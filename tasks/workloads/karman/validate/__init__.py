@@ -1,1 +1,1 @@
-"""Stage validate: the solver against the Schäfer–Turek benchmark (task.py, flow process)."""
+"""Karman's validation: its solver against the Schäfer–Turek benchmark (task.py in the flow process, job.py in a child)."""

@@ -4,7 +4,7 @@ import numpy as np
 
 from models.karman.solver.benchmark import Setup, run
 
-BODY = "tasks.validate.job:validate_job"
+BODY = "tasks.workloads.karman.validate.job:validate_job"
 
 
 def validate_job(job: dict) -> dict:

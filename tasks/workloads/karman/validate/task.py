@@ -18,8 +18,7 @@ from tasks.common.reports.plots import coefficient_history
 from tasks.common.config.settings import Settings
 from tasks.workloads.karman.specs import ValidateSpec
 from tasks.common.tracking.runs import mlflow_run
-from tasks.workloads.karman.specs import ValidateSpec
-from tasks.validate.job import BODY
+from tasks.workloads.karman.validate.job import BODY
 
 TOLERANCE = 0.02  # every quantity within 2% of its reference interval
 # Default resolutions: the coarsest at which every quantity met that bar here (2D-2 at 40 nodes left
