@@ -279,13 +279,13 @@ class DemoSpec(Spec):
         return self
 
 
-def options_of(model: type[Spec], matrix: set[str], doc: str) -> type[Spec]:
+def options_of(model: type[Spec], matrix: set[str], doc: str, base: type[Spec] = Spec) -> type[Spec]:
     """``model`` without the fields in ``matrix``: the settings a benchmark holds fixed for every cell
     (the matrix, the model to roll out and the fields the benchmark sets itself come from elsewhere)."""
     from pydantic import create_model
 
     fields = {name: (field.annotation, field) for name, field in model.model_fields.items() if name not in matrix}
-    return create_model(model.__name__.replace("Spec", "Options"), __base__=Spec, __doc__=doc, **fields)
+    return create_model(model.__name__.replace("Spec", "Options"), __base__=base, __doc__=doc, **fields)
 
 
 # What a benchmark's train and infer sections offer: every field but the matrix's and the internal ones.
@@ -311,30 +311,30 @@ def per_workload(cls: type[BaseModel], values: Any, kind: str) -> Any:
     return values
 
 
-OPTIONS_BY_WORKLOAD = Field(default_factory=dict, description="Per workload, by name, its own options for its cells (a workload left out takes its own)")
+class ByWorkload(Spec):
+    """A benchmark section: the settings its cells share, and each workload's own options under its name."""
+
+    options_kind: ClassVar[str]  # which of a workload's options models the section holds (TRAIN, GENERATE)
+    options: dict[Annotated[str, StringConstraints(pattern=WORKLOAD_NAME)], AnyOptions] = Field(
+        default_factory=dict, description="Per workload, by name, its own options for its cells (a workload left out takes its own)")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _gather_options(cls, values: Any) -> Any:
+        return per_workload(cls, values, cls.options_kind)
 
 
 # What a benchmark's train, generate and infer sections offer: every field but the matrix's and the internal ones.
 class TrainOptions(options_of(TrainSpec, {"workload", "framework", "device", "batch_sizes", "resume", "cell", "options"},
                               "Everything of a training cell but its workload, framework, device and batch size, which come from the matrix "
-                              "(strategy applies to tensorflow cells; dataset to karman's, the other workloads train on their own)")):
-    options: dict[Annotated[str, StringConstraints(pattern=WORKLOAD_NAME)], AnyOptions] = OPTIONS_BY_WORKLOAD
-
-    @model_validator(mode="before")
-    @classmethod
-    def _gather_options(cls, values: Any) -> Any:
-        return per_workload(cls, values, "train")
+                              "(strategy applies to tensorflow cells; dataset to karman's, the other workloads train on their own)", ByWorkload)):
+    options_kind = "train"
 
 
 class GenerateOptions(options_of(GenerateSpec, {"workload", "options"},
                                  "The datasets the benchmark's workloads train on: the settings they share (dataset: the sweep's, which "
-                                 "karman trains on; the others train on their own) and each workload's own options")):
-    options: dict[Annotated[str, StringConstraints(pattern=WORKLOAD_NAME)], AnyOptions] = OPTIONS_BY_WORKLOAD
-
-    @model_validator(mode="before")
-    @classmethod
-    def _gather_options(cls, values: Any) -> Any:
-        return per_workload(cls, values, "generate")
+                                 "karman trains on; the others train on their own) and each workload's own options", ByWorkload)):
+    options_kind = "generate"
 
     def spec_of(self, workload: str, **update) -> GenerateSpec:
         """The generate spec of ``workload``'s dataset: the shared settings, its options from this section, and ``update``."""
