@@ -9,6 +9,7 @@ from tasks.common.process.launch import run_child
 from tasks.common.tracking.names import Tag, sweep_run_name, train_label, train_run_name
 from tasks.common.process.progress import Progress
 from tasks.common.records import TrainRecord
+from tasks.common.config.frameworks import FRAMEWORKS
 from tasks.common.config.settings import Settings
 from tasks.common.specs import TrainSpec
 from tasks.common.stores.store import write_json_atomic, writer_lock
@@ -66,7 +67,7 @@ def train_model(settings: Settings, plan: TrainPlan, batch_size: int, parent_run
     workload = get_workload(spec.workload)
     digest, profile = workload.dataset_info(settings, spec.dataset)
     name = train_run_name(spec, batch_size)
-    description = (f"{workload.title}, {workload.setting(spec)}, trained with {spec.framework} on dataset `{spec.dataset}` ({', '.join(f'{v} {k}' for k, v in profile.items())}) on {spec.device} x{world}{f' ({plan.strategy} strategy)' if spec.framework == 'tensorflow' else ''}, global batch {batch_size}, {spec.precision}, for {_budget_words(spec)}, seed {spec.seed}. "
+    description = (f"{workload.title}, {workload.setting(spec)}, trained with {spec.framework} on dataset `{spec.dataset}` ({', '.join(f'{v} {k}' for k, v in profile.items())}) on {spec.device} x{world}{f' ({plan.strategy} strategy)' if len(FRAMEWORKS[spec.framework].strategies) > 1 else ''}, global batch {batch_size}, {spec.precision}, for {_budget_words(spec)}, seed {spec.seed}. "
                    "Metrics: epoch_time_s per epoch; time_per_epoch_s is the median whole epoch without the first (warm-up), samples_per_s "
                    "the samples per second at it (where a limit cut the epochs short, their samples over their time); "
                    "val_* are validation scores, logged against epochs; record.json holds the run's configuration and summary.")
