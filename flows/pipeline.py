@@ -5,6 +5,7 @@ device, batch size, mode), so the Prefect UI's runs list tells them apart and fi
 """
 
 import itertools
+import signal
 import threading
 import time
 from pathlib import Path
@@ -16,7 +17,8 @@ from pydantic.json_schema import SkipJsonSchema
 from flows.lanes import device_slot, run_lanes
 from flows.matrix import BenchmarkPlan, Job, WorkloadPlan, plan_benchmark
 from tasks.common.tracking.cells import cell_error, finished_cell, interrupted_cell, keyed, record_failed_cell
-from tasks.common.config.errors import UserError
+from tasks.common.config.errors import UserError, signal_name
+from tasks.common.process import lifetime
 from tasks.common.tracking.names import Tag, infer_label, infer_run_name, train_label, train_run_name
 from tasks.common.process.progress import Progress
 from tasks.common.config.settings import Settings
@@ -36,6 +38,7 @@ from tasks.workloads import get_workload, with_own_defaults
 # The MLflow run id to file a flow's run under as a child. The benchmark and the demo set it; run forms
 # leave it out (no JSON schema), and the flow still takes it.
 ParentRun = SkipJsonSchema[str | None]
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)  # the signals that stop a benchmark at its running cell
 
 
 def _settings() -> Settings:
@@ -231,7 +234,8 @@ def _cell_label(kind: str, spec) -> str:
 def _run_cell(kind: str, spec, settings: Settings, deployment: str | None, parent_run: str, framework: str = DEFAULT) -> dict:
     """Run one cell as its own flow run (a child of the benchmark's MLflow run ``parent_run``) unless
     MLflow already holds its finished run; never raises for a failed cell (the benchmark goes on and
-    the report shows it). ``framework``: a rollout cell's model's, for the name of a run it failed to open."""
+    the report shows it), nor for one a stop signal stopped (status KILLED: resumable, the benchmark stops after it).
+    ``framework``: a rollout cell's model's, for the name of a run it failed to open."""
     logger = get_run_logger()
     label = f"{_cell_label(kind, spec)} [cell {spec.cell}]"
     done = finished_cell(settings, spec.cell)
@@ -248,28 +252,37 @@ def _run_cell(kind: str, spec, settings: Settings, deployment: str | None, paren
             logger.info("%s: earlier run %s cannot be resumed (%s); starting afresh", label, stale, exc)
     params = {"spec": spec.model_dump(mode="json"), "parent_run": parent_run}
     started_ms = int(time.time() * 1000)
-    if deployment:
-        from prefect.deployments import run_deployment
+    try:
+        if deployment:
+            from prefect.deployments import run_deployment
 
-        logger.info("%s: running on deployment %s", label, deployment)
-        flow_run = run_deployment(deployment, parameters=params, as_subflow=True, flow_run_name=_cell_label(kind, spec),
-                                  tags=[f"stage:{kind}", f"device:{spec.device}"])
-        ok, message = flow_run.state.is_completed(), flow_run.state.message
-    else:
-        state = (train if kind == "train" else infer)(spec, parent_run=parent_run, return_state=True)
-        ok, message = state.is_completed(), state.message
+            logger.info("%s: running on deployment %s", label, deployment)
+            flow_run = run_deployment(deployment, parameters=params, as_subflow=True, flow_run_name=_cell_label(kind, spec),
+                                      tags=[f"stage:{kind}", f"device:{spec.device}"])
+            ok, message = flow_run.state.is_completed(), flow_run.state.message
+        else:
+            state = (train if kind == "train" else infer)(spec, parent_run=parent_run, return_state=True)
+            ok, message = state.is_completed(), state.message
+    except BaseException as exc:  # a stop signal that came outside the child (it stops the child itself otherwise)
+        if lifetime.signal_of(exc) not in STOP_SIGNALS:
+            raise
+        ok, message = False, str(exc)
     done = finished_cell(settings, spec.cell) if ok else None
     if done is None:
-        found = cell_error(settings, spec.cell, started_ms)
+        found = cell_error(settings, spec.cell, started_ms, getattr(spec, "resume", None))
+        if found is None and lifetime.received():  # stopped before it opened its run: nothing to record
+            return {"cell": spec.cell, "kind": kind, "label": label, "status": "KILLED", "run_id": None, "error": message or "stopped"}
         if found is None:  # it failed before opening its own run: record one so the report shows it
             error = message or "no finished run was recorded"
             shown = ({"device": spec.device, "batch_size": spec.batch_sizes[0]} if kind == "train"
                      else {"device": spec.device, "mode": spec.mode, "workers": spec.workers})
             name = train_run_name(spec, spec.batch_sizes[0]) if kind == "train" else infer_run_name(spec, framework)  # the name its run would have had
             run_id = record_failed_cell(settings, kind, name, spec.cell, error, shown, parent_run)
+            status = "FAILED"
         else:
-            run_id, error = found
-        return {"cell": spec.cell, "kind": kind, "label": label, "status": "FAILED", "run_id": run_id, "error": error}
+            run_id, error, status = found
+        return {"cell": spec.cell, "kind": kind, "label": label, "status": "KILLED" if status == "KILLED" else "FAILED",
+                "run_id": run_id, "error": error}
     return {"cell": spec.cell, "kind": kind, "label": label, "status": "FINISHED", "run_id": done}
 
 
@@ -304,6 +317,14 @@ def benchmark(spec: BenchmarkSpec = BenchmarkSpec()) -> dict:
     return _run_plan(plan_benchmark(spec), settings)
 
 
+def _stopped_words(cells: list[dict], report: str) -> str:
+    """How a benchmark stopped by a signal ended, in one line: the cells it stopped, those it did not start, its report."""
+    killed = [f"{c['label']} (run {c['run_id']})" if c.get("run_id") else c["label"] for c in cells if c["status"] == "KILLED"]
+    idle = sum(c["status"] == "NOT STARTED" for c in cells)
+    return (f"{'; '.join(killed) or 'no cell'} stopped, {idle} cell(s) not started; report of what finished: {report}; "
+            "run the benchmark again to resume (finished cells are reused, a stopped one goes on from its last checkpoint)")
+
+
 def _run_plan(plan: BenchmarkPlan, settings: Settings) -> dict:
     """Run a planned benchmark: datasets, training cells, rollouts of each framework's first trained model, the report
     and the registrations, under one MLflow run."""
@@ -318,15 +339,31 @@ def _run_plan(plan: BenchmarkPlan, settings: Settings) -> dict:
         datasets = {}
         done: list[dict] = []  # as they finish
         lock = threading.Lock()
+        stop: list[int] = []  # a stop signal that reached a cell without passing this command's handlers (Prefect's)
+
+        def stopped_by() -> int | None:
+            """The signal that stops the benchmark: once sent, no further cell starts (in any lane)."""
+            return lifetime.received() or (stop[0] if stop else None)
 
         def run(job: Job) -> dict:
+            unrun = {"cell": job.spec.cell, "kind": job.kind, "label": f"{_cell_label(job.kind, job.spec)} [cell {job.spec.cell}]",
+                     "run_id": None, **job.shown}
+            if stopped_by():
+                return {**unrun, "status": "NOT STARTED"}
             started = time.monotonic()
-            result = {**_run_cell(job.kind, job.spec, settings, job.deployment, bench.run_id, job.shown.get("framework", DEFAULT)), **job.shown}
+            try:
+                result = {**_run_cell(job.kind, job.spec, settings, job.deployment, bench.run_id, job.shown.get("framework", DEFAULT)),
+                          **job.shown}
+            except BaseException as exc:  # a stop signal while the cell was looked up or recorded, outside its run
+                if lifetime.signal_of(exc) not in STOP_SIGNALS:
+                    raise
+                stop.append(lifetime.signal_of(exc))
+                result = {**unrun, "status": "KILLED", "error": str(exc)}
             with lock:
                 done.append(result)
                 left = progress.update(len(done) / plan.total)
                 where = run_url(settings, result["run_id"]) if result.get("run_id") else "no run"
-                extra = f": {result['error']}" if result["status"] == "FAILED" else f" ({result['note']})" if result.get("note") else ""
+                extra = f": {result['error']}" if result["status"] in ("FAILED", "KILLED") else f" ({result['note']})" if result.get("note") else ""
                 logger.info("cell %d/%d %s: %s in %.0f s%s%s; MLflow: %s", len(done), plan.total, result["label"], result["status"],
                             time.monotonic() - started, extra, f" ({left})" if left else "", where)
             return result
@@ -339,18 +376,24 @@ def _run_plan(plan: BenchmarkPlan, settings: Settings) -> dict:
             train_jobs += [keyed(job, f"train/{job.shown['framework']}", data["digest"]) for job in planned.train]
         cells = run_lanes(train_jobs, lambda job: job.lane, run)  # the pools' lanes at the same time
         infer_jobs = []
-        for planned in plan.workloads:
+        for planned in plan.workloads if not stopped_by() else []:
             name = planned.cells.workload.name
             for framework in planned.cells.frameworks if planned.rollouts else []:  # its first trained model, in every rollout cell
                 model = next((c["run_id"] for c in cells if c.get("workload") == name and c.get("framework") == framework
-                              and c["status"] != "FAILED"), None)
+                              and c["status"] in ("FINISHED", "SKIPPED")), None)
                 if model is None:
                     logger.error("no %s training cell of %s finished; its rollout cells are skipped", framework, name)
                     continue
                 infer_jobs += [keyed(job, "infer", datasets[name]["digest"], model_run=model) for job in planned.rollouts
                                if job.shown["framework"] == framework]
         cells += run_lanes(infer_jobs, lambda job: job.lane, run)
-        bench.client.log_dict(bench.run_id, {"runs": [c["run_id"] for c in cells if c.get("run_id")], "cells": cells}, "runs.json")
+        signum = stopped_by()
+        counts = {s: sum(c["status"] == s for c in cells) for s in ("FINISHED", "SKIPPED", "FAILED", "KILLED", "NOT STARTED")}
+        # the report of a stopped benchmark covers what finished, and says it stopped (tasks.report.reading.covered_runs)
+        stopped = (f"stopped by {signal_name(signum)} with {counts['FINISHED'] + counts['SKIPPED']} of {len(cells)} cells finished"
+                   if signum else None)
+        bench.client.log_dict(bench.run_id, {"runs": [c["run_id"] for c in cells if c.get("run_id") and c["status"] != "KILLED"], "cells": cells,
+                                             **({"stopped": stopped} if stopped else {})}, "runs.json")
         report = aggregate(plan.aggregate.model_copy(update={"runs": bench.run_id}), parent_run=bench.run_id)
         # The report on the benchmark's own runs: its Prefect artifacts and its MLflow run's artifacts.
         publish_artifacts(report)
@@ -358,7 +401,7 @@ def _run_plan(plan: BenchmarkPlan, settings: Settings) -> dict:
             bench.log_artifact(Path(path), "report")
         bench.log_metrics(interval_metrics(report["cell_intervals"]))  # each cell's medians, 95 % intervals and n
         # each registering workload's best model into the Model Registry; the alias 'champion' moves only to a better one
-        registrations = [register_surrogate(settings, p.cells.workload.name, [c["run_id"] for c in cells if c["kind"] == "train"
+        registrations = [] if signum else [register_surrogate(settings, p.cells.workload.name, [c["run_id"] for c in cells if c["kind"] == "train"
                                                                               and c.get("workload") == p.cells.workload.name
                                                                               and c["status"] in ("FINISHED", "SKIPPED") and c.get("run_id")])
                          for p in plan.workloads if p.cells.workload.register]
@@ -367,8 +410,10 @@ def _run_plan(plan: BenchmarkPlan, settings: Settings) -> dict:
             bench.set_tags({Tag.CHAMPION: "; ".join(f"{r['name']} version {r['version']}: "
                                                     f"{'champion' if r['champion'] else 'not champion'} ({r['reason']})" for r in versions)})
         failed = [c for c in cells if c["status"] == "FAILED"]
-        counts = {s: sum(c["status"] == s for c in cells) for s in ("FINISHED", "SKIPPED", "FAILED")}
-        bench.set_tags({Tag.CELLS: f"{len(cells)}: {counts['FINISHED']} run, {counts['SKIPPED']} reused, {counts['FAILED']} failed"})
+        bench.set_tags({Tag.CELLS: f"{len(cells)}: {counts['FINISHED']} run, {counts['SKIPPED']} reused, {counts['FAILED']} failed"
+                                   + (f", {counts['KILLED']} stopped, {counts['NOT STARTED']} not started" if signum else "")})
+        if signum:  # the benchmark's run ends KILLED, and the command with 128 + the signal
+            raise lifetime.Interrupted(signum, _stopped_words(cells, report["report"]))
     logger.info("benchmark %s: %d cells, %d run, %d skipped as finished, %d failed; report %s; MLflow: %s", plan.name, len(cells),
                 counts["FINISHED"], counts["SKIPPED"], len(failed), report["report"], run_url(settings, bench.run_id))
     first = datasets[plan.workloads[0].cells.workload.name]

@@ -316,8 +316,8 @@ def run_cli(*args: str, cwd: Path, env: dict | None = None, timeout: int = 900) 
 
 
 @contextlib.contextmanager
-def _sigterm_when(condition: Callable[[str], bool] | None, err):
-    """``run_in_process``'s watcher, while the block runs: SIGTERM to this process, once, when ``condition`` holds for the
+def _sigterm_when(condition: Callable[[str], bool] | None, err, signum: int = signal.SIGTERM):
+    """``run_in_process``'s watcher, while the block runs: ``signum`` to this process, once, when ``condition`` holds for the
     command's stderr ``err`` (read again only when it has grown); after it, the signal handlers, the unraisable hook and
     the signals the command noted are as before. Without a condition, nothing."""
     if condition is None:
@@ -334,7 +334,7 @@ def _sigterm_when(condition: Callable[[str], bool] | None, err):
             if err.tell() != seen:
                 seen = err.tell()
                 if condition(err.getvalue()):
-                    os.kill(os.getpid(), signal.SIGTERM)
+                    os.kill(os.getpid(), signum)
                     return
 
     watcher = threading.Thread(target=watch, daemon=True)
@@ -358,7 +358,8 @@ class _NoGuardian:
         pass
 
 
-def run_in_process(*args: str, cwd: Path, env: dict | None = None, sigterm_when: Callable[[str], bool] | None = None) -> subprocess.CompletedProcess:
+def run_in_process(*args: str, cwd: Path, env: dict | None = None, sigterm_when: Callable[[str], bool] | None = None,
+                   signum: int = signal.SIGTERM) -> subprocess.CompletedProcess:
     """``python -m flows ...`` as ``run_cli`` runs it, but in this test process: the same checks, flow and
     summary (``flows.cli.main``) in ``cwd`` with ``env`` added to the environment, its stdout and stderr
     captured, the environment and folder restored after. For tests about what a command computes and records,
@@ -368,8 +369,8 @@ def run_in_process(*args: str, cwd: Path, env: dict | None = None, sigterm_when:
 
     With ``sigterm_when``, the command's SIGTERM handler stays, and this process sends itself SIGTERM once
     ``sigterm_when(stderr so far)`` holds, as a scheduler would send it to the command: the command stops its child, closes
-    its run and says how to resume, here instead of in a new process (tests/tasks/train/interrupt.py). The handlers and the
-    signals noted by the command are put back after."""
+    its run and says how to resume, here instead of in a new process (tests/tasks/train/interrupt.py); ``signum``: SIGINT
+    instead, as Ctrl-C sends it. The handlers and the signals noted by the command are put back after."""
     import contextlib
     import io
 
@@ -390,7 +391,7 @@ def run_in_process(*args: str, cwd: Path, env: dict | None = None, sigterm_when:
         os.environ.update(full_env)
         try:
             with temporary_settings({PREFECT_API_URL: api}), _temporary_global_settings_context(get_settings_context()):
-                with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err), _logs_to(err), _sigterm_when(sigterm_when, err):
+                with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err), _logs_to(err), _sigterm_when(sigterm_when, err, signum):
                     try:
                         code = cli.main(list(args))
                     except SystemExit as exc:  # argparse's refusals and --help end the command this way

@@ -96,14 +96,15 @@ def covered_runs(settings: Settings, client, exp_id: str, source: str) -> tuple[
             raise UserError(f"run {source!r} is not a benchmark or demo run (stage {owner.data.tags.get(Tag.STAGE)!r}); give one, latest or all")
     with tempfile.TemporaryDirectory() as tmp:
         try:
-            run_ids = json.loads(Path(client.download_artifacts(owner.info.run_id, "runs.json", tmp)).read_text())["runs"]
+            listed = json.loads(Path(client.download_artifacts(owner.info.run_id, "runs.json", tmp)).read_text())
+            run_ids, stopped = listed["runs"], listed.get("stopped")  # stopped: how a benchmark stopped by a signal ended
         except MlflowException as exc:
             if not missing(exc):
                 raise
             raise UserError(f"run {owner.info.run_id} lists no runs (runs.json); it did not get to its cells") from None
         except (OSError, ValueError, KeyError, TypeError) as exc:
             raise UserError(f"run {owner.info.run_id} has no readable list of runs (runs.json: {type(exc).__name__}: {exc})") from None
-    scope = f"the runs of {owner.data.tags.get(Tag.STAGE)} run {owner.info.run_name} ({owner.info.run_id})"
+    scope = f"the runs of {owner.data.tags.get(Tag.STAGE)} run {owner.info.run_name} ({owner.info.run_id})" + (f", {stopped}" if stopped else "")
     runs, left_out = [], []
     for rid in dict.fromkeys(run_ids):
         try:

@@ -16,8 +16,8 @@ class RunStopped(RunFailed):
 class Interrupted(BaseException):
     """SIGTERM received by a command: unwinds it like Ctrl-C does, so that children are stopped and runs marked."""
 
-    def __init__(self, signum: int):
-        super().__init__(f"stopped by {signal_name(signum)}")
+    def __init__(self, signum: int, detail: str = ""):
+        super().__init__(f"stopped by {signal_name(signum)}" + (f": {detail}" if detail else ""))
         self.signum = signum
 
 

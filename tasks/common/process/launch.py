@@ -14,7 +14,8 @@ from pathlib import Path
 from models.host import DeviceKind
 from tasks.common.process import events
 from tasks.common.config.errors import RunFailed, RunStopped, UserError, signal_name
-from tasks.common.process.lifetime import JOB_DIR_PREFIX, PARENT_ENV, defer, forwarding_to, raise_pending, signal_of, stop_child
+from tasks.common.process.lifetime import (JOB_DIR_PREFIX, PARENT_ENV, defer, forwarding_to, note_signal, raise_pending, signal_of,
+                                          stop_child)
 from tasks.common.tracking.flowrun import flow_run_env
 from tasks.common.config.frameworks import DEFAULT, FRAMEWORKS, free_ports
 from tasks.common.process.warm import ForkedChild, ForkedGroup, warm_enabled
@@ -142,6 +143,8 @@ def run_child(kind: str, body: str, job: dict, log, env: dict[str, str] | None =
                 _relay(proc, kind, tail, verdicts, log, on_event)
             except BaseException as exc:  # SIGTERM or Ctrl-C here: stop the child, then say how it ended
                 forwarded = signal_of(exc) if signal_of(exc) in (signal.SIGTERM, signal.SIGINT) else signal.SIGTERM
+                if signal_of(exc) is not None:  # Prefect's handler, not this command's, may have raised it: noted all the same
+                    note_signal(signal_of(exc))
                 stopper = threading.Thread(target=stop_child, args=(proc, forwarded), daemon=True)
                 stopper.start()
                 _relay(proc, kind, tail, verdicts, log, on_event)

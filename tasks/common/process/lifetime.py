@@ -112,8 +112,15 @@ class forwarding_to:
 
 
 def received() -> int | None:
-    """The last signal this command was sent (through ``raise_on_sigterm``), or None."""
+    """The last signal this command was sent (through ``raise_on_sigterm``, or noted by ``note_signal``), or None."""
     return _received[-1] if _received else None
+
+
+def note_signal(signum: int) -> None:
+    """Note ``signum`` as sent to this command where another handler raised its exception (Prefect's TerminationSignal
+    while a flow runs), so that a benchmark starts no further cell and the command ends with 128 + it."""
+    if received() != signum:
+        _received.append(signum)
 
 
 def exit_status(exc: SystemExit) -> int:

@@ -51,10 +51,13 @@ def finished_cell(settings: Settings, key: str) -> str | None:
     return run.info.run_id if run else None
 
 
-def cell_error(settings: Settings, key: str, since_ms: int) -> tuple[str, str] | None:
-    """(run id, error tag) of the newest run of cell ``key`` started at or after ``since_ms`` (epoch ms), if any."""
+def cell_error(settings: Settings, key: str, since_ms: int, resumed: str | None = None) -> tuple[str, str, str] | None:
+    """(run id, error tag, status) of the newest run of cell ``key`` started at or after ``since_ms`` (epoch ms), else of
+    the run ``resumed`` (a reopened run keeps its first start time), if any."""
     run = _newest_run(settings, key, f"attributes.start_time >= {since_ms}")
-    return (run.info.run_id, run.data.tags.get(Tag.ERROR) or f"run ended {run.info.status}") if run else None
+    if run is None and resumed:
+        run = client_for(settings).get_run(resumed)
+    return (run.info.run_id, run.data.tags.get(Tag.ERROR) or f"run ended {run.info.status}", run.info.status) if run else None
 
 
 def interrupted_cell(settings: Settings, key: str) -> str | None:
