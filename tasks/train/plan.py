@@ -13,7 +13,7 @@ from tasks.common.config.settings import Settings
 from tasks.common.specs import TrainSpec
 from tasks.common.stores.store import writer_lock
 from tasks.common.tracking.runs import training_run
-from tasks.common.runtimes.checkpoint import check_checkpoint
+from tasks.common.runtimes.checkpoint import resumable
 from tasks.common.config.frameworks import framework
 from tasks.workloads import check_framework, get_workload
 
@@ -128,7 +128,7 @@ def resume_plan(settings: Settings, spec: TrainSpec) -> tuple[TrainSpec, int]:
                         "its checkpoint cannot be resumed: start the run afresh") from None
     stored_spec = stored.plan.spec
     kind = framework(stored_spec.framework)
-    check_checkpoint(settings.run_dir(run_id) / kind.checkpoint, kind.checkpoint_format)
+    resumable(settings.run_dir(run_id) / kind.checkpoint, kind.checkpoint_format)  # a whole one of the two kept, or refused here
     given = [(name, getattr(spec, name), getattr(stored_spec, name)) for name in sorted(spec.model_fields_set - {"resume", "options"})]
     given += [(name, getattr(spec.options, name), getattr(stored_spec.options, name, None)) for name in sorted(spec.options.model_fields_set)]
     for name, mine, theirs in given:  # what the request gave, its workload's options one by one

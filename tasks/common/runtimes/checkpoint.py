@@ -12,11 +12,13 @@ import os
 import pickle
 import zipfile
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
 from tasks.common.config.errors import UserError
+from tasks.common.stores.store import file_sha256, write_json_atomic
 
 _PLAIN = (bool, int, float, str, type(None))
 # The numpy scalar types an earlier version's histories hold (its records kept numpy's numbers as they came)
@@ -175,3 +177,95 @@ def load_npz(path: Path) -> dict:
     except Exception as exc:  # numpy and zipfile raise many kinds for a damaged file
         raise damaged(path, exc) from None
     return {"model": model, "history": history}
+
+
+# -- the two kept checkpoints and their digests ---------------------------------------------------------------------
+# The loop keeps the newest checkpoint at its path and the one before beside it, and the SHA-256 digest of each in a
+# JSON file written with them: a file whose digest is not listed there is damaged (a flipped byte, a copy cut short),
+# and a resume falls back to the one before. Every step of a save leaves each file that is in place listed, so a
+# crash at any point leaves a checkpoint to resume from. A run written before the digests were kept has one file and
+# no digests: it resumes from that file, checked as before.
+
+def previous_path(path: Path) -> Path:
+    """Where the checkpoint before the newest is kept: ``checkpoint.previous.pt`` beside ``checkpoint.pt``."""
+    return path.with_name(f"{path.stem}.previous{path.suffix}")
+
+
+def digests_path(path: Path) -> Path:
+    """The file of the kept checkpoints' digests: ``checkpoint.digests.json`` beside ``checkpoint.pt``."""
+    return path.with_name(f"{path.stem}.digests.json")
+
+
+def _digests(path: Path) -> list[dict] | None:
+    """The digests file's entries ({sha256, epoch, step}, newest first), or None where there is none (an earlier version's run)."""
+    try:
+        return json.loads(digests_path(path).read_text())["checkpoints"]
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError, KeyError, TypeError):  # written whole (renamed into place): unreadable means damaged
+        return []
+
+
+def _write_digests(path: Path, entries: list[dict]) -> None:
+    write_json_atomic(digests_path(path), {"checkpoints": entries})
+
+
+def keep_checkpoint(save: Callable[[dict, Path], None], state: dict, path: Path) -> None:
+    """``save(state, ...)`` as the newest checkpoint at ``path``, the newest until now kept as the one before (previous_path)
+    and the older one dropped, each with its digest; ``state["history"]`` gives its epoch and step."""
+    staged = path.with_name(f"{path.stem}.next{path.suffix}")
+    save(state, staged)  # written whole or not at all (the runtimes write atomically)
+    history = state["history"]
+    new = {"sha256": file_sha256(staged), "epoch": int(history["epoch"]), "step": int(history["global_step"])}
+    kept = _digests(path)
+    if kept is None and path.is_file():  # the first save over an earlier version's single file (the epoch before): its digest as it is
+        kept = [{"sha256": file_sha256(path), "epoch": new["epoch"] - 1, "step": 0}]
+    kept = kept or []
+    _write_digests(path, [new, *kept[:2]])  # every file that may be in place meanwhile is listed
+    if path.is_file():
+        os.replace(path, previous_path(path))
+    os.replace(staged, path)
+    _write_digests(path, [new, *kept[:1]])
+
+
+@dataclass(frozen=True)
+class Resumable:
+    """The checkpoint a resume reads, and what the newest one written before had reached (its epochs are logged)."""
+
+    path: Path
+    logged_epoch: int  # the newest checkpoint's epoch and step: a redone epoch up to them is not logged again
+    logged_step: int
+    warning: str | None = None  # one line, where the newest is damaged and the one before is read
+
+
+def resumable(path: Path, fmt: str | None = None) -> Resumable:
+    """The newest whole checkpoint of the two kept at ``path``; UserError naming them where neither is whole, or (an
+    earlier version's run, no digests) where its one file is missing or damaged. ``fmt`` ('torch' or 'npz'): the
+    archive of the one chosen is checked too (before any child starts; a job's loader checks it as it reads)."""
+    kept = _digests(path)
+    if kept is None:
+        if fmt is not None:
+            check_checkpoint(path, fmt)
+        return Resumable(path, 0, 0)
+    listed = {entry["sha256"]: entry for entry in kept if isinstance(entry, dict) and "sha256" in entry}
+    newest = max((entry for entry in listed.values()), key=lambda e: e.get("epoch", 0), default={"epoch": 0, "step": 0})
+    found = []
+    for candidate in (path, previous_path(path)):
+        if candidate.is_file() and (entry := listed.get(file_sha256(candidate))):
+            if fmt is not None:
+                check_checkpoint(candidate, fmt)
+            found.append((candidate, entry))
+    if not found:
+        names = " and ".join(str(p) for p in (path, previous_path(path)) if p.is_file())
+        if not names:  # none at all: the run stopped before its first epoch ended
+            raise UserError(f"no checkpoint at {path}: the run stopped before its first epoch ended; start it afresh")
+        raise UserError(f"checkpoint {names} is damaged (its digest differs from the one written with it) and cannot be "
+                        "read back; start the run afresh")
+    chosen, entry = max(found, key=lambda f: f[1]["epoch"])
+    warning = None
+    if entry["epoch"] < newest["epoch"]:
+        redone = (f"epoch {newest['epoch']}" if newest["epoch"] == entry["epoch"] + 1
+                  else f"epochs {entry['epoch'] + 1}-{newest['epoch']}")
+        warning = (f"checkpoint {path} (epoch {newest['epoch']}) is damaged or missing; resuming from the one before, {chosen.name} "
+                   f"(epoch {entry['epoch']}): {redone} will be trained again")
+    return Resumable(chosen, int(newest["epoch"]), int(newest.get("step", 0)), warning)

@@ -29,7 +29,7 @@ from tasks.common.process.lifetime import stop_requested
 from tasks.common.process.progress import time_left
 from tasks.common.records import TrainSummary
 from tasks.common.specs import TrainSpec
-from tasks.common.runtimes.checkpoint import plain
+from tasks.common.runtimes.checkpoint import keep_checkpoint, plain, resumable
 
 WARMUP_STEPS = 2  # steps of each process timed apart: tracing, compilation, allocator and cache warm-up
 PROGRESS_EVERY_S = float(os.environ.get("KARMAN_PROGRESS_EVERY_S", "10"))  # within an epoch, a progress line at most this often
@@ -127,6 +127,22 @@ class History:
         return dict(self.__dict__)
 
 
+class _Logged:
+    """A recorder that leaves out the epochs and steps up to ``epoch`` and ``step``: a resume from the checkpoint before a
+    damaged newest one trains them again, and their metrics are in the run already."""
+
+    def __init__(self, recorder: Recorder, epoch: int, step: int):
+        self.recorder, self.through_epoch, self.through_step = recorder, epoch, step
+
+    def steps(self, rows: list[tuple[int, dict[str, float]]]) -> None:
+        if rows := [row for row in rows if row[0] > self.through_step]:
+            self.recorder.steps(rows)
+
+    def epoch(self, epoch: int, metrics: dict[str, float]) -> None:
+        if epoch > self.through_epoch:
+            self.recorder.epoch(epoch, metrics)
+
+
 METRIC_FLUSH = 50  # per-step metrics go to the recorder in batches of this many steps
 
 
@@ -153,11 +169,16 @@ def train(trainer: Trainer, runtime: Runtime, recorder: Recorder, spec: TrainSpe
     steps_per_epoch = trainer.samples // batch_size  # at least 1: the plan checked the batch against the samples
     history = History()
     if resume:
-        state = runtime.load(checkpoint)
+        kept = resumable(checkpoint)
+        if kept.warning and runtime.is_main:
+            log.warning("%s", kept.warning)
+        state = runtime.load(kept.path)
         trainer.load_state(state["model"])
         history = History(**state["history"])
         history.resumes += 1
-        log.info("resuming after epoch %d (step %d) from %s", history.epoch, history.global_step, checkpoint)
+        log.info("resuming after epoch %d (step %d) from %s", history.epoch, history.global_step, kept.path)
+        if kept.logged_epoch > history.epoch:  # the epochs trained again were logged by the run before: once is enough
+            recorder = _Logged(recorder, kept.logged_epoch, kept.logged_step)
     rows = _StepRows(recorder)
     progress = _Progress(log, runtime.is_main and announce)
     # Training time runs on across a resume: the clock starts where the checkpoint's left off.
@@ -225,8 +246,8 @@ def train(trainer: Trainer, runtime: Runtime, recorder: Recorder, spec: TrainSpe
         metrics["train_time_s"] = history.train_s
         if runtime.is_main:
             recorder.epoch(epoch, metrics)
-            if checkpoint is not None:
-                runtime.save({"model": trainer.state(), "history": history.as_dict()}, checkpoint)
+            if checkpoint is not None:  # the newest, the one before kept beside it
+                keep_checkpoint(runtime.save, {"model": trainer.state(), "history": history.as_dict()}, checkpoint)
         ends = stopping is not None or last_epoch
         fraction = 1.0 if ends else spec.progress(history.train_s, history.global_step, steps_per_epoch)
         progress.epoch(epoch, metrics, history.last_losses, fraction, history.train_s, trainer.headline)

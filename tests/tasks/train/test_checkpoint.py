@@ -1,4 +1,4 @@
-"""Checkpoint files at their boundary, with real torch and npz files: plain on the way in or refused by name, earlier files still load, bad files named.
+"""Checkpoint files at their boundary, with real torch and npz files: plain on the way in or refused by name, earlier files still load, bad files named, the two newest kept.
 
 What goes in is made plain or refused by name, files an earlier version wrote
 with numpy scalars still load (as Python numbers), and a file that does not load is called damaged or named for the
@@ -13,7 +13,8 @@ import pytest
 import torch
 
 from tasks.common.config.errors import UserError
-from tasks.common.runtimes.checkpoint import check_checkpoint, load_npz, load_torch, plain, save_npz, save_torch
+from tasks.common.runtimes.checkpoint import (check_checkpoint, digests_path, keep_checkpoint, load_npz, load_torch, plain, previous_path,
+                                              resumable, save_npz, save_torch)
 from tasks.common.runtimes.loop import History
 
 
@@ -130,3 +131,44 @@ def test_an_npz_checkpoint_holding_pickled_objects_is_named_for_them(tmp_path):
     np.savez(path, history=np.array("{}"), bad=np.array([{"a": 1}], dtype=object))
     with pytest.raises(UserError, match="is whole but holds pickled Python objects"):
         load_npz(path)
+
+
+def _epoch(epoch: int) -> dict:
+    return {"model": {"w": torch.full((64,), float(epoch))}, "history": {"epoch": epoch, "global_step": 10 * epoch, "validation": {}}}
+
+
+def _flip_a_byte(path) -> None:
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    path.write_bytes(bytes(data))
+
+
+def test_the_two_newest_checkpoints_are_kept_and_a_damaged_newest_falls_back_to_the_one_before(tmp_path):
+    path = tmp_path / "checkpoint.pt"
+    for epoch in (1, 2, 3):
+        keep_checkpoint(save_torch, _epoch(epoch), path)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["checkpoint.digests.json", "checkpoint.previous.pt", "checkpoint.pt"]
+    assert [e["epoch"] for e in json.loads(digests_path(path).read_text())["checkpoints"]] == [3, 2]
+    newest = resumable(path, "torch")
+    assert (newest.path, newest.warning, newest.logged_epoch, newest.logged_step) == (path, None, 3, 30)
+    assert load_torch(newest.path)["history"]["epoch"] == 3
+
+    _flip_a_byte(path)  # its archive may still read: the digest tells
+    fallback = resumable(path, "torch")
+    assert fallback.path == previous_path(path) and load_torch(fallback.path)["history"]["epoch"] == 2
+    assert (fallback.logged_epoch, fallback.logged_step) == (3, 30)
+    assert fallback.warning == (f"checkpoint {path} (epoch 3) is damaged or missing; resuming from the one before, checkpoint.previous.pt "
+                                "(epoch 2): epoch 3 will be trained again")
+    _flip_a_byte(previous_path(path))
+    with pytest.raises(UserError, match=r"checkpoint .*checkpoint.pt and .*checkpoint.previous.pt is damaged .*start the run afresh"):
+        resumable(path, "torch")
+
+
+def test_an_earlier_versions_single_checkpoint_resumes_and_the_next_save_keeps_it_as_the_one_before(tmp_path):
+    path = tmp_path / "checkpoint.npz"
+    save_npz({"model": {"w": np.ones(3)}, "history": {"epoch": 4, "global_step": 40}}, path)  # as the earlier version wrote it
+    assert resumable(path, "npz").path == path and resumable(path, "npz").warning is None
+    keep_checkpoint(save_npz, {"model": {"w": np.zeros(3)}, "history": {"epoch": 5, "global_step": 50}}, path)
+    assert load_npz(previous_path(path))["history"]["epoch"] == 4 and load_npz(resumable(path, "npz").path)["history"]["epoch"] == 5
+    path.write_text("not an archive")
+    assert load_npz(resumable(path, "npz").path)["history"]["epoch"] == 4

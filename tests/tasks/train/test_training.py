@@ -99,7 +99,11 @@ def assert_same_weights(a: dict, b: dict, atol: float = 0.0) -> None:
 def as_the_previous_version_wrote_it(path: Path) -> None:
     """Rewrite a checkpoint's history with numpy's scalars where the previous version's loop kept them as they came
     (its validation scores: a shedding validation simulation's Strouhal error and correlation periods are numpy.float64),
-    which the weights-only loader of that version refused."""
+    which the weights-only loader of that version refused. That version kept this one file, without digests."""
+    from tasks.common.runtimes.checkpoint import digests_path, previous_path
+
+    digests_path(path).unlink()
+    previous_path(path).unlink()
     state = torch.load(path, weights_only=True)
     history = state["history"]
     assert history["validation"], "the checkpoint holds no validation"
