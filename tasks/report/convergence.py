@@ -409,7 +409,7 @@ def write_references(settings, spec: ConvergenceSpec, benchmark: dict) -> dict:
     from tasks.report.reading import training_records
 
     client = client_for(settings)
-    ids = [c["run_id"] for c in benchmark["cells"] if c.get("kind") == "train" and c.get("run_id") and c["status"] != "FAILED"]
+    ids = [c["run_id"] for c in benchmark["cells"] if c.get("kind") == "train" and c.get("run_id") and c["status"] in ("FINISHED", "SKIPPED")]
     entries, _ = training_records(client, [client.get_run(i) for i in ids])
     path = (Path(spec.out) if spec.out else reference_file(spec.workload).parent) / FILE
     try:
