@@ -11,9 +11,9 @@ from pydantic import (BaseModel, ConfigDict, Field, PositiveFloat, PositiveInt, 
 from pydantic.json_schema import SkipJsonSchema, WithJsonSchema
 
 from models.host import DeviceKind as Device
-from models.karman.nets.config import check_cuda_graph
 from models.karman.tiling import DEFAULT_HALO
 from tasks.common.config.frameworks import FRAMEWORKS
+from tasks.common.config.workload_table import DEFAULT_WORKLOAD
 
 DEFAULT_EPOCHS = 3  # a training run's epoch limit when it gives neither epochs nor a time budget
 
@@ -36,7 +36,6 @@ def once_each(values: list, what: str) -> list:
 
 
 WORKLOAD_NAME = r"^[a-z][a-z0-9_-]{0,31}$"  # a workload's name in the workload table
-DEFAULT_WORKLOAD = "karman"  # the workload table's default: a request's when it names none, and a record's logged before runs named theirs
 
 # A benchmark cell's key: the benchmark flow sets it for its cells; it is not a user's choice.
 CellKey = Annotated[str, StringConstraints(pattern=r"^[0-9a-f]{16}$")]

@@ -18,6 +18,7 @@ WORKLOADS: dict[str, str] = {
     "calo": "tasks.workloads.calo",
 }
 EXTRA_ENV = "KARMAN_WORKLOADS"
+DEFAULT_WORKLOAD = "karman"  # a request's when it names none, and a record's logged before runs named theirs
 
 
 def table() -> dict[str, str]:
