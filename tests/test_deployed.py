@@ -162,7 +162,8 @@ def test_quick_benchmark_deployed_on_real_servers_and_a_worker(tmp_path, monkeyp
             # the quick matrix)
             quick = quick_benchmark()
             short = quick.train.model_copy(update={"epochs": 1, "max_steps": 8})
-            sweep = quick.generate.model_copy(update={"reynolds": [80.0, 95.0, 110.0, 125.0], "warmup_steps": 4000})
+            sections = quick.generate.model_dump()
+            sweep = type(quick.generate).model_validate(sections | {"options": sections["options"] | {"karman": {"reynolds": [80.0, 95.0, 110.0, 125.0], "warmup_steps": 4000}}})
             custom = {"spec": json.loads(quick.model_copy(update={"generate": sweep, "train": short, "batch_sizes": [4], "per_workload": {}}).model_dump_json())}
             first = client.create_flow_run_from_deployment(deployment.id, parameters=custom)
             done_cell = wait_for_finished_train_cell(uri, worker, worker_log)

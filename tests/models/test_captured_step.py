@@ -106,5 +106,5 @@ def test_a_cells_key_leaves_the_graph_choice_out_at_its_default_and_keeps_it_oth
 
     spec = TrainSpec(workload="karman", device="cuda")
     assert "cuda_graph" not in spec.key_fields()
-    keys = {cell_key("train/torch", spec.model_copy(update={"cuda_graph": g}), "digest") for g in ("auto", "on", "off")}
+    keys = {cell_key("train/torch", spec.model_copy(update={"options": spec.options.model_copy(update={"cuda_graph": g})}), "digest") for g in ("auto", "on", "off")}
     assert len(keys) == 3

@@ -44,7 +44,7 @@ def one_step(framework: str, batch: int = 24) -> dict:
                   fresh.step(batch2, [0.0] * 3, 0.0)[0]["loss_ce"]]  # Adam's moments came along too
     # the schedule: one step at the run's end under cosine takes Adam's first step, each weight moved by the rate, which is
     # a hundredth of the initial one there
-    late = module.build(data, spec.model_copy(update={"schedule": "cosine"}), batch, runtime)
+    late = module.build(data, spec.model_copy(update={"options": spec.options.model_copy(update={"schedule": "cosine"})}), batch, runtime)
     start = late.weights()
     late.step(next(late.batches(1, 1)), [0.0] * 3, 1.0)
     moved = max(float(np.abs(v - start[k]).max()) for k, v in late.weights().items())

@@ -92,7 +92,7 @@ def test_the_dataset_is_synthetic_chunked_and_the_same_whatever_the_workers(work
     assert not calo.generate(Settings.from_env(), spec)["written"]  # complete: a no-op
     from tasks.common.config.errors import UserError
     with pytest.raises(UserError, match="already exists with different calo parameters"):
-        calo.check_generate(Settings.from_env(), spec.model_copy(update={"events": 200}))
+        calo.check_generate(Settings.from_env(), spec.model_copy(update={"options": spec.options.model_copy(update={"events": 200})}))
 
 
 @pytest.fixture(scope="module")
@@ -207,14 +207,14 @@ def test_a_batch_carries_the_steps_randomness_from_numpy():
 
 
 def test_a_benchmark_trains_calo_on_a_dataset_named_after_the_fields_it_changes():
-    from tasks.common.specs import GenerateSpec
+    from tasks.common.specs import GenerateOptions
     from tasks.workloads.presets import quick_benchmark
     from tasks.workloads import benchmark_dataset, get_workload
 
     calo, har = get_workload("calo"), get_workload("har")
-    assert benchmark_dataset(calo, GenerateSpec()) == ("calo", {})
+    assert benchmark_dataset(calo, GenerateOptions()) == ("calo", {})
     assert benchmark_dataset(calo, quick_benchmark().generate) == ("calo-events400", {"events": 400})
-    assert benchmark_dataset(calo, GenerateSpec(energy=[120.0, 180.0])) == ("calo-energy120-180", {"energy": [120.0, 180.0]})
+    assert benchmark_dataset(calo, GenerateOptions(energy=[120.0, 180.0])) == ("calo-energy120-180", {"energy": [120.0, 180.0]})
     assert benchmark_dataset(har, quick_benchmark().generate) == ("har", {})
 
 
