@@ -13,6 +13,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from tasks.common.config.errors import UserError
 from tasks.common.specs import DEFAULT_WORKLOAD, InferSpec, TrainSpec
 
 RECORD_FILE = "record.json"  # the run's record, an artifact at the root of its MLflow run
@@ -186,7 +187,10 @@ class TrainRecord(Record):
 
         from tasks.common.config.workload_table import options_model
 
-        options = options_model(value("workload", DEFAULT_WORKLOAD)).model_fields  # the run's workload's, logged flat beside the shared
+        try:
+            options = options_model(value("workload", DEFAULT_WORKLOAD)).model_fields  # the run's workload's, logged flat beside the shared
+        except UserError:  # a workload this process's table does not know: its options are not told from the rest
+            options = {}
         spec = _spec_from_params(TrainSpec, params, skip={"batch_sizes", "resume", "world_size", "strategy", "cell", "options"}, more=set(options))
         framework = value("framework", "torch")
         known = set(TrainSpec.model_fields) | set(options) | {"workload", "framework", "framework_version", f"{framework}_version", "device_name",

@@ -12,6 +12,7 @@ from pydantic.json_schema import SkipJsonSchema, WithJsonSchema
 
 from models.host import DeviceKind as Device
 from models.karman.tiling import DEFAULT_HALO
+from tasks.common.config.errors import UserError
 from tasks.common.config.frameworks import FRAMEWORKS
 from tasks.common.config.workload_table import DEFAULT_WORKLOAD
 
@@ -85,6 +86,12 @@ class WorkloadOptions(Spec):
         return {}
 
 
+class ForeignOptions(WorkloadOptions):
+    """The options of a workload this process's table does not know (a run of one kept outside it, read back), unchecked."""
+
+    model_config = ConfigDict(extra="allow", frozen=True)
+
+
 # A run form shows a workload's options as one object: which fields it takes depends on the workload chosen beside it,
 # and the spec validates them by that workload's model (the form's schema would otherwise refuse every field).
 AnyOptions = Annotated[SerializeAsAny[WorkloadOptions], WithJsonSchema({"type": "object", "additionalProperties": True})]
@@ -99,7 +106,10 @@ def with_options(values: dict, shared: set[str], kind: str = "train") -> dict:
 
     values = dict(values)
     name = values.get("workload", DEFAULT_WORKLOAD)
-    model = options_model(name, kind) or WorkloadOptions  # a workload without options of this kind takes none
+    try:
+        model = options_model(name, kind) or WorkloadOptions  # a workload without options of this kind takes none
+    except UserError:  # a workload this process's table does not know: a record of it reads back as it was
+        model = ForeignOptions  # (a request that names it is refused where its workload is looked up)
     given = values.pop("options", None)
     own = dict(given.model_dump(exclude_unset=True) if isinstance(given, BaseModel) else given or {})
     flat = {k: values.pop(k) for k in list(values) if k not in shared}
