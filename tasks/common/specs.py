@@ -117,7 +117,7 @@ def with_options(values: dict, shared: set[str], kind: str = "train") -> dict:
     for option, value in flat.items():
         if option in model.model_fields:
             own[option] = value  # beside the shared fields (the command line's flags) over ``options`` (a spec file's)
-        elif option in owners and all(value is None or value == options_model(o, kind).model_fields[option].default for o in owners[option]):
+        elif option in owners and all(_as_held(options_model(o, kind), option, value) for o in owners[option]):
             continue  # another workload's option as the one flat spec held it: at its default
         elif option in owners:
             flag = lambda n: "--" + n.replace("_", "-")  # noqa: E731
@@ -154,6 +154,12 @@ class GenerateSpec(Spec):
     def _options_hold(self) -> "GenerateSpec":
         self.options.check(self)  # the workload's own checks across its options and the shared ones
         return self
+
+
+def _as_held(model: type[WorkloadOptions], option: str, value: Any) -> bool:
+    """Whether ``value`` is what a flat spec of another workload held for ``model``'s ``option``: None, its default, or the
+    value it was keyed at (karman's frame stride resolved to 1)."""
+    return value is None or value == model.model_fields[option].default or value == model.key_padding().get(option, None)
 
 
 class TrainSpec(Spec):
@@ -302,6 +308,9 @@ def per_workload(cls: type[BaseModel], values: Any, kind: str) -> Any:
     """A benchmark section's ``values`` with each workload's options under its name, validated by its model; an option given
     beside the shared fields (as sections written when one flat spec held every workload's options have it) goes to every
     workload that has it."""
+    if isinstance(values, (GenerateSpec, TrainSpec)):  # one workload's spec as the section: its shared settings and its options
+        own = {values.workload: values.options.model_dump(exclude_unset=True)}
+        values = {k: v for k, v in values.model_dump(exclude={"options"}).items() if k in cls.model_fields} | {"options": own}
     if not isinstance(values, dict):
         return values
     from tasks.common.config.workload_table import option_owners, options_model

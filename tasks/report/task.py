@@ -44,7 +44,7 @@ def interval_metrics(cells: list[dict]) -> dict[str, float]:
     for cell in cells:
         name = f"{cell['workload']} {cell['framework']} {cell['device']} b{cell['batch_size']}"
         seen[name] = seen.get(name, 0) + 1
-        name += f" [{seen[name]}]" if seen[name] > 1 else ""  # the same cell in another setting
+        name += f" setting-{seen[name]}" if seen[name] > 1 else ""  # the same cell in another setting (MLflow's names take no brackets)
         out[f"{name} runs"] = cell["runs"]
         figures = {k: v for k, v in cell.items() if isinstance(v, dict) and "median" in v}
         figures |= {f"energy_j {scope}": v for scope, v in cell["energy_j"].items()}

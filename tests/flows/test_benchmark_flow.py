@@ -32,7 +32,7 @@ def tiny_datasets(tmp_path_factory):
     """TINY's dataset, simulated once for the module (the sweep itself is tests/flows/test_generate.py's subject):
     each benchmark below finds it complete, as a benchmark on a team's shared data root does."""
     root = tmp_path_factory.mktemp("bench-data")
-    write_sweep(root, TINY.generate)
+    write_sweep(root, TINY.generate.spec_of("karman"))
     return root
 
 

@@ -39,8 +39,8 @@ def test_a_constrained_recipe_trains_on_whole_frames_only():
     from tasks.common.specs import TrainSpec
 
     spec = TrainSpec(constrain=True)
-    assert spec.resolved_recipe().constrain and spec.resolved_recipe().name == "default+constrain=True"
-    assert not TrainSpec().resolved_recipe().constrain
+    assert spec.options.resolved_recipe().constrain and spec.options.resolved_recipe().name == "default+constrain=True"
+    assert not TrainSpec().options.resolved_recipe().constrain
     with pytest.raises(ValidationError, match="constrain holds the inlet column: it trains on whole frames, not crops of 32"):
         TrainSpec(constrain=True, crop=32)
 
@@ -202,12 +202,12 @@ def test_the_measured_recipes_are_asked_for_by_name_and_hold_the_flags_docs_meas
     from tasks.common.specs import TrainSpec
 
     long = TrainSpec(recipe="long-horizon")
-    recipe = long.resolved_recipe()
-    assert (recipe.name, recipe.condition, recipe.curriculum, recipe.damping, recipe.noise, long.stride) == ("long-horizon", "reynolds", 0.5, 1.0, 0.02, 2)
-    five = TrainSpec(recipe="five-minute").resolved_recipe()
+    recipe = long.options.resolved_recipe()
+    assert (recipe.name, recipe.condition, recipe.curriculum, recipe.damping, recipe.noise, long.options.stride) == ("long-horizon", "reynolds", 0.5, 1.0, 0.02, 2)
+    five = TrainSpec(recipe="five-minute").options.resolved_recipe()
     assert (five.name, five.unroll, five.curriculum, five.frame_stride) == ("five-minute", 2, 1.0, 1)
     # the five flags give the same recipe as the name, apart from its name; a flag beside the name renames it
-    flags = TrainSpec(condition="reynolds", frame_stride=2, curriculum=0.5, damping=1.0, noise=0.02).resolved_recipe()
+    flags = TrainSpec(condition="reynolds", frame_stride=2, curriculum=0.5, damping=1.0, noise=0.02).options.resolved_recipe()
     assert {**vars(flags), "name": "long-horizon"} == vars(recipe)
-    assert TrainSpec(recipe="long-horizon", frame_stride=1).resolved_recipe().name == "long-horizon+frame_stride=1"
-    assert TrainSpec().stride == 1 and TrainSpec().frame_stride is None
+    assert TrainSpec(recipe="long-horizon", frame_stride=1).options.resolved_recipe().name == "long-horizon+frame_stride=1"
+    assert TrainSpec().options.stride == 1 and TrainSpec().options.frame_stride is None
