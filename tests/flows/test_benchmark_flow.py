@@ -130,7 +130,7 @@ def test_a_gpu_sweep_is_the_gpu_pools_dataset_cell(monkeypatch):
     from flows.matrix import benchmark_matrix, check_deployments, deployment_for
     from tasks.common.config.errors import UserError
 
-    spec = quick_benchmark().model_copy(update={"generate": GenerateSpec(device="cuda"), "pools": {"cuda": "gpu"}})
+    spec = quick_benchmark().model_copy(update={"generate": quick_benchmark().generate.model_copy(update={"device": "cuda"}), "pools": {"cuda": "gpu"}})
     assert deployment_for("generate", spec.generate.device, spec.pools) == "generate/gpu"
     assert deployment_for("generate", "cpu", spec.pools) is None  # a cpu sweep runs where the benchmark runs
     monkeypatch.delenv("PREFECT_API_URL", raising=False)
@@ -148,7 +148,7 @@ def test_a_training_cell_killed_after_a_validated_epoch_is_resumed_by_the_next_b
 
     spec = TINY.model_copy(update={"train": TINY.train.model_copy(update={"epochs": 3, "validate_every": 1}), "batch_sizes": [4],
                                    "modes": ["full"], "workers": [1]})
-    digest = pipeline.generate(spec.generate)["digest"]
+    digest = pipeline.generate(spec.generate.spec_of("karman"))["digest"]
     cell = plan_benchmark(spec).workloads[0].train[0].spec  # the benchmark's one training cell
     key = cell_key("train/torch", cell, digest)
     killed = stop_after_epoch(workdir, ("--dataset", spec.generate.dataset, "--ngf", "8", "--ndf", "8", "--epochs", "3", "--threads", "1",
