@@ -186,13 +186,9 @@ class TrainSpec(Spec):
         """Its fields as a cell's key hashes them (tasks.common.tracking.cells.cell_key): the shared ones, its workload's options, and
         what the first workloads' cells held of the others' options (WorkloadOptions.key_padding), so that a cell keyed
         before options were a workload's own keeps its key."""
-        from tasks.common.config.workload_table import options_model, table
+        from tasks.common.config.workload_table import padding_of_others
 
-        padding: dict = {}
-        for name in table():
-            if name != self.workload:
-                padding |= options_model(name).key_padding()
-        return self.model_dump(mode="json", exclude={"cell", "options"}) | padding | self.options.key_fields()
+        return self.model_dump(mode="json", exclude={"cell", "options"}) | padding_of_others(self.workload) | self.options.key_fields()
 
 
 class InferSpec(Spec):

@@ -54,6 +54,16 @@ def options_model(name: str, kind: str = "train"):
     return model
 
 
+def padding_of_others(name: str, kind: str = "train") -> dict:
+    """What the one flat spec of earlier versions held of the other workloads' options of ``kind`` (each model's
+    ``key_padding``), for a key of workload ``name``'s that must stay as it was (a cell's, a sweep's)."""
+    padding: dict = {}
+    for other in table():
+        if other != name and (model := options_model(other, kind)) is not None:
+            padding |= model.key_padding()
+    return padding
+
+
 def option_owners(kind: str = "train") -> dict[str, list[str]]:
     """option name -> the workloads of this process's table whose options of ``kind`` have it."""
     found: dict[str, list[str]] = {}

@@ -29,13 +29,9 @@ _WERE_SCALARS = ("size", "x_position", "y_offset")
 def sweep_key(spec: GenerateSpec) -> dict:
     """What identifies a dataset's sweep in its manifest. A one-value list of a field that used to be a
     scalar is recorded as that scalar, so datasets generated before stay the same sweep."""
-    from tasks.common.config.workload_table import options_model, table
+    from tasks.common.config.workload_table import padding_of_others
 
-    padding = {}  # the other workloads' options as the one flat spec of earlier versions held them, where they keyed a sweep
-    for name in table():
-        if name != spec.workload and (model := options_model(name, "generate")) is not None:
-            padding |= model.key_padding()
-    key = {"seed": spec.seed} | padding | spec.options.model_dump(exclude={"verify", "cpu_backend"})
+    key = {"seed": spec.seed} | padding_of_others(spec.workload, "generate") | spec.options.model_dump(exclude={"verify", "cpu_backend"})
     for name in _WERE_SCALARS:
         if len(key[name]) == 1:
             key[name] = key[name][0]
